@@ -1,0 +1,177 @@
+//! Installing CustomResourceDefinitions and waiting until they are served.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::{
+    Api, Client, ResourceExt,
+    api::{Patch, PatchParams},
+    runtime::wait::{await_condition, conditions::is_crd_established},
+};
+
+use crate::{DEFAULT_START_TIMEOUT, Error, Result, TestCluster};
+
+const FIELD_MANAGER: &str = "kube-fleet-envtest";
+
+/// Parses CRDs from YAML, one per document (`---` between documents).
+///
+/// Empty documents are skipped; anything that is not a
+/// `CustomResourceDefinition` is an error naming its position.
+///
+/// ```
+/// let crds = kube_fleet_envtest::crds_from_yaml(r#"
+/// apiVersion: apiextensions.k8s.io/v1
+/// kind: CustomResourceDefinition
+/// metadata: { name: widgets.example.com }
+/// spec:
+///   group: example.com
+///   names: { kind: Widget, plural: widgets, singular: widget }
+///   scope: Namespaced
+///   versions:
+///     - name: v1
+///       served: true
+///       storage: true
+///       schema: { openAPIV3Schema: { type: object, x-kubernetes-preserve-unknown-fields: true } }
+/// "#).unwrap();
+/// assert_eq!(crds[0].spec.names.kind, "Widget");
+/// ```
+pub fn crds_from_yaml(yaml: &str) -> Result<Vec<CustomResourceDefinition>> {
+    let documents: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(yaml).map_err(|source| Error::CrdParse { source })?;
+    documents
+        .into_iter()
+        .filter(|doc| !doc.is_null())
+        .enumerate()
+        .map(|(index, doc)| {
+            let kind = doc.get("kind").and_then(|k| k.as_str()).unwrap_or_default();
+            if kind != "CustomResourceDefinition" {
+                return Err(Error::NotACrd {
+                    index,
+                    kind: kind.to_owned(),
+                });
+            }
+            serde_json::from_value(doc).map_err(|source| Error::CrdDecode { index, source })
+        })
+        .collect()
+}
+
+/// Installs CRDs with server-side apply (so installing twice is harmless) and
+/// waits until each is established and its resource is served.
+///
+/// ```no_run
+/// # async fn example(client: kube::Client) -> kube_fleet_envtest::Result<()> {
+/// let yaml = std::fs::read_to_string("crds/widgets.yaml").unwrap();
+/// kube_fleet_envtest::install_crds(&client, kube_fleet_envtest::crds_from_yaml(&yaml)?).await?;
+/// # Ok(())
+/// # }
+/// ```
+pub async fn install_crds(
+    client: &Client,
+    crds: impl IntoIterator<Item = CustomResourceDefinition>,
+) -> Result<()> {
+    install(client, "the cluster", crds, DEFAULT_START_TIMEOUT).await
+}
+
+impl TestCluster {
+    /// Installs CRDs into this cluster and waits until they are served; see
+    /// [`install_crds`].
+    ///
+    /// A kube-derive `CustomResource` gives its CRD with `K::crd()`:
+    ///
+    /// ```no_run
+    /// # async fn example(cluster: &kube_fleet_envtest::TestCluster) -> kube_fleet_envtest::Result<()> {
+    /// use kube::{CustomResource, CustomResourceExt};
+    /// use schemars::JsonSchema;
+    /// use serde::{Deserialize, Serialize};
+    ///
+    /// #[derive(CustomResource, Clone, Debug, Deserialize, Serialize, JsonSchema)]
+    /// #[kube(group = "example.com", version = "v1", kind = "Widget", namespaced)]
+    /// struct WidgetSpec { size: u32 }
+    ///
+    /// cluster.install_crds([Widget::crd()]).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn install_crds(
+        &self,
+        crds: impl IntoIterator<Item = CustomResourceDefinition>,
+    ) -> Result<()> {
+        let label = format!("cluster {}", self.name());
+        install(&self.client(), &label, crds, DEFAULT_START_TIMEOUT).await
+    }
+}
+
+async fn install(
+    client: &Client,
+    cluster: &str,
+    crds: impl IntoIterator<Item = CustomResourceDefinition>,
+    timeout: Duration,
+) -> Result<()> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let mut installed = Vec::new();
+    for mut crd in crds {
+        crd.status = None;
+        crd.metadata.resource_version = None;
+        crd.metadata.managed_fields = None;
+        let name = crd.name_any();
+        api.patch(&name, &params, &Patch::Apply(&crd))
+            .await
+            .map_err(|e| Error::kube(format!("applying CRD {name} to {cluster}"), e))?;
+        installed.push(crd);
+    }
+    let deadline = Instant::now() + timeout;
+    for crd in &installed {
+        let name = crd.name_any();
+        let established = await_condition(api.clone(), &name, is_crd_established());
+        match tokio::time::timeout_at(deadline.into(), established).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                return Err(Error::io(
+                    format!("watching CRD {name} in {cluster}"),
+                    std::io::Error::other(e),
+                ));
+            }
+            Err(_) => {
+                return Err(Error::Timeout {
+                    what: format!("CRD {name} in {cluster} to be established"),
+                    after: timeout,
+                    last_error: None,
+                });
+            }
+        }
+        wait_served(client, cluster, crd, deadline, timeout).await?;
+    }
+    Ok(())
+}
+
+/// Waits until discovery lists the CRD's resource in each served version,
+/// after which requests for it no longer answer 404.
+async fn wait_served(
+    client: &Client,
+    cluster: &str,
+    crd: &CustomResourceDefinition,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<()> {
+    let plural = &crd.spec.names.plural;
+    for version in crd.spec.versions.iter().filter(|v| v.served) {
+        let group_version = format!("{}/{}", crd.spec.group, version.name);
+        loop {
+            let last_error = match client.list_api_group_resources(&group_version).await {
+                Ok(list) if list.resources.iter().any(|r| &r.name == plural) => break,
+                Ok(_) => format!("{plural} not yet listed"),
+                Err(e) => e.to_string(),
+            };
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: format!("{plural}.{group_version} in {cluster} to be served"),
+                    after: timeout,
+                    last_error: Some(last_error),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    Ok(())
+}
