@@ -176,13 +176,7 @@ fn build(dir: &Path) -> Result<()> {
         String::from_utf8_lossy(&go_version.stdout).trim(),
         log.display()
     ));
-    run_go(
-        &src,
-        &log,
-        "download modules",
-        &["mod", "download"],
-        started,
-    )?;
+    run_go(&src, &log, "mod download", &["mod", "download"], started)?;
     let ldflags = format!(
         "-s -w -X k8s.io/component-base/version.gitVersion={KUBERNETES_VERSION} \
          -X k8s.io/component-base/version.gitMajor=1 \
@@ -194,7 +188,7 @@ fn build(dir: &Path) -> Result<()> {
     run_go(
         &src,
         &log,
-        "compile",
+        "build",
         &[
             "build",
             "-trimpath",
