@@ -175,3 +175,30 @@ async fn wait_served(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yaml_documents_of_another_kind_are_named_in_the_error() {
+        let yaml = "---\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: { name: x }\n";
+        match crds_from_yaml(yaml) {
+            Err(Error::NotACrd { index: 0, kind }) => assert_eq!(kind, "ConfigMap"),
+            other => panic!("expected NotACrd, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn invalid_crd_documents_are_an_error_not_a_panic() {
+        let yaml = "kind: CustomResourceDefinition\nspec: 3\n";
+        assert!(matches!(
+            crds_from_yaml(yaml),
+            Err(Error::CrdDecode { index: 0, .. })
+        ));
+        assert!(matches!(
+            crds_from_yaml("kind: [unclosed"),
+            Err(Error::CrdParse { .. })
+        ));
+    }
+}
