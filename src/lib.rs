@@ -1,11 +1,55 @@
 //! Kubernetes controllers that reconcile across a dynamic fleet of clusters.
 //!
-//! A reconciler is written once, as a [`tower::Service`], and run against every
-//! cluster that a provider engages: kind clusters, kubeconfig files or Secrets,
-//! Cluster API workload clusters, a `ClusterProfile` inventory. Clusters join
-//! and leave while the process runs.
+//! A reconciler is written once, as a [`tower::Service`] of [`McRequest`]s
+//! answering an [`Action`], and run by a [`Controller`] against every cluster
+//! of a [`Fleet`]: clusters that providers engage and disengage while the
+//! process runs (kind clusters, kubeconfig files or Secrets, Cluster API
+//! workload clusters, a `ClusterProfile` inventory), or just the local one.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use kube::runtime::watcher;
+//! use kube_fleet::{Action, Controller, Fleet, McRequest, provider::LocalProvider};
+//! use tower::{BoxError, service_fn};
+//!
+//! # async fn example() -> Result<(), BoxError> {
+//! let fleet = Fleet::new();
+//! tokio::spawn({
+//!     let fleet = fleet.clone();
+//!     let local = LocalProvider::try_default().await?;
+//!     async move { fleet.run(local).await }
+//! });
+//! Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
+//!     .run(service_fn(|request: McRequest| async move {
+//!         println!("reconciling {request}");
+//!         Ok::<_, BoxError>(Action::requeue(Duration::from_secs(300)))
+//!     }))
+//!     .await?;
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! Tests and examples run against real API servers started by the
 //! `kube-fleet-envtest` crate.
 
 #![forbid(unsafe_code)]
+
+mod action;
+pub mod cache;
+mod cluster;
+mod cluster_name;
+pub mod controller;
+mod fleet;
+pub mod provider;
+mod queue;
+mod request;
+
+pub use action::Action;
+pub use cluster::Cluster;
+pub use cluster_name::ClusterName;
+pub use controller::Controller;
+pub use fleet::{DEFAULT_SYNC_WARNING, Fleet, FleetEvent, FleetSubscription};
+pub use queue::Backoff;
+pub use request::McRequest;

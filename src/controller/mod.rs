@@ -1,0 +1,335 @@
+//! Controllers: watch types across the fleet, queue requests, run a service.
+//!
+//! A [`Controller`] is built like kube-runtime's: `for` one type, [`owns`]
+//! child types, [`watches`] other types with a mapper that may return
+//! requests for any cluster. It runs a `tower::Service<McRequest>` whose
+//! response is an [`Action`], in every cluster it selects, as clusters join
+//! and leave the [`Fleet`].
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use kube::runtime::watcher;
+//! use kube_fleet::{Action, Controller, Fleet, McRequest};
+//! use tower::{BoxError, ServiceBuilder, service_fn};
+//!
+//! # async fn example(fleet: Fleet) -> Result<(), kube_fleet::controller::Error> {
+//! let reconcile = service_fn(|request: McRequest| async move {
+//!     println!("reconciling {request}");
+//!     Ok::<_, BoxError>(Action::requeue(Duration::from_secs(300)))
+//! });
+//! Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
+//!     .run(ServiceBuilder::new().concurrency_limit(8).service(reconcile))
+//!     .await
+//! # }
+//! ```
+//!
+//! [`owns`]: Controller::owns
+//! [`watches`]: Controller::watches
+
+mod runner;
+mod trigger;
+
+use std::{fmt, future::Future, marker::PhantomData, sync::Arc, time::Duration};
+
+use futures::{FutureExt, future::BoxFuture};
+use kube::{core::PartialObjectMeta, runtime::watcher};
+use tower::{BoxError, Service};
+
+use crate::{
+    Action, Backoff, ClusterName, Fleet, McRequest,
+    cache::{Change, ClusterCache, Watchable},
+};
+use trigger::{FilterFactory, Trigger, WatchTrigger};
+
+/// How long a graceful shutdown waits for running reconciles by default.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a controller stopped other than by a graceful shutdown.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The service reported from `poll_ready` that it has failed for good.
+    #[error("controller {controller}: the reconcile service failed")]
+    Service {
+        /// The controller's name.
+        controller: String,
+        /// The service's error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+/// Which clusters of the fleet a controller works in.
+#[derive(Clone)]
+pub enum Clusters {
+    /// Only the local cluster ([`ClusterName::local`]).
+    Local,
+    /// Every cluster except the local one: the providers' clusters.
+    Provided,
+    /// Every cluster.
+    All,
+    /// The clusters whose names pass the filter.
+    Matching(Arc<dyn Fn(&ClusterName) -> bool + Send + Sync>),
+}
+
+impl Clusters {
+    /// The clusters whose names pass `filter`.
+    ///
+    /// ```
+    /// let members = kube_fleet::controller::Clusters::matching(|name| name.as_str().starts_with("member-"));
+    /// assert!(members.selects(&"member-a".into()));
+    /// assert!(!members.selects(&"hub".into()));
+    /// ```
+    pub fn matching(filter: impl Fn(&ClusterName) -> bool + Send + Sync + 'static) -> Self {
+        Self::Matching(Arc::new(filter))
+    }
+
+    /// Whether the cluster `name` is one of these.
+    pub fn selects(&self, name: &ClusterName) -> bool {
+        match self {
+            Self::Local => name.is_local(),
+            Self::Provided => !name.is_local(),
+            Self::All => true,
+            Self::Matching(filter) => filter(name),
+        }
+    }
+}
+
+impl fmt::Debug for Clusters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Local => f.write_str("Local"),
+            Self::Provided => f.write_str("Provided"),
+            Self::All => f.write_str("All"),
+            Self::Matching(_) => f.write_str("Matching(..)"),
+        }
+    }
+}
+
+/// A controller for `K` objects across the fleet; see the [module docs](self).
+#[must_use]
+pub struct Controller<K: Watchable> {
+    fleet: Fleet,
+    name: String,
+    triggers: Vec<Arc<dyn Trigger>>,
+    for_trigger: WatchTrigger<K>,
+    clusters: Clusters,
+    backoff: Backoff,
+    shutdown: Option<BoxFuture<'static, ()>>,
+    shutdown_timeout: Duration,
+    _for: PhantomData<fn() -> K>,
+}
+
+impl<K: Watchable> fmt::Debug for Controller<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Controller")
+            .field("name", &self.name)
+            .field("triggers", &(self.triggers.len() + 1))
+            .field("clusters", &self.clusters)
+            .field("backoff", &self.backoff)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: Watchable> Controller<K> {
+    /// A controller for `K` objects, watched with `config`, in every cluster
+    /// of `fleet` (see [`clusters`](Self::clusters)).
+    pub fn new(fleet: &Fleet, config: watcher::Config) -> Self {
+        Self {
+            fleet: fleet.clone(),
+            name: K::kind(&()).to_lowercase(),
+            triggers: Vec::new(),
+            for_trigger: WatchTrigger {
+                source: ClusterCache::watch::<K>,
+                config,
+                mapper: Arc::new(trigger::for_self::<K>),
+                filter: None,
+            },
+            clusters: Clusters::All,
+            backoff: Backoff::default(),
+            shutdown: None,
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            _for: PhantomData,
+        }
+    }
+
+    /// Names the controller in logs (default: `K`'s kind in lower case).
+    pub fn named(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Selects the clusters the controller works in (default [`Clusters::All`]).
+    pub fn clusters(mut self, clusters: Clusters) -> Self {
+        self.clusters = clusters;
+        self
+    }
+
+    /// Reconciles a `K` only when `predicate`'s value for it changed, as
+    /// kube's `predicates::generation` or `predicates::labels` tell.
+    /// Deletions always pass.
+    pub fn with_predicate<P>(mut self, predicate: P) -> Self
+    where
+        P: Fn(&K) -> Option<u64> + Clone + Send + Sync + 'static,
+    {
+        self.for_trigger.filter = Some(trigger::predicate_filter(predicate));
+        self
+    }
+
+    /// Reconciles only the `K` objects that pass `filter`.
+    pub fn with_filter(mut self, filter: impl Fn(&K) -> bool + Send + Sync + 'static) -> Self {
+        let filter = Arc::new(filter);
+        let factory: FilterFactory<K> = Arc::new(move || {
+            let filter = filter.clone();
+            Box::new(move |change: &Change<K>| filter(change.object()))
+        });
+        self.for_trigger.filter = Some(factory);
+        self
+    }
+
+    /// Also reconciles the owner of every `Child` (by owner reference, same
+    /// cluster) when the child changes.
+    pub fn owns<Child: Watchable>(mut self, config: watcher::Config) -> Self {
+        self.triggers.push(Arc::new(WatchTrigger {
+            source: ClusterCache::watch::<Child>,
+            config,
+            mapper: Arc::new(trigger::for_owners::<K, Child>),
+            filter: None,
+        }));
+        self
+    }
+
+    /// Like [`owns`](Self::owns), but watches only the children's metadata.
+    pub fn owns_metadata<Child: Watchable>(mut self, config: watcher::Config) -> Self {
+        self.triggers.push(Arc::new(WatchTrigger {
+            source: ClusterCache::watch_metadata::<Child>,
+            config,
+            mapper: Arc::new(trigger::for_owners::<K, PartialObjectMeta<Child>>),
+            filter: None,
+        }));
+        self
+    }
+
+    /// Also reconciles whatever `mapper` returns when an `Other` object
+    /// changes in a selected cluster. The requests may name any cluster:
+    /// this is how a change in one cluster makes work in another.
+    ///
+    /// ```no_run
+    /// # use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    /// # use kube::runtime::watcher;
+    /// # use kube_fleet::{Controller, Fleet, McRequest};
+    /// # fn example(fleet: &Fleet, members: Vec<String>) {
+    /// // A Secret in the hub asks for a ConfigMap of the same name in every member.
+    /// Controller::<ConfigMap>::new(fleet, watcher::Config::default())
+    ///     .watches::<Secret, _>(watcher::Config::default(), move |cluster, secret| {
+    ///         let name = secret.metadata.name.clone().unwrap_or_default();
+    ///         members.iter()
+    ///             .filter(|_| cluster == "hub")
+    ///             .map(|m| McRequest::new(m.as_str(), Some("default"), name.clone()))
+    ///             .collect::<Vec<_>>()
+    ///     });
+    /// # }
+    /// ```
+    pub fn watches<Other, I>(
+        mut self,
+        config: watcher::Config,
+        mapper: impl Fn(&ClusterName, &Other) -> I + Send + Sync + 'static,
+    ) -> Self
+    where
+        Other: Watchable,
+        I: IntoIterator<Item = McRequest>,
+    {
+        self.triggers.push(Arc::new(WatchTrigger {
+            source: ClusterCache::watch::<Other>,
+            config,
+            mapper: Arc::new(move |cluster, change: &Change<Other>| {
+                mapper(cluster, change.object()).into_iter().collect()
+            }),
+            filter: None,
+        }));
+        self
+    }
+
+    /// Like [`watches`](Self::watches), but watches only `Other`'s metadata.
+    pub fn watches_metadata<Other, I>(
+        mut self,
+        config: watcher::Config,
+        mapper: impl Fn(&ClusterName, &PartialObjectMeta<Other>) -> I + Send + Sync + 'static,
+    ) -> Self
+    where
+        Other: Watchable,
+        I: IntoIterator<Item = McRequest>,
+    {
+        self.triggers.push(Arc::new(WatchTrigger {
+            source: ClusterCache::watch_metadata::<Other>,
+            config,
+            mapper: Arc::new(move |cluster, change: &Change<PartialObjectMeta<Other>>| {
+                mapper(cluster, change.object()).into_iter().collect()
+            }),
+            filter: None,
+        }));
+        self
+    }
+
+    /// How failing keys are retried (default: 5 ms doubling to 1000 s).
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Shuts down gracefully when `signal` completes: no new reconciles
+    /// start, running ones may finish within the
+    /// [`shutdown_timeout`](Self::shutdown_timeout), then `run` returns.
+    pub fn graceful_shutdown_on(
+        mut self,
+        signal: impl Future<Output = ()> + Send + 'static,
+    ) -> Self {
+        self.shutdown = Some(signal.boxed());
+        self
+    }
+
+    /// How long a graceful shutdown waits for running reconciles
+    /// (default [`DEFAULT_SHUTDOWN_TIMEOUT`]); those still running then are cancelled.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// Runs `service` for every request until a graceful shutdown completes.
+    ///
+    /// The service is called only when `poll_ready` says it is ready, so
+    /// tower's `ConcurrencyLimit`, `RateLimit` and `Buffer` pace the
+    /// controller. An error from a reconcile sends the key back to the queue
+    /// after its backoff; an [`Action`] says when to run it next on success.
+    pub async fn run<S>(self, service: S) -> Result<(), Error>
+    where
+        S: Service<McRequest, Response = Action> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<BoxError>,
+    {
+        let Self {
+            fleet,
+            name,
+            mut triggers,
+            for_trigger,
+            clusters,
+            backoff,
+            shutdown,
+            shutdown_timeout,
+            _for,
+        } = self;
+        triggers.insert(0, Arc::new(for_trigger));
+        runner::Runner::new(runner::Setup {
+            fleet,
+            name,
+            triggers,
+            clusters,
+            backoff,
+            shutdown: shutdown.unwrap_or_else(|| futures::future::pending().boxed()),
+            shutdown_timeout,
+        })
+        .run(service)
+        .await
+    }
+}

@@ -1,0 +1,142 @@
+//! What turns a watched type's changes in one cluster into requests.
+
+use std::{collections::HashMap, sync::Arc};
+
+use futures::{
+    FutureExt, StreamExt,
+    future::BoxFuture,
+    stream::{self, BoxStream},
+};
+use kube::{
+    Resource, ResourceExt,
+    runtime::{reflector::ObjectRef, watcher},
+};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use crate::{
+    Cluster, ClusterName, McRequest,
+    cache::{Change, ClusterCache, SharedWatch},
+};
+
+/// A watched type of a controller: where its changes come from, and how each
+/// becomes requests.
+pub(crate) trait Trigger: Send + Sync {
+    /// Starts or finds the watch in `cache`; the future ends once it has synced.
+    fn start(&self, cache: &ClusterCache) -> BoxFuture<'static, ()>;
+
+    /// The requests for `cluster`: first one per object the synced store
+    /// holds, then one per change.
+    fn requests(&self, cluster: &Cluster) -> BoxStream<'static, McRequest>;
+}
+
+type Source<T> = fn(&ClusterCache, &watcher::Config) -> Arc<SharedWatch<T>>;
+type Mapper<T> = Arc<dyn Fn(&ClusterName, &Change<T>) -> Vec<McRequest> + Send + Sync>;
+/// Makes a fresh filter per cluster stream, since a filter may keep state
+/// (a predicate remembers what it saw of each object).
+pub(crate) type FilterFactory<T> =
+    Arc<dyn Fn() -> Box<dyn FnMut(&Change<T>) -> bool + Send> + Send + Sync>;
+
+pub(crate) struct WatchTrigger<T: Resource<DynamicType = ()> + 'static> {
+    pub(crate) source: Source<T>,
+    pub(crate) config: watcher::Config,
+    pub(crate) mapper: Mapper<T>,
+    pub(crate) filter: Option<FilterFactory<T>>,
+}
+
+impl<T> Trigger for WatchTrigger<T>
+where
+    T: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    fn start(&self, cache: &ClusterCache) -> BoxFuture<'static, ()> {
+        let watch = (self.source)(cache, &self.config);
+        async move { watch.synced().await }.boxed()
+    }
+
+    fn requests(&self, cluster: &Cluster) -> BoxStream<'static, McRequest> {
+        let watch = (self.source)(cluster.cache(), &self.config);
+        // Subscribe before reading the store, so nothing falls in between;
+        // an object seen twice is deduplicated by the queue.
+        let changes = UnboundedReceiverStream::new(watch.subscribe());
+        let listed = stream::once(async move {
+            watch.synced().await;
+            stream::iter(watch.store().state().into_iter().map(Change::Applied))
+        })
+        .flatten();
+        let name = cluster.name().clone();
+        let mapper = self.mapper.clone();
+        let mut filter = self.filter.as_ref().map(|make| make());
+        listed
+            .chain(changes)
+            .filter(move |change| {
+                let keep = filter.as_mut().is_none_or(|f| f(change));
+                std::future::ready(keep)
+            })
+            .flat_map(move |change| stream::iter(mapper(&name, &change)))
+            .boxed()
+    }
+}
+
+/// The request for the object itself.
+pub(crate) fn for_self<K: Resource>(cluster: &ClusterName, change: &Change<K>) -> Vec<McRequest> {
+    vec![McRequest::for_object(
+        cluster.clone(),
+        change.object().as_ref(),
+    )]
+}
+
+/// Requests for the owners of kind `K` named in the object's owner references,
+/// in the same cluster (and namespace, for a namespaced owner).
+pub(crate) fn for_owners<K, T>(cluster: &ClusterName, change: &Change<T>) -> Vec<McRequest>
+where
+    K: Resource<DynamicType = ()>,
+    T: Resource,
+{
+    let (kind, api_version) = (K::kind(&()), K::api_version(&()));
+    let object = change.object();
+    // `Resource::Scope` need not be 'static, so no TypeId: its name tells
+    // whether owners of kind K live outside namespaces.
+    let cluster_scoped = std::any::type_name::<K::Scope>()
+        == std::any::type_name::<kube::core::ClusterResourceScope>();
+    let namespace = if cluster_scoped {
+        None
+    } else {
+        object.namespace()
+    };
+    object
+        .owner_references()
+        .iter()
+        .filter(|owner| owner.kind == kind && owner.api_version == api_version)
+        .map(|owner| McRequest {
+            cluster: cluster.clone(),
+            namespace: namespace.clone(),
+            name: owner.name.clone(),
+        })
+        .collect()
+}
+
+/// A filter that passes an applied object only when `property` changed since
+/// the last time it passed, as kube's predicates do. Deletions always pass.
+pub(crate) fn predicate_filter<K, P>(predicate: P) -> FilterFactory<K>
+where
+    K: Resource<DynamicType = ()> + 'static,
+    P: Fn(&K) -> Option<u64> + Clone + Send + Sync + 'static,
+{
+    Arc::new(move || {
+        let predicate = predicate.clone();
+        let mut seen: HashMap<ObjectRef<K>, u64> = HashMap::new();
+        Box::new(move |change: &Change<K>| {
+            let object = change.object();
+            let key = ObjectRef::from_obj(object.as_ref());
+            match change {
+                Change::Deleted(_) => {
+                    seen.remove(&key);
+                    true
+                }
+                Change::Applied(_) => match predicate(object) {
+                    Some(value) => seen.insert(key, value) != Some(value),
+                    None => true,
+                },
+            }
+        })
+    })
+}

@@ -1,0 +1,64 @@
+use std::{
+    pin::Pin,
+    task::{Context, Poll},
+};
+
+use futures::Stream;
+use kube::Client;
+
+use super::ClusterEvent;
+use crate::ClusterName;
+
+/// The process's own cluster, engaged once under [`ClusterName::local`].
+///
+/// ```no_run
+/// # async fn example() -> Result<(), kube::Error> {
+/// use kube_fleet::{Fleet, provider::LocalProvider};
+///
+/// let fleet = Fleet::new();
+/// let local = LocalProvider::try_default().await?;
+/// tokio::spawn(async move { fleet.run(local).await });
+/// # Ok(())
+/// # }
+/// ```
+pub struct LocalProvider {
+    client: Option<Client>,
+}
+
+impl std::fmt::Debug for LocalProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalProvider")
+            .field("engaged", &self.client.is_none())
+            .finish()
+    }
+}
+
+impl LocalProvider {
+    /// The local cluster reached through `client`.
+    pub fn new(client: Client) -> Self {
+        Self {
+            client: Some(client),
+        }
+    }
+
+    /// The local cluster from the in-cluster configuration or the default
+    /// kubeconfig, as [`Client::try_default`] finds it.
+    pub async fn try_default() -> Result<Self, kube::Error> {
+        Ok(Self::new(Client::try_default().await?))
+    }
+}
+
+impl Stream for LocalProvider {
+    type Item = ClusterEvent;
+
+    /// Yields one engage event, then stays pending: the local cluster never leaves.
+    fn poll_next(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<ClusterEvent>> {
+        match self.client.take() {
+            Some(client) => Poll::Ready(Some(ClusterEvent::Engage {
+                name: ClusterName::local(),
+                client,
+            })),
+            None => Poll::Pending,
+        }
+    }
+}

@@ -1,0 +1,47 @@
+//! Providers discover clusters and tell the [`Fleet`](crate::Fleet) about them.
+//!
+//! A provider is a stream of [`ClusterEvent`]s: engage a cluster under a name
+//! with a client, or disengage a name. [`Fleet::run`](crate::Fleet::run)
+//! applies them. Providers never touch controllers. Two are built in:
+//! [`ProgrammaticProvider`], driven from code, and [`LocalProvider`], the
+//! process's own cluster. Others live in crates of their own.
+
+mod local;
+mod programmatic;
+
+pub use local::LocalProvider;
+pub use programmatic::{ProgrammaticHandle, ProgrammaticProvider};
+
+use kube::Client;
+
+use crate::ClusterName;
+
+/// A change in the set of clusters a provider knows.
+#[derive(Clone)]
+pub enum ClusterEvent {
+    /// Engage the cluster `name` through `client`. Engaging a name that is
+    /// already engaged replaces that cluster: its watches stop and new ones start.
+    Engage {
+        /// The cluster's name in the fleet.
+        name: ClusterName,
+        /// A client for it, built inside the tokio runtime.
+        client: Client,
+    },
+    /// The cluster `name` has left: stop its watches and forget its work.
+    Disengage {
+        /// The cluster's name in the fleet.
+        name: ClusterName,
+    },
+}
+
+impl std::fmt::Debug for ClusterEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Engage { name, .. } => f
+                .debug_struct("Engage")
+                .field("name", name)
+                .finish_non_exhaustive(),
+            Self::Disengage { name } => f.debug_struct("Disengage").field("name", name).finish(),
+        }
+    }
+}
