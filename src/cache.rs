@@ -20,7 +20,10 @@ use kube::{
     },
 };
 use serde::de::DeserializeOwned;
-use tokio::{sync::mpsc, task::AbortHandle};
+use tokio::{
+    sync::{mpsc, watch},
+    task::AbortHandle,
+};
 
 use crate::ClusterName;
 
@@ -184,6 +187,10 @@ type Subscribers<K> = Arc<Mutex<Vec<mpsc::UnboundedSender<Change<K>>>>>;
 pub struct SharedWatch<K: Resource<DynamicType = ()> + 'static> {
     store: Store<K>,
     subscribers: Subscribers<K>,
+    /// Becomes true after the first complete list. `Store::wait_until_ready`
+    /// wakes only the last of several concurrent waiters, and a fleet and its
+    /// controllers wait on the same watch at once.
+    synced: watch::Receiver<bool>,
     task: AbortHandle,
 }
 
@@ -214,6 +221,7 @@ where
         let subscribers: Subscribers<K> = Arc::default();
         let fan_out = subscribers.clone();
         let reader = store.clone();
+        let (synced_tx, synced) = watch::channel(false);
         // Without a backoff the watcher retries an unreachable cluster in a hot loop.
         let events = events.default_backoff();
         let task = tokio::spawn(async move {
@@ -230,6 +238,9 @@ where
                 // remember what was there to tell subscribers afterwards.
                 let before = matches!(event, Event::InitDone).then(|| reader.state());
                 writer.apply_watcher_event(&event);
+                if matches!(event, Event::InitDone) {
+                    synced_tx.send_replace(true);
+                }
                 let changed: Vec<Change<K>> = match event {
                     Event::Apply(object) => reader
                         .get(&ObjectRef::from_obj(&object))
@@ -261,6 +272,7 @@ where
         Self {
             store,
             subscribers,
+            synced,
             task,
         }
     }
@@ -288,7 +300,7 @@ where
     /// Waits until the first list has completed, so that the store holds
     /// everything the cluster had.
     pub async fn synced(&self) {
-        // The writer lives in the watch task, which this watch keeps alive.
-        let _ = self.store.wait_until_ready().await;
+        // The sender lives in the watch task, which this watch keeps alive.
+        let _ = self.synced.clone().wait_for(|synced| *synced).await;
     }
 }

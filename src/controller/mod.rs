@@ -298,11 +298,15 @@ impl<K: Watchable> Controller<K> {
 
     /// Runs `service` for every request until a graceful shutdown completes.
     ///
+    /// The controller joins the fleet when `run` is called, not when the
+    /// future is first polled: clusters engaged from then on start its
+    /// watches before they become visible.
+    ///
     /// The service is called only when `poll_ready` says it is ready, so
     /// tower's `ConcurrencyLimit`, `RateLimit` and `Buffer` pace the
     /// controller. An error from a reconcile sends the key back to the queue
     /// after its backoff; an [`Action`] says when to run it next on success.
-    pub async fn run<S>(self, service: S) -> Result<(), Error>
+    pub fn run<S>(self, service: S) -> impl Future<Output = Result<(), Error>> + Send
     where
         S: Service<McRequest, Response = Action> + Send + 'static,
         S::Future: Send + 'static,
@@ -320,7 +324,7 @@ impl<K: Watchable> Controller<K> {
             _for,
         } = self;
         triggers.insert(0, Arc::new(for_trigger));
-        runner::Runner::new(runner::Setup {
+        let runner = runner::Runner::new(runner::Setup {
             fleet,
             name,
             triggers,
@@ -328,8 +332,7 @@ impl<K: Watchable> Controller<K> {
             backoff,
             shutdown: shutdown.unwrap_or_else(|| futures::future::pending().boxed()),
             shutdown_timeout,
-        })
-        .run(service)
-        .await
+        });
+        runner.run(service)
     }
 }

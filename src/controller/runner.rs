@@ -60,6 +60,8 @@ pub(super) struct Runner {
     shutdown: BoxFuture<'static, ()>,
     shutdown_timeout: Duration,
     draining: Option<Pin<Box<Sleep>>>,
+    /// Clusters engaged before the controller started; engaged on first poll.
+    initial: Vec<Cluster>,
     // Keeps the fleet starting this controller's watches in new clusters.
     _requirements: Vec<RequirementGuard>,
 }
@@ -87,7 +89,7 @@ impl Runner {
             })
             .collect();
         let subscription = fleet.subscribe();
-        let mut runner = Self {
+        Self {
             name,
             triggers,
             clusters,
@@ -100,12 +102,9 @@ impl Runner {
             shutdown,
             shutdown_timeout,
             draining: None,
+            initial: subscription.clusters,
             _requirements: requirements,
-        };
-        for cluster in subscription.clusters {
-            runner.engage(&cluster);
         }
-        runner
     }
 
     pub(super) async fn run<S>(mut self, mut service: S) -> Result<(), Error>
@@ -115,6 +114,9 @@ impl Runner {
         S::Error: Into<BoxError>,
     {
         tracing::info!(controller = %self.name, "controller started");
+        for cluster in std::mem::take(&mut self.initial) {
+            self.engage(&cluster);
+        }
         let result = poll_fn(|cx| self.poll(cx, &mut service)).await;
         self.running.abort_all();
         tracing::info!(controller = %self.name, "controller stopped");

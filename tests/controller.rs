@@ -1,0 +1,390 @@
+//! A controller across a fleet of real API servers, one test per scenario.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::{
+    Api,
+    api::{ObjectMeta, Patch, PatchParams, PostParams},
+    runtime::watcher,
+};
+use kube_fleet::{
+    ClusterName, Controller, Fleet, McRequest,
+    controller::Clusters,
+    provider::{LocalProvider, ProgrammaticHandle, ProgrammaticProvider},
+};
+use kube_fleet_envtest::Envtest;
+use support::*;
+use tokio::task::JoinHandle;
+
+/// A fleet fed by a programmatic provider, with its task.
+struct Running {
+    fleet: Fleet,
+    provider: ProgrammaticHandle,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl Running {
+    fn new() -> Self {
+        let fleet = Fleet::new();
+        let (provider, handle) = ProgrammaticProvider::new();
+        let task = tokio::spawn({
+            let fleet = fleet.clone();
+            async move { fleet.run(provider).await }
+        });
+        Self {
+            fleet,
+            provider: handle,
+            tasks: vec![task],
+        }
+    }
+
+    fn add_all(&self, env: &Envtest) {
+        for cluster in env.clusters() {
+            self.provider.add(cluster.name(), cluster.client());
+        }
+    }
+
+    /// Runs a ConfigMap controller with a recording reconciler.
+    fn config_maps(&mut self) -> tokio::sync::mpsc::UnboundedReceiver<McRequest> {
+        let (service, rx) = recorder();
+        let controller = Controller::<ConfigMap>::new(&self.fleet, watcher::Config::default());
+        self.spawn(controller, service);
+        rx
+    }
+
+    fn spawn<S>(&mut self, controller: Controller<ConfigMap>, service: S)
+    where
+        S: tower::Service<McRequest, Response = kube_fleet::Action> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<tower::BoxError>,
+    {
+        let run = controller.run(service);
+        self.tasks.push(tokio::spawn(async move {
+            run.await.expect("controller runs");
+        }));
+    }
+
+    async fn wait_engaged(&self, name: &str) {
+        tokio::time::timeout(PATIENCE, async {
+            while self.fleet.get(name).is_none() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("cluster {name} not engaged within {PATIENCE:?}"));
+    }
+}
+
+#[tokio::test]
+async fn all_clusters_are_engaged_and_objects_that_existed_before_are_reconciled() {
+    let env = Envtest::start(3).await.unwrap();
+    for cluster in env.clusters() {
+        create_config_map(cluster.client(), "before").await;
+    }
+    let mut running = Running::new();
+    let mut rx = running.config_maps();
+    running.add_all(&env);
+
+    expect_all(
+        &mut rx,
+        env.clusters().iter().map(|c| request(c.name(), "before")),
+    )
+    .await;
+    let mut engaged: Vec<_> = running
+        .fleet
+        .clusters()
+        .iter()
+        .map(|c| c.name().to_string())
+        .collect();
+    engaged.sort();
+    assert_eq!(engaged, ["cluster-0", "cluster-1", "cluster-2"]);
+}
+
+#[tokio::test]
+async fn new_and_updated_objects_are_reconciled() {
+    let env = Envtest::start(2).await.unwrap();
+    let mut running = Running::new();
+    let mut rx = running.config_maps();
+    running.add_all(&env);
+    running.wait_engaged("cluster-1").await;
+
+    let b = &env.clusters()[1];
+    create_config_map(b.client(), "fresh").await;
+    expect_all(&mut rx, [request("cluster-1", "fresh")]).await;
+
+    Api::<ConfigMap>::default_namespaced(b.client())
+        .patch(
+            "fresh",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "data": { "value": "2" } })),
+        )
+        .await
+        .unwrap();
+    expect_all(&mut rx, [request("cluster-1", "fresh")]).await;
+}
+
+#[tokio::test]
+async fn a_cluster_added_at_runtime_is_reconciled() {
+    let mut env = Envtest::start(1).await.unwrap();
+    let mut running = Running::new();
+    let mut rx = running.config_maps();
+    running.add_all(&env);
+    running.wait_engaged("cluster-0").await;
+
+    let late = env.add_cluster("late").await.unwrap();
+    create_config_map(late.client(), "was-there").await;
+    running.provider.add("late", late.client());
+    expect_all(&mut rx, [request("late", "was-there")]).await;
+    create_config_map(late.client(), "came-later").await;
+    expect_all(&mut rx, [request("late", "came-later")]).await;
+}
+
+#[tokio::test]
+async fn a_removed_cluster_loses_its_watches_queue_and_running_reconciles() {
+    let env = Envtest::start(2).await.unwrap();
+    let (a, b) = (&env.clusters()[0], &env.clusters()[1]);
+    for i in 0..5 {
+        create_config_map(b.client(), &format!("queued-{i}")).await;
+    }
+    let mut running = Running::new();
+
+    // One reconcile at a time; reconciles of cluster-1 hang until cancelled,
+    // so its other keys stay queued behind the first.
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel::<McRequest>();
+    let (cancelled_tx, mut cancelled) = tokio::sync::mpsc::unbounded_channel::<McRequest>();
+    let service = tower::ServiceBuilder::new()
+        .concurrency_limit(1)
+        .service(tower::service_fn(move |request: McRequest| {
+            let started_tx = started_tx.clone();
+            let cancelled_tx = cancelled_tx.clone();
+            async move {
+                let _ = started_tx.send(request.clone());
+                if request.cluster == "cluster-1" {
+                    let _report_cancel = OnDrop(Some(move || {
+                        let _ = cancelled_tx.send(request);
+                    }));
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, tower::BoxError>(kube_fleet::Action::await_change())
+            }
+        }));
+    running.spawn(
+        Controller::<ConfigMap>::new(&running.fleet, watcher::Config::default()),
+        service,
+    );
+    running.provider.add("cluster-1", b.client());
+    let stuck = tokio::time::timeout(PATIENCE, started.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stuck.cluster, "cluster-1");
+    let watches_before = watches_served(&b.client(), "configmaps").await;
+
+    running.provider.remove("cluster-1");
+    let gone = tokio::time::timeout(PATIENCE, cancelled.recv())
+        .await
+        .expect("the running reconcile of the removed cluster is cancelled")
+        .unwrap();
+    assert_eq!(gone, stuck);
+    assert!(running.fleet.get("cluster-1").is_none());
+
+    // Its watch ends at the API server.
+    tokio::time::timeout(PATIENCE, async {
+        while watches_served(&b.client(), "configmaps").await >= watches_before {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the removed cluster's watch stops");
+
+    // Its queued keys never run, and new objects there start nothing, while
+    // another cluster is served as usual.
+    running.provider.add("cluster-0", a.client());
+    create_config_map(a.client(), "other").await;
+    create_config_map(b.client(), "after-removal").await;
+    let seen = drain_for(&mut started, Duration::from_secs(3)).await;
+    assert!(seen.contains(&request("cluster-0", "other")), "{seen:?}");
+    assert!(
+        seen.iter().all(|r| r.cluster != "cluster-1"),
+        "a removed cluster's key ran: {seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_cluster_delays_no_other() {
+    let env = Envtest::start(3).await.unwrap();
+    for cluster in env.clusters() {
+        create_config_map(cluster.client(), "x").await;
+    }
+    let down = &env.clusters()[1];
+    down.stop();
+
+    let mut running = Running::new();
+    let mut rx = running.config_maps();
+    running.add_all(&env);
+    expect_all(
+        &mut rx,
+        [request("cluster-0", "x"), request("cluster-2", "x")],
+    )
+    .await;
+    assert!(
+        running.fleet.get("cluster-1").is_none(),
+        "an unsynced cluster is not visible"
+    );
+
+    down.restart().await.unwrap();
+    expect_all(&mut rx, [request("cluster-1", "x")]).await;
+    assert!(running.fleet.get("cluster-1").is_some());
+}
+
+#[tokio::test]
+async fn the_same_reconciler_runs_against_the_local_cluster_alone() {
+    let env = Envtest::start(1).await.unwrap();
+    let local = &env.clusters()[0];
+    create_config_map(local.client(), "mine").await;
+
+    let fleet = Fleet::new();
+    let provider = tokio::spawn({
+        let fleet = fleet.clone();
+        let local = LocalProvider::new(local.client());
+        async move { fleet.run(local).await }
+    });
+    let (service, mut rx) = recorder();
+    let controller = tokio::spawn(
+        Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
+            .clusters(Clusters::Local)
+            .run(service),
+    );
+    let seen = expect_all(
+        &mut rx,
+        [McRequest::new(
+            ClusterName::local(),
+            Some("default"),
+            "mine",
+        )],
+    )
+    .await;
+    assert!(seen.iter().all(|r| r.cluster.is_local()));
+    assert_eq!(seen.last().unwrap().to_string(), "cluster:///default/mine");
+    provider.abort();
+    controller.abort();
+}
+
+#[tokio::test]
+async fn a_change_in_one_cluster_can_enqueue_work_in_another() {
+    let env = Envtest::builder()
+        .clusters(["hub", "member"])
+        .start()
+        .await
+        .unwrap();
+    let mut running = Running::new();
+    let (service, mut rx) = recorder();
+    let controller = Controller::<ConfigMap>::new(&running.fleet, watcher::Config::default())
+        .watches::<Secret, _>(watcher::Config::default(), |cluster, secret| {
+            // A Secret in the hub asks for the member's ConfigMap of that name.
+            (cluster == "hub").then(|| {
+                McRequest::new(
+                    "member",
+                    Some("default"),
+                    secret.metadata.name.clone().unwrap_or_default(),
+                )
+            })
+        });
+    running.spawn(controller, service);
+    running.add_all(&env);
+    running.wait_engaged("hub").await;
+    running.wait_engaged("member").await;
+
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some("shared".into()),
+            ..ObjectMeta::default()
+        },
+        ..Secret::default()
+    };
+    Api::<Secret>::default_namespaced(env.clusters()[0].client())
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    expect_all(&mut rx, [request("member", "shared")]).await;
+}
+
+#[tokio::test]
+async fn a_second_controller_for_the_same_type_opens_no_second_watch() {
+    let env = Envtest::start(1).await.unwrap();
+    let client = env.clusters()[0].client();
+    // The API server watches some ConfigMaps itself.
+    let before = watches_served(&client, "configmaps").await;
+    let mut running = Running::new();
+    let mut first = running.config_maps();
+    let mut second = running.config_maps();
+    running.add_all(&env);
+    running.wait_engaged("cluster-0").await;
+
+    create_config_map(client.clone(), "both").await;
+    expect_all(&mut first, [request("cluster-0", "both")]).await;
+    expect_all(&mut second, [request("cluster-0", "both")]).await;
+
+    let cluster = running.fleet.get("cluster-0").unwrap();
+    assert_eq!(cluster.cache().watch_count(), 1);
+    assert_eq!(watches_served(&client, "configmaps").await, before + 1);
+}
+
+#[tokio::test]
+async fn a_child_change_reconciles_its_owner_in_the_same_cluster() {
+    let env = Envtest::start(1).await.unwrap();
+    let client = env.clusters()[0].client();
+    let owner = create_config_map(client.clone(), "owner").await;
+
+    let mut running = Running::new();
+    let (service, mut rx) = recorder();
+    let controller = Controller::<ConfigMap>::new(&running.fleet, watcher::Config::default())
+        .owns_metadata::<Secret>(watcher::Config::default());
+    running.spawn(controller, service);
+    running.add_all(&env);
+    expect_all(&mut rx, [request("cluster-0", "owner")]).await;
+
+    let child = Secret {
+        metadata: ObjectMeta {
+            name: Some("child".into()),
+            owner_references: Some(vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "ConfigMap".into(),
+                    name: "owner".into(),
+                    uid: owner.metadata.uid.clone().unwrap(),
+                    ..Default::default()
+                },
+            ]),
+            ..ObjectMeta::default()
+        },
+        ..Secret::default()
+    };
+    Api::<Secret>::default_namespaced(client)
+        .create(&PostParams::default(), &child)
+        .await
+        .unwrap();
+    expect_all(&mut rx, [request("cluster-0", "owner")]).await;
+}
+
+/// Runs a closure when dropped: tells a test that a future was cancelled.
+struct OnDrop<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! Helpers shared by the integration tests: a recording reconciler, waiting
+//! for requests, and reading an API server's watch count.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::{collections::HashSet, time::Duration};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api, Client,
+    api::{ObjectMeta, PostParams},
+};
+use kube_fleet::{Action, McRequest};
+use tokio::sync::mpsc;
+use tower::{BoxError, Service, service_fn};
+
+/// How long a test waits for something that should happen.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A reconciler that reports every request it gets and asks for nothing more.
+pub fn recorder() -> (
+    impl Service<McRequest, Response = Action, Error = BoxError, Future: Send + 'static>
+    + Send
+    + 'static,
+    mpsc::UnboundedReceiver<McRequest>,
+) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let service = service_fn(move |request: McRequest| {
+        let tx = tx.clone();
+        async move {
+            let _ = tx.send(request);
+            Ok::<_, BoxError>(Action::await_change())
+        }
+    });
+    (service, rx)
+}
+
+/// Waits until every request in `wanted` has been seen, and returns all seen.
+pub async fn expect_all(
+    rx: &mut mpsc::UnboundedReceiver<McRequest>,
+    wanted: impl IntoIterator<Item = McRequest>,
+) -> Vec<McRequest> {
+    let mut missing: HashSet<McRequest> = wanted.into_iter().collect();
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !missing.is_empty() {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(request)) => {
+                missing.remove(&request);
+                seen.push(request);
+            }
+            Ok(None) => panic!("the reconciler is gone; still missing {missing:?}"),
+            Err(_) => panic!("not reconciled within {PATIENCE:?}: {missing:?}; saw {seen:?}"),
+        }
+    }
+    seen
+}
+
+/// Every request seen within `window`.
+pub async fn drain_for(
+    rx: &mut mpsc::UnboundedReceiver<McRequest>,
+    window: Duration,
+) -> Vec<McRequest> {
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + window;
+    while let Ok(Some(request)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+        seen.push(request);
+    }
+    seen
+}
+
+pub fn config_map(name: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        data: Some([("value".to_owned(), "1".to_owned())].into()),
+        ..ConfigMap::default()
+    }
+}
+
+pub async fn create_config_map(client: Client, name: &str) -> ConfigMap {
+    Api::<ConfigMap>::default_namespaced(client)
+        .create(&PostParams::default(), &config_map(name))
+        .await
+        .unwrap_or_else(|e| panic!("creating ConfigMap {name}: {e}"))
+}
+
+pub fn request(cluster: &str, name: &str) -> McRequest {
+    McRequest::new(cluster, Some("default"), name)
+}
+
+/// How many watches of `resource` the API server is serving now, from its
+/// own `apiserver_longrunning_requests` metric.
+pub async fn watches_served(client: &Client, resource: &str) -> u64 {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let metrics = client.request_text(request).await.expect("GET /metrics");
+    let resource = format!("resource=\"{resource}\"");
+    metrics
+        .lines()
+        .filter(|line| line.starts_with("apiserver_longrunning_requests{"))
+        .filter(|line| line.contains(&resource) && line.contains("verb=\"WATCH\""))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
