@@ -103,12 +103,19 @@ impl ClusterCache {
         })
     }
 
+    /// The watch of `K` objects with this configuration, if one runs here;
+    /// unlike [`watch`](Self::watch), never starts one.
+    pub fn find<K: Watchable>(&self, config: &watcher::Config) -> Option<Arc<SharedWatch<K>>> {
+        let key = watch_key::<K>(false, config);
+        let watch = self.watches().get(&key)?.clone();
+        watch.downcast::<SharedWatch<K>>().ok()
+    }
+
     /// The store of `K` objects watched with the default configuration, if a
     /// controller watches them in this cluster.
     pub fn store<K: Watchable>(&self) -> Option<Store<K>> {
-        let key = watch_key::<K>(false, &watcher::Config::default());
-        let watch = self.watches().get(&key)?.clone();
-        watch.downcast::<SharedWatch<K>>().ok().map(|w| w.store())
+        self.find::<K>(&watcher::Config::default())
+            .map(|w| w.store())
     }
 
     /// How many watches this cluster runs.
@@ -295,6 +302,11 @@ where
             .unwrap_or_else(|e| e.into_inner())
             .push(tx);
         rx
+    }
+
+    /// Whether the first list has completed.
+    pub fn is_synced(&self) -> bool {
+        *self.synced.borrow()
     }
 
     /// Waits until the first list has completed, so that the store holds
