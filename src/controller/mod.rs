@@ -33,7 +33,7 @@ mod trigger;
 
 use std::{fmt, future::Future, marker::PhantomData, sync::Arc, time::Duration};
 
-use futures::{FutureExt, future::BoxFuture};
+use futures::{FutureExt, Stream, StreamExt, future::BoxFuture, stream::BoxStream};
 use kube::{core::PartialObjectMeta, runtime::watcher};
 use tower::{BoxError, Service};
 
@@ -118,6 +118,7 @@ pub struct Controller<K: Watchable> {
     backoff: Backoff,
     shutdown: Option<BoxFuture<'static, ()>>,
     shutdown_timeout: Duration,
+    external: Vec<BoxStream<'static, McRequest>>,
     _for: PhantomData<fn() -> K>,
 }
 
@@ -150,6 +151,7 @@ impl<K: Watchable> Controller<K> {
             backoff: Backoff::default(),
             shutdown: None,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            external: Vec::new(),
             _for: PhantomData,
         }
     }
@@ -272,6 +274,16 @@ impl<K: Watchable> Controller<K> {
         self
     }
 
+    /// Also reconciles every request `requests` yields: for triggers from
+    /// outside Kubernetes (a timer, a webhook, another system's events).
+    pub fn reconcile_on(
+        mut self,
+        requests: impl Stream<Item = McRequest> + Send + 'static,
+    ) -> Self {
+        self.external.push(requests.boxed());
+        self
+    }
+
     /// How failing keys are retried (default: 5 ms doubling to 1000 s).
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
@@ -321,6 +333,7 @@ impl<K: Watchable> Controller<K> {
             backoff,
             shutdown,
             shutdown_timeout,
+            external,
             _for,
         } = self;
         triggers.insert(0, Arc::new(for_trigger));
@@ -332,6 +345,7 @@ impl<K: Watchable> Controller<K> {
             backoff,
             shutdown: shutdown.unwrap_or_else(|| futures::future::pending().boxed()),
             shutdown_timeout,
+            external: futures::stream::select_all(external).boxed(),
         });
         runner.run(service)
     }

@@ -42,6 +42,8 @@ pub(super) struct Setup {
     pub(super) backoff: Backoff,
     pub(super) shutdown: BoxFuture<'static, ()>,
     pub(super) shutdown_timeout: Duration,
+    /// Requests from outside the fleet's watches.
+    pub(super) external: BoxStream<'static, McRequest>,
 }
 
 type Finished = (McRequest, Result<Action, BoxError>);
@@ -53,6 +55,7 @@ pub(super) struct Runner {
     queue: Queue,
     /// One stream of requests per engaged cluster, merged from its triggers.
     incoming: StreamMap<ClusterName, BoxStream<'static, McRequest>>,
+    external: stream::Fuse<BoxStream<'static, McRequest>>,
     fleet_events: mpsc::UnboundedReceiver<FleetEvent>,
     running: JoinSet<Finished>,
     running_keys: HashMap<Id, McRequest>,
@@ -76,6 +79,7 @@ impl Runner {
             backoff,
             shutdown,
             shutdown_timeout,
+            external,
         } = setup;
         let requirements = triggers
             .iter()
@@ -95,6 +99,7 @@ impl Runner {
             clusters,
             queue: Queue::new(backoff),
             incoming: StreamMap::new(),
+            external: external.fuse(),
             fleet_events: subscription.events,
             running: JoinSet::new(),
             running_keys: HashMap::new(),
@@ -165,6 +170,13 @@ impl Runner {
         while taken < INTAKE_PER_POLL {
             match self.incoming.poll_next_unpin(cx) {
                 Poll::Ready(Some((_, request))) => self.queue.push(request),
+                _ => break,
+            }
+            taken += 1;
+        }
+        while taken < INTAKE_PER_POLL {
+            match self.external.poll_next_unpin(cx) {
+                Poll::Ready(Some(request)) => self.queue.push(request),
                 _ => break,
             }
             taken += 1;
@@ -248,6 +260,227 @@ impl Runner {
             if let Some(outcome) = outcome {
                 self.queue.complete(&key, outcome);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    };
+
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::watcher;
+    use tokio::time::Instant;
+    use tokio_stream::wrappers::UnboundedReceiverStream;
+    use tower::{ServiceBuilder, service_fn};
+
+    use crate::{Controller, controller::Error};
+
+    use super::*;
+
+    /// A controller over an empty fleet, fed requests through a channel.
+    fn fed_controller() -> (Controller<ConfigMap>, mpsc::UnboundedSender<McRequest>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let controller = Controller::<ConfigMap>::new(&Fleet::new(), watcher::Config::default())
+            .reconcile_on(UnboundedReceiverStream::new(rx));
+        (controller, tx)
+    }
+
+    fn key(name: &str) -> McRequest {
+        McRequest::new("c", Some("ns"), name)
+    }
+
+    async fn until(what: &str, condition: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(3600);
+        while !condition() {
+            assert!(Instant::now() < deadline, "never: {what}");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pulls_a_key_only_when_the_service_is_ready() {
+        let (controller, requests) = fed_controller();
+        let (running, most, done) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+        );
+        let service = ServiceBuilder::new()
+            .concurrency_limit(2)
+            .service(service_fn({
+                let (running, most, done) = (running.clone(), most.clone(), done.clone());
+                move |_: McRequest| {
+                    let (running, most, done) = (running.clone(), most.clone(), done.clone());
+                    async move {
+                        let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        running.fetch_sub(1, Ordering::SeqCst);
+                        done.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, BoxError>(Action::await_change())
+                    }
+                }
+            }));
+        for i in 0..10 {
+            requests.send(key(&i.to_string())).unwrap();
+        }
+        let started = Instant::now();
+        let task = tokio::spawn(controller.run(service));
+        until("all ran", || done.load(Ordering::SeqCst) == 10).await;
+        assert_eq!(
+            most.load(Ordering::SeqCst),
+            2,
+            "never more than the limit in flight"
+        );
+        assert!(started.elapsed() >= Duration::from_millis(500));
+        task.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_error_sends_the_key_back_after_its_backoff_and_success_ends_it() {
+        let (controller, requests) = fed_controller();
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let service = service_fn({
+            let calls = calls.clone();
+            move |_: McRequest| {
+                let mut calls = calls.lock().unwrap();
+                calls.push(Instant::now());
+                let fail = calls.len() <= 3;
+                async move {
+                    if fail {
+                        Err::<Action, BoxError>("not yet".into())
+                    } else {
+                        Ok(Action::await_change())
+                    }
+                }
+            }
+        });
+        requests.send(key("flaky")).unwrap();
+        let task = tokio::spawn(controller.run(service));
+        until("four calls", || calls.lock().unwrap().len() == 4).await;
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let calls = calls.lock().unwrap().clone();
+        assert_eq!(calls.len(), 4, "no call after the success");
+        let gaps: Vec<_> = calls.windows(2).map(|w| w[1] - w[0]).collect();
+        let ms = Duration::from_millis;
+        assert_eq!(gaps, [ms(5), ms(10), ms(20)]);
+        task.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_reconcile_is_retried_and_other_keys_keep_running() {
+        let (controller, requests) = fed_controller();
+        let calls = Arc::new(Mutex::new(Vec::<String>::new()));
+        let service = service_fn({
+            let calls = calls.clone();
+            move |request: McRequest| {
+                let first = {
+                    let mut calls = calls.lock().unwrap();
+                    calls.push(request.name.clone());
+                    calls.iter().filter(|n| **n == request.name).count() == 1
+                };
+                async move {
+                    if request.name == "boom" && first {
+                        panic!("reconcile bug");
+                    }
+                    Ok::<_, BoxError>(Action::await_change())
+                }
+            }
+        });
+        requests.send(key("boom")).unwrap();
+        requests.send(key("fine")).unwrap();
+        let task = tokio::spawn(controller.run(service));
+        until("boom retried", || {
+            calls
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|n| *n == "boom")
+                .count()
+                == 2
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let mut calls = calls.lock().unwrap().clone();
+        calls.sort();
+        assert_eq!(calls, ["boom", "boom", "fine"]);
+        assert!(!task.is_finished(), "the controller keeps running");
+        task.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn graceful_shutdown_lets_running_reconciles_finish_and_starts_no_new_ones() {
+        let (signal, shutdown) = tokio::sync::oneshot::channel::<()>();
+        let (controller, requests) = fed_controller();
+        let controller = controller.graceful_shutdown_on(async move {
+            let _ = shutdown.await;
+        });
+        let finished = Arc::new(Mutex::new(Vec::new()));
+        let service = ServiceBuilder::new()
+            .concurrency_limit(1)
+            .service(service_fn({
+                let finished = finished.clone();
+                move |request: McRequest| {
+                    let finished = finished.clone();
+                    async move {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        finished.lock().unwrap().push(request.name);
+                        Ok::<_, BoxError>(Action::await_change())
+                    }
+                }
+            }));
+        requests.send(key("first")).unwrap();
+        requests.send(key("second")).unwrap();
+        let task = tokio::spawn(controller.run(service));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        signal.send(()).unwrap();
+        let result: Result<(), Error> = task.await.unwrap();
+        result.unwrap();
+        assert_eq!(*finished.lock().unwrap(), ["first"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn graceful_shutdown_cancels_reconciles_that_outlast_the_timeout() {
+        let (controller, requests) = fed_controller();
+        let controller = controller
+            .graceful_shutdown_on(tokio::time::sleep(Duration::from_millis(100)))
+            .shutdown_timeout(Duration::from_secs(2));
+        let dropped = Arc::new(AtomicBool::new(false));
+        let service = service_fn({
+            let dropped = dropped.clone();
+            move |_: McRequest| {
+                let guard = DropFlag(dropped.clone());
+                async move {
+                    let _guard = guard;
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    Ok::<_, BoxError>(Action::await_change())
+                }
+            }
+        });
+        requests.send(key("stuck")).unwrap();
+        let started = Instant::now();
+        controller.run(service).await.unwrap();
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(2100) && took < Duration::from_secs(3),
+            "{took:?}"
+        );
+        tokio::task::yield_now().await;
+        assert!(
+            dropped.load(Ordering::SeqCst),
+            "the stuck reconcile was cancelled"
+        );
+    }
+
+    struct DropFlag(Arc<AtomicBool>);
+
+    impl Drop for DropFlag {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
         }
     }
 }
