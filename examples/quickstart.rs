@@ -1,64 +1,256 @@
-//! Starts a local fleet of three real Kubernetes API servers and shows how to
-//! reach each of them.
+//! One reconciler across a fleet of clusters that join and leave.
 //!
 //! ```text
-//! cargo run --example quickstart                 # runs until Ctrl-C
-//! cargo run --example quickstart -- --run-for 5  # stops by itself after 5 seconds
+//! cargo run --example quickstart                          # a local fleet of real API servers
+//! cargo run --example quickstart -- --run-for 20          # ... that stops by itself
+//! cargo run --example quickstart -- --kubeconfig ~/.kube/config   # every context of a kubeconfig
 //! ```
 //!
-//! Each cluster is a `kube-apiserver` on 127.0.0.1 with its own credentials,
-//! all storing their data in one etcd; everything is removed on exit.
+//! The reconciler labels each ConfigMap marked `kube-fleet.dev/quickstart=true`
+//! with the name of the cluster it lives in, and logs one line per reconcile.
+//!
+//! With no arguments it starts three clusters (real `kube-apiserver`s on one
+//! etcd), creates some marked ConfigMaps in each, and, while it runs, adds a
+//! fourth cluster and removes the first. With `--kubeconfig` it engages one
+//! cluster per context and touches only ConfigMaps you mark:
+//! `kubectl label configmap NAME kube-fleet.dev/quickstart=true`.
+//! Ctrl-C shuts it down gracefully.
 
-use std::{
-    error::Error,
-    time::{Duration, Instant},
+use std::{error::Error, path::PathBuf, time::Duration};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api, Client, Config,
+    api::{ObjectMeta, Patch, PatchParams, PostParams},
+    config::{KubeConfigOptions, Kubeconfig},
+    runtime::watcher,
 };
-
+use kube_fleet::{
+    Action, Controller, Fleet,
+    provider::{ProgrammaticHandle, ProgrammaticProvider},
+};
 use kube_fleet_envtest::Envtest;
+use kube_fleet_layers::{
+    load_object::{LoadObjectLayer, ObjectRequest},
+    resolve_cluster::ResolveClusterLayer,
+};
+use tower::{BoxError, ServiceBuilder, service_fn};
+
+const MARK: &str = "kube-fleet.dev/quickstart";
+const CLUSTER_LABEL: &str = "kube-fleet.dev/cluster";
+
+/// Labels a ConfigMap with its cluster's name; the same code for every cluster.
+async fn reconcile(request: ObjectRequest<ConfigMap>) -> Result<Action, BoxError> {
+    let ObjectRequest {
+        cluster,
+        request,
+        object,
+    } = request;
+    tracing::info!(
+        cluster = %request.cluster,
+        namespace = request.namespace.as_deref().unwrap_or_default(),
+        name = %request.name,
+        exists = object.is_some(),
+        "reconcile"
+    );
+    let Some(config_map) = object else {
+        return Ok(Action::await_change()); // deleted: nothing to clean up
+    };
+    let want = label_value(cluster.name().as_str());
+    let has = config_map
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(CLUSTER_LABEL));
+    if has != Some(&want) {
+        let namespace = request.namespace.as_deref().unwrap_or("default");
+        let patch = serde_json::json!({ "metadata": { "labels": { CLUSTER_LABEL: want } } });
+        Api::<ConfigMap>::namespaced(cluster.client(), namespace)
+            .patch(
+                &request.name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+    }
+    Ok(Action::requeue(Duration::from_secs(300)))
+}
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
-    let run_for = parse_args()?;
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "kube_fleet=info,quickstart=info".into()),
+        )
+        .init();
+    let args = Args::parse()?;
 
-    let started = Instant::now();
-    let fleet = Envtest::start(3).await?;
-    println!(
-        "fleet of {} clusters ready in {:.1}s",
-        fleet.clusters().len(),
-        started.elapsed().as_secs_f64()
-    );
-    for cluster in fleet.clusters() {
-        let version = cluster.client().apiserver_version().await?;
-        println!(
-            "{}  {}  {}  kubeconfig: {}",
-            cluster.name(),
-            version.git_version,
-            cluster.server(),
-            cluster.kubeconfig_path().display()
-        );
-    }
+    let fleet = Fleet::new();
+    let (provider, clusters) = ProgrammaticProvider::new();
+    tokio::spawn({
+        let fleet = fleet.clone();
+        async move { fleet.run(provider).await }
+    });
 
-    match run_for {
-        Some(duration) => tokio::time::sleep(duration).await,
-        None => {
-            println!("try: kubectl --kubeconfig <path> get namespaces; Ctrl-C stops the fleet");
-            tokio::signal::ctrl_c().await?;
+    // The controller joins the fleet before any cluster does, so every
+    // cluster's cache has synced before a reconcile can see it.
+    let marked = watcher::Config::default().labels(&format!("{MARK}=true"));
+    let stack = ServiceBuilder::new()
+        .concurrency_limit(16)
+        .layer(ResolveClusterLayer::new(fleet.clone()))
+        .layer(LoadObjectLayer::<ConfigMap>::with_config(marked.clone()))
+        .service(service_fn(reconcile));
+    let stop = shutdown_signal(args.run_for);
+    let controller = Controller::<ConfigMap>::new(&fleet, marked)
+        .graceful_shutdown_on(stop)
+        .run(stack);
+
+    // The local fleet, if any, runs until the controller stops.
+    let _local_fleet = match args.kubeconfig {
+        Some(path) => {
+            engage_contexts(&path, &clusters).await?;
+            None
         }
-    }
-    drop(fleet);
-    println!("fleet stopped");
+        None => Some(local_fleet(clusters).await?),
+    };
+    controller.await?;
+    tracing::info!("stopped");
     Ok(())
 }
 
-/// `--run-for SECONDS`, if given.
-fn parse_args() -> Result<Option<Duration>, Box<dyn Error>> {
-    let mut args = std::env::args().skip(1);
-    match (args.next().as_deref(), args.next(), args.next()) {
-        (None, ..) => Ok(None),
-        (Some("--run-for"), Some(secs), None) => Ok(Some(Duration::from_secs_f64(
-            secs.parse()
-                .map_err(|e| format!("--run-for takes seconds, got {secs:?}: {e}"))?,
-        ))),
-        _ => Err("usage: quickstart [--run-for SECONDS]".into()),
+/// Starts three local clusters, then adds a fourth and removes the first
+/// while the controller runs.
+async fn local_fleet(
+    clusters: ProgrammaticHandle,
+) -> Result<tokio::task::JoinHandle<()>, Box<dyn Error>> {
+    tracing::info!("starting a local fleet of three API servers");
+    let mut envtest = Envtest::start(3).await?;
+    for cluster in envtest.clusters() {
+        create_marked(cluster.client(), 3).await?;
+        tracing::info!(cluster = cluster.name(), kubeconfig = %cluster.kubeconfig_path().display(), "cluster ready");
+        clusters.add(cluster.name(), cluster.client());
+    }
+    Ok(tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        match envtest.add_cluster("cluster-3").await {
+            Ok(late) => {
+                let client = late.client();
+                if let Err(error) = create_marked(client.clone(), 2).await {
+                    tracing::error!(%error, "creating ConfigMaps in cluster-3");
+                }
+                tracing::info!("a fourth cluster joins: cluster-3");
+                clusters.add("cluster-3", client);
+            }
+            Err(error) => tracing::error!(%error, "starting cluster-3"),
+        }
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        tracing::info!("cluster-0 leaves");
+        clusters.remove("cluster-0");
+        // The fleet lives in this task until the program ends.
+        std::future::pending::<()>().await;
+    }))
+}
+
+/// Engages one cluster per context; a context that cannot be used is
+/// reported and skipped.
+async fn engage_contexts(
+    path: &PathBuf,
+    clusters: &ProgrammaticHandle,
+) -> Result<(), Box<dyn Error>> {
+    let kubeconfig = Kubeconfig::read_from(path)
+        .map_err(|e| format!("reading kubeconfig {}: {e}", path.display()))?;
+    for context in kubeconfig.contexts.iter().map(|c| c.name.clone()) {
+        let options = KubeConfigOptions {
+            context: Some(context.clone()),
+            ..KubeConfigOptions::default()
+        };
+        let client = Config::from_custom_kubeconfig(kubeconfig.clone(), &options)
+            .await
+            .map_err(BoxError::from)
+            .and_then(|config| Client::try_from(config).map_err(BoxError::from));
+        match client {
+            Ok(client) => {
+                clusters.add(context.as_str(), client);
+            }
+            Err(error) => {
+                tracing::error!(%context, kubeconfig = %path.display(), %error, "skipping context")
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn create_marked(client: Client, count: usize) -> Result<(), kube::Error> {
+    let api = Api::<ConfigMap>::default_namespaced(client);
+    for i in 0..count {
+        let config_map = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(format!("app-{i}")),
+                labels: Some([(MARK.to_owned(), "true".to_owned())].into()),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        };
+        api.create(&PostParams::default(), &config_map).await?;
+    }
+    Ok(())
+}
+
+/// A cluster name as a label value: at most 63 characters of `[A-Za-z0-9._-]`,
+/// starting and ending with a letter or digit.
+fn label_value(name: &str) -> String {
+    let cleaned: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(63)
+        .collect();
+    cleaned
+        .trim_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_owned()
+}
+
+async fn shutdown_signal(run_for: Option<Duration>) {
+    match run_for {
+        Some(duration) => tokio::time::sleep(duration).await,
+        None => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+    tracing::info!("shutting down");
+}
+
+struct Args {
+    run_for: Option<Duration>,
+    kubeconfig: Option<PathBuf>,
+}
+
+impl Args {
+    fn parse() -> Result<Self, Box<dyn Error>> {
+        const USAGE: &str = "usage: quickstart [--run-for SECONDS] [--kubeconfig PATH]";
+        let mut args = Self {
+            run_for: None,
+            kubeconfig: None,
+        };
+        let mut argv = std::env::args().skip(1);
+        while let Some(flag) = argv.next() {
+            let value = argv.next().ok_or(USAGE)?;
+            match flag.as_str() {
+                "--run-for" => {
+                    let secs: f64 = value
+                        .parse()
+                        .map_err(|e| format!("--run-for takes seconds, got {value:?}: {e}"))?;
+                    args.run_for = Some(Duration::from_secs_f64(secs));
+                }
+                "--kubeconfig" => args.kubeconfig = Some(value.into()),
+                _ => return Err(USAGE.into()),
+            }
+        }
+        Ok(args)
     }
 }

@@ -1,18 +1,27 @@
 use std::{fmt, marker::PhantomData};
 
+use kube::runtime::watcher;
 use tower_layer::Layer;
 
 use super::LoadObject;
 
 /// Wraps a service in [`LoadObject`] for `K` objects.
 pub struct LoadObjectLayer<K> {
+    config: watcher::Config,
     _object: PhantomData<fn() -> K>,
 }
 
 impl<K> LoadObjectLayer<K> {
-    /// Loads `K` objects.
-    pub const fn new() -> Self {
+    /// Loads `K` objects from the watch with the default configuration.
+    pub fn new() -> Self {
+        Self::with_config(watcher::Config::default())
+    }
+
+    /// Loads `K` objects from the watch with this configuration: the one the
+    /// controller's `Controller::new` was given.
+    pub fn with_config(config: watcher::Config) -> Self {
         Self {
+            config,
             _object: PhantomData,
         }
     }
@@ -26,7 +35,7 @@ impl<K> Default for LoadObjectLayer<K> {
 
 impl<K> Clone for LoadObjectLayer<K> {
     fn clone(&self) -> Self {
-        Self::new()
+        Self::with_config(self.config.clone())
     }
 }
 
@@ -42,6 +51,6 @@ impl<S, K> Layer<S> for LoadObjectLayer<K> {
     type Service = LoadObject<S, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        LoadObject::new(inner)
+        LoadObject::with_config(inner, self.config.clone())
     }
 }

@@ -48,12 +48,13 @@ impl<K> fmt::Debug for ObjectRequest<K> {
 /// Loads each request's object; see the [module docs](super).
 pub struct LoadObject<S, K> {
     inner: S,
+    config: watcher::Config,
     _object: PhantomData<fn() -> K>,
 }
 
 impl<S: Clone, K> Clone for LoadObject<S, K> {
     fn clone(&self) -> Self {
-        Self::new(self.inner.clone())
+        Self::with_config(self.inner.clone(), self.config.clone())
     }
 }
 
@@ -67,10 +68,16 @@ impl<S: fmt::Debug, K> fmt::Debug for LoadObject<S, K> {
 }
 
 impl<S, K> LoadObject<S, K> {
-    /// Wraps `inner`.
-    pub const fn new(inner: S) -> Self {
+    /// Wraps `inner`, loading from the watch with the default configuration.
+    pub fn new(inner: S) -> Self {
+        Self::with_config(inner, watcher::Config::default())
+    }
+
+    /// Wraps `inner`, loading from the watch with this configuration.
+    pub fn with_config(inner: S, config: watcher::Config) -> Self {
         Self {
             inner,
+            config,
             _object: PhantomData,
         }
     }
@@ -107,7 +114,7 @@ where
     }
 
     fn call(&mut self, ClusterRequest { cluster, request }: ClusterRequest) -> Self::Future {
-        let watch = cluster.cache().find::<K>(&watcher::Config::default());
+        let watch = cluster.cache().find::<K>(&self.config);
         let key = ObjectRef::<K>::new(&request.name)
             .within(request.namespace.as_deref().unwrap_or_default());
         if let Some(watch) = watch.as_ref().filter(|w| w.is_synced()) {
