@@ -38,6 +38,19 @@ impl<K> Watchable for K where
 {
 }
 
+/// Whether objects of kind `K` live in namespaces.
+///
+/// ```
+/// use k8s_openapi::api::core::v1::{ConfigMap, Node};
+///
+/// assert!(kube_fleet::cache::is_namespaced::<ConfigMap>());
+/// assert!(!kube_fleet::cache::is_namespaced::<Node>());
+/// ```
+pub fn is_namespaced<K: Resource>() -> bool {
+    // `Resource::Scope` need not be 'static, so no TypeId: its name tells.
+    std::any::type_name::<K::Scope>() != std::any::type_name::<kube::core::ClusterResourceScope>()
+}
+
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 struct WatchKey {
     type_id: TypeId,

@@ -11,11 +11,12 @@ use std::{
 
 use futures::{
     Stream, StreamExt,
-    future::{AbortHandle, Abortable, BoxFuture, join_all},
+    future::{BoxFuture, join_all},
     stream::FuturesUnordered,
 };
 use kube::Client;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use crate::{Cluster, ClusterName, cache::ClusterCache, provider::ClusterEvent};
 
@@ -91,11 +92,38 @@ struct State {
     clusters: HashMap<ClusterName, Cluster>,
     /// Engages under way, by name, with a generation that tells a superseded
     /// engage (the name was disengaged or engaged again meanwhile) to give up.
-    engaging: HashMap<ClusterName, u64>,
+    engaging: HashMap<ClusterName, Engaging>,
     generation: u64,
     subscribers: Vec<mpsc::UnboundedSender<FleetEvent>>,
     requirements: Vec<(u64, Requirement)>,
     next_requirement: u64,
+}
+
+/// An engage under way: its number, and how to tell it to give up.
+struct Engaging {
+    generation: u64,
+    cancel: CancellationToken,
+}
+
+/// Removes an engage's entry when the engage ends in any way, including by
+/// its future being dropped.
+struct EngagingGuard<'a> {
+    fleet: &'a Fleet,
+    name: ClusterName,
+    generation: u64,
+}
+
+impl Drop for EngagingGuard<'_> {
+    fn drop(&mut self) {
+        let mut state = self.fleet.state();
+        if state
+            .engaging
+            .get(&self.name)
+            .is_some_and(|e| e.generation == self.generation)
+        {
+            state.engaging.remove(&self.name);
+        }
+    }
 }
 
 /// Keeps a [`Requirement`] registered; dropping it withdraws it.
@@ -136,7 +164,8 @@ impl Fleet {
     }
 
     /// An empty fleet that warns when a cluster's caches have not synced
-    /// within `after` (default [`DEFAULT_SYNC_WARNING`]).
+    /// within `after` (default [`DEFAULT_SYNC_WARNING`], at least one second),
+    /// and again each time that long passes.
     pub fn with_sync_warning(after: Duration) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -157,6 +186,16 @@ impl Fleet {
         Q: Hash + Eq + ?Sized,
     {
         self.state().clusters.get(name).cloned()
+    }
+
+    /// Whether an engage of this name is under way: the cluster is known but
+    /// not yet visible, because its caches have not synced.
+    pub fn is_engaging<Q>(&self, name: &Q) -> bool
+    where
+        ClusterName: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.state().engaging.contains_key(name)
     }
 
     /// Every engaged cluster, in no particular order.
@@ -199,11 +238,18 @@ impl Fleet {
     pub async fn engage(&self, name: impl Into<ClusterName>, client: Client) -> Option<Cluster> {
         let name = name.into();
         let cluster = Cluster::new(name.clone(), client);
+        let cancel = CancellationToken::new();
         let (generation, syncs) = {
             let mut state = self.state();
             state.generation += 1;
             let generation = state.generation;
-            state.engaging.insert(name.clone(), generation);
+            let engaging = Engaging {
+                generation,
+                cancel: cancel.clone(),
+            };
+            if let Some(superseded) = state.engaging.insert(name.clone(), engaging) {
+                superseded.cancel.cancel();
+            }
             let syncs: Vec<_> = state
                 .requirements
                 .iter()
@@ -213,26 +259,29 @@ impl Fleet {
                 .collect();
             (generation, syncs)
         };
+        let _guard = EngagingGuard {
+            fleet: self,
+            name: name.clone(),
+            generation,
+        };
 
         let mut synced = std::pin::pin!(join_all(syncs));
         let started = tokio::time::Instant::now();
+        let warn_every = self.inner.sync_warning.max(Duration::from_secs(1));
         loop {
-            match tokio::time::timeout(self.inner.sync_warning, &mut synced).await {
-                Ok(_) => break,
-                Err(_) => {
-                    if self.state().engaging.get(&name) != Some(&generation) {
-                        return None;
-                    }
+            tokio::select! {
+                _ = &mut synced => break,
+                () = cancel.cancelled() => return None,
+                () = tokio::time::sleep(warn_every) => {
                     tracing::warn!(cluster = %name, waited = ?started.elapsed(), "cluster's caches have not synced; it stays invisible until they do");
                 }
             }
         }
 
         let mut state = self.state();
-        if state.engaging.get(&name) != Some(&generation) {
+        if cancel.is_cancelled() {
             return None;
         }
-        state.engaging.remove(&name);
         state.clusters.insert(name.clone(), cluster.clone());
         let event = FleetEvent::Engaged(cluster.clone());
         state
@@ -251,7 +300,13 @@ impl Fleet {
         Q: Hash + Eq + ?Sized,
     {
         let mut state = self.state();
-        let was_engaging = state.engaging.remove(name).is_some();
+        let was_engaging = match state.engaging.remove(name) {
+            Some(engaging) => {
+                engaging.cancel.cancel();
+                true
+            }
+            None => false,
+        };
         let Some((name, _)) = state.clusters.remove_entry(name) else {
             return was_engaging;
         };
@@ -270,42 +325,18 @@ impl Fleet {
     pub async fn run(&self, provider: impl Stream<Item = ClusterEvent>) {
         let mut provider = std::pin::pin!(provider.fuse());
         let mut engaging = FuturesUnordered::new();
-        // The engage under way per name, numbered so that a finished engage
-        // never removes the handle of a newer one.
-        let mut cancel: HashMap<ClusterName, (u64, AbortHandle)> = HashMap::new();
-        let mut started = 0u64;
         loop {
             tokio::select! {
                 event = provider.next() => match event {
-                    Some(ClusterEvent::Engage { name, client }) => {
-                        let (abort, registration) = AbortHandle::new_pair();
-                        started += 1;
-                        let number = started;
-                        if let Some((_, previous)) = cancel.insert(name.clone(), (number, abort)) {
-                            previous.abort();
-                        }
-                        let fleet = self.clone();
-                        let engage = async move {
-                            fleet.engage(name.clone(), client).await;
-                            (name, number)
-                        };
-                        engaging.push(Abortable::new(Box::pin(engage), registration));
-                    }
+                    // A newer engage or a disengage of the same name makes an
+                    // engage under way give up by itself.
+                    Some(ClusterEvent::Engage { name, client }) => engaging.push(self.engage(name, client)),
                     Some(ClusterEvent::Disengage { name }) => {
-                        if let Some((_, pending)) = cancel.remove(&name) {
-                            pending.abort();
-                        }
                         self.disengage(&name);
                     }
                     None => break,
                 },
-                Some(done) = engaging.next(), if !engaging.is_empty() => {
-                    if let Ok((name, number)) = done
-                        && cancel.get(&name).is_some_and(|(n, _)| *n == number)
-                    {
-                        cancel.remove(&name);
-                    }
-                }
+                Some(_) = engaging.next(), if !engaging.is_empty() => {}
             }
         }
         // The provider has ended; let the engages under way finish.

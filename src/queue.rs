@@ -69,8 +69,13 @@ enum Phase {
     /// Waits in the delay queue until `at`.
     Delayed { at: Instant, slot: delay_queue::Key },
     /// A reconcile runs; if `rerun_at` is set, the key was scheduled again
-    /// meanwhile and runs once more afterwards, no sooner than that.
-    Running { rerun_at: Option<Instant> },
+    /// meanwhile and runs once more afterwards, no sooner than that. A purged
+    /// key stays here until its cancelled run has ended, so that it never
+    /// runs twice at once; its outcome then counts for nothing.
+    Running {
+        rerun_at: Option<Instant>,
+        purged: bool,
+    },
     /// Nothing scheduled; kept only to remember failures for the backoff.
     Idle,
 }
@@ -86,6 +91,8 @@ struct KeyState {
 pub(crate) enum Outcome {
     Success(Action),
     Failure,
+    /// The run was cancelled because its cluster left.
+    Cancelled,
 }
 
 /// Deduplicating, delaying, backing-off, fair queue of requests.
@@ -132,7 +139,7 @@ impl Queue {
             }
             Entry::Occupied(mut entry) => match &mut entry.get_mut().phase {
                 Phase::Ready => {}
-                Phase::Running { rerun_at } => {
+                Phase::Running { rerun_at, .. } => {
                     *rerun_at = Some(rerun_at.map_or(at, |t| t.min(at)));
                 }
                 Phase::Delayed { at: current, slot } => {
@@ -199,7 +206,10 @@ impl Queue {
             self.turns.push_back(cluster);
         }
         if let Some(state) = self.keys.get_mut(&key) {
-            state.phase = Phase::Running { rerun_at: None };
+            state.phase = Phase::Running {
+                rerun_at: None,
+                purged: false,
+            };
         }
         Some(key)
     }
@@ -212,18 +222,20 @@ impl Queue {
             // Purged while it ran.
             return;
         };
-        let Phase::Running { rerun_at } = state.phase else {
+        let Phase::Running { rerun_at, purged } = state.phase else {
             return;
         };
         let now = Instant::now();
         let next = match outcome {
+            _ if purged => None,
+            Outcome::Cancelled => None,
             Outcome::Success(action) => {
                 state.failures = 0;
                 action.requeue_after().map(|d| now + d.min(MAX_DELAY))
             }
             Outcome::Failure => {
                 state.failures = state.failures.saturating_add(1);
-                Some(now + self.backoff.delay(state.failures))
+                Some(now + self.backoff.delay(state.failures).min(MAX_DELAY))
             }
         };
         let next = match (next, rerun_at) {
@@ -241,18 +253,29 @@ impl Queue {
         }
     }
 
-    /// Forgets every key of `cluster`, waiting or running. Runs that are
-    /// still going when this is called complete into nothing.
+    /// Forgets every key of `cluster` and its failures. A key whose run is
+    /// still going stays marked running until that run ends (its outcome then
+    /// counts for nothing), so it cannot start a second time meanwhile; if
+    /// it is scheduled again before then, it runs once the old run has ended.
     pub(crate) fn purge(&mut self, cluster: &ClusterName) {
         let delayed = &mut self.delayed;
         self.keys.retain(|key, state| {
             if key.cluster != *cluster {
                 return true;
             }
-            if let Phase::Delayed { slot, .. } = &state.phase {
-                delayed.remove(slot);
+            match &mut state.phase {
+                Phase::Delayed { slot, .. } => {
+                    delayed.remove(slot);
+                    false
+                }
+                Phase::Running { rerun_at, purged } => {
+                    *rerun_at = None;
+                    *purged = true;
+                    state.failures = 0;
+                    true
+                }
+                Phase::Ready | Phase::Idle => false,
             }
-            false
         });
         self.ready.remove(cluster);
         self.turns.retain(|c| c != cluster);
@@ -516,6 +539,37 @@ mod tests {
             Instant::now() + Duration::from_secs(100 * 365 * 86400),
         );
         assert_eq!(queue.waiting(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_purged_key_still_running_cannot_start_again_until_that_run_ends() {
+        let mut queue = Queue::new(Backoff::default());
+        queue.push(key("gone", "x"));
+        let running = ready_now(&mut queue).unwrap();
+        queue.purge(&"gone".into());
+        // The cluster comes back and the key is pushed while the old run
+        // has not yet noticed its cancellation.
+        queue.push(key("gone", "x"));
+        assert_eq!(ready_now(&mut queue), None);
+        queue.complete(&running, Outcome::Cancelled);
+        assert_eq!(ready_now(&mut queue), Some(key("gone", "x")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unbounded_backoff_is_clamped_instead_of_panicking() {
+        let mut queue = Queue::new(Backoff {
+            base: Duration::from_secs(1),
+            max: Duration::MAX,
+        });
+        queue.push(key("a", "x"));
+        let k = ready_now(&mut queue).unwrap();
+        for _ in 0..80 {
+            queue.complete(&k, Outcome::Failure);
+            assert_eq!(queue.waiting(), 1);
+            // Run it again at once, as a change would.
+            queue.push(k.clone());
+            assert_eq!(ready_now(&mut queue), Some(k.clone()));
+        }
     }
 
     #[test]

@@ -388,3 +388,41 @@ impl<F: FnOnce()> Drop for OnDrop<F> {
         }
     }
 }
+
+#[tokio::test]
+async fn re_engaging_a_name_replaces_the_cluster_and_its_watches() {
+    let env = Envtest::start(2).await.unwrap();
+    let (first, second) = (&env.clusters()[0], &env.clusters()[1]);
+    create_config_map(first.client(), "on-first").await;
+    create_config_map(second.client(), "on-second").await;
+    let first_watches = watches_served(&first.client(), "configmaps").await;
+
+    let mut running = Running::new();
+    let mut rx = running.config_maps();
+    running.provider.add("moving", first.client());
+    expect_all(&mut rx, [request("moving", "on-first")]).await;
+    assert_eq!(
+        watches_served(&first.client(), "configmaps").await,
+        first_watches + 1
+    );
+
+    // The same name, other credentials and another server.
+    running.provider.add("moving", second.client());
+    expect_all(&mut rx, [request("moving", "on-second")]).await;
+    tokio::time::timeout(PATIENCE, async {
+        while watches_served(&first.client(), "configmaps").await > first_watches {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the replaced cluster's watch stops");
+    let engaged = running.fleet.get("moving").unwrap();
+    assert!(
+        engaged
+            .store::<ConfigMap>()
+            .unwrap()
+            .get(&kube::runtime::reflector::ObjectRef::new("on-second").within("default"))
+            .is_some(),
+        "the name now reads the second server"
+    );
+}

@@ -145,7 +145,7 @@ impl<K: Watchable> Controller<K> {
                 source: ClusterCache::watch::<K>,
                 config,
                 mapper: Arc::new(trigger::for_self::<K>),
-                filter: None,
+                filters: Vec::new(),
             },
             clusters: Clusters::All,
             backoff: Backoff::default(),
@@ -170,23 +170,27 @@ impl<K: Watchable> Controller<K> {
 
     /// Reconciles a `K` only when `predicate`'s value for it changed, as
     /// kube's `predicates::generation` or `predicates::labels` tell.
-    /// Deletions always pass.
+    /// Deletions always pass. Predicates and filters add up: a change must
+    /// pass all of them.
     pub fn with_predicate<P>(mut self, predicate: P) -> Self
     where
         P: Fn(&K) -> Option<u64> + Clone + Send + Sync + 'static,
     {
-        self.for_trigger.filter = Some(trigger::predicate_filter(predicate));
+        self.for_trigger
+            .filters
+            .push(trigger::predicate_filter(predicate));
         self
     }
 
-    /// Reconciles only the `K` objects that pass `filter`.
+    /// Reconciles only the `K` objects that pass `filter` (and every other
+    /// filter and predicate given).
     pub fn with_filter(mut self, filter: impl Fn(&K) -> bool + Send + Sync + 'static) -> Self {
         let filter = Arc::new(filter);
         let factory: FilterFactory<K> = Arc::new(move || {
             let filter = filter.clone();
             Box::new(move |change: &Change<K>| filter(change.object()))
         });
-        self.for_trigger.filter = Some(factory);
+        self.for_trigger.filters.push(factory);
         self
     }
 
@@ -197,7 +201,7 @@ impl<K: Watchable> Controller<K> {
             source: ClusterCache::watch::<Child>,
             config,
             mapper: Arc::new(trigger::for_owners::<K, Child>),
-            filter: None,
+            filters: Vec::new(),
         }));
         self
     }
@@ -208,7 +212,7 @@ impl<K: Watchable> Controller<K> {
             source: ClusterCache::watch_metadata::<Child>,
             config,
             mapper: Arc::new(trigger::for_owners::<K, PartialObjectMeta<Child>>),
-            filter: None,
+            filters: Vec::new(),
         }));
         self
     }
@@ -248,7 +252,7 @@ impl<K: Watchable> Controller<K> {
             mapper: Arc::new(move |cluster, change: &Change<Other>| {
                 mapper(cluster, change.object()).into_iter().collect()
             }),
-            filter: None,
+            filters: Vec::new(),
         }));
         self
     }
@@ -269,7 +273,7 @@ impl<K: Watchable> Controller<K> {
             mapper: Arc::new(move |cluster, change: &Change<PartialObjectMeta<Other>>| {
                 mapper(cluster, change.object()).into_iter().collect()
             }),
-            filter: None,
+            filters: Vec::new(),
         }));
         self
     }

@@ -12,7 +12,7 @@ use std::{
 
 use futures::{
     FutureExt, StreamExt,
-    future::BoxFuture,
+    future::{BoxFuture, join_all},
     stream::{self, BoxStream},
 };
 use tokio::{
@@ -33,6 +33,22 @@ use crate::{
 /// How many incoming requests one poll takes before it yields, so that a
 /// flood of events cannot keep the loop from dispatching.
 const INTAKE_PER_POLL: usize = 1024;
+
+/// Moves up to `budget` requests from `next` into the queue; returns whether
+/// the budget ran out (more may be waiting).
+fn poll_intake(
+    queue: &mut Queue,
+    budget: usize,
+    mut next: impl FnMut() -> Poll<Option<McRequest>>,
+) -> bool {
+    for _ in 0..budget {
+        match next() {
+            Poll::Ready(Some(request)) => queue.push(request),
+            _ => return false,
+        }
+    }
+    true
+}
 
 pub(super) struct Setup {
     pub(super) fleet: Fleet,
@@ -132,7 +148,17 @@ impl Runner {
         if !self.clusters.selects(cluster.name()) {
             return;
         }
-        let requests = stream::select_all(self.triggers.iter().map(|t| t.requests(cluster)));
+        // No request leaves this cluster before every watch of the controller
+        // there has synced, so a reconcile never reads a half-filled cache
+        // (the fleet waits for them too, but not for a controller that
+        // started after the cluster was engaged).
+        let synced = join_all(self.triggers.iter().map(|t| t.start(cluster.cache())));
+        let (triggers, cluster_for_stream) = (self.triggers.clone(), cluster.clone());
+        let requests = stream::once(synced)
+            .map(move |_| {
+                stream::select_all(triggers.iter().map(|t| t.requests(&cluster_for_stream)))
+            })
+            .flatten();
         // Replaces the stream of an earlier engagement of the same name.
         self.incoming
             .insert(cluster.name().clone(), requests.boxed());
@@ -166,65 +192,70 @@ impl Runner {
             }
         }
 
-        let mut taken = 0;
-        while taken < INTAKE_PER_POLL {
-            match self.incoming.poll_next_unpin(cx) {
-                Poll::Ready(Some((_, request))) => self.queue.push(request),
-                _ => break,
-            }
-            taken += 1;
-        }
-        while taken < INTAKE_PER_POLL {
-            match self.external.poll_next_unpin(cx) {
-                Poll::Ready(Some(request)) => self.queue.push(request),
-                _ => break,
-            }
-            taken += 1;
-        }
-        if taken == INTAKE_PER_POLL {
+        // Half the intake for each source, so that neither a flood of watch
+        // events nor of external requests starves the other.
+        let from_clusters = poll_intake(&mut self.queue, INTAKE_PER_POLL / 2, || {
+            self.incoming
+                .poll_next_unpin(cx)
+                .map(|r| r.map(|(_, request)| request))
+        });
+        let from_outside = poll_intake(&mut self.queue, INTAKE_PER_POLL / 2, || {
+            self.external.poll_next_unpin(cx)
+        });
+        if from_clusters || from_outside {
             cx.waker().wake_by_ref();
         }
 
-        while let Poll::Ready(Some(joined)) = self.running.poll_join_next_with_id(cx) {
-            self.finished(joined);
-        }
+        // Until nothing moves: a finished reconcile may make its key ready
+        // again, and each wait below must have registered this task's waker
+        // after the last change (an empty JoinSet registers none).
+        loop {
+            let mut progress = false;
+            while let Poll::Ready(Some(joined)) = self.running.poll_join_next_with_id(cx) {
+                self.finished(joined);
+                progress = true;
+            }
 
-        if let Some(deadline) = &mut self.draining {
-            if self.running.is_empty() {
-                return Poll::Ready(Ok(()));
+            if let Some(deadline) = &mut self.draining {
+                if self.running.is_empty() {
+                    return Poll::Ready(Ok(()));
+                }
+                if deadline.as_mut().poll(cx).is_ready() {
+                    tracing::warn!(controller = %self.name, cancelled = self.running.len(), "shutdown timeout: cancelling running reconciles");
+                    return Poll::Ready(Ok(()));
+                }
+                return Poll::Pending;
             }
-            if deadline.as_mut().poll(cx).is_ready() {
-                tracing::warn!(controller = %self.name, cancelled = self.running.len(), "shutdown timeout: cancelling running reconciles");
-                return Poll::Ready(Ok(()));
-            }
-            return Poll::Pending;
-        }
 
-        while self.queue.poll_has_ready(cx) {
-            match service.poll_ready(cx) {
-                Poll::Pending => break,
-                Poll::Ready(Err(error)) => {
-                    return Poll::Ready(Err(Error::Service {
-                        controller: self.name.clone(),
-                        source: error.into(),
-                    }));
-                }
-                Poll::Ready(Ok(())) => {
-                    let key = self
-                        .queue
-                        .pop_ready()
-                        .expect("poll_has_ready said a key is ready");
-                    let reconcile = service.call(key.clone());
-                    let task_key = key.clone();
-                    let abort = self
-                        .running
-                        .spawn(async move { (task_key, reconcile.await.map_err(Into::into)) });
-                    self.running_keys.insert(abort.id(), key.clone());
-                    self.aborts.insert(key, abort);
+            while self.queue.poll_has_ready(cx) {
+                match service.poll_ready(cx) {
+                    Poll::Pending => break,
+                    Poll::Ready(Err(error)) => {
+                        return Poll::Ready(Err(Error::Service {
+                            controller: self.name.clone(),
+                            source: error.into(),
+                        }));
+                    }
+                    Poll::Ready(Ok(())) => {
+                        let key = self
+                            .queue
+                            .pop_ready()
+                            .expect("poll_has_ready said a key is ready");
+                        let reconcile = service.call(key.clone());
+                        let task_key = key.clone();
+                        let abort = self
+                            .running
+                            .spawn(async move { (task_key, reconcile.await.map_err(Into::into)) });
+                        self.running_keys.insert(abort.id(), key.clone());
+                        self.aborts.insert(key, abort);
+                        progress = true;
+                    }
                 }
             }
+            if !progress {
+                return Poll::Pending;
+            }
         }
-        Poll::Pending
     }
 
     fn finished(&mut self, joined: Result<(Id, Finished), JoinError>) {
@@ -237,29 +268,27 @@ impl Runner {
                         Outcome::Failure
                     }
                 };
-                (id, key, Some(outcome))
+                (id, key, outcome)
             }
             Err(error) => {
                 let Some(key) = self.running_keys.get(&error.id()).cloned() else {
                     return;
                 };
-                // A cancelled reconcile belonged to a cluster that left: its
-                // key is purged and schedules nothing.
-                let outcome = error.is_panic().then(|| {
+                // A cancelled reconcile belonged to a cluster that left.
+                let outcome = if error.is_panic() {
                     tracing::error!(controller = %self.name, request = %key, "reconcile panicked; retrying after backoff");
                     Outcome::Failure
-                });
+                } else {
+                    Outcome::Cancelled
+                };
                 (error.id(), key, outcome)
             }
         };
         self.running_keys.remove(&id);
-        // A run of a purged key may end after the key was queued and started
-        // again; only the current run's outcome counts.
+        // Only the run the queue knows as the key's current one counts.
         if self.aborts.get(&key).is_some_and(|a| a.id() == id) {
             self.aborts.remove(&key);
-            if let Some(outcome) = outcome {
-                self.queue.complete(&key, outcome);
-            }
+            self.queue.complete(&key, outcome);
         }
     }
 }

@@ -15,7 +15,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::{
     Cluster, ClusterName, McRequest,
-    cache::{Change, ClusterCache, SharedWatch},
+    cache::{Change, ClusterCache, SharedWatch, is_namespaced},
 };
 
 /// A watched type of a controller: where its changes come from, and how each
@@ -40,7 +40,8 @@ pub(crate) struct WatchTrigger<T: Resource<DynamicType = ()> + 'static> {
     pub(crate) source: Source<T>,
     pub(crate) config: watcher::Config,
     pub(crate) mapper: Mapper<T>,
-    pub(crate) filter: Option<FilterFactory<T>>,
+    /// A change passes only if every filter passes it.
+    pub(crate) filters: Vec<FilterFactory<T>>,
 }
 
 impl<T> Trigger for WatchTrigger<T>
@@ -64,11 +65,15 @@ where
         .flatten();
         let name = cluster.name().clone();
         let mapper = self.mapper.clone();
-        let mut filter = self.filter.as_ref().map(|make| make());
+        let mut filters: Vec<_> = self.filters.iter().map(|make| make()).collect();
         listed
             .chain(changes)
             .filter(move |change| {
-                let keep = filter.as_mut().is_none_or(|f| f(change));
+                // Every filter sees every change, so stateful ones stay current.
+                let mut keep = true;
+                for filter in &mut filters {
+                    keep &= filter(change);
+                }
                 std::future::ready(keep)
             })
             .flat_map(move |change| stream::iter(mapper(&name, &change)))
@@ -93,14 +98,10 @@ where
 {
     let (kind, api_version) = (K::kind(&()), K::api_version(&()));
     let object = change.object();
-    // `Resource::Scope` need not be 'static, so no TypeId: its name tells
-    // whether owners of kind K live outside namespaces.
-    let cluster_scoped = std::any::type_name::<K::Scope>()
-        == std::any::type_name::<kube::core::ClusterResourceScope>();
-    let namespace = if cluster_scoped {
-        None
-    } else {
+    let namespace = if is_namespaced::<K>() {
         object.namespace()
+    } else {
+        None
     };
     object
         .owner_references()

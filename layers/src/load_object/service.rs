@@ -10,7 +10,10 @@ use kube::{
     api::GetParams,
     runtime::{reflector::ObjectRef, watcher},
 };
-use kube_fleet::{Action, Cluster, McRequest, cache::Watchable};
+use kube_fleet::{
+    Action, Cluster, McRequest,
+    cache::{Watchable, is_namespaced},
+};
 use tower::{BoxError, Service};
 
 use super::ResponseFuture;
@@ -114,6 +117,14 @@ where
     }
 
     fn call(&mut self, ClusterRequest { cluster, request }: ClusterRequest) -> Self::Future {
+        if request.namespace.is_none() && is_namespaced::<K>() {
+            // Not "deleted": a reconciler might clean up after an object that exists.
+            let error = format!(
+                "{request} names no namespace, but {} objects live in namespaces",
+                K::kind(&())
+            );
+            return ResponseFuture::loading(async move { Err(error.into()) });
+        }
         let watch = cluster.cache().find::<K>(&self.config);
         let key = ObjectRef::<K>::new(&request.name)
             .within(request.namespace.as_deref().unwrap_or_default());

@@ -6,37 +6,63 @@ use std::{
 
 use kube_fleet::Action;
 use pin_project_lite::pin_project;
+use tower::BoxError;
+
+use super::NotYetEngaged;
 
 pin_project! {
     /// Response future of [`ResolveCluster`](super::ResolveCluster).
     #[derive(Debug)]
     pub struct ResponseFuture<F> {
         #[pin]
-        inner: Option<F>,
+        kind: Kind<F>,
+    }
+}
+
+pin_project! {
+    #[project = Projected]
+    #[derive(Debug)]
+    enum Kind<F> {
+        Called { #[pin] inner: F },
+        // The cluster is not in the fleet: done, nothing to retry.
+        Gone,
+        // The cluster is joining: retry later.
+        Failed { error: Option<NotYetEngaged> },
     }
 }
 
 impl<F> ResponseFuture<F> {
     pub(crate) fn called(inner: F) -> Self {
-        Self { inner: Some(inner) }
+        Self {
+            kind: Kind::Called { inner },
+        }
     }
 
-    /// The cluster has left: done, nothing to retry.
     pub(crate) fn gone() -> Self {
-        Self { inner: None }
+        Self { kind: Kind::Gone }
+    }
+
+    pub(crate) fn failed(error: NotYetEngaged) -> Self {
+        Self {
+            kind: Kind::Failed { error: Some(error) },
+        }
     }
 }
 
 impl<F, E> Future for ResponseFuture<F>
 where
     F: Future<Output = Result<Action, E>>,
+    E: Into<BoxError>,
 {
-    type Output = Result<Action, E>;
+    type Output = Result<Action, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().inner.as_pin_mut() {
-            Some(inner) => inner.poll(cx),
-            None => Poll::Ready(Ok(Action::await_change())),
+        match self.project().kind.project() {
+            Projected::Called { inner } => inner.poll(cx).map_err(Into::into),
+            Projected::Gone => Poll::Ready(Ok(Action::await_change())),
+            Projected::Failed { error } => {
+                Poll::Ready(Err(error.take().expect("polled after completion").into()))
+            }
         }
     }
 }

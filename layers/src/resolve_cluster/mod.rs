@@ -1,8 +1,11 @@
 //! Resolves an [`McRequest`]'s cluster name to the engaged [`Cluster`].
 //!
 //! The inner service receives a [`ClusterRequest`]. A request for a cluster
-//! that has left the fleet ends quietly with [`Action::await_change`]: it is
-//! neither an error nor retried, so work for a departed cluster cannot loop.
+//! that has left the fleet (or never joined) ends quietly with
+//! [`Action::await_change`]: it is neither an error nor retried, so work for a
+//! departed cluster cannot loop. A request for a cluster that is joining but
+//! not yet synced fails with [`NotYetEngaged`], so the controller retries it
+//! after its backoff instead of losing it.
 //!
 //! ```
 //! use kube_fleet::{Action, Fleet, McRequest};
@@ -23,10 +26,12 @@
 //! [`Cluster`]: kube_fleet::Cluster
 //! [`Action::await_change`]: kube_fleet::Action::await_change
 
+mod error;
 mod future;
 mod layer;
 mod service;
 
+pub use error::NotYetEngaged;
 pub use future::ResponseFuture;
 pub use layer::ResolveClusterLayer;
 pub use service::{ClusterRequest, ResolveCluster};

@@ -1,9 +1,9 @@
 use std::task::{Context, Poll};
 
 use kube_fleet::{Action, Cluster, Fleet, McRequest};
-use tower::Service;
+use tower::{BoxError, Service};
 
-use super::ResponseFuture;
+use super::{NotYetEngaged, ResponseFuture};
 
 /// A request whose cluster is engaged: the request and the cluster it names.
 #[derive(Debug, Clone)]
@@ -46,25 +46,27 @@ impl<S> ResolveCluster<S> {
 impl<S> Service<McRequest> for ResolveCluster<S>
 where
     S: Service<ClusterRequest, Response = Action>,
+    S::Error: Into<BoxError>,
 {
     type Response = Action;
-    type Error = S::Error;
+    type Error = BoxError;
     type Future = ResponseFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+        self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, request: McRequest) -> Self::Future {
-        match self.fleet.get(&request.cluster) {
-            Some(cluster) => {
-                ResponseFuture::called(self.inner.call(ClusterRequest { cluster, request }))
-            }
-            None => {
-                tracing::debug!(request = %request, "cluster has left the fleet; dropping the request");
-                ResponseFuture::gone()
-            }
+        if let Some(cluster) = self.fleet.get(&request.cluster) {
+            return ResponseFuture::called(self.inner.call(ClusterRequest { cluster, request }));
         }
+        if self.fleet.is_engaging(&request.cluster) {
+            return ResponseFuture::failed(NotYetEngaged {
+                cluster: request.cluster,
+            });
+        }
+        tracing::debug!(request = %request, "cluster is not in the fleet; dropping the request");
+        ResponseFuture::gone()
     }
 }
 
@@ -114,6 +116,45 @@ mod tests {
             .unwrap();
         assert_eq!(action, Action::requeue(std::time::Duration::from_secs(1)));
         assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_request_for_a_cluster_still_syncing_fails_so_it_is_retried() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use kube::runtime::watcher;
+
+        let fleet = Fleet::new();
+        // A controller makes engages wait for its watch, which an idle
+        // client never lets sync.
+        let controller =
+            kube_fleet::Controller::<ConfigMap>::new(&fleet, watcher::Config::default()).run(
+                counting_inner(Arc::default()).map_request(|r: McRequest| ClusterRequest {
+                    cluster: unreachable_cluster(),
+                    request: r,
+                }),
+            );
+        let _controller = tokio::spawn(controller);
+        let engaging = tokio::spawn({
+            let fleet = fleet.clone();
+            async move { fleet.engage("syncing", idle_client()).await }
+        });
+        while !fleet.is_engaging("syncing") {
+            tokio::task::yield_now().await;
+        }
+        let calls = Arc::new(AtomicUsize::new(0));
+        let service = ResolveCluster::new(counting_inner(calls.clone()), fleet.clone());
+        let error = service
+            .oneshot(McRequest::new("syncing", Some("ns"), "obj"))
+            .await
+            .expect_err("retried later, not dropped");
+        let error = error.downcast::<NotYetEngaged>().expect("NotYetEngaged");
+        assert_eq!(error.cluster, "syncing");
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        engaging.abort();
+    }
+
+    fn unreachable_cluster() -> Cluster {
+        unreachable!("the controller gets no request in this test")
     }
 
     #[tokio::test]
