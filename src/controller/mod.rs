@@ -354,3 +354,19 @@ impl<K: Watchable> Controller<K> {
         runner.run(service)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Clusters;
+    use crate::ClusterName;
+
+    #[test]
+    fn cluster_selections_pick_the_local_the_provided_all_or_matching_clusters() {
+        let (local, east) = (ClusterName::local(), ClusterName::new("east"));
+        assert!(Clusters::Local.selects(&local) && !Clusters::Local.selects(&east));
+        assert!(!Clusters::Provided.selects(&local) && Clusters::Provided.selects(&east));
+        assert!(Clusters::All.selects(&local) && Clusters::All.selects(&east));
+        let only_east = Clusters::matching(|name| name == "east");
+        assert!(only_east.selects(&east) && !only_east.selects(&local));
+    }
+}

@@ -141,3 +141,92 @@ where
         })
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    fn config_map(name: &str, generation: i64) -> Arc<ConfigMap> {
+        Arc::new(ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                generation: Some(generation),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        })
+    }
+
+    fn generation(object: &ConfigMap) -> Option<u64> {
+        object.metadata.generation.map(|g| g as u64)
+    }
+
+    #[test]
+    fn a_predicate_passes_only_changes_of_its_value_and_every_deletion() {
+        let mut filter = predicate_filter(generation)();
+        assert!(filter(&Change::Applied(config_map("a", 1))), "first sight");
+        assert!(
+            !filter(&Change::Applied(config_map("a", 1))),
+            "same generation"
+        );
+        assert!(
+            filter(&Change::Applied(config_map("b", 1))),
+            "another object"
+        );
+        assert!(
+            filter(&Change::Applied(config_map("a", 2))),
+            "new generation"
+        );
+        assert!(
+            filter(&Change::Deleted(config_map("a", 2))),
+            "deletions pass"
+        );
+        assert!(
+            filter(&Change::Applied(config_map("a", 2))),
+            "recreated after deletion"
+        );
+    }
+
+    #[test]
+    fn owners_of_the_controlled_kind_are_requested_in_the_child_cluster_and_namespace() {
+        use k8s_openapi::{
+            api::core::v1::{Node, Secret},
+            apimachinery::pkg::apis::meta::v1::OwnerReference,
+        };
+        let owner = |kind: &str, api_version: &str, name: &str| OwnerReference {
+            kind: kind.into(),
+            api_version: api_version.into(),
+            name: name.into(),
+            ..OwnerReference::default()
+        };
+        let child = Arc::new(Secret {
+            metadata: ObjectMeta {
+                name: Some("child".into()),
+                namespace: Some("ns".into()),
+                owner_references: Some(vec![
+                    owner("ConfigMap", "v1", "parent"),
+                    owner("ConfigMap", "example.com/v1", "other-group"),
+                    owner("Deployment", "apps/v1", "not-this-kind"),
+                    owner("Node", "v1", "node-1"),
+                ]),
+                ..ObjectMeta::default()
+            },
+            ..Secret::default()
+        });
+        let cluster = ClusterName::new("east");
+        let change = Change::Applied(child);
+        assert_eq!(
+            for_owners::<ConfigMap, _>(&cluster, &change),
+            [McRequest::new("east", Some("ns"), "parent")]
+        );
+        // A cluster-scoped owner is requested without a namespace.
+        assert_eq!(
+            for_owners::<Node, _>(&cluster, &change),
+            [McRequest::new("east", None::<String>, "node-1")]
+        );
+    }
+}
