@@ -70,9 +70,4 @@ impl Cluster {
     pub fn store<K: Watchable>(&self) -> Option<Store<K>> {
         self.inner.cache.store::<K>()
     }
-
-    /// Whether two handles are the same engagement (not merely the same name).
-    pub fn same_engagement(&self, other: &Cluster) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner)
-    }
 }
