@@ -7,11 +7,19 @@
 //!   carrying the engaged cluster; requests for departed clusters end quietly.
 //! - [`load_object`]: a `ClusterRequest` becomes an [`ObjectRequest`]
 //!   carrying the object from the cluster's cache, or `None` if it is gone.
+//! - [`trace`]: a `tracing` span per reconcile.
+//! - [`catch_panic`]: a panicking reconcile becomes an error, so it is backed
+//!   off and the controller keeps serving.
 //!
 //! [`ClusterRequest`]: resolve_cluster::ClusterRequest
 //! [`ObjectRequest`]: load_object::ObjectRequest
 
 #![forbid(unsafe_code)]
 
+pub mod catch_panic;
 pub mod load_object;
+mod request;
 pub mod resolve_cluster;
+pub mod trace;
+
+pub use request::AsMcRequest;
