@@ -7,6 +7,7 @@
 //!   carrying the engaged cluster; requests for departed clusters end quietly.
 //! - [`load_object`]: a `ClusterRequest` becomes an [`ObjectRequest`]
 //!   carrying the object from the cluster's cache, or `None` if it is gone.
+//! - [`retry`]: a `tower::retry::Policy` for transient API errors.
 //! - [`trace`]: a `tracing` span per reconcile.
 //! - [`catch_panic`]: a panicking reconcile becomes an error, so it is backed
 //!   off and the controller keeps serving.
@@ -20,6 +21,7 @@ pub mod catch_panic;
 pub mod load_object;
 mod request;
 pub mod resolve_cluster;
+pub mod retry;
 pub mod trace;
 
 pub use request::AsMcRequest;
