@@ -7,6 +7,7 @@
 //!   carrying the engaged cluster; requests for departed clusters end quietly.
 //! - [`load_object`]: a `ClusterRequest` becomes an [`ObjectRequest`]
 //!   carrying the object from the cluster's cache, or `None` if it is gone.
+//! - [`rate_limit`]: token buckets, shared or one per cluster.
 //! - [`retry`]: a `tower::retry::Policy` for transient API errors.
 //! - [`trace`]: a `tracing` span per reconcile.
 //! - [`catch_panic`]: a panicking reconcile becomes an error, so it is backed
@@ -19,6 +20,7 @@
 
 pub mod catch_panic;
 pub mod load_object;
+pub mod rate_limit;
 mod request;
 pub mod resolve_cluster;
 pub mod retry;
