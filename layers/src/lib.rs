@@ -7,6 +7,7 @@
 //!   carrying the engaged cluster; requests for departed clusters end quietly.
 //! - [`load_object`]: a `ClusterRequest` becomes an [`ObjectRequest`]
 //!   carrying the object from the cluster's cache, or `None` if it is gone.
+//! - [`metrics`]: Prometheus counters and histograms by controller and cluster.
 //! - [`rate_limit`]: token buckets, shared or one per cluster.
 //! - [`retry`]: a `tower::retry::Policy` for transient API errors.
 //! - [`trace`]: a `tracing` span per reconcile.
@@ -20,6 +21,7 @@
 
 pub mod catch_panic;
 pub mod load_object;
+pub mod metrics;
 pub mod rate_limit;
 mod request;
 pub mod resolve_cluster;

@@ -1,0 +1,69 @@
+use std::{
+    future::Future,
+    pin::Pin,
+    task::{Context, Poll},
+};
+
+use pin_project_lite::pin_project;
+use tokio::time::Instant;
+use tower::BoxError;
+
+use super::{
+    ReconcileMetrics,
+    registry::{ClusterLabels, ResultLabels},
+};
+use crate::catch_panic::Panicked;
+
+pin_project! {
+    /// Response future of [`Metrics`](super::Metrics).
+    #[derive(Debug)]
+    pub struct ResponseFuture<F> {
+        #[pin]
+        inner: F,
+        metrics: ReconcileMetrics,
+        labels: ClusterLabels,
+        started: Instant,
+    }
+}
+
+impl<F> ResponseFuture<F> {
+    pub(crate) fn new(inner: F, metrics: ReconcileMetrics, labels: ClusterLabels) -> Self {
+        Self {
+            inner,
+            metrics,
+            labels,
+            started: Instant::now(),
+        }
+    }
+}
+
+impl<F, T, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<T, E>>,
+    E: Into<BoxError>,
+{
+    type Output = Result<T, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let result = std::task::ready!(this.inner.poll(cx)).map_err(Into::into);
+        let outcome = match &result {
+            Ok(_) => "success",
+            Err(error) if error.is::<Panicked>() => "panic",
+            Err(_) => "error",
+        };
+        this.metrics
+            .durations
+            .get_or_create(this.labels)
+            .observe(this.started.elapsed().as_secs_f64());
+        this.metrics
+            .reconciles
+            .get_or_create(&ResultLabels {
+                controller: this.labels.controller.clone(),
+                cluster: this.labels.cluster.clone(),
+                result: outcome,
+            })
+            .inc();
+        Poll::Ready(result)
+    }
+}

@@ -1,0 +1,66 @@
+use std::{
+    sync::Arc,
+    task::{Context, Poll},
+};
+
+use tower::{BoxError, Service};
+
+use super::{ReconcileMetrics, ResponseFuture, registry::ClusterLabels};
+use crate::AsMcRequest;
+
+/// Counts and times each reconcile; see the [module docs](super).
+#[derive(Debug, Clone)]
+pub struct Metrics<S> {
+    inner: S,
+    metrics: ReconcileMetrics,
+    controller: Arc<str>,
+}
+
+impl<S> Metrics<S> {
+    /// Wraps `inner`, recording into `metrics` under `controller`.
+    pub fn new(inner: S, metrics: ReconcileMetrics, controller: Arc<str>) -> Self {
+        Self {
+            inner,
+            metrics,
+            controller,
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, R> Service<R> for Metrics<S>
+where
+    S: Service<R>,
+    S::Error: Into<BoxError>,
+    R: AsMcRequest,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        let labels = ClusterLabels {
+            controller: self.controller.to_string(),
+            cluster: request.mc_request().cluster.to_string(),
+        };
+        ResponseFuture::new(self.inner.call(request), self.metrics.clone(), labels)
+    }
+}
