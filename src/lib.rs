@@ -49,7 +49,7 @@ mod request;
 pub use action::Action;
 pub use cluster::Cluster;
 pub use cluster_name::ClusterName;
-pub use controller::Controller;
+pub use controller::{Controller, QueueDepth};
 pub use fleet::{DEFAULT_SYNC_WARNING, Fleet, FleetEvent, FleetSubscription};
 pub use queue::Backoff;
 pub use request::McRequest;

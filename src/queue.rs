@@ -100,6 +100,8 @@ pub(crate) enum Outcome {
 pub(crate) struct Queue {
     keys: HashMap<McRequest, KeyState>,
     ready: HashMap<ClusterName, VecDeque<McRequest>>,
+    /// How many keys the ready lists hold.
+    ready_len: usize,
     /// Clusters with ready keys, in the order they are served.
     turns: VecDeque<ClusterName>,
     delayed: DelayQueue<McRequest>,
@@ -111,6 +113,7 @@ impl Queue {
         Self {
             keys: HashMap::new(),
             ready: HashMap::new(),
+            ready_len: 0,
             turns: VecDeque::new(),
             delayed: DelayQueue::new(),
             backoff,
@@ -178,6 +181,7 @@ impl Queue {
             self.turns.push_back(key.cluster.clone());
         }
         list.push_back(key);
+        self.ready_len += 1;
     }
 
     /// Whether a key is ready to run now. Moves keys whose delay has passed
@@ -200,6 +204,7 @@ impl Queue {
         let cluster = self.turns.pop_front()?;
         let list = self.ready.get_mut(&cluster)?;
         let key = list.pop_front()?;
+        self.ready_len -= 1;
         if list.is_empty() {
             self.ready.remove(&cluster);
         } else {
@@ -277,17 +282,15 @@ impl Queue {
                 Phase::Ready | Phase::Idle => false,
             }
         });
-        self.ready.remove(cluster);
+        if let Some(list) = self.ready.remove(cluster) {
+            self.ready_len -= list.len();
+        }
         self.turns.retain(|c| c != cluster);
     }
 
-    /// How many keys wait to run (ready or delayed).
-    #[cfg(test)]
-    fn waiting(&self) -> usize {
-        self.keys
-            .values()
-            .filter(|s| matches!(s.phase, Phase::Ready | Phase::Delayed { .. }))
-            .count()
+    /// How many keys wait to run, ready or delayed (not those running).
+    pub(crate) fn waiting(&self) -> usize {
+        self.ready_len + self.delayed.len()
     }
 
     /// How many failures `key` has had in a row.
@@ -570,6 +573,33 @@ mod tests {
             queue.push(k.clone());
             assert_eq!(ready_now(&mut queue), Some(k.clone()));
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_waiting_count_follows_every_change() {
+        let mut queue = Queue::new(Backoff::default());
+        let counted = |queue: &Queue| {
+            queue
+                .keys
+                .values()
+                .filter(|s| matches!(s.phase, Phase::Ready | Phase::Delayed { .. }))
+                .count()
+        };
+        queue.push(key("a", "1"));
+        queue.push(key("b", "2"));
+        queue.schedule(key("a", "3"), Instant::now() + Duration::from_secs(5));
+        assert_eq!((queue.waiting(), counted(&queue)), (3, 3));
+        queue.push(key("a", "3"));
+        assert_eq!((queue.waiting(), counted(&queue)), (3, 3));
+        let k = ready_now(&mut queue).unwrap();
+        assert_eq!((queue.waiting(), counted(&queue)), (2, 2));
+        queue.complete(&k, Outcome::Failure);
+        assert_eq!((queue.waiting(), counted(&queue)), (3, 3));
+        queue.purge(&"a".into());
+        assert_eq!((queue.waiting(), counted(&queue)), (1, 1));
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(ready_now(&mut queue).is_some());
+        assert_eq!((queue.waiting(), counted(&queue)), (0, 0));
     }
 
     #[test]

@@ -61,3 +61,41 @@ async fn reconciles_are_counted_by_cluster_and_result_and_timed() {
     assert_eq!(value(bucket("0.256")), "0");
     assert_eq!(value(bucket("0.512")), "3");
 }
+
+#[tokio::test(start_paused = true)]
+async fn queue_depths_and_engaged_clusters_are_read_at_each_scrape() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::watcher;
+    use kube_fleet::{Controller, Fleet};
+    use kube_fleet_layers::metrics::{FleetCollector, QueueDepths};
+
+    let mut registry = Registry::default();
+    let fleet = Fleet::new();
+    FleetCollector::register(&mut registry, fleet.clone());
+    let depths = QueueDepths::register(&mut registry);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
+        .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
+    depths.add("widgets", controller.queue_depth());
+    let service = ServiceBuilder::new()
+        .concurrency_limit(1)
+        .service(service_fn(|_: McRequest| async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Ok::<_, BoxError>(Action::await_change())
+        }));
+    for i in 0..3 {
+        tx.send(McRequest::new("east", Some("ns"), format!("k{i}")))
+            .unwrap();
+    }
+    let task = tokio::spawn(controller.run(service));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let mut text = String::new();
+    encode(&mut text, &registry).unwrap();
+    assert!(
+        text.contains(r#"kube_fleet_queue_depth{controller="widgets"} 2"#),
+        "{text}"
+    );
+    assert!(text.contains("kube_fleet_engaged_clusters 0"), "{text}");
+    task.abort();
+}

@@ -31,7 +31,16 @@
 mod runner;
 mod trigger;
 
-use std::{fmt, future::Future, marker::PhantomData, sync::Arc, time::Duration};
+use std::{
+    fmt,
+    future::Future,
+    marker::PhantomData,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use futures::{FutureExt, Stream, StreamExt, future::BoxFuture, stream::BoxStream};
 use kube::{core::PartialObjectMeta, runtime::watcher};
@@ -58,6 +67,31 @@ pub enum Error {
         #[source]
         source: BoxError,
     },
+}
+
+/// How many keys wait in a controller's queue (ready or delayed, not
+/// running): a handle to read while the controller runs, for metrics.
+///
+/// ```
+/// # use k8s_openapi::api::core::v1::ConfigMap;
+/// # use kube::runtime::watcher;
+/// # use kube_fleet::{Controller, Fleet};
+/// let controller = Controller::<ConfigMap>::new(&Fleet::new(), watcher::Config::default());
+/// let depth = controller.queue_depth();
+/// assert_eq!(depth.get(), 0);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct QueueDepth(Arc<AtomicUsize>);
+
+impl QueueDepth {
+    /// The number of waiting keys at the controller's last step.
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set(&self, depth: usize) {
+        self.0.store(depth, Ordering::Relaxed);
+    }
 }
 
 /// Which clusters of the fleet a controller works in.
@@ -119,6 +153,7 @@ pub struct Controller<K: Watchable> {
     shutdown: Option<BoxFuture<'static, ()>>,
     shutdown_timeout: Duration,
     external: Vec<BoxStream<'static, McRequest>>,
+    queue_depth: QueueDepth,
     _for: PhantomData<fn() -> K>,
 }
 
@@ -152,6 +187,7 @@ impl<K: Watchable> Controller<K> {
             shutdown: None,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             external: Vec::new(),
+            queue_depth: QueueDepth::default(),
             _for: PhantomData,
         }
     }
@@ -288,6 +324,11 @@ impl<K: Watchable> Controller<K> {
         self
     }
 
+    /// A handle to the number of keys waiting in this controller's queue.
+    pub fn queue_depth(&self) -> QueueDepth {
+        self.queue_depth.clone()
+    }
+
     /// How failing keys are retried (default: 5 ms doubling to 1000 s).
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
@@ -338,6 +379,7 @@ impl<K: Watchable> Controller<K> {
             shutdown,
             shutdown_timeout,
             external,
+            queue_depth,
             _for,
         } = self;
         triggers.insert(0, Arc::new(for_trigger));
@@ -350,6 +392,7 @@ impl<K: Watchable> Controller<K> {
             shutdown: shutdown.unwrap_or_else(|| futures::future::pending().boxed()),
             shutdown_timeout,
             external: futures::stream::select_all(external).boxed(),
+            queue_depth,
         });
         runner.run(service)
     }

@@ -23,7 +23,7 @@ use tokio::{
 use tokio_stream::StreamMap;
 use tower::{BoxError, Service};
 
-use super::{Clusters, Error, trigger::Trigger};
+use super::{Clusters, Error, QueueDepth, trigger::Trigger};
 use crate::{
     Action, Backoff, Cluster, ClusterName, Fleet, McRequest,
     fleet::{FleetEvent, Requirement, RequirementGuard},
@@ -60,6 +60,7 @@ pub(super) struct Setup {
     pub(super) shutdown_timeout: Duration,
     /// Requests from outside the fleet's watches.
     pub(super) external: BoxStream<'static, McRequest>,
+    pub(super) queue_depth: QueueDepth,
 }
 
 type Finished = (McRequest, Result<Action, BoxError>);
@@ -81,6 +82,7 @@ pub(super) struct Runner {
     draining: Option<Pin<Box<Sleep>>>,
     /// Clusters engaged before the controller started; engaged on first poll.
     initial: Vec<Cluster>,
+    queue_depth: QueueDepth,
     // Keeps the fleet starting this controller's watches in new clusters.
     _requirements: Vec<RequirementGuard>,
 }
@@ -96,6 +98,7 @@ impl Runner {
             shutdown,
             shutdown_timeout,
             external,
+            queue_depth,
         } = setup;
         let requirements = triggers
             .iter()
@@ -124,6 +127,7 @@ impl Runner {
             shutdown_timeout,
             draining: None,
             initial: subscription.clusters,
+            queue_depth,
             _requirements: requirements,
         }
     }
@@ -138,7 +142,12 @@ impl Runner {
         for cluster in std::mem::take(&mut self.initial) {
             self.engage(&cluster);
         }
-        let result = poll_fn(|cx| self.poll(cx, &mut service)).await;
+        let result = poll_fn(|cx| {
+            let step = self.poll(cx, &mut service);
+            self.queue_depth.set(self.queue.waiting());
+            step
+        })
+        .await;
         self.running.abort_all();
         tracing::info!(controller = %self.name, "controller stopped");
         result
@@ -503,6 +512,27 @@ mod tests {
             dropped.load(Ordering::SeqCst),
             "the stuck reconcile was cancelled"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_queue_depth_counts_keys_waiting_not_running() {
+        let (controller, requests) = fed_controller();
+        let depth = controller.queue_depth();
+        let service = ServiceBuilder::new()
+            .concurrency_limit(1)
+            .service(service_fn(|_: McRequest| async {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                Ok::<_, BoxError>(Action::await_change())
+            }));
+        for i in 0..5 {
+            requests.send(key(&i.to_string())).unwrap();
+        }
+        let task = tokio::spawn(controller.run(service));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(depth.get(), 4, "one runs, four wait");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(depth.get(), 0);
+        task.abort();
     }
 
     struct DropFlag(Arc<AtomicBool>);

@@ -1,8 +1,10 @@
-use kube_fleet::Fleet;
+use std::sync::{Arc, Mutex};
+
+use kube_fleet::{Fleet, QueueDepth};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric},
-    metrics::gauge::ConstGauge,
+    metrics::{MetricType, gauge::ConstGauge},
     registry::Registry,
 };
 
@@ -30,5 +32,62 @@ impl Collector for FleetCollector {
             engaged.metric_type(),
         )?;
         engaged.encode(metric)
+    }
+}
+
+/// Reports `kube_fleet_queue_depth{controller}`, the keys waiting in each
+/// added controller's queue, at each scrape. Cheap to clone; clones add to
+/// the same collector.
+///
+/// ```
+/// # use k8s_openapi::api::core::v1::ConfigMap;
+/// # use kube::runtime::watcher;
+/// # use kube_fleet::{Controller, Fleet};
+/// use kube_fleet_layers::metrics::QueueDepths;
+/// use prometheus_client::registry::Registry;
+///
+/// let mut registry = Registry::default();
+/// let depths = QueueDepths::register(&mut registry);
+/// let controller = Controller::<ConfigMap>::new(&Fleet::new(), watcher::Config::default());
+/// depths.add("configmaps", controller.queue_depth());
+/// ```
+#[derive(Debug, Clone)]
+pub struct QueueDepths {
+    controllers: Arc<Mutex<Vec<(String, QueueDepth)>>>,
+}
+
+impl QueueDepths {
+    /// Registers an empty collector in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let depths = Self {
+            controllers: Arc::default(),
+        };
+        registry.register_collector(Box::new(depths.clone()));
+        depths
+    }
+
+    /// Reports `depth` under the label `controller`.
+    pub fn add(&self, controller: impl Into<String>, depth: QueueDepth) {
+        self.controllers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((controller.into(), depth));
+    }
+}
+
+impl Collector for QueueDepths {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let controllers = self.controllers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut family = encoder.encode_descriptor(
+            "kube_fleet_queue_depth",
+            "Keys waiting in each controller's queue",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (controller, depth) in controllers.iter() {
+            let labels = [("controller", controller.as_str())];
+            ConstGauge::new(depth.get() as i64).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 }

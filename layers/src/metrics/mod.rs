@@ -9,7 +9,8 @@
 //!   each took, as a histogram from 1 ms to about 30 s.
 //!
 //! [`FleetCollector`] adds `kube_fleet_engaged_clusters`, read from the fleet
-//! at each scrape. The registry encodes to the Prometheus text format with
+//! at each scrape, and [`QueueDepths`] adds `kube_fleet_queue_depth{controller}`
+//! from each controller's [`QueueDepth`](kube_fleet::QueueDepth). The registry encodes to the Prometheus text format with
 //! `prometheus_client::encoding::text::encode`.
 //!
 //! ```
@@ -45,7 +46,7 @@ mod layer;
 mod registry;
 mod service;
 
-pub use collector::FleetCollector;
+pub use collector::{FleetCollector, QueueDepths};
 pub use future::ResponseFuture;
 pub use layer::MetricsLayer;
 pub use registry::ReconcileMetrics;
