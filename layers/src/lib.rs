@@ -14,6 +14,11 @@
 //! - [`catch_panic`]: a panicking reconcile becomes an error, so it is backed
 //!   off and the controller keeps serving.
 //!
+//!
+//! [`recommended`] puts the usual ones together in one layer, in an order
+//! its docs explain; `docs/layers.md` in the repository walks a request
+//! through the stack.
+//!
 //! [`ClusterRequest`]: resolve_cluster::ClusterRequest
 //! [`ObjectRequest`]: load_object::ObjectRequest
 
@@ -23,6 +28,7 @@ pub mod catch_panic;
 pub mod load_object;
 pub mod metrics;
 pub mod rate_limit;
+pub mod recommended;
 mod request;
 pub mod resolve_cluster;
 pub mod retry;
