@@ -1,5 +1,6 @@
-//! The recommended stack against three real clusters: a reconcile that fails
-//! on purpose and one that panics are backed off, recover, and are counted.
+//! The recommended stack, behind a per-cluster rate limit, against three real
+//! clusters: a reconcile that fails on purpose and one that panics are backed
+//! off, recover, and are counted.
 
 use std::{
     collections::HashMap,
@@ -18,6 +19,7 @@ use kube_fleet_envtest::Envtest;
 use kube_fleet_layers::{
     load_object::ObjectRequest,
     metrics::{FleetCollector, QueueDepths, ReconcileMetrics},
+    rate_limit::RateLimitLayer,
     recommended::RecommendedLayer,
 };
 use prometheus_client::{encoding::text::encode, registry::Registry};
@@ -79,6 +81,7 @@ async fn failures_and_panics_back_off_recover_and_are_counted() {
         }
     });
     let stack = ServiceBuilder::new()
+        .layer(RateLimitLayer::per_cluster(50.0, 100))
         .layer(
             RecommendedLayer::<ConfigMap>::new(fleet.clone(), "configmaps")
                 .metrics(metrics.clone()),
