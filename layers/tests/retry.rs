@@ -20,6 +20,14 @@ fn api_error(code: u16) -> BoxError {
     ))
 }
 
+fn already_exists() -> BoxError {
+    Box::new(kube::Error::Api(
+        Status::failure("exists", "AlreadyExists")
+            .with_code(409)
+            .boxed(),
+    ))
+}
+
 fn too_many_requests(retry_after_seconds: u32) -> BoxError {
     let details = StatusDetails {
         name: String::new(),
@@ -86,20 +94,24 @@ async fn conflicts_server_errors_and_connection_errors_are_retried() {
 
 #[tokio::test(start_paused = true)]
 async fn too_many_requests_waits_as_long_as_the_server_asks() {
-    let (result, calls) = run_script(TransientErrors::new(3), vec![too_many_requests(7)]).await;
+    let policy =
+        TransientErrors::with_backoff(3, Duration::from_millis(50), Duration::from_secs(10));
+    let (result, calls) = run_script(policy, vec![too_many_requests(7)]).await;
     assert!(result.is_ok());
     assert_eq!(calls[1] - calls[0], Duration::from_secs(7));
 }
 
 #[tokio::test(start_paused = true)]
 async fn validation_permission_and_not_found_errors_are_not_retried() {
-    for code in [400, 403, 404, 422] {
+    for code in [400, 403, 404, 422, 501] {
         let (result, calls) = run_script(TransientErrors::new(3), vec![api_error(code)]).await;
         assert!(result.is_err(), "{code}");
         assert_eq!(calls.len(), 1, "{code} was retried");
     }
     let (_, calls) = run_script(TransientErrors::new(3), vec!["a bug".into()]).await;
     assert_eq!(calls.len(), 1, "an unknown error is not retried");
+    let (_, calls) = run_script(TransientErrors::new(3), vec![already_exists()]).await;
+    assert_eq!(calls.len(), 1, "AlreadyExists is a 409 that does not clear");
 }
 
 #[tokio::test(start_paused = true)]
@@ -139,4 +151,50 @@ async fn a_timeout_inside_the_retry_is_retried() {
     let result = service.oneshot(McRequest::new("c", Some("ns"), "x")).await;
     assert!(result.is_ok());
     assert_eq!(*calls.lock().unwrap(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_longer_than_the_longest_backoff_is_left_to_the_queue() {
+    let policy =
+        TransientErrors::with_backoff(3, Duration::from_millis(50), Duration::from_secs(2));
+    let (result, calls) = run_script(policy, vec![too_many_requests(120)]).await;
+    assert!(result.is_err());
+    assert_eq!(calls.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_transient_error_wrapped_by_a_layer_is_still_recognised() {
+    let wrapped: BoxError = Box::new(kube_fleet_layers::load_object::LoadError {
+        request: McRequest::new("c", Some("ns"), "x"),
+        source: kube::Error::Api(
+            Status::failure("busy", "ServiceUnavailable")
+                .with_code(503)
+                .boxed(),
+        ),
+    });
+    let (result, calls) = run_script(TransientErrors::new(3), vec![wrapped]).await;
+    assert!(result.is_ok());
+    assert_eq!(calls.len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn reconciles_failing_together_do_not_retry_in_lockstep() {
+    use tower::retry::Policy;
+
+    let policy = TransientErrors::new(3);
+    let deadlines: Vec<_> = (0..8)
+        .map(|_| {
+            let mut clone = policy.clone();
+            let mut result: Result<Action, BoxError> = Err(api_error(503));
+            let sleep = clone
+                .retry(&mut McRequest::new("c", Some("ns"), "x"), &mut result)
+                .expect("retried");
+            sleep.deadline()
+        })
+        .collect();
+    let distinct: std::collections::HashSet<_> = deadlines.iter().collect();
+    assert!(
+        distinct.len() > 1,
+        "every clone waits the same: {deadlines:?}"
+    );
 }

@@ -33,10 +33,12 @@
 //! # }
 //! ```
 
+mod error;
 mod future;
 mod layer;
 mod service;
 
+pub use error::LoadError;
 pub use future::ResponseFuture;
 pub use layer::LoadObjectLayer;
 pub use service::{LoadObject, ObjectRequest};

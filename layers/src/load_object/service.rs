@@ -16,7 +16,7 @@ use kube_fleet::{
 };
 use tower::{BoxError, Service};
 
-use super::ResponseFuture;
+use super::{LoadError, ResponseFuture};
 use crate::resolve_cluster::ClusterRequest;
 
 /// A request with its cluster and the object it names.
@@ -170,6 +170,9 @@ async fn get<K: Watchable>(
     match client.request::<K>(get).await {
         Ok(object) => Ok(Some(Arc::new(object))),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
-        Err(error) => Err(format!("reading {request}: {error}").into()),
+        Err(source) => Err(Box::new(LoadError {
+            request: request.clone(),
+            source,
+        })),
     }
 }

@@ -34,7 +34,7 @@ impl ReconcileMetrics {
             reconciles: Family::default(),
             durations: Family::new_with_constructor(|| {
                 Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
-                    0.001, 2.0, 16,
+                    0.001, 2.0, 18,
                 ))
             }),
         };

@@ -5,6 +5,10 @@ use std::{
 
 use tokio::time::Instant;
 
+/// The longest a request waits for a token, however low the rate: tokio's
+/// timers reach about two years.
+const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
 /// A token bucket: `rate` tokens per second, at most `burst` saved up.
 /// Clones share the same tokens.
 ///
@@ -54,7 +58,8 @@ impl TokenBucket {
     }
 
     /// Takes a token and says how long to wait before using it: zero if one
-    /// was available. Reservations are served in order.
+    /// was available. Reservations are served in order; a wait is at most a
+    /// year.
     pub fn reserve(&self) -> Duration {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
@@ -64,7 +69,15 @@ impl TokenBucket {
         if state.tokens >= 0.0 {
             Duration::ZERO
         } else {
-            Duration::from_secs_f64(-state.tokens / self.rate)
+            Duration::try_from_secs_f64(-state.tokens / self.rate)
+                .unwrap_or(MAX_WAIT)
+                .min(MAX_WAIT)
         }
+    }
+
+    /// Returns a reserved token that was not used (its request was cancelled).
+    pub(crate) fn give_back(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.tokens = (state.tokens + 1.0).min(self.burst);
     }
 }

@@ -7,10 +7,13 @@
 //! busy cluster cannot use up another's budget.
 //!
 //! The limit is applied per request, not in `poll_ready`: a request whose
-//! cluster is out of tokens waits for its turn inside its own future, while
-//! requests for other clusters go ahead. Place it outside any concurrency
-//! limit (a waiting request would otherwise hold a slot) and outside a
-//! timeout if the wait should not count against it.
+//! cluster is out of tokens waits for its turn inside its own future, with a
+//! clone of the inner service that it readies only once its token is due, so
+//! it holds no concurrency slot meanwhile and requests for other clusters go
+//! ahead. A wait that is cancelled (its cluster left) gives its token back.
+//! Put it outside a timeout if the wait should not count against it. Keys
+//! waiting here have left the queue: a change to one of them meanwhile
+//! queues it again, to run after the waiting reconcile.
 //!
 //! ```
 //! use std::time::Duration;

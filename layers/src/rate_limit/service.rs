@@ -48,17 +48,13 @@ where
     }
 
     fn call(&mut self, request: R) -> Self::Future {
-        let wait = self
-            .buckets
-            .for_cluster(&request.mc_request().cluster)
-            .reserve();
+        let bucket = self.buckets.for_cluster(&request.mc_request().cluster);
+        let wait = bucket.reserve();
         if wait.is_zero() {
             return ResponseFuture::called(self.inner.call(request));
         }
-        // The service that said it was ready waits with the request; a clone
-        // takes its place for the next poll_ready.
-        let clone = self.inner.clone();
-        let ready = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::waiting(ready, request, wait)
+        // The ready service stays here for the next request; the waiting one
+        // gets a clone of its own and readies it once its token is due.
+        ResponseFuture::waiting(self.inner.clone(), request, wait, bucket)
     }
 }

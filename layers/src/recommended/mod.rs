@@ -14,8 +14,9 @@
 //! 4. tower's `Timeout`: bounds the whole reconcile, retries included
 //!    (default 60 s); a timed-out reconcile is cancelled and backed off;
 //! 5. tower's `Retry` with [`TransientErrors`](crate::retry::TransientErrors):
-//!    conflicts, 429s, 5xx and connection errors are retried at once a few
-//!    times (default 3) before the queue's longer backoff takes over;
+//!    conflicts, 429s, 5xx and connection errors are retried a few times
+//!    (default 3) within the reconcile, after a short jittered backoff, before
+//!    the queue's longer backoff takes over;
 //! 6. [`resolve_cluster`](crate::resolve_cluster) and
 //!    [`load_object`](crate::load_object): the request becomes an
 //!    [`ObjectRequest<K>`] with the cluster and the cached object.

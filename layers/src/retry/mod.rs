@@ -1,13 +1,14 @@
 //! Retries of transient API errors, through tower's own [`Retry`] middleware.
 //!
 //! [`TransientErrors`] is a [`tower::retry::Policy`]: it retries a reconcile
-//! that failed with a conflict (409), too many requests (429, after the
-//! server's `retryAfterSeconds` if given), a server error (5xx), a
-//! connection error or a timeout, a bounded number of times with jittered
-//! exponential backoff. It never retries other client errors (validation,
-//! permission, not found): those will not go away by themselves. What is
-//! left after the retries goes back to the controller's queue, which backs
-//! the key off for longer.
+//! that failed with a conflict (409, but not `AlreadyExists`), too many
+//! requests (429, after the server's `retryAfterSeconds` if given and no
+//! longer than the policy's longest backoff), a server error (5xx but 501),
+//! a connection error or a timeout, a bounded number of times with jittered
+//! exponential backoff (50 ms doubling to 2 s by default). It never retries
+//! other client errors (validation, permission, not found): those will not
+//! go away by themselves. What is left after the retries goes back to the
+//! controller's queue, which backs the key off for longer.
 //!
 //! ```
 //! use kube_fleet::{Action, McRequest};

@@ -11,10 +11,33 @@ use tower::{
 };
 
 /// Retries transient API errors; see the [module docs](super).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct TransientErrors {
     retries_left: u32,
+    min: Duration,
+    max: Duration,
     backoff: ExponentialBackoff<HasherRng>,
+}
+
+impl Clone for TransientErrors {
+    /// tower's `Retry` gives each request a clone of the policy. A clone gets
+    /// a freshly seeded backoff, so that reconciles failing together do not
+    /// retry in lockstep.
+    fn clone(&self) -> Self {
+        Self {
+            retries_left: self.retries_left,
+            min: self.min,
+            max: self.max,
+            backoff: backoff(self.min, self.max),
+        }
+    }
+}
+
+fn backoff(min: Duration, max: Duration) -> ExponentialBackoff<HasherRng> {
+    // Each `HasherRng::default()` draws new keys, so each sequence differs.
+    ExponentialBackoffMaker::new(min, max, 0.5, HasherRng::default())
+        .expect("min <= max and max > 0")
+        .make_backoff()
 }
 
 impl Default for TransientErrors {
@@ -36,12 +59,11 @@ impl TransientErrors {
     /// # Panics
     /// If `min` exceeds `max` or `max` is zero.
     pub fn with_backoff(retries: u32, min: Duration, max: Duration) -> Self {
-        let backoff = ExponentialBackoffMaker::new(min, max, 0.5, HasherRng::default())
-            .expect("min <= max and max > 0")
-            .make_backoff();
         Self {
             retries_left: retries,
-            backoff,
+            min,
+            max,
+            backoff: backoff(min, max),
         }
     }
 
@@ -52,6 +74,9 @@ impl TransientErrors {
             return None;
         }
         let wait = match classify(error)? {
+            // A server that asks for a longer pause than this policy's
+            // longest gets it from the queue's backoff instead.
+            Retry::After(delay) if delay > self.max => return None,
             Retry::After(delay) => tokio::time::sleep(delay),
             Retry::WithBackoff => self.backoff.next_backoff(),
         };
@@ -84,7 +109,9 @@ fn classify(error: &(dyn Error + 'static)) -> Option<Retry> {
 fn classify_kube(error: &kube::Error) -> Option<Retry> {
     match error {
         kube::Error::Api(status) => match status.code {
-            409 => Some(Retry::WithBackoff),
+            // A conflict clears on the next read; an object that already
+            // exists does not go away by retrying.
+            409 if status.reason != "AlreadyExists" => Some(Retry::WithBackoff),
             429 => Some(
                 status
                     .details
@@ -95,6 +122,7 @@ fn classify_kube(error: &kube::Error) -> Option<Retry> {
                         Retry::After(Duration::from_secs(s.into()))
                     }),
             ),
+            501 => None,
             500..=599 => Some(Retry::WithBackoff),
             _ => None,
         },
