@@ -36,11 +36,14 @@ impl Process {
                 .open(&log)
                 .map_err(|e| Error::io(format!("opening log {} of {what}", log.display()), e))
         };
-        let child = Command::new(program)
+        let mut command = Command::new(program);
+        command
             .args(args)
             .stdin(Stdio::null())
             .stdout(open_log()?)
-            .stderr(open_log()?)
+            .stderr(open_log()?);
+        die_with_parent(&mut command);
+        let child = command
             .spawn()
             .map_err(|e| Error::io(format!("starting {what} ({})", program.display()), e))?;
         Ok(Self { what, child, log })
@@ -74,6 +77,37 @@ impl Drop for Process {
         let _ = self.child.wait();
     }
 }
+
+/// Makes the child die when the thread that started it does, so that a test
+/// process killed outright (no destructors run) leaves no API servers behind.
+///
+/// Linux sends the signal when the *thread* that forked exits; fleets are
+/// started from the runtime's threads, which live as long as the fleet.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn die_with_parent(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs in the forked child before exec and calls only
+    // prctl and getppid, which are async-signal-safe; it allocates nothing
+    // and touches no memory shared with the parent.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died before the signal was armed.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::other("the parent process has exited"));
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_parent(_: &mut Command) {}
 
 /// The last `lines` lines of a log file, or a note that it could not be read.
 pub(crate) fn log_tail(path: &Path, lines: usize) -> String {

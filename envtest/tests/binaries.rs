@@ -68,3 +68,53 @@ fn assets_dir_with_both_binaries_is_used_as_is() {
         assets.path().display().to_string()
     );
 }
+
+/// A harness process killed outright (SIGKILL: no destructor runs) takes its
+/// API servers and etcd with it.
+#[test]
+#[cfg(target_os = "linux")]
+fn a_killed_harness_process_leaves_no_server_behind() {
+    use std::{
+        io::{BufRead, BufReader},
+        path::Path,
+        process::Stdio,
+        time::{Duration, Instant},
+    };
+
+    let mut harness = Command::new(CLI)
+        .args(["start", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut pids = Vec::new();
+    for line in BufReader::new(harness.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if let Some(list) = line.strip_prefix("pids\t") {
+            pids = list.split(' ').map(|p| p.parse::<u32>().unwrap()).collect();
+            break;
+        }
+    }
+    assert_eq!(pids.len(), 2, "etcd and one API server");
+    let alive = |pid: &u32| Path::new(&format!("/proc/{pid}")).exists();
+    assert!(pids.iter().all(alive));
+
+    harness.kill().unwrap(); // SIGKILL
+    harness.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pids.iter().any(alive) {
+        // A dead child is reaped by init; until then it is a zombie in /proc.
+        let zombies = pids.iter().filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|stat| stat.split(' ').nth(2) == Some("Z"))
+        });
+        if zombies.count() == pids.iter().filter(|p| alive(p)).count() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "processes {pids:?} outlived the harness"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

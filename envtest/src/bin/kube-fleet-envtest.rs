@@ -1,41 +1,69 @@
-//! Prepares the binaries the envtest harness runs, ahead of the tests.
+//! Prepares the binaries the envtest harness runs, or runs a fleet by hand.
 //!
 //! ```text
-//! kube-fleet-envtest install   # find or build kube-apiserver and etcd, print their directory
+//! kube-fleet-envtest install    # find or build kube-apiserver and etcd, print their directory
+//! kube-fleet-envtest start 3    # run three clusters until Ctrl-C, printing their kubeconfigs
 //! ```
 //!
-//! Tests build the binaries on first use anyway; running this first shows the
-//! build on its own and keeps its minutes out of the first test's time.
+//! Tests build the binaries on first use anyway; running `install` first
+//! shows the build on its own and keeps its minutes out of the first test.
 
 use std::process::ExitCode;
 
-use kube_fleet_envtest::Binaries;
+use kube_fleet_envtest::{Binaries, Envtest};
+
+const USAGE: &str = "usage: kube-fleet-envtest install | start [N]\n\n\
+    install  finds kube-apiserver and etcd (in $KUBEBUILDER_ASSETS or the cache), building them\n\
+             with go if needed, and prints the directory that holds them\n\
+    start    runs N clusters (default 1) on one etcd until Ctrl-C, printing each cluster's\n\
+             name, address and kubeconfig, and the process ids of the fleet";
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
-        ["install"] => match Binaries::find().await {
-            Ok(binaries) => {
-                let dir = binaries
-                    .kube_apiserver
-                    .parent()
-                    .unwrap_or(&binaries.kube_apiserver);
-                println!("{}", dir.display());
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("kube-fleet-envtest: {e}");
-                ExitCode::FAILURE
-            }
+    let result = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        ["install"] => install().await,
+        ["start"] => start(1).await,
+        ["start", n] => match n.parse() {
+            Ok(n) => start(n).await,
+            Err(_) => Err(format!("start takes a number of clusters, got {n:?}")),
         },
         _ => {
-            eprintln!(
-                "usage: kube-fleet-envtest install\n\n\
-                 Finds kube-apiserver and etcd (in $KUBEBUILDER_ASSETS or the cache), building \
-                 them with go if needed, and prints the directory that holds them."
-            );
-            ExitCode::from(2)
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kube-fleet-envtest: {e}");
+            ExitCode::FAILURE
         }
     }
+}
+
+async fn install() -> Result<(), String> {
+    let binaries = Binaries::find().await.map_err(|e| e.to_string())?;
+    let dir = binaries
+        .kube_apiserver
+        .parent()
+        .unwrap_or(&binaries.kube_apiserver);
+    println!("{}", dir.display());
+    Ok(())
+}
+
+async fn start(n: usize) -> Result<(), String> {
+    let fleet = Envtest::start(n).await.map_err(|e| e.to_string())?;
+    for cluster in fleet.clusters() {
+        println!(
+            "{}\t{}\t{}",
+            cluster.name(),
+            cluster.server(),
+            cluster.kubeconfig_path().display()
+        );
+    }
+    let pids: Vec<String> = fleet.pids().iter().map(u32::to_string).collect();
+    println!("pids\t{}", pids.join(" "));
+    let _ = tokio::signal::ctrl_c().await;
+    Ok(())
 }
