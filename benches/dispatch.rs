@@ -149,10 +149,7 @@ fn percentile(sorted: &[u64], p: f64) -> Duration {
 async fn main() -> Result<(), BoxError> {
     let env = Envtest::start(1).await?;
     let fleet = Fleet::new();
-    let cluster = fleet
-        .engage(CLUSTER, env.clusters()[0].client())
-        .await
-        .expect("engaged");
+    let cluster = fleet.engage(CLUSTER, env.clusters()[0].client());
     // The cache the object-loading layer reads from.
     let watch = cluster
         .cache()

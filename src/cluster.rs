@@ -1,12 +1,23 @@
-use std::{fmt, sync::Arc};
+use std::{
+    fmt,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+};
 
 use kube::{Client, runtime::reflector::Store};
+use tokio::sync::Notify;
 
 use crate::{ClusterName, cache::ClusterCache, cache::Watchable};
 
 /// One engaged cluster: its name, a client, and its shared cache.
 ///
 /// Cheap to clone: clones share the client's connection pool and the cache.
+/// A `Cluster` is one engagement: when the fleet disengages the name, or
+/// engages it again with another client, this value says so through
+/// [`is_engaged`](Self::is_engaged) and [`left`](Self::left), and a new
+/// `Cluster` takes the name.
 ///
 /// ```
 /// # async fn example(client: kube::Client) {
@@ -15,6 +26,7 @@ use crate::{ClusterName, cache::ClusterCache, cache::Watchable};
 /// let cluster = Cluster::new("east", client);
 /// assert_eq!(cluster.name(), "east");
 /// assert_eq!(cluster.cache().watch_count(), 0);
+/// assert!(cluster.is_engaged());
 /// # }
 /// ```
 #[derive(Clone)]
@@ -26,12 +38,16 @@ struct Inner {
     name: ClusterName,
     client: Client,
     cache: ClusterCache,
+    /// Read before every reconcile, so a flag rather than a lock.
+    left: AtomicBool,
+    leaving: Notify,
 }
 
 impl fmt::Debug for Cluster {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Cluster")
             .field("name", &self.inner.name)
+            .field("engaged", &self.is_engaged())
             .field("cache", &self.inner.cache)
             .finish_non_exhaustive()
     }
@@ -46,6 +62,8 @@ impl Cluster {
                 cache: ClusterCache::new(name.clone(), client.clone()),
                 name,
                 client,
+                left: AtomicBool::new(false),
+                leaving: Notify::new(),
             }),
         }
     }
@@ -69,5 +87,36 @@ impl Cluster {
     /// default watch configuration.
     pub fn store<K: Watchable>(&self) -> Option<Store<K>> {
         self.inner.cache.store::<K>()
+    }
+
+    /// Whether this engagement still holds: `false` once the fleet has
+    /// disengaged the cluster or replaced it under the same name.
+    pub fn is_engaged(&self) -> bool {
+        !self.inner.left.load(Ordering::Acquire)
+    }
+
+    /// Completes when this engagement ends (see [`is_engaged`](Self::is_engaged)):
+    /// for work that should stop when its cluster leaves.
+    pub async fn left(&self) {
+        loop {
+            let notified = self.inner.leaving.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before looking, so a leave in between is not missed.
+            notified.as_mut().enable();
+            if !self.is_engaged() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Whether `other` is the same engagement (not only the same name).
+    pub(crate) fn same_engagement(&self, other: &Cluster) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    pub(crate) fn leave(&self) {
+        self.inner.left.store(true, Ordering::Release);
+        self.inner.leaving.notify_waiters();
     }
 }

@@ -37,6 +37,7 @@
 #![forbid(unsafe_code)]
 
 mod action;
+mod backoff;
 pub mod cache;
 mod cluster;
 mod cluster_name;
@@ -45,11 +46,13 @@ mod fleet;
 pub mod provider;
 mod queue;
 mod request;
+mod token_bucket;
 
 pub use action::Action;
+pub use backoff::Backoff;
 pub use cluster::Cluster;
 pub use cluster_name::ClusterName;
 pub use controller::{Controller, QueueDepth};
-pub use fleet::{DEFAULT_SYNC_WARNING, Fleet, FleetEvent, FleetSubscription};
-pub use queue::Backoff;
+pub use fleet::{Fleet, FleetEvent, FleetSubscription};
 pub use request::McRequest;
+pub use token_bucket::TokenBucket;

@@ -1,79 +1,70 @@
 //! The controller's queue of [`McRequest`]s.
 //!
 //! One queue per controller. It keeps, per key, whether the key waits (ready
-//! or delayed), runs, or only remembers its failures, and hands out ready keys
-//! round-robin across clusters, first-in first-out within a cluster, so that
-//! no cluster and no key can be starved by another.
+//! or delayed), runs, or only remembers its failures; and per cluster, two
+//! lanes of ready keys and what the cluster may run now. A key leaves the
+//! queue only when its cluster may run one more reconcile: the controller
+//! serves the cluster (its watches there have synced), the controller and
+//! the cluster are under their concurrency limits, and the token buckets
+//! have a token. Keys that may not run yet stay queued: deduplicated,
+//! counted and in order.
+//!
+//! Clusters take turns round-robin. Within a cluster, keys from changes seen
+//! while the watches ran (the `Changed` lane) alternate with keys from lists
+//! (the `Listed` lane: the start-up backlog), so a fresh edit waits behind
+//! at most one backlog key, and the backlog still gets every other turn.
 
 use std::{
-    collections::{HashMap, VecDeque, hash_map::Entry},
+    collections::{HashMap, VecDeque},
+    pin::Pin,
     task::{Context, Poll},
     time::Duration,
 };
 
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tokio_util::time::{DelayQueue, delay_queue};
 
-use crate::{Action, ClusterName, McRequest};
-
-/// How a failing key is retried: exponentially, per key.
-///
-/// The `n`-th consecutive failure of a key delays its next run by
-/// `base * 2^(n-1)`, capped at `max`. A success forgets the failures. The
-/// default, as client-go's, starts at 5 ms and stops doubling at 1000 s.
-///
-/// ```
-/// use std::time::Duration;
-/// use kube_fleet::Backoff;
-///
-/// let backoff = Backoff::default();
-/// assert_eq!(backoff.delay(1), Duration::from_millis(5));
-/// assert_eq!(backoff.delay(3), Duration::from_millis(20));
-/// assert_eq!(backoff.delay(40), Duration::from_secs(1000));
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
-    /// Delay after the first failure.
-    pub base: Duration,
-    /// The longest delay.
-    pub max: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self {
-            base: Duration::from_millis(5),
-            max: Duration::from_secs(1000),
-        }
-    }
-}
-
-impl Backoff {
-    /// The delay after `failures` consecutive failures (at least one).
-    pub fn delay(&self, failures: u32) -> Duration {
-        let doublings = failures.saturating_sub(1).min(63);
-        self.base
-            .checked_mul(1u32.checked_shl(doublings).unwrap_or(u32::MAX))
-            .map_or(self.max, |delay| delay.min(self.max))
-    }
-}
+use crate::{
+    Action, ClusterName, McRequest, TokenBucket,
+    backoff::{Backoff, Jitter},
+};
 
 /// Requeue delays are clamped to this: tokio's timer wheel panics for delays
 /// beyond about two years.
 const MAX_DELAY: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 
+/// Which lane of its cluster a ready key waits in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lane {
+    /// A change seen while the watch ran, a due requeue or retry, or a
+    /// request from outside.
+    Changed,
+    /// An object listed when a watch (re)started.
+    Listed,
+}
+
+impl Lane {
+    fn max(self, other: Lane) -> Lane {
+        if self == Lane::Changed || other == Lane::Changed {
+            Lane::Changed
+        } else {
+            Lane::Listed
+        }
+    }
+}
+
 #[derive(Debug)]
 enum Phase {
-    /// Waits in its cluster's ready list.
-    Ready,
+    /// Waits in its cluster's lane, in the entry marked with this ticket.
+    Ready { ticket: u64, lane: Lane },
     /// Waits in the delay queue until `at`.
     Delayed { at: Instant, slot: delay_queue::Key },
-    /// A reconcile runs; if `rerun_at` is set, the key was scheduled again
+    /// A reconcile runs; if `rerun` is set, the key was scheduled again
     /// meanwhile and runs once more afterwards, no sooner than that. A purged
     /// key stays here until its cancelled run has ended, so that it never
     /// runs twice at once; its outcome then counts for nothing.
     Running {
-        rerun_at: Option<Instant>,
+        rerun: Option<(Instant, Lane)>,
         purged: bool,
     },
     /// Nothing scheduled; kept only to remember failures for the backoff.
@@ -95,78 +86,173 @@ pub(crate) enum Outcome {
     Cancelled,
 }
 
-/// Deduplicating, delaying, backing-off, fair queue of requests.
+/// The limits the queue admits keys under.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Limits {
+    /// Reconciles at once in all clusters; `None` for no limit.
+    pub(crate) concurrency: Option<usize>,
+    /// Reconciles at once in one cluster; `None` for the fair share.
+    pub(crate) cluster_concurrency: Option<usize>,
+    /// One bucket for all clusters (and every controller it is given to).
+    pub(crate) rate_limit: Option<TokenBucket>,
+    /// A bucket of this rate and burst for each cluster.
+    pub(crate) cluster_rate_limit: Option<(f64, u32)>,
+}
+
+/// One cluster's part of the queue.
+#[derive(Debug, Default)]
+struct ClusterQueue {
+    changed: VecDeque<(u64, McRequest)>,
+    listed: VecDeque<(u64, McRequest)>,
+    /// Ready keys (the lanes may also hold stale entries of promoted keys).
+    ready: usize,
+    delayed: usize,
+    running: usize,
+    /// The last key came from the `Changed` lane: the backlog goes next.
+    changed_last: bool,
+    /// The controller serves this cluster: keep its entry while idle.
+    served: bool,
+    /// The controller's watches here have not synced: no key may run.
+    held: bool,
+    /// In the round-robin of clusters with ready keys.
+    in_turns: bool,
+    /// Waits for its bucket's next token.
+    throttled: bool,
+    /// Counted among the clusters with work.
+    busy: bool,
+    bucket: Option<TokenBucket>,
+}
+
+impl ClusterQueue {
+    fn is_busy(&self) -> bool {
+        self.running > 0 || (self.ready > 0 && !self.held)
+    }
+
+    fn is_empty(&self) -> bool {
+        !self.served && self.ready == 0 && self.delayed == 0 && self.running == 0
+    }
+}
+
+/// Deduplicating, delaying, backing-off, admitting, fair queue of requests.
 #[derive(Debug)]
 pub(crate) struct Queue {
     keys: HashMap<McRequest, KeyState>,
-    ready: HashMap<ClusterName, VecDeque<McRequest>>,
-    /// How many keys the ready lists hold.
-    ready_len: usize,
-    /// Clusters with ready keys, in the order they are served.
+    clusters: HashMap<ClusterName, ClusterQueue>,
+    /// Clusters with ready keys that are not held or throttled, in the order
+    /// they are served.
     turns: VecDeque<ClusterName>,
+    ready_len: usize,
+    running_len: usize,
+    /// Clusters that have keys running, or ready and not held.
+    busy_clusters: usize,
     delayed: DelayQueue<McRequest>,
+    throttled: DelayQueue<ClusterName>,
+    /// Waits for the shared bucket's next token.
+    shared_wait: Option<Pin<Box<Sleep>>>,
+    limits: Limits,
     backoff: Backoff,
+    jitter: Jitter,
+    next_ticket: u64,
 }
 
 impl Queue {
-    pub(crate) fn new(backoff: Backoff) -> Self {
+    pub(crate) fn new(backoff: Backoff, limits: Limits) -> Self {
         Self {
             keys: HashMap::new(),
-            ready: HashMap::new(),
-            ready_len: 0,
+            clusters: HashMap::new(),
             turns: VecDeque::new(),
+            ready_len: 0,
+            running_len: 0,
+            busy_clusters: 0,
             delayed: DelayQueue::new(),
+            throttled: DelayQueue::new(),
+            shared_wait: None,
+            limits,
             backoff,
+            jitter: Jitter::new(),
+            next_ticket: 0,
         }
     }
 
-    /// Schedules `key` to run now.
-    pub(crate) fn push(&mut self, key: McRequest) {
-        self.schedule(key, Instant::now());
+    /// Schedules `key` to run now, in `lane`.
+    pub(crate) fn push(&mut self, key: McRequest, lane: Lane) {
+        self.schedule(key, Instant::now(), lane);
     }
 
     /// Schedules `key` to run at `at`, or earlier if it already was.
     ///
-    /// A key already waiting keeps the earlier of its two times; a running
+    /// A key already waiting keeps the earlier of its two times (and moves
+    /// to the `Changed` lane if that is where it is pushed now); a running
     /// key runs once more after the current run ends.
-    pub(crate) fn schedule(&mut self, key: McRequest, at: Instant) {
+    pub(crate) fn schedule(&mut self, key: McRequest, at: Instant, lane: Lane) {
         let at = at.min(Instant::now() + MAX_DELAY);
-        match self.keys.entry(key) {
-            Entry::Vacant(entry) => {
-                let key = entry.key().clone();
-                entry.insert(KeyState {
+        let Some(state) = self.keys.get_mut(&key) else {
+            self.keys.insert(
+                key.clone(),
+                KeyState {
                     phase: Phase::Idle,
                     failures: 0,
-                });
-                self.enqueue(key, at);
+                },
+            );
+            self.enqueue(key, at, lane);
+            return;
+        };
+        let enqueue = match &mut state.phase {
+            Phase::Ready { lane: current, .. } => {
+                if lane == Lane::Changed && *current == Lane::Listed {
+                    // Promoted: its entry in the `Listed` lane goes stale.
+                    self.next_ticket += 1;
+                    let ticket = self.next_ticket;
+                    state.phase = Phase::Ready { ticket, lane };
+                    let cluster = self.clusters.entry(key.cluster.clone()).or_default();
+                    cluster.changed.push_back((ticket, key.clone()));
+                }
+                false
             }
-            Entry::Occupied(mut entry) => match &mut entry.get_mut().phase {
-                Phase::Ready => {}
-                Phase::Running { rerun_at, .. } => {
-                    *rerun_at = Some(rerun_at.map_or(at, |t| t.min(at)));
+            Phase::Running { rerun, .. } => {
+                *rerun = Some(match *rerun {
+                    Some((t, l)) => (t.min(at), l.max(lane)),
+                    None => (at, lane),
+                });
+                false
+            }
+            Phase::Delayed { at: current, slot } => {
+                let sooner = at < *current;
+                if sooner {
+                    self.delayed.remove(slot);
                 }
-                Phase::Delayed { at: current, slot } => {
-                    if at < *current {
-                        let slot = *slot;
-                        self.delayed.remove(&slot);
-                        let key = entry.key().clone();
-                        self.enqueue(key, at);
-                    }
-                }
-                Phase::Idle => {
-                    let key = entry.key().clone();
-                    self.enqueue(key, at);
-                }
-            },
+                sooner
+            }
+            Phase::Idle => true,
+        };
+        if enqueue {
+            if let Some(state) = self.keys.get(&key)
+                && matches!(state.phase, Phase::Delayed { .. })
+            {
+                self.cluster_mut(&key.cluster).delayed -= 1;
+            }
+            self.enqueue(key, at, lane);
         }
     }
 
-    /// Puts a key whose state exists into the ready list or the delay queue.
-    fn enqueue(&mut self, key: McRequest, at: Instant) {
+    fn ticket(&mut self) -> u64 {
+        self.next_ticket += 1;
+        self.next_ticket
+    }
+
+    fn cluster_mut(&mut self, name: &ClusterName) -> &mut ClusterQueue {
+        self.clusters.entry(name.clone()).or_default()
+    }
+
+    /// Puts a key whose state exists into a lane or the delay queue.
+    fn enqueue(&mut self, key: McRequest, at: Instant, lane: Lane) {
         let phase = if at <= Instant::now() {
-            self.make_ready(key.clone());
-            Phase::Ready
+            Phase::Ready {
+                ticket: self.make_ready(key.clone(), lane),
+                lane,
+            }
         } else {
+            self.cluster_mut(&key.cluster).delayed += 1;
             let slot = self.delayed.insert_at(key.clone(), at);
             Phase::Delayed { at, slot }
         };
@@ -175,47 +261,214 @@ impl Queue {
         }
     }
 
-    fn make_ready(&mut self, key: McRequest) {
-        let list = self.ready.entry(key.cluster.clone()).or_default();
-        if list.is_empty() {
-            self.turns.push_back(key.cluster.clone());
+    fn make_ready(&mut self, key: McRequest, lane: Lane) -> u64 {
+        let ticket = self.ticket();
+        let name = key.cluster.clone();
+        let cluster = self.clusters.entry(name.clone()).or_default();
+        match lane {
+            Lane::Changed => cluster.changed.push_back((ticket, key)),
+            Lane::Listed => cluster.listed.push_back((ticket, key)),
         }
-        list.push_back(key);
+        cluster.ready += 1;
         self.ready_len += 1;
+        let joins = !cluster.in_turns && !cluster.held && !cluster.throttled;
+        if joins {
+            cluster.in_turns = true;
+            self.turns.push_back(name.clone());
+        }
+        self.refresh(&name);
+        ticket
     }
 
-    /// Whether a key is ready to run now. Moves keys whose delay has passed
-    /// into the ready lists, and registers `cx` to be woken when the next
-    /// delay passes.
+    /// Recounts whether `name` has work, and forgets its entry once it has
+    /// nothing left.
+    fn refresh(&mut self, name: &ClusterName) {
+        let Some(cluster) = self.clusters.get_mut(name) else {
+            return;
+        };
+        let busy = cluster.is_busy();
+        if busy != cluster.busy {
+            cluster.busy = busy;
+            if busy {
+                self.busy_clusters += 1;
+            } else {
+                self.busy_clusters -= 1;
+            }
+        }
+        if cluster.is_empty() && !cluster.in_turns && !cluster.throttled {
+            self.clusters.remove(name);
+        }
+    }
+
+    /// How many reconciles one cluster may run at once now.
+    ///
+    /// Unless set explicitly, with a controller-wide limit `G` and `k`
+    /// clusters that have work (keys running, or ready and not held), each
+    /// cluster may run `max(1, ⌈G / max(k, m)⌉)`, where `m` is 2 when the
+    /// queue knows more than one cluster and 1 otherwise: a lone cluster
+    /// uses every slot, and no cluster ever holds more than half of them
+    /// once there are others, or more than its fair share when several
+    /// have work.
+    fn cluster_cap(&self) -> usize {
+        if let Some(cap) = self.limits.cluster_concurrency {
+            return cap.max(1);
+        }
+        let Some(global) = self.limits.concurrency else {
+            return usize::MAX;
+        };
+        let floor = if self.clusters.len() > 1 { 2 } else { 1 };
+        global.div_ceil(self.busy_clusters.max(floor)).max(1)
+    }
+
+    /// Whether a key may be popped now. Moves keys whose delay has passed
+    /// into their lanes, brings clusters whose tokens are due back into the
+    /// round-robin, and registers `cx` to be woken for the next timer.
+    /// Afterwards the cluster at the front of the round-robin is the one
+    /// [`pop_ready`](Self::pop_ready) serves.
     pub(crate) fn poll_has_ready(&mut self, cx: &mut Context<'_>) -> bool {
         while let Poll::Ready(Some(expired)) = self.delayed.poll_expired(cx) {
             let key = expired.into_inner();
-            if let Some(state) = self.keys.get_mut(&key) {
-                state.phase = Phase::Ready;
-                self.make_ready(key);
+            if self.keys.contains_key(&key) {
+                self.cluster_mut(&key.cluster).delayed -= 1;
+                let ticket = self.make_ready(key.clone(), Lane::Changed);
+                if let Some(state) = self.keys.get_mut(&key) {
+                    state.phase = Phase::Ready {
+                        ticket,
+                        lane: Lane::Changed,
+                    };
+                }
             }
         }
-        !self.turns.is_empty()
+        while let Poll::Ready(Some(expired)) = self.throttled.poll_expired(cx) {
+            let name = expired.into_inner();
+            if let Some(cluster) = self.clusters.get_mut(&name) {
+                cluster.throttled = false;
+                if cluster.ready > 0 && !cluster.held && !cluster.in_turns {
+                    cluster.in_turns = true;
+                    self.turns.push_back(name.clone());
+                }
+                self.refresh(&name);
+            }
+        }
+        if self
+            .limits
+            .concurrency
+            .is_some_and(|limit| self.running_len >= limit)
+        {
+            return false; // A finishing reconcile wakes the controller.
+        }
+        if let Some(wait) = &mut self.shared_wait {
+            if wait.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            self.shared_wait = None;
+        }
+        if self.turns.is_empty() {
+            return false;
+        }
+        if let Some(bucket) = &self.limits.rate_limit
+            && let Some(at) = bucket.next_token()
+        {
+            let mut wait = Box::pin(tokio::time::sleep_until(at));
+            let _ = wait.as_mut().poll(cx);
+            self.shared_wait = Some(wait);
+            return false;
+        }
+        self.front_admissible()
     }
 
-    /// Takes the next ready key, from the cluster whose turn it is, and
-    /// marks it running. Call [`poll_has_ready`](Self::poll_has_ready) first.
-    pub(crate) fn pop_ready(&mut self) -> Option<McRequest> {
-        let cluster = self.turns.pop_front()?;
-        let list = self.ready.get_mut(&cluster)?;
-        let key = list.pop_front()?;
-        self.ready_len -= 1;
-        if list.is_empty() {
-            self.ready.remove(&cluster);
-        } else {
-            self.turns.push_back(cluster);
+    /// Rotates the round-robin until its front cluster may run a key, taking
+    /// out clusters that are held or out of tokens and skipping those at
+    /// their concurrency cap. Each cluster is looked at once at most.
+    fn front_admissible(&mut self) -> bool {
+        let cap = self.cluster_cap();
+        for _ in 0..self.turns.len() {
+            let Some(name) = self.turns.front().cloned() else {
+                return false;
+            };
+            let Some(cluster) = self.clusters.get_mut(&name) else {
+                self.turns.pop_front();
+                continue;
+            };
+            if cluster.held || cluster.ready == 0 {
+                cluster.in_turns = false;
+                self.turns.pop_front();
+                continue;
+            }
+            if cluster.running >= cap {
+                // Keeps its place in line for when a run ends.
+                self.turns.rotate_left(1);
+                continue;
+            }
+            if let Some((rate, burst)) = self.limits.cluster_rate_limit {
+                let bucket = cluster
+                    .bucket
+                    .get_or_insert_with(|| TokenBucket::new(rate, burst));
+                if let Some(at) = bucket.next_token() {
+                    cluster.in_turns = false;
+                    cluster.throttled = true;
+                    self.turns.pop_front();
+                    self.throttled.insert_at(name, at);
+                    continue;
+                }
+            }
+            return true;
         }
+        false
+    }
+
+    /// Takes the next key of the cluster at the front of the round-robin
+    /// and marks it running. Call [`poll_has_ready`](Self::poll_has_ready)
+    /// first, and only when it said yes.
+    pub(crate) fn pop_ready(&mut self) -> Option<McRequest> {
+        let name = self.turns.pop_front()?;
+        if let Some(bucket) = &self.limits.rate_limit {
+            // Another controller may have taken the token that was there; the
+            // debt then delays the next key instead.
+            bucket.take();
+        }
+        let cluster = self.clusters.get_mut(&name)?;
+        if let Some(bucket) = &cluster.bucket {
+            bucket.take();
+        }
+        let key = loop {
+            let lane = if cluster.changed_last && !cluster.listed.is_empty() {
+                Lane::Listed
+            } else if !cluster.changed.is_empty() {
+                Lane::Changed
+            } else {
+                Lane::Listed
+            };
+            let list = match lane {
+                Lane::Changed => &mut cluster.changed,
+                Lane::Listed => &mut cluster.listed,
+            };
+            let (ticket, key) = list.pop_front()?;
+            let live = matches!(
+                self.keys.get(&key),
+                Some(KeyState { phase: Phase::Ready { ticket: t, .. }, .. }) if *t == ticket
+            );
+            if live {
+                cluster.changed_last = lane == Lane::Changed;
+                break key;
+            }
+        };
+        cluster.ready -= 1;
+        cluster.running += 1;
+        if cluster.ready > 0 {
+            self.turns.push_back(name.clone());
+        } else {
+            cluster.in_turns = false;
+        }
+        self.ready_len -= 1;
+        self.running_len += 1;
         if let Some(state) = self.keys.get_mut(&key) {
             state.phase = Phase::Running {
-                rerun_at: None,
+                rerun: None,
                 purged: false,
             };
         }
+        self.refresh(&name);
         Some(key)
     }
 
@@ -224,44 +477,76 @@ impl Queue {
     /// case no later than a change that arrived while it ran.
     pub(crate) fn complete(&mut self, key: &McRequest, outcome: Outcome) {
         let Some(state) = self.keys.get_mut(key) else {
-            // Purged while it ran.
             return;
         };
-        let Phase::Running { rerun_at, purged } = state.phase else {
+        let Phase::Running { rerun, purged } = state.phase else {
             return;
         };
+        self.running_len -= 1;
         let now = Instant::now();
         let next = match outcome {
             _ if purged => None,
             Outcome::Cancelled => None,
             Outcome::Success(action) => {
                 state.failures = 0;
-                action.requeue_after().map(|d| now + d.min(MAX_DELAY))
+                action
+                    .requeue_after()
+                    .map(|d| (now + d.min(MAX_DELAY), Lane::Changed))
             }
             Outcome::Failure => {
                 state.failures = state.failures.saturating_add(1);
-                Some(now + self.backoff.delay(state.failures).min(MAX_DELAY))
+                let delay = self.backoff.jittered(state.failures, self.jitter.next());
+                Some((now + delay.min(MAX_DELAY), Lane::Changed))
             }
         };
-        let next = match (next, rerun_at) {
-            (Some(a), Some(b)) => Some(a.min(b)),
+        let next = match (next, rerun) {
+            (Some((a, la)), Some((b, lb))) => Some((a.min(b), la.max(lb))),
             (a, b) => a.or(b),
         };
         match next {
-            Some(at) => {
+            Some((at, lane)) => {
                 state.phase = Phase::Idle;
-                self.enqueue(key.clone(), at);
+                self.enqueue(key.clone(), at, lane);
             }
             None => {
                 self.keys.remove(key);
             }
         }
+        if !purged && let Some(cluster) = self.clusters.get_mut(&key.cluster) {
+            cluster.running -= 1;
+            if cluster.ready > 0 && !cluster.held && !cluster.throttled && !cluster.in_turns {
+                cluster.in_turns = true;
+                self.turns.push_back(key.cluster.clone());
+            }
+            self.refresh(&key.cluster);
+        }
     }
 
-    /// Forgets every key of `cluster` and its failures. A key whose run is
-    /// still going stays marked running until that run ends (its outcome then
-    /// counts for nothing), so it cannot start a second time meanwhile; if
-    /// it is scheduled again before then, it runs once the old run has ended.
+    /// Holds `cluster`'s keys until [`release`](Self::release): the
+    /// controller serves it but its watches there have not synced.
+    pub(crate) fn hold(&mut self, cluster: &ClusterName) {
+        let entry = self.cluster_mut(cluster);
+        entry.served = true;
+        entry.held = true;
+        self.refresh(cluster);
+    }
+
+    /// Lets `cluster`'s keys run.
+    pub(crate) fn release(&mut self, cluster: &ClusterName) {
+        let entry = self.cluster_mut(cluster);
+        entry.held = false;
+        if entry.ready > 0 && !entry.throttled && !entry.in_turns {
+            entry.in_turns = true;
+            self.turns.push_back(cluster.clone());
+        }
+        self.refresh(cluster);
+    }
+
+    /// Forgets every key of `cluster`, its failures, its limits' state and
+    /// its entry. A key whose run is still going stays marked running until
+    /// that run ends (its outcome then counts for nothing), so it cannot
+    /// start a second time meanwhile; if it is scheduled again before then,
+    /// it runs once the old run has ended.
     pub(crate) fn purge(&mut self, cluster: &ClusterName) {
         let delayed = &mut self.delayed;
         self.keys.retain(|key, state| {
@@ -273,19 +558,23 @@ impl Queue {
                     delayed.remove(slot);
                     false
                 }
-                Phase::Running { rerun_at, purged } => {
-                    *rerun_at = None;
+                Phase::Running { rerun, purged } => {
+                    *rerun = None;
                     *purged = true;
                     state.failures = 0;
                     true
                 }
-                Phase::Ready | Phase::Idle => false,
+                Phase::Ready { .. } | Phase::Idle => false,
             }
         });
-        if let Some(list) = self.ready.remove(cluster) {
-            self.ready_len -= list.len();
+        if let Some(entry) = self.clusters.remove(cluster) {
+            self.ready_len -= entry.ready;
+            if entry.busy {
+                self.busy_clusters -= 1;
+            }
         }
         self.turns.retain(|c| c != cluster);
+        // A throttle timer of the purged cluster finds no entry and is ignored.
     }
 
     /// How many keys wait to run, ready or delayed (not those running).
@@ -308,6 +597,19 @@ mod tests {
 
     fn key(cluster: &str, name: &str) -> McRequest {
         McRequest::new(cluster, Some("default"), name)
+    }
+
+    /// A queue with these limits and a backoff without jitter.
+    fn queue_with(limits: Limits) -> Queue {
+        let backoff = Backoff {
+            jitter: 0.0,
+            ..Backoff::default()
+        };
+        Queue::new(backoff, limits)
+    }
+
+    fn queue() -> Queue {
+        queue_with(Limits::default())
     }
 
     /// The next key to run, waiting (in paused time) as long as it takes.
@@ -333,16 +635,40 @@ mod tests {
         }
     }
 
+    /// Every key ready right now, each completed at once with success.
+    fn run_all_now(queue: &mut Queue) -> Vec<McRequest> {
+        let mut ran = Vec::new();
+        while let Some(k) = ready_now(queue) {
+            queue.complete(&k, success());
+            ran.push(k);
+        }
+        ran
+    }
+
+    /// Every key ready right now, left running.
+    fn start_all_now(queue: &mut Queue) -> Vec<McRequest> {
+        std::iter::from_fn(|| ready_now(queue)).collect()
+    }
+
     fn success() -> Outcome {
         Outcome::Success(Action::await_change())
     }
 
+    fn push(queue: &mut Queue, k: McRequest) {
+        queue.push(k, Lane::Changed);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_key_already_queued_is_queued_once() {
-        let mut queue = Queue::new(Backoff::default());
-        queue.push(key("a", "x"));
-        queue.push(key("a", "x"));
-        queue.schedule(key("a", "x"), Instant::now() + Duration::from_secs(5));
+        let mut queue = queue();
+        push(&mut queue, key("a", "x"));
+        push(&mut queue, key("a", "x"));
+        queue.push(key("a", "x"), Lane::Listed);
+        queue.schedule(
+            key("a", "x"),
+            Instant::now() + Duration::from_secs(5),
+            Lane::Changed,
+        );
         assert_eq!(queue.waiting(), 1);
         assert_eq!(ready_now(&mut queue), Some(key("a", "x")));
         assert_eq!(ready_now(&mut queue), None);
@@ -350,12 +676,12 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_running_key_is_not_handed_out_again_but_reruns_once_after() {
-        let mut queue = Queue::new(Backoff::default());
-        queue.push(key("a", "x"));
+        let mut queue = queue();
+        push(&mut queue, key("a", "x"));
         let running = ready_now(&mut queue).unwrap();
         // Changes arrive while it runs: not handed out in parallel.
-        queue.push(key("a", "x"));
-        queue.push(key("a", "x"));
+        push(&mut queue, key("a", "x"));
+        push(&mut queue, key("a", "x"));
         assert_eq!(ready_now(&mut queue), None);
         queue.complete(&running, success());
         // Exactly one more run.
@@ -367,8 +693,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn requeue_after_runs_the_key_again_after_the_delay() {
-        let mut queue = Queue::new(Backoff::default());
-        queue.push(key("a", "x"));
+        let mut queue = queue();
+        push(&mut queue, key("a", "x"));
         let k = ready_now(&mut queue).unwrap();
         let done = Instant::now();
         queue.complete(
@@ -382,22 +708,26 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_change_runs_a_delayed_key_sooner() {
-        let mut queue = Queue::new(Backoff::default());
-        queue.schedule(key("a", "x"), Instant::now() + Duration::from_secs(60));
+        let mut queue = queue();
+        queue.schedule(
+            key("a", "x"),
+            Instant::now() + Duration::from_secs(60),
+            Lane::Changed,
+        );
         assert_eq!(ready_now(&mut queue), None);
-        queue.push(key("a", "x"));
+        push(&mut queue, key("a", "x"));
         assert_eq!(ready_now(&mut queue), Some(key("a", "x")));
         queue.complete(&key("a", "x"), success());
         // The old delay is gone with it.
         tokio::time::advance(Duration::from_secs(61)).await;
         assert_eq!(ready_now(&mut queue), None);
+        assert!(queue.clusters.is_empty(), "nothing left of cluster a");
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_failing_key_backs_off_exponentially_and_success_resets_it() {
-        let backoff = Backoff::default();
-        let mut queue = Queue::new(backoff);
-        queue.push(key("a", "x"));
+        let mut queue = queue();
+        push(&mut queue, key("a", "x"));
         let mut delays = Vec::new();
         let mut k = ready_now(&mut queue).unwrap();
         for _ in 0..5 {
@@ -412,7 +742,7 @@ mod tests {
 
         queue.complete(&k, success());
         assert_eq!(queue.failures(&k), 0);
-        queue.push(k.clone());
+        push(&mut queue, k.clone());
         let k = ready_now(&mut queue).unwrap();
         queue.complete(&k, Outcome::Failure);
         let failed = Instant::now();
@@ -425,15 +755,43 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn keys_failing_together_retry_spread_out_by_jitter() {
+        let backoff = Backoff {
+            base: Duration::from_millis(100),
+            ..Backoff::default()
+        };
+        let mut queue = Queue::new(backoff, Limits::default());
+        for i in 0..100 {
+            push(&mut queue, key("a", &i.to_string()));
+        }
+        for k in start_all_now(&mut queue) {
+            queue.complete(&k, Outcome::Failure);
+        }
+        let failed = Instant::now();
+        let mut retried_at = Vec::new();
+        for _ in 0..100 {
+            let k = next(&mut queue).await;
+            retried_at.push(failed.elapsed());
+            queue.complete(&k, success());
+        }
+        // 10% jitter on 100 ms; the timer counts whole milliseconds.
+        let (first, last) = (retried_at[0], retried_at[99]);
+        assert!(first >= Duration::from_millis(100), "{first:?}");
+        assert!(last <= Duration::from_millis(111), "{last:?}");
+        retried_at.dedup();
+        assert!(retried_at.len() >= 5, "not in lockstep: {retried_at:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn backoff_is_per_key() {
-        let mut queue = Queue::new(Backoff::default());
-        queue.push(key("a", "bad"));
+        let mut queue = queue();
+        push(&mut queue, key("a", "bad"));
         let bad = ready_now(&mut queue).unwrap();
         for _ in 0..10 {
             queue.complete(&bad, Outcome::Failure);
             next(&mut queue).await;
         }
-        queue.push(key("a", "good"));
+        push(&mut queue, key("a", "good"));
         let good = ready_now(&mut queue).unwrap();
         queue.complete(&good, Outcome::Failure);
         let failed = Instant::now();
@@ -444,11 +802,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_busy_cluster_cannot_starve_another() {
-        let mut queue = Queue::new(Backoff::default());
+        let mut queue = queue();
         for i in 0..100_000 {
-            queue.push(key("busy", &format!("obj-{i}")));
+            push(&mut queue, key("busy", &format!("obj-{i}")));
         }
-        queue.push(key("quiet", "only"));
+        push(&mut queue, key("quiet", "only"));
         let first_two = [
             ready_now(&mut queue).unwrap(),
             ready_now(&mut queue).unwrap(),
@@ -460,30 +818,58 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn keys_within_a_cluster_run_first_in_first_out() {
-        // Keys queued early (an initial list) are not overtaken by later events.
-        let mut queue = Queue::new(Backoff::default());
-        for i in 0..1000 {
-            queue.push(key("a", &format!("initial-{i}")));
+    async fn a_change_runs_ahead_of_the_listed_backlog_and_the_backlog_still_moves() {
+        let mut queue = queue();
+        for i in 0..10_000 {
+            queue.push(key("a", &format!("listed-{i}")), Lane::Listed);
         }
         let first = ready_now(&mut queue).unwrap();
-        queue.push(key("a", "fresh-event"));
+        assert_eq!(first.name, "listed-0");
+        push(&mut queue, key("a", "edited"));
         queue.complete(&first, success());
+        assert_eq!(
+            ready_now(&mut queue).unwrap().name,
+            "edited",
+            "a fresh change waits behind one backlog key at most"
+        );
+        queue.complete(&key("a", "edited"), success());
+        // With changes arriving all the time, the backlog keeps every other turn.
         let mut order = Vec::new();
-        while let Some(k) = ready_now(&mut queue) {
+        for i in 0..10 {
+            push(&mut queue, key("a", &format!("change-{i}")));
+            let k = ready_now(&mut queue).unwrap();
             order.push(k.name.clone());
             queue.complete(&k, success());
         }
-        assert_eq!(order.len(), 1000);
-        assert_eq!(order.last().map(String::as_str), Some("fresh-event"));
+        let listed = order.iter().filter(|n| n.starts_with("listed-")).count();
+        assert_eq!(listed, 5, "{order:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_listed_key_that_changes_moves_to_the_front_lane_and_runs_once() {
+        let mut queue = queue();
+        for i in 0..100 {
+            queue.push(key("a", &format!("listed-{i}")), Lane::Listed);
+        }
+        let first = ready_now(&mut queue).unwrap();
+        queue.complete(&first, success());
+        // listed-50 changes while it waits in the backlog.
+        push(&mut queue, key("a", "listed-50"));
+        assert_eq!(queue.waiting(), 99, "still one key");
+        assert_eq!(ready_now(&mut queue).unwrap().name, "listed-50");
+        queue.complete(&key("a", "listed-50"), success());
+        let rest = run_all_now(&mut queue);
+        assert_eq!(rest.len(), 98);
+        assert!(!rest.contains(&key("a", "listed-50")), "ran once only");
+        assert_eq!(queue.waiting(), 0);
     }
 
     #[tokio::test(start_paused = true)]
     async fn turns_alternate_between_clusters() {
-        let mut queue = Queue::new(Backoff::default());
+        let mut queue = queue();
         for name in ["1", "2", "3"] {
-            queue.push(key("a", name));
-            queue.push(key("b", name));
+            push(&mut queue, key("a", name));
+            push(&mut queue, key("b", name));
         }
         let clusters: Vec<String> = std::iter::from_fn(|| ready_now(&mut queue))
             .map(|k| k.cluster.to_string())
@@ -492,15 +878,156 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_held_cluster_keeps_its_keys_queued_and_counted_until_released() {
+        let mut queue = queue();
+        queue.hold(&"syncing".into());
+        push(&mut queue, key("syncing", "x"));
+        push(&mut queue, key("ready", "y"));
+        assert_eq!(run_all_now(&mut queue), [key("ready", "y")]);
+        push(&mut queue, key("syncing", "x"));
+        assert_eq!(queue.waiting(), 1, "held keys count and stay deduplicated");
+        queue.release(&"syncing".into());
+        assert_eq!(run_all_now(&mut queue), [key("syncing", "x")]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_controller_limit_caps_reconciles_in_flight() {
+        let mut queue = queue_with(Limits {
+            concurrency: Some(2),
+            ..Limits::default()
+        });
+        for i in 0..5 {
+            push(&mut queue, key("a", &i.to_string()));
+        }
+        let running = start_all_now(&mut queue);
+        assert_eq!(running.len(), 2);
+        queue.complete(&running[0], success());
+        assert_eq!(start_all_now(&mut queue).len(), 1);
+    }
+
+    /// Fills `clusters` with keys and starts every key the queue admits,
+    /// completing none: how many each cluster got.
+    fn admitted(queue: &mut Queue, clusters: &[&str]) -> HashMap<String, usize> {
+        for cluster in clusters {
+            for i in 0..100 {
+                push(queue, key(cluster, &i.to_string()));
+            }
+        }
+        let mut counts = HashMap::new();
+        for k in start_all_now(queue) {
+            *counts.entry(k.cluster.to_string()).or_default() += 1;
+        }
+        counts
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_cluster_may_use_every_slot() {
+        let mut queue = queue_with(Limits {
+            concurrency: Some(16),
+            ..Limits::default()
+        });
+        assert_eq!(admitted(&mut queue, &["only"])["only"], 16);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_cluster_never_holds_more_than_half_the_slots_once_there_are_others() {
+        let mut queue = queue_with(Limits {
+            concurrency: Some(16),
+            ..Limits::default()
+        });
+        queue.hold(&"idle".into());
+        queue.release(&"idle".into());
+        // Only "hung" has work, and its reconciles never end.
+        assert_eq!(admitted(&mut queue, &["hung"])["hung"], 8);
+        // The others still find half the slots free.
+        let later = admitted(&mut queue, &["b", "c"]);
+        assert_eq!(later.values().sum::<usize>(), 8, "{later:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn clusters_with_work_share_the_slots_fairly() {
+        let mut queue = queue_with(Limits {
+            concurrency: Some(16),
+            ..Limits::default()
+        });
+        let counts = admitted(&mut queue, &["a", "b", "c", "d"]);
+        assert!(counts.values().all(|n| *n == 4), "{counts:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_explicit_cluster_limit_wins_over_the_fair_share() {
+        let mut queue = queue_with(Limits {
+            concurrency: Some(16),
+            cluster_concurrency: Some(3),
+            ..Limits::default()
+        });
+        let counts = admitted(&mut queue, &["a", "b"]);
+        assert_eq!((counts["a"], counts["b"]), (3, 3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_throttled_cluster_keeps_its_keys_deduplicated_and_holds_no_other_back() {
+        let mut queue = queue_with(Limits {
+            cluster_rate_limit: Some((1.0, 1)),
+            ..Limits::default()
+        });
+        push(&mut queue, key("slow", "first"));
+        push(&mut queue, key("slow", "x"));
+        push(&mut queue, key("other", "y"));
+        let ran = run_all_now(&mut queue);
+        assert_eq!(ran, [key("slow", "first"), key("other", "y")]);
+        // "x" waits for slow's next token; it changes twice meanwhile.
+        push(&mut queue, key("slow", "x"));
+        push(&mut queue, key("slow", "x"));
+        assert_eq!(queue.waiting(), 1, "throttled keys are counted once");
+        push(&mut queue, key("other", "z"));
+        assert_eq!(run_all_now(&mut queue), [key("other", "z")]);
+        let waited = Instant::now();
+        assert_eq!(next(&mut queue).await, key("slow", "x"));
+        assert_eq!(waited.elapsed(), Duration::from_secs(1));
+        queue.complete(&key("slow", "x"), success());
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(run_all_now(&mut queue), [], "x ran once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shared_bucket_serves_clusters_in_turn_not_in_arrival_order() {
+        let mut queue = queue_with(Limits {
+            rate_limit: Some(TokenBucket::new(10.0, 1)),
+            ..Limits::default()
+        });
+        for i in 0..10_000 {
+            queue.push(key("relisting", &i.to_string()), Lane::Listed);
+        }
+        let first = ready_now(&mut queue).unwrap();
+        queue.complete(&first, success());
+        push(&mut queue, key("quiet", "edited"));
+        let started = Instant::now();
+        let mut k = next(&mut queue).await;
+        queue.complete(&k, success());
+        if k.cluster != "quiet" {
+            k = next(&mut queue).await;
+        }
+        assert_eq!(k, key("quiet", "edited"));
+        assert!(started.elapsed() <= Duration::from_millis(200));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn purging_a_cluster_forgets_its_waiting_running_and_delayed_keys() {
-        let mut queue = Queue::new(Backoff::default());
-        queue.push(key("gone", "ready"));
-        queue.push(key("gone", "running"));
+        let mut queue = queue_with(Limits {
+            cluster_rate_limit: Some((100.0, 100)),
+            ..Limits::default()
+        });
+        queue.hold(&"gone".into());
+        queue.release(&"gone".into());
+        push(&mut queue, key("gone", "ready"));
+        push(&mut queue, key("gone", "running"));
         queue.schedule(
             key("gone", "later"),
             Instant::now() + Duration::from_secs(10),
+            Lane::Changed,
         );
-        queue.push(key("stays", "x"));
+        push(&mut queue, key("stays", "x"));
         // Serve "gone" first, then take its second key too.
         let mut running = None;
         while running.is_none() {
@@ -508,30 +1035,32 @@ mod tests {
             if k.cluster == "gone" && k.name == "running" {
                 running = Some(k);
             } else if k.cluster == "gone" {
-                queue.push(k.clone());
+                push(&mut queue, k.clone());
                 queue.complete(&k, success());
             } else {
                 queue.complete(&k, success());
-                queue.push(k);
+                push(&mut queue, k);
             }
         }
         queue.purge(&"gone".into());
+        assert!(
+            !queue.clusters.contains_key("gone"),
+            "its lanes, counts and bucket are gone"
+        );
         // A run that was cancelled or finishes late schedules nothing.
         queue.complete(&running.unwrap(), Outcome::Failure);
         tokio::time::advance(Duration::from_secs(20)).await;
-        let mut left = Vec::new();
-        while let Some(k) = ready_now(&mut queue) {
-            queue.complete(&k, success());
-            left.push(k);
-        }
+        let left = run_all_now(&mut queue);
         assert_eq!(left, [key("stays", "x")]);
         assert_eq!(queue.waiting(), 0);
+        assert!(queue.clusters.is_empty() && queue.keys.is_empty());
+        assert_eq!((queue.running_len, queue.busy_clusters), (0, 0));
     }
 
     #[tokio::test(start_paused = true)]
     async fn huge_requeue_delays_are_clamped_instead_of_panicking() {
-        let mut queue = Queue::new(Backoff::default());
-        queue.push(key("a", "x"));
+        let mut queue = queue();
+        push(&mut queue, key("a", "x"));
         let k = ready_now(&mut queue).unwrap();
         queue.complete(
             &k,
@@ -540,19 +1069,20 @@ mod tests {
         queue.schedule(
             key("a", "y"),
             Instant::now() + Duration::from_secs(100 * 365 * 86400),
+            Lane::Changed,
         );
         assert_eq!(queue.waiting(), 2);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_purged_key_still_running_cannot_start_again_until_that_run_ends() {
-        let mut queue = Queue::new(Backoff::default());
-        queue.push(key("gone", "x"));
+        let mut queue = queue();
+        push(&mut queue, key("gone", "x"));
         let running = ready_now(&mut queue).unwrap();
         queue.purge(&"gone".into());
         // The cluster comes back and the key is pushed while the old run
         // has not yet noticed its cancellation.
-        queue.push(key("gone", "x"));
+        push(&mut queue, key("gone", "x"));
         assert_eq!(ready_now(&mut queue), None);
         queue.complete(&running, Outcome::Cancelled);
         assert_eq!(ready_now(&mut queue), Some(key("gone", "x")));
@@ -560,36 +1090,44 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_unbounded_backoff_is_clamped_instead_of_panicking() {
-        let mut queue = Queue::new(Backoff {
-            base: Duration::from_secs(1),
-            max: Duration::MAX,
-        });
-        queue.push(key("a", "x"));
+        let mut queue = Queue::new(
+            Backoff {
+                base: Duration::from_secs(1),
+                max: Duration::MAX,
+                jitter: 0.5,
+            },
+            Limits::default(),
+        );
+        push(&mut queue, key("a", "x"));
         let k = ready_now(&mut queue).unwrap();
         for _ in 0..80 {
             queue.complete(&k, Outcome::Failure);
             assert_eq!(queue.waiting(), 1);
             // Run it again at once, as a change would.
-            queue.push(k.clone());
+            push(&mut queue, k.clone());
             assert_eq!(ready_now(&mut queue), Some(k.clone()));
         }
     }
 
     #[tokio::test(start_paused = true)]
     async fn the_waiting_count_follows_every_change() {
-        let mut queue = Queue::new(Backoff::default());
+        let mut queue = queue();
         let counted = |queue: &Queue| {
             queue
                 .keys
                 .values()
-                .filter(|s| matches!(s.phase, Phase::Ready | Phase::Delayed { .. }))
+                .filter(|s| matches!(s.phase, Phase::Ready { .. } | Phase::Delayed { .. }))
                 .count()
         };
-        queue.push(key("a", "1"));
-        queue.push(key("b", "2"));
-        queue.schedule(key("a", "3"), Instant::now() + Duration::from_secs(5));
+        push(&mut queue, key("a", "1"));
+        push(&mut queue, key("b", "2"));
+        queue.schedule(
+            key("a", "3"),
+            Instant::now() + Duration::from_secs(5),
+            Lane::Changed,
+        );
         assert_eq!((queue.waiting(), counted(&queue)), (3, 3));
-        queue.push(key("a", "3"));
+        push(&mut queue, key("a", "3"));
         assert_eq!((queue.waiting(), counted(&queue)), (3, 3));
         let k = ready_now(&mut queue).unwrap();
         assert_eq!((queue.waiting(), counted(&queue)), (2, 2));
@@ -600,20 +1138,5 @@ mod tests {
         tokio::time::advance(Duration::from_secs(10)).await;
         assert!(ready_now(&mut queue).is_some());
         assert_eq!((queue.waiting(), counted(&queue)), (0, 0));
-    }
-
-    #[test]
-    fn backoff_doubles_and_caps() {
-        let backoff = Backoff {
-            base: Duration::from_millis(5),
-            max: Duration::from_secs(1000),
-        };
-        assert_eq!(backoff.delay(0), Duration::from_millis(5));
-        assert_eq!(backoff.delay(2), Duration::from_millis(10));
-        assert_eq!(
-            backoff.delay(18),
-            Duration::from_millis(5 << 17).min(backoff.max)
-        );
-        assert_eq!(backoff.delay(u32::MAX), Duration::from_secs(1000));
     }
 }

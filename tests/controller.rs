@@ -12,7 +12,8 @@ use kube::{
 };
 use kube_fleet::{
     ClusterName, Controller, Fleet, McRequest,
-    controller::Clusters,
+    cache::WatchState,
+    controller::{Clusters, ControllerStatus},
     provider::{LocalProvider, ProgrammaticHandle, ProgrammaticProvider},
 };
 use kube_fleet_envtest::Envtest;
@@ -24,6 +25,8 @@ struct Running {
     fleet: Fleet,
     provider: ProgrammaticHandle,
     tasks: Vec<JoinHandle<()>>,
+    /// The status of each controller spawned.
+    statuses: Vec<ControllerStatus>,
 }
 
 impl Drop for Running {
@@ -46,6 +49,7 @@ impl Running {
             fleet,
             provider: handle,
             tasks: vec![task],
+            statuses: Vec::new(),
         }
     }
 
@@ -69,20 +73,29 @@ impl Running {
         S::Future: Send + 'static,
         S::Error: Into<tower::BoxError>,
     {
+        self.statuses.push(controller.status());
         let run = controller.run(service);
         self.tasks.push(tokio::spawn(async move {
             run.await.expect("controller runs");
         }));
     }
 
-    async fn wait_engaged(&self, name: &str) {
+    /// Waits until every controller serves the cluster `name`.
+    async fn wait_served(&self, name: &str) {
         tokio::time::timeout(PATIENCE, async {
-            while self.fleet.get(name).is_none() {
+            loop {
+                let serving = self
+                    .statuses
+                    .iter()
+                    .all(|s| s.cluster(name).is_some_and(|c| c.serving));
+                if serving {
+                    return;
+                }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         })
         .await
-        .unwrap_or_else(|_| panic!("cluster {name} not engaged within {PATIENCE:?}"));
+        .unwrap_or_else(|_| panic!("cluster {name} not served within {PATIENCE:?}"));
     }
 }
 
@@ -117,7 +130,7 @@ async fn new_and_updated_objects_are_reconciled() {
     let mut running = Running::new();
     let mut rx = running.config_maps();
     running.add_all(&env);
-    running.wait_engaged("cluster-1").await;
+    running.wait_served("cluster-1").await;
 
     let b = &env.clusters()[1];
     create_config_map(b.client(), "fresh").await;
@@ -140,7 +153,7 @@ async fn a_cluster_added_at_runtime_is_reconciled() {
     let mut running = Running::new();
     let mut rx = running.config_maps();
     running.add_all(&env);
-    running.wait_engaged("cluster-0").await;
+    running.wait_served("cluster-0").await;
 
     let late = env.add_cluster("late").await.unwrap();
     create_config_map(late.client(), "was-there").await;
@@ -238,14 +251,31 @@ async fn an_unreachable_cluster_delays_no_other() {
         [request("cluster-0", "x"), request("cluster-2", "x")],
     )
     .await;
+    // The controller says why it does not serve the cluster.
+    let status = &running.statuses[0];
+    let failing = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let cluster = status.cluster("cluster-1").expect("started there");
+            assert!(!cluster.serving, "an unsynced cluster is not served");
+            if cluster.failing().next().is_some() {
+                return cluster;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the watch reports its failure");
     assert!(
-        running.fleet.get("cluster-1").is_none(),
-        "an unsynced cluster is not visible"
+        matches!(&failing.watches[0].state, WatchState::Failing { reason } if !reason.is_empty()),
+        "{failing}"
     );
+    assert!(!status.is_synced());
 
     down.restart().await.unwrap();
     expect_all(&mut rx, [request("cluster-1", "x")]).await;
-    assert!(running.fleet.get("cluster-1").is_some());
+    tokio::time::timeout(PATIENCE, running.statuses[0].synced())
+        .await
+        .expect("the controller serves every cluster once the last one answers");
 }
 
 #[tokio::test]
@@ -303,8 +333,8 @@ async fn a_change_in_one_cluster_can_enqueue_work_in_another() {
         });
     running.spawn(controller, service);
     running.add_all(&env);
-    running.wait_engaged("hub").await;
-    running.wait_engaged("member").await;
+    running.wait_served("hub").await;
+    running.wait_served("member").await;
 
     let secret = Secret {
         metadata: ObjectMeta {
@@ -330,7 +360,7 @@ async fn a_second_controller_for_the_same_type_opens_no_second_watch() {
     let mut first = running.config_maps();
     let mut second = running.config_maps();
     running.add_all(&env);
-    running.wait_engaged("cluster-0").await;
+    running.wait_served("cluster-0").await;
 
     create_config_map(client.clone(), "both").await;
     expect_all(&mut first, [request("cluster-0", "both")]).await;

@@ -8,7 +8,6 @@
 //! - [`load_object`]: a `ClusterRequest` becomes an [`ObjectRequest`]
 //!   carrying the object from the cluster's cache, or `None` if it is gone.
 //! - [`metrics`]: Prometheus counters and histograms by controller and cluster.
-//! - [`rate_limit`]: token buckets, shared or one per cluster.
 //! - [`retry`]: a `tower::retry::Policy` for transient API errors.
 //! - [`trace`]: a `tracing` span per reconcile.
 //! - [`catch_panic`]: a panicking reconcile becomes an error, so it is backed
@@ -27,7 +26,6 @@
 pub mod catch_panic;
 pub mod load_object;
 pub mod metrics;
-pub mod rate_limit;
 pub mod recommended;
 mod request;
 pub mod resolve_cluster;

@@ -52,7 +52,7 @@ async fn objects_come_from_the_shared_cache_without_a_copy_and_absent_ones_are_n
     create(&Api::default_namespaced(client.clone()), "present").await;
 
     let fleet = Fleet::new();
-    let cluster = fleet.engage("east", client).await.unwrap();
+    let cluster = fleet.engage("east", client);
     let watch = cluster
         .cache()
         .watch::<ConfigMap>(&watcher::Config::default());
@@ -80,7 +80,7 @@ async fn without_a_watch_in_that_cluster_the_object_is_read_from_the_api_server(
     create(&Api::default_namespaced(client.clone()), "present").await;
 
     let fleet = Fleet::new();
-    let cluster = fleet.engage("west", client).await.unwrap();
+    let cluster = fleet.engage("west", client);
     assert_eq!(cluster.cache().watch_count(), 0);
 
     let loaded = load(&fleet, McRequest::new("west", Some("default"), "present")).await;

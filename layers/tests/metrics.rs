@@ -66,15 +66,23 @@ async fn reconciles_are_counted_by_cluster_and_result_and_timed() {
 async fn queue_depths_and_engaged_clusters_are_read_at_each_scrape() {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::runtime::watcher;
-    use kube_fleet::{Controller, Fleet};
+    use kube_fleet::{Controller, Fleet, controller::Clusters};
     use kube_fleet_layers::metrics::{FleetCollector, QueueDepths};
 
     let mut registry = Registry::default();
     let fleet = Fleet::new();
+    // The requests' cluster is in the fleet; the controller watches nothing
+    // there (it selects only the local cluster), so an idle client will do.
+    let (idle, _handle) = tower_test::mock::pair::<
+        http::Request<kube::client::Body>,
+        http::Response<kube::client::Body>,
+    >();
+    fleet.engage("east", kube::Client::new(idle, "default"));
     FleetCollector::register(&mut registry, fleet.clone());
     let depths = QueueDepths::register(&mut registry);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
+        .clusters(Clusters::Local)
         .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
     depths.add("widgets", controller.queue_depth());
     let service = ServiceBuilder::new()
@@ -96,6 +104,6 @@ async fn queue_depths_and_engaged_clusters_are_read_at_each_scrape() {
         text.contains(r#"kube_fleet_queue_depth{controller="widgets"} 2"#),
         "{text}"
     );
-    assert!(text.contains("kube_fleet_engaged_clusters 0"), "{text}");
+    assert!(text.contains("kube_fleet_engaged_clusters 1"), "{text}");
     task.abort();
 }

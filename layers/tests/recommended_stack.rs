@@ -14,12 +14,11 @@ use kube::{
     api::{ObjectMeta, PostParams},
     runtime::watcher,
 };
-use kube_fleet::{Action, Controller, Fleet, provider::ProgrammaticProvider};
+use kube_fleet::{Action, Controller, Fleet, controller::Config, provider::ProgrammaticProvider};
 use kube_fleet_envtest::Envtest;
 use kube_fleet_layers::{
     load_object::ObjectRequest,
     metrics::{FleetCollector, QueueDepths, ReconcileMetrics},
-    rate_limit::RateLimitLayer,
     recommended::RecommendedLayer,
 };
 use prometheus_client::{encoding::text::encode, registry::Registry};
@@ -81,13 +80,13 @@ async fn failures_and_panics_back_off_recover_and_are_counted() {
         }
     });
     let stack = ServiceBuilder::new()
-        .layer(RateLimitLayer::per_cluster(50.0, 100))
         .layer(
             RecommendedLayer::<ConfigMap>::new(fleet.clone(), "configmaps")
                 .metrics(metrics.clone()),
         )
         .service(reconcile);
-    let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default());
+    let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
+        .with_config(Config::default().cluster_rate_limit(50.0, 100));
     depths.add("configmaps", controller.queue_depth());
     let controller = tokio::spawn(controller.run(stack));
     let (provider, clusters) = ProgrammaticProvider::new();

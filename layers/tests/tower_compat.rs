@@ -12,7 +12,10 @@ use std::{
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::watcher;
-use kube_fleet::{Action, Controller, Fleet, McRequest};
+use kube_fleet::{
+    Action, Backoff, Controller, Fleet, McRequest,
+    controller::{Clusters, Config},
+};
 use kube_fleet_layers::retry::TransientErrors;
 use tokio::{sync::mpsc, time::Instant};
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -24,7 +27,9 @@ fn key(name: &str) -> McRequest {
     McRequest::new("c", Some("ns"), name)
 }
 
-/// Runs a controller over an empty fleet with `service`, fed `requests`.
+/// Runs a controller with `service`, fed `requests` for cluster "c". The
+/// controller watches nothing there (it selects only the local cluster), so
+/// "c" is engaged with a client that goes nowhere. Backoff without jitter.
 fn run<S>(service: S, requests: &[McRequest]) -> tokio::task::JoinHandle<()>
 where
     S: Service<McRequest, Response = Action> + Send + 'static,
@@ -35,7 +40,19 @@ where
     for request in requests {
         tx.send(request.clone()).unwrap();
     }
-    let controller = Controller::<ConfigMap>::new(&Fleet::new(), watcher::Config::default())
+    let fleet = Fleet::new();
+    let (idle, _handle) = tower_test::mock::pair::<
+        http::Request<kube::client::Body>,
+        http::Response<kube::client::Body>,
+    >();
+    fleet.engage("c", kube::Client::new(idle, "default"));
+    let no_jitter = Backoff {
+        jitter: 0.0,
+        ..Backoff::default()
+    };
+    let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
+        .clusters(Clusters::Local)
+        .with_config(Config::default().backoff(no_jitter))
         .reconcile_on(UnboundedReceiverStream::new(rx))
         .run(service);
     tokio::spawn(async move {

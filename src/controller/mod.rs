@@ -28,7 +28,9 @@
 //! [`owns`]: Controller::owns
 //! [`watches`]: Controller::watches
 
+mod config;
 mod runner;
+mod status;
 mod trigger;
 
 use std::{
@@ -39,21 +41,20 @@ use std::{
         Arc,
         atomic::{AtomicUsize, Ordering},
     },
-    time::Duration,
 };
 
 use futures::{FutureExt, Stream, StreamExt, future::BoxFuture, stream::BoxStream};
 use kube::{core::PartialObjectMeta, runtime::watcher};
 use tower::{BoxError, Service};
 
+pub use config::{Config, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_SYNC_TIMEOUT};
+pub use status::{ClusterStatus, ControllerStatus};
+
 use crate::{
-    Action, Backoff, ClusterName, Fleet, McRequest,
+    Action, ClusterName, Fleet, McRequest,
     cache::{Change, ClusterCache, Watchable},
 };
 use trigger::{FilterFactory, Trigger, WatchTrigger};
-
-/// How long a graceful shutdown waits for running reconciles by default.
-pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why a controller stopped other than by a graceful shutdown.
 #[derive(Debug, thiserror::Error)]
@@ -149,11 +150,11 @@ pub struct Controller<K: Watchable> {
     triggers: Vec<Arc<dyn Trigger>>,
     for_trigger: WatchTrigger<K>,
     clusters: Clusters,
-    backoff: Backoff,
+    config: Config,
     shutdown: Option<BoxFuture<'static, ()>>,
-    shutdown_timeout: Duration,
     external: Vec<BoxStream<'static, McRequest>>,
     queue_depth: QueueDepth,
+    status: ControllerStatus,
     _for: PhantomData<fn() -> K>,
 }
 
@@ -163,7 +164,7 @@ impl<K: Watchable> fmt::Debug for Controller<K> {
             .field("name", &self.name)
             .field("triggers", &(self.triggers.len() + 1))
             .field("clusters", &self.clusters)
-            .field("backoff", &self.backoff)
+            .field("config", &self.config)
             .finish_non_exhaustive()
     }
 }
@@ -183,11 +184,11 @@ impl<K: Watchable> Controller<K> {
                 filters: Vec::new(),
             },
             clusters: Clusters::All,
-            backoff: Backoff::default(),
+            config: Config::default(),
             shutdown: None,
-            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             external: Vec::new(),
             queue_depth: QueueDepth::default(),
+            status: ControllerStatus::new(fleet.clone()),
             _for: PhantomData,
         }
     }
@@ -329,15 +330,21 @@ impl<K: Watchable> Controller<K> {
         self.queue_depth.clone()
     }
 
-    /// How failing keys are retried (default: 5 ms doubling to 1000 s).
-    pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.backoff = backoff;
+    /// A live view of the clusters this controller serves and of its
+    /// watches in each: see [`ControllerStatus`].
+    pub fn status(&self) -> ControllerStatus {
+        self.status.clone()
+    }
+
+    /// Sets concurrency, rate limits, backoff and timeouts; see [`Config`].
+    pub fn with_config(mut self, config: Config) -> Self {
+        self.config = config;
         self
     }
 
     /// Shuts down gracefully when `signal` completes: no new reconciles
     /// start, running ones may finish within the
-    /// [`shutdown_timeout`](Self::shutdown_timeout), then `run` returns.
+    /// [`Config::shutdown_timeout`], then `run` returns.
     pub fn graceful_shutdown_on(
         mut self,
         signal: impl Future<Output = ()> + Send + 'static,
@@ -346,23 +353,21 @@ impl<K: Watchable> Controller<K> {
         self
     }
 
-    /// How long a graceful shutdown waits for running reconciles
-    /// (default [`DEFAULT_SHUTDOWN_TIMEOUT`]); those still running then are cancelled.
-    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
-        self.shutdown_timeout = timeout;
-        self
-    }
-
     /// Runs `service` for every request until a graceful shutdown completes.
     ///
-    /// The controller joins the fleet when `run` is called, not when the
-    /// future is first polled: clusters engaged from then on start its
-    /// watches before they become visible.
+    /// The controller subscribes to the fleet when `run` is called, so it
+    /// misses no cluster engaged after that, and starts on the first poll.
+    /// In each cluster it selects, it starts its watches and serves the
+    /// cluster once they have synced; keys for the cluster wait in the queue
+    /// until then (see [`status`](Self::status)). Requests for clusters that
+    /// are not in the fleet are dropped with a warning, once per cluster.
     ///
-    /// The service is called only when `poll_ready` says it is ready, so
-    /// tower's `ConcurrencyLimit`, `RateLimit` and `Buffer` pace the
-    /// controller. An error from a reconcile sends the key back to the queue
-    /// after its backoff; an [`Action`] says when to run it next on success.
+    /// A key leaves the queue only when the [`Config`]'s limits allow it and
+    /// the service's `poll_ready` says it is ready, so tower's own
+    /// middleware paces the controller too. An error from a reconcile sends
+    /// the key back to the queue after its backoff; a panic anywhere in the
+    /// service (`poll_ready`, `call` or its future) counts as an error; an
+    /// [`Action`] says when to run the key next on success.
     pub fn run<S>(self, service: S) -> impl Future<Output = Result<(), Error>> + Send
     where
         S: Service<McRequest, Response = Action> + Send + 'static,
@@ -375,11 +380,11 @@ impl<K: Watchable> Controller<K> {
             mut triggers,
             for_trigger,
             clusters,
-            backoff,
+            config,
             shutdown,
-            shutdown_timeout,
             external,
             queue_depth,
+            status,
             _for,
         } = self;
         triggers.insert(0, Arc::new(for_trigger));
@@ -388,11 +393,11 @@ impl<K: Watchable> Controller<K> {
             name,
             triggers,
             clusters,
-            backoff,
+            config,
             shutdown: shutdown.unwrap_or_else(|| futures::future::pending().boxed()),
-            shutdown_timeout,
             external: futures::stream::select_all(external).boxed(),
             queue_depth,
+            status,
         });
         runner.run(service)
     }

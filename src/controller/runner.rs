@@ -1,9 +1,10 @@
 //! The loop of a running controller: fleet changes, incoming requests,
-//! finished reconciles, and handing ready keys to the service.
+//! finished reconciles, and handing admitted keys to the service.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     future::poll_fn,
+    panic::{AssertUnwindSafe, catch_unwind},
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
@@ -23,68 +24,84 @@ use tokio::{
 use tokio_stream::StreamMap;
 use tower::{BoxError, Service};
 
-use super::{Clusters, Error, QueueDepth, trigger::Trigger};
+use super::{
+    Clusters, Config, ControllerStatus, Error, QueueDepth,
+    trigger::{Subscribed, Trigger, panic_message},
+};
 use crate::{
-    Action, Backoff, Cluster, ClusterName, Fleet, McRequest,
-    fleet::{FleetEvent, Requirement, RequirementGuard},
-    queue::{Outcome, Queue},
+    Action, Cluster, ClusterName, Fleet, McRequest,
+    cache::error_chain,
+    fleet::FleetEvent,
+    queue::{Lane, Outcome, Queue},
 };
 
 /// How many incoming requests one poll takes before it yields, so that a
 /// flood of events cannot keep the loop from dispatching.
 const INTAKE_PER_POLL: usize = 1024;
 
-/// Moves up to `budget` requests from `next` into the queue; returns whether
-/// the budget ran out (more may be waiting).
-fn poll_intake(
-    queue: &mut Queue,
-    budget: usize,
-    mut next: impl FnMut() -> Poll<Option<McRequest>>,
-) -> bool {
-    for _ in 0..budget {
-        match next() {
-            Poll::Ready(Some(request)) => queue.push(request),
-            _ => return false,
-        }
-    }
-    true
-}
+/// How many names of unknown clusters the runner remembers having warned
+/// about; past that it forgets them all and may warn again.
+const UNKNOWN_REMEMBERED: usize = 1024;
 
 pub(super) struct Setup {
     pub(super) fleet: Fleet,
     pub(super) name: String,
     pub(super) triggers: Vec<Arc<dyn Trigger>>,
     pub(super) clusters: Clusters,
-    pub(super) backoff: Backoff,
+    pub(super) config: Config,
     pub(super) shutdown: BoxFuture<'static, ()>,
-    pub(super) shutdown_timeout: Duration,
     /// Requests from outside the fleet's watches.
     pub(super) external: BoxStream<'static, McRequest>,
     pub(super) queue_depth: QueueDepth,
+    pub(super) status: ControllerStatus,
 }
 
-type Finished = (McRequest, Result<Action, BoxError>);
+/// What a served cluster's stream tells the runner.
+enum ClusterItem {
+    /// Every watch of the controller there has synced: its keys may run.
+    Synced,
+    /// The sync timeout passed again without that.
+    StillSyncing,
+    Request(McRequest, Lane),
+}
+
+/// A reconcile's key and its result; `None` if its cluster had left before
+/// it started.
+type Finished = (McRequest, Option<Result<Action, BoxError>>);
 
 pub(super) struct Runner {
     name: String,
+    fleet: Fleet,
     triggers: Vec<Arc<dyn Trigger>>,
-    clusters: Clusters,
+    selection: Clusters,
     queue: Queue,
-    /// One stream of requests per engaged cluster, merged from its triggers.
-    incoming: StreamMap<ClusterName, BoxStream<'static, McRequest>>,
+    /// One stream per served cluster: its sync, then its triggers' requests.
+    incoming: StreamMap<ClusterName, BoxStream<'static, ClusterItem>>,
     external: stream::Fuse<BoxStream<'static, McRequest>>,
     fleet_events: mpsc::UnboundedReceiver<FleetEvent>,
+    /// Every engaged cluster the controller knows of, served or not.
+    engaged: HashMap<ClusterName, Cluster>,
+    /// Clusters not in the fleet that requests named, warned about once.
+    unknown: HashSet<ClusterName>,
     running: JoinSet<Finished>,
     running_keys: HashMap<Id, McRequest>,
     aborts: HashMap<McRequest, AbortHandle>,
     shutdown: BoxFuture<'static, ()>,
     shutdown_timeout: Duration,
+    sync_timeout: Duration,
     draining: Option<Pin<Box<Sleep>>>,
     /// Clusters engaged before the controller started; engaged on first poll.
     initial: Vec<Cluster>,
     queue_depth: QueueDepth,
-    // Keeps the fleet starting this controller's watches in new clusters.
-    _requirements: Vec<RequirementGuard>,
+    status: ControllerStatus,
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        for name in self.incoming.keys() {
+            self.status.remove(name);
+        }
+    }
 }
 
 impl Runner {
@@ -94,41 +111,35 @@ impl Runner {
             name,
             triggers,
             clusters,
-            backoff,
+            config,
             shutdown,
-            shutdown_timeout,
             external,
             queue_depth,
+            status,
         } = setup;
-        let requirements = triggers
-            .iter()
-            .map(|trigger| {
-                let selection = clusters.clone();
-                let trigger = trigger.clone();
-                fleet.require(Requirement {
-                    selects: Arc::new(move |name| selection.selects(name)),
-                    start: Arc::new(move |cache| trigger.start(cache)),
-                })
-            })
-            .collect();
+        status.configure(clusters.clone(), config.sync_timeout);
         let subscription = fleet.subscribe();
         Self {
             name,
+            fleet,
             triggers,
-            clusters,
-            queue: Queue::new(backoff),
+            selection: clusters,
+            queue: Queue::new(config.backoff, config.limits),
             incoming: StreamMap::new(),
             external: external.fuse(),
             fleet_events: subscription.events,
+            engaged: HashMap::new(),
+            unknown: HashSet::new(),
             running: JoinSet::new(),
             running_keys: HashMap::new(),
             aborts: HashMap::new(),
             shutdown,
-            shutdown_timeout,
+            shutdown_timeout: config.shutdown_timeout,
+            sync_timeout: config.sync_timeout,
             draining: None,
             initial: subscription.clusters,
             queue_depth,
-            _requirements: requirements,
+            status,
         }
     }
 
@@ -140,7 +151,7 @@ impl Runner {
     {
         tracing::info!(controller = %self.name, "controller started");
         for cluster in std::mem::take(&mut self.initial) {
-            self.engage(&cluster);
+            self.engage(cluster);
         }
         let result = poll_fn(|cx| {
             let step = self.poll(cx, &mut service);
@@ -153,113 +164,26 @@ impl Runner {
         result
     }
 
-    fn engage(&mut self, cluster: &Cluster) {
-        if !self.clusters.selects(cluster.name()) {
-            return;
-        }
-        // No request leaves this cluster before every watch of the controller
-        // there has synced, so a reconcile never reads a half-filled cache
-        // (the fleet waits for them too, but not for a controller that
-        // started after the cluster was engaged).
-        let synced = join_all(self.triggers.iter().map(|t| t.start(cluster.cache())));
-        let (triggers, cluster_for_stream) = (self.triggers.clone(), cluster.clone());
-        let requests = stream::once(synced)
-            .map(move |_| {
-                stream::select_all(triggers.iter().map(|t| t.requests(&cluster_for_stream)))
-            })
-            .flatten();
-        // Replaces the stream of an earlier engagement of the same name.
-        self.incoming
-            .insert(cluster.name().clone(), requests.boxed());
-    }
-
-    fn disengage(&mut self, name: &ClusterName) {
-        self.incoming.remove(name);
-        self.queue.purge(name);
-        for (key, abort) in &self.aborts {
-            if key.cluster == *name {
-                abort.abort();
-            }
-        }
-    }
-
+    /// One pass: shutdown, fleet changes, intake, then finished reconciles
+    /// and dispatch until nothing moves. Each wait registers this task's
+    /// waker after the last change it saw.
     fn poll<S>(&mut self, cx: &mut Context<'_>, service: &mut S) -> Poll<Result<(), Error>>
     where
         S: Service<McRequest, Response = Action>,
         S::Future: Send + 'static,
         S::Error: Into<BoxError>,
     {
-        if self.draining.is_none() && self.shutdown.poll_unpin(cx).is_ready() {
-            tracing::info!(controller = %self.name, running = self.running.len(), "shutting down: no new reconciles");
-            self.draining = Some(Box::pin(tokio::time::sleep(self.shutdown_timeout)));
-        }
-
-        while let Poll::Ready(Some(event)) = self.fleet_events.poll_recv(cx) {
-            match event {
-                FleetEvent::Engaged(cluster) => self.engage(&cluster),
-                FleetEvent::Disengaged(name) => self.disengage(&name),
-            }
-        }
-
-        // Half the intake for each source, so that neither a flood of watch
-        // events nor of external requests starves the other.
-        let from_clusters = poll_intake(&mut self.queue, INTAKE_PER_POLL / 2, || {
-            self.incoming
-                .poll_next_unpin(cx)
-                .map(|r| r.map(|(_, request)| request))
-        });
-        let from_outside = poll_intake(&mut self.queue, INTAKE_PER_POLL / 2, || {
-            self.external.poll_next_unpin(cx)
-        });
-        if from_clusters || from_outside {
-            cx.waker().wake_by_ref();
-        }
-
-        // Until nothing moves: a finished reconcile may make its key ready
-        // again, and each wait below must have registered this task's waker
-        // after the last change (an empty JoinSet registers none).
+        self.poll_shutdown(cx);
+        self.poll_fleet(cx);
+        self.poll_intake(cx);
         loop {
-            let mut progress = false;
-            while let Poll::Ready(Some(joined)) = self.running.poll_join_next_with_id(cx) {
-                self.finished(joined);
-                progress = true;
+            let mut progress = self.poll_finished(cx);
+            if let Some(done) = self.poll_draining(cx) {
+                return done;
             }
-
-            if let Some(deadline) = &mut self.draining {
-                if self.running.is_empty() {
-                    return Poll::Ready(Ok(()));
-                }
-                if deadline.as_mut().poll(cx).is_ready() {
-                    tracing::warn!(controller = %self.name, cancelled = self.running.len(), "shutdown timeout: cancelling running reconciles");
-                    return Poll::Ready(Ok(()));
-                }
-                return Poll::Pending;
-            }
-
-            while self.queue.poll_has_ready(cx) {
-                match service.poll_ready(cx) {
-                    Poll::Pending => break,
-                    Poll::Ready(Err(error)) => {
-                        return Poll::Ready(Err(Error::Service {
-                            controller: self.name.clone(),
-                            source: error.into(),
-                        }));
-                    }
-                    Poll::Ready(Ok(())) => {
-                        let key = self
-                            .queue
-                            .pop_ready()
-                            .expect("poll_has_ready said a key is ready");
-                        let reconcile = service.call(key.clone());
-                        let task_key = key.clone();
-                        let abort = self
-                            .running
-                            .spawn(async move { (task_key, reconcile.await.map_err(Into::into)) });
-                        self.running_keys.insert(abort.id(), key.clone());
-                        self.aborts.insert(key, abort);
-                        progress = true;
-                    }
-                }
+            match self.dispatch(cx, service) {
+                Ok(dispatched) => progress |= dispatched,
+                Err(error) => return Poll::Ready(Err(error)),
             }
             if !progress {
                 return Poll::Pending;
@@ -267,30 +191,260 @@ impl Runner {
         }
     }
 
+    fn poll_shutdown(&mut self, cx: &mut Context<'_>) {
+        if self.draining.is_none() && self.shutdown.poll_unpin(cx).is_ready() {
+            tracing::info!(controller = %self.name, running = self.running.len(), "shutting down: no new reconciles");
+            self.draining = Some(Box::pin(tokio::time::sleep(self.shutdown_timeout)));
+        }
+    }
+
+    fn poll_fleet(&mut self, cx: &mut Context<'_>) {
+        while let Poll::Ready(Some(event)) = self.fleet_events.poll_recv(cx) {
+            match event {
+                FleetEvent::Engaged(cluster) => self.engage(cluster),
+                FleetEvent::Disengaged(name) => self.disengage(&name),
+            }
+        }
+    }
+
+    /// Takes what the clusters' streams and the outside have sent, half the
+    /// budget each, so that neither a flood of watch events nor of external
+    /// requests starves the other.
+    fn poll_intake(&mut self, cx: &mut Context<'_>) {
+        let clusters_left_more =
+            (0..INTAKE_PER_POLL / 2).all(|_| match self.incoming.poll_next_unpin(cx) {
+                Poll::Ready(Some((name, item))) => {
+                    self.cluster_item(name, item);
+                    true
+                }
+                _ => false,
+            });
+        let outside_left_more =
+            (0..INTAKE_PER_POLL / 2).all(|_| match self.external.poll_next_unpin(cx) {
+                Poll::Ready(Some(request)) => {
+                    self.accept(request, Lane::Changed);
+                    true
+                }
+                _ => false,
+            });
+        if clusters_left_more || outside_left_more {
+            // The budget ran out: come back for the rest soon.
+            cx.waker().wake_by_ref();
+        }
+    }
+
+    fn poll_finished(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut progress = false;
+        while let Poll::Ready(Some(joined)) = self.running.poll_join_next_with_id(cx) {
+            self.finished(joined);
+            progress = true;
+        }
+        progress
+    }
+
+    /// While shutting down: done once nothing runs or the timeout passes.
+    fn poll_draining(&mut self, cx: &mut Context<'_>) -> Option<Poll<Result<(), Error>>> {
+        let deadline = self.draining.as_mut()?;
+        if self.running.is_empty() {
+            return Some(Poll::Ready(Ok(())));
+        }
+        if deadline.as_mut().poll(cx).is_ready() {
+            tracing::warn!(controller = %self.name, cancelled = self.running.len(), "shutdown timeout: cancelling running reconciles");
+            return Some(Poll::Ready(Ok(())));
+        }
+        Some(Poll::Pending)
+    }
+
+    /// Starts a reconcile for each key the queue admits while the service
+    /// is ready. A panic in the service's `poll_ready` or `call` fails the
+    /// key at hand, which is retried after its backoff.
+    fn dispatch<S>(&mut self, cx: &mut Context<'_>, service: &mut S) -> Result<bool, Error>
+    where
+        S: Service<McRequest, Response = Action>,
+        S::Future: Send + 'static,
+        S::Error: Into<BoxError>,
+    {
+        let mut progress = false;
+        while self.queue.poll_has_ready(cx) {
+            match catch_unwind(AssertUnwindSafe(|| service.poll_ready(cx))) {
+                Ok(Poll::Pending) => break,
+                Ok(Poll::Ready(Err(error))) => {
+                    return Err(Error::Service {
+                        controller: self.name.clone(),
+                        source: error.into(),
+                    });
+                }
+                Ok(Poll::Ready(Ok(()))) => self.start(service),
+                Err(panic) => {
+                    let key = self.queue.pop_ready().expect("the queue admitted a key");
+                    self.panicked(&key, "poll_ready", panic.as_ref());
+                }
+            }
+            progress = true;
+        }
+        Ok(progress)
+    }
+
+    /// Calls the ready service with the next admitted key.
+    fn start<S>(&mut self, service: &mut S)
+    where
+        S: Service<McRequest, Response = Action>,
+        S::Future: Send + 'static,
+        S::Error: Into<BoxError>,
+    {
+        let key = self.queue.pop_ready().expect("the queue admitted a key");
+        let cluster = self.engaged.get(&key.cluster).filter(|c| c.is_engaged());
+        let Some(cluster) = cluster.cloned() else {
+            // Its cluster left; the runner hears of it in a moment and purges.
+            self.queue.complete(&key, Outcome::Cancelled);
+            return;
+        };
+        let reconcile = match catch_unwind(AssertUnwindSafe(|| service.call(key.clone()))) {
+            Ok(reconcile) => reconcile,
+            Err(panic) => return self.panicked(&key, "call", panic.as_ref()),
+        };
+        let task_key = key.clone();
+        let abort = self.running.spawn(async move {
+            // Nothing starts in a cluster after it has left.
+            if !cluster.is_engaged() {
+                return (task_key, None);
+            }
+            (task_key, Some(reconcile.await.map_err(Into::into)))
+        });
+        self.running_keys.insert(abort.id(), key.clone());
+        self.aborts.insert(key, abort);
+    }
+
+    fn panicked(&mut self, key: &McRequest, during: &str, panic: &(dyn std::any::Any + Send)) {
+        let message = panic_message(panic);
+        tracing::error!(controller = %self.name, request = %key, during, %message, "reconcile service panicked; retrying after backoff");
+        self.queue.complete(key, Outcome::Failure);
+    }
+
+    /// Starts serving `cluster` if the controller selects it: subscribes to
+    /// its triggers' watches there and holds its keys until they sync.
+    fn engage(&mut self, cluster: Cluster) {
+        let name = cluster.name().clone();
+        // A cluster that left already: the event that ended it follows.
+        if !cluster.is_engaged()
+            || self
+                .engaged
+                .get(&name)
+                .is_some_and(|known| known.same_engagement(&cluster))
+        {
+            return;
+        }
+        self.unknown.remove(&name);
+        if self.engaged.insert(name.clone(), cluster.clone()).is_some() {
+            // Replaced under the same name: runs against the old one stop.
+            self.cancel_running(&name);
+        }
+        if !self.selection.selects(&name) {
+            return;
+        }
+        let subscribed: Vec<Subscribed> = self
+            .triggers
+            .iter()
+            .map(|trigger| trigger.subscribe(&cluster))
+            .collect();
+        let watches: Vec<_> = subscribed.iter().map(|s| s.watch.clone()).collect();
+        self.status.start(cluster, watches.clone());
+        self.queue.hold(&name);
+        let synced = Box::pin(join_all(watches.iter().map(|w| w.synced())));
+        let timeout = self.sync_timeout;
+        let gate = stream::unfold(Some(synced), move |synced| async move {
+            let mut synced = synced?;
+            tokio::select! {
+                _ = &mut synced => Some((ClusterItem::Synced, None)),
+                () = tokio::time::sleep(timeout) => Some((ClusterItem::StillSyncing, Some(synced))),
+            }
+        });
+        let requests = stream::select_all(subscribed.into_iter().map(|s| s.requests))
+            .map(|(request, lane)| ClusterItem::Request(request, lane));
+        // Replaces the stream of an earlier engagement of the same name.
+        self.incoming.insert(name, gate.chain(requests).boxed());
+    }
+
+    fn disengage(&mut self, name: &ClusterName) {
+        self.engaged.remove(name);
+        if self.incoming.remove(name).is_some() {
+            self.status.remove(name);
+        }
+        self.queue.purge(name);
+        self.cancel_running(name);
+    }
+
+    fn cancel_running(&self, cluster: &ClusterName) {
+        for (key, abort) in &self.aborts {
+            if key.cluster == *cluster {
+                abort.abort();
+            }
+        }
+    }
+
+    fn cluster_item(&mut self, name: ClusterName, item: ClusterItem) {
+        match item {
+            ClusterItem::Synced => {
+                tracing::info!(controller = %self.name, cluster = %name, "watches synced; serving the cluster");
+                self.queue.release(&name);
+                self.status.serve(&name);
+            }
+            ClusterItem::StillSyncing => {
+                if let Some(status) = self.status.cluster(name.as_str()) {
+                    tracing::warn!(controller = %self.name, %status, "watches have not synced; the cluster's keys wait");
+                }
+            }
+            ClusterItem::Request(request, lane) => self.accept(request, lane),
+        }
+    }
+
+    /// Queues a request, if its cluster is in the fleet. A cluster the
+    /// runner has not heard of yet but the fleet has is engaged first, so
+    /// its keys wait for its watches like any other.
+    fn accept(&mut self, request: McRequest, lane: Lane) {
+        if !self.engaged.contains_key(&request.cluster) {
+            match self.fleet.get(&request.cluster) {
+                Some(cluster) => self.engage(cluster),
+                None => return self.unknown_cluster(&request),
+            }
+        }
+        self.queue.push(request, lane);
+    }
+
+    fn unknown_cluster(&mut self, request: &McRequest) {
+        if self.unknown.insert(request.cluster.clone()) {
+            tracing::warn!(controller = %self.name, %request, "request names a cluster that is not in the fleet (never engaged, or left); dropped, and further requests for it too");
+            if self.unknown.len() > UNKNOWN_REMEMBERED {
+                self.unknown.clear();
+                self.unknown.insert(request.cluster.clone());
+            }
+        }
+    }
+
     fn finished(&mut self, joined: Result<(Id, Finished), JoinError>) {
         let (id, key, outcome) = match joined {
-            Ok((id, (key, result))) => {
-                let outcome = match result {
-                    Ok(action) => Outcome::Success(action),
-                    Err(error) => {
-                        tracing::warn!(controller = %self.name, request = %key, error = %error, "reconcile failed; retrying after backoff");
-                        Outcome::Failure
-                    }
-                };
-                (id, key, outcome)
+            Ok((id, (key, Some(Ok(action))))) => (id, key, Outcome::Success(action)),
+            Ok((id, (key, Some(Err(error))))) => {
+                let error = error_chain(&*error);
+                tracing::warn!(controller = %self.name, request = %key, %error, "reconcile failed; retrying after backoff");
+                (id, key, Outcome::Failure)
             }
+            Ok((id, (key, None))) => (id, key, Outcome::Cancelled),
             Err(error) => {
-                let Some(key) = self.running_keys.get(&error.id()).cloned() else {
+                let id = error.id();
+                let Some(key) = self.running_keys.get(&id).cloned() else {
                     return;
                 };
-                // A cancelled reconcile belonged to a cluster that left.
-                let outcome = if error.is_panic() {
-                    tracing::error!(controller = %self.name, request = %key, "reconcile panicked; retrying after backoff");
-                    Outcome::Failure
-                } else {
-                    Outcome::Cancelled
+                let outcome = match error.try_into_panic() {
+                    Ok(panic) => {
+                        let message = panic_message(panic.as_ref());
+                        tracing::error!(controller = %self.name, request = %key, %message, "reconcile panicked; retrying after backoff");
+                        Outcome::Failure
+                    }
+                    // Cancelled: its cluster left or was replaced.
+                    Err(_) => Outcome::Cancelled,
                 };
-                (error.id(), key, outcome)
+                (id, key, outcome)
             }
         };
         self.running_keys.remove(&id);
@@ -298,6 +452,14 @@ impl Runner {
         if self.aborts.get(&key).is_some_and(|a| a.id() == id) {
             self.aborts.remove(&key);
             self.queue.complete(&key, outcome);
+            let replaced = self
+                .engaged
+                .get(&key.cluster)
+                .is_some_and(Cluster::is_engaged);
+            if outcome == Outcome::Cancelled && replaced {
+                // Its cluster was replaced under the same name: run it there.
+                self.queue.push(key, Lane::Changed);
+            }
         }
     }
 }
@@ -315,14 +477,33 @@ mod tests {
     use tokio_stream::wrappers::UnboundedReceiverStream;
     use tower::{ServiceBuilder, service_fn};
 
-    use crate::{Controller, controller::Error};
+    use crate::{Backoff, Controller, controller::Error};
+
+    /// A client whose requests go nowhere: the cluster is in the fleet, and
+    /// no watch runs there (the controller selects only the local cluster).
+    fn idle_client() -> kube::Client {
+        let (service, _handle) = tower_test::mock::pair::<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >();
+        kube::Client::new(service, "default")
+    }
 
     use super::*;
 
     /// A controller over an empty fleet, fed requests through a channel.
     fn fed_controller() -> (Controller<ConfigMap>, mpsc::UnboundedSender<McRequest>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let controller = Controller::<ConfigMap>::new(&Fleet::new(), watcher::Config::default())
+        let fleet = Fleet::new();
+        // The requests name cluster "c", which must be in the fleet.
+        fleet.engage("c", idle_client());
+        let no_jitter = Backoff {
+            jitter: 0.0,
+            ..Backoff::default()
+        };
+        let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
+            .clusters(Clusters::Local)
+            .with_config(Config::default().backoff(no_jitter))
             .reconcile_on(UnboundedReceiverStream::new(rx));
         (controller, tx)
     }
@@ -486,7 +667,7 @@ mod tests {
         let (controller, requests) = fed_controller();
         let controller = controller
             .graceful_shutdown_on(tokio::time::sleep(Duration::from_millis(100)))
-            .shutdown_timeout(Duration::from_secs(2));
+            .with_config(Config::default().shutdown_timeout(Duration::from_secs(2)));
         let dropped = Arc::new(AtomicBool::new(false));
         let service = service_fn({
             let dropped = dropped.clone();

@@ -1,32 +1,38 @@
 //! What turns a watched type's changes in one cluster into requests.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::HashMap,
+    panic::{AssertUnwindSafe, catch_unwind},
+    sync::Arc,
+};
 
 use futures::{
-    FutureExt, StreamExt,
-    future::BoxFuture,
+    StreamExt,
     stream::{self, BoxStream},
 };
 use kube::{
     Resource, ResourceExt,
     runtime::{reflector::ObjectRef, watcher},
 };
-use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::{
     Cluster, ClusterName, McRequest,
-    cache::{Change, ClusterCache, SharedWatch, is_namespaced},
+    cache::{Change, ClusterCache, SharedWatch, WatchProbe, is_namespaced},
+    queue::Lane,
 };
 
 /// A watched type of a controller: where its changes come from, and how each
 /// becomes requests.
 pub(crate) trait Trigger: Send + Sync {
-    /// Starts or finds the watch in `cache`; the future ends once it has synced.
-    fn start(&self, cache: &ClusterCache) -> BoxFuture<'static, ()>;
+    /// Starts or finds the watch in `cluster` and subscribes to it.
+    fn subscribe(&self, cluster: &Cluster) -> Subscribed;
+}
 
-    /// The requests for `cluster`: first one per object the synced store
-    /// holds, then one per change.
-    fn requests(&self, cluster: &Cluster) -> BoxStream<'static, McRequest>;
+/// A trigger's watch in one cluster, and the requests it makes there: first
+/// one per object the watch lists, then one per change.
+pub(crate) struct Subscribed {
+    pub(crate) watch: Arc<dyn WatchProbe>,
+    pub(crate) requests: BoxStream<'static, (McRequest, Lane)>,
 }
 
 type Source<T> = fn(&ClusterCache, &watcher::Config) -> Arc<SharedWatch<T>>;
@@ -48,36 +54,59 @@ impl<T> Trigger for WatchTrigger<T>
 where
     T: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
-    fn start(&self, cache: &ClusterCache) -> BoxFuture<'static, ()> {
-        let watch = (self.source)(cache, &self.config);
-        async move { watch.synced().await }.boxed()
-    }
-
-    fn requests(&self, cluster: &Cluster) -> BoxStream<'static, McRequest> {
+    fn subscribe(&self, cluster: &Cluster) -> Subscribed {
         let watch = (self.source)(cluster.cache(), &self.config);
-        // Subscribe before reading the store, so nothing falls in between;
-        // an object seen twice is deduplicated by the queue.
-        let changes = UnboundedReceiverStream::new(watch.subscribe());
-        let listed = stream::once(async move {
-            watch.synced().await;
-            stream::iter(watch.store().state().into_iter().map(Change::Applied))
-        })
-        .flatten();
+        let changes = watch.subscribe();
         let name = cluster.name().clone();
         let mapper = self.mapper.clone();
         let mut filters: Vec<_> = self.filters.iter().map(|make| make()).collect();
-        listed
-            .chain(changes)
-            .filter(move |change| {
+        let requests = changes
+            .flat_map(move |change| {
+                let lane = match change {
+                    Change::Listed(_) => Lane::Listed,
+                    Change::Applied(_) | Change::Deleted(_) => Lane::Changed,
+                };
                 // Every filter sees every change, so stateful ones stay current.
-                let mut keep = true;
-                for filter in &mut filters {
-                    keep &= filter(change);
-                }
-                std::future::ready(keep)
+                let passed = contained(&name, "filter", || {
+                    filters
+                        .iter_mut()
+                        .fold(true, |keep, filter| filter(&change) & keep)
+                });
+                let requests = match passed {
+                    Some(true) => contained(&name, "mapper", || mapper(&name, &change)),
+                    _ => None,
+                };
+                stream::iter(
+                    requests
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(move |r| (r, lane)),
+                )
             })
-            .flat_map(move |change| stream::iter(mapper(&name, &change)))
-            .boxed()
+            .boxed();
+        Subscribed { watch, requests }
+    }
+}
+
+/// Runs user code (a filter, a mapper) so that a panic in it loses this
+/// change, not the controller.
+fn contained<R>(cluster: &ClusterName, what: &str, f: impl FnOnce() -> R) -> Option<R> {
+    catch_unwind(AssertUnwindSafe(f))
+        .map_err(|panic| {
+            let message = panic_message(panic.as_ref());
+            tracing::error!(%cluster, what, %message, "a watch {what} panicked; the change is skipped");
+        })
+        .ok()
+}
+
+/// The message a panic was raised with, when it has one.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(message) = payload.downcast_ref::<&str>() {
+        (*message).to_owned()
+    } else if let Some(message) = payload.downcast_ref::<String>() {
+        message.clone()
+    } else {
+        "(no message)".to_owned()
     }
 }
 
@@ -133,7 +162,7 @@ where
                     seen.remove(&key);
                     true
                 }
-                Change::Applied(_) => match predicate(object) {
+                Change::Listed(_) | Change::Applied(_) => match predicate(object) {
                     Some(value) => seen.insert(key, value) != Some(value),
                     None => true,
                 },

@@ -128,7 +128,7 @@ where
         let watch = cluster.cache().find::<K>(&self.config);
         let key = ObjectRef::<K>::new(&request.name)
             .within(request.namespace.as_deref().unwrap_or_default());
-        if let Some(watch) = watch.as_ref().filter(|w| w.is_synced()) {
+        if let Some(watch) = watch.as_ref().filter(|w| w.has_synced()) {
             let object = watch.store().get(&key);
             return ResponseFuture::called(self.inner.call(ObjectRequest {
                 cluster,

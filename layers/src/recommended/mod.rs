@@ -21,9 +21,8 @@
 //!    [`load_object`](crate::load_object): the request becomes an
 //!    [`ObjectRequest<K>`] with the cluster and the cached object.
 //!
-//! A rate limit is not included: whether it should be global or per cluster
-//! depends on the API servers; add
-//! [`RateLimitLayer`](crate::rate_limit::RateLimitLayer) outside this layer.
+//! Concurrency and rate limits are not layers: the controller's queue applies
+//! them per cluster before a key leaves it (see `kube_fleet::controller::Config`).
 //!
 //! ```
 //! use k8s_openapi::api::core::v1::ConfigMap;

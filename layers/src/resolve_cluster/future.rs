@@ -8,8 +8,6 @@ use kube_fleet::Action;
 use pin_project_lite::pin_project;
 use tower::BoxError;
 
-use super::NotYetEngaged;
-
 pin_project! {
     /// Response future of [`ResolveCluster`](super::ResolveCluster).
     #[derive(Debug)]
@@ -26,8 +24,6 @@ pin_project! {
         Called { #[pin] inner: F },
         // The cluster is not in the fleet: done, nothing to retry.
         Gone,
-        // The cluster is joining: retry later.
-        Failed { error: Option<NotYetEngaged> },
     }
 }
 
@@ -40,12 +36,6 @@ impl<F> ResponseFuture<F> {
 
     pub(crate) fn gone() -> Self {
         Self { kind: Kind::Gone }
-    }
-
-    pub(crate) fn failed(error: NotYetEngaged) -> Self {
-        Self {
-            kind: Kind::Failed { error: Some(error) },
-        }
     }
 }
 
@@ -60,9 +50,6 @@ where
         match self.project().kind.project() {
             Projected::Called { inner } => inner.poll(cx).map_err(Into::into),
             Projected::Gone => Poll::Ready(Ok(Action::await_change())),
-            Projected::Failed { error } => {
-                Poll::Ready(Err(error.take().expect("polled after completion").into()))
-            }
         }
     }
 }

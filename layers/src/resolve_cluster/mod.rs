@@ -3,9 +3,9 @@
 //! The inner service receives a [`ClusterRequest`]. A request for a cluster
 //! that has left the fleet (or never joined) ends quietly with
 //! [`Action::await_change`]: it is neither an error nor retried, so work for a
-//! departed cluster cannot loop. A request for a cluster that is joining but
-//! not yet synced fails with [`NotYetEngaged`], so the controller retries it
-//! after its backoff instead of losing it.
+//! departed cluster cannot loop. (A controller drops requests for clusters
+//! outside the fleet before they reach its service, with a warning; this
+//! layer only sees those whose cluster left in between.)
 //!
 //! ```
 //! use kube_fleet::{Action, Fleet, McRequest};
@@ -26,12 +26,10 @@
 //! [`Cluster`]: kube_fleet::Cluster
 //! [`Action::await_change`]: kube_fleet::Action::await_change
 
-mod error;
 mod future;
 mod layer;
 mod service;
 
-pub use error::NotYetEngaged;
 pub use future::ResponseFuture;
 pub use layer::ResolveClusterLayer;
 pub use service::{ClusterRequest, ResolveCluster};

@@ -3,7 +3,7 @@ use std::task::{Context, Poll};
 use kube_fleet::{Action, Cluster, Fleet, McRequest};
 use tower::{BoxError, Service};
 
-use super::{NotYetEngaged, ResponseFuture};
+use super::ResponseFuture;
 
 /// A request whose cluster is engaged: the request and the cluster it names.
 #[derive(Debug, Clone)]
@@ -60,11 +60,6 @@ where
         if let Some(cluster) = self.fleet.get(&request.cluster) {
             return ResponseFuture::called(self.inner.call(ClusterRequest { cluster, request }));
         }
-        if self.fleet.is_engaging(&request.cluster) {
-            return ResponseFuture::failed(NotYetEngaged {
-                cluster: request.cluster,
-            });
-        }
         tracing::debug!(request = %request, "cluster is not in the fleet; dropping the request");
         ResponseFuture::gone()
     }
@@ -107,7 +102,7 @@ mod tests {
     #[tokio::test]
     async fn a_request_for_an_engaged_cluster_reaches_the_service_with_that_cluster() {
         let fleet = Fleet::new();
-        fleet.engage("east", idle_client()).await.unwrap();
+        fleet.engage("east", idle_client());
         let calls = Arc::new(AtomicUsize::new(0));
         let service = ResolveCluster::new(counting_inner(calls.clone()), fleet);
         let action = service
@@ -119,48 +114,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_request_for_a_cluster_still_syncing_fails_so_it_is_retried() {
-        use k8s_openapi::api::core::v1::ConfigMap;
-        use kube::runtime::watcher;
-
-        let fleet = Fleet::new();
-        // A controller makes engages wait for its watch, which an idle
-        // client never lets sync.
-        let controller =
-            kube_fleet::Controller::<ConfigMap>::new(&fleet, watcher::Config::default()).run(
-                counting_inner(Arc::default()).map_request(|r: McRequest| ClusterRequest {
-                    cluster: unreachable_cluster(),
-                    request: r,
-                }),
-            );
-        let _controller = tokio::spawn(controller);
-        let engaging = tokio::spawn({
-            let fleet = fleet.clone();
-            async move { fleet.engage("syncing", idle_client()).await }
-        });
-        while !fleet.is_engaging("syncing") {
-            tokio::task::yield_now().await;
-        }
-        let calls = Arc::new(AtomicUsize::new(0));
-        let service = ResolveCluster::new(counting_inner(calls.clone()), fleet.clone());
-        let error = service
-            .oneshot(McRequest::new("syncing", Some("ns"), "obj"))
-            .await
-            .expect_err("retried later, not dropped");
-        let error = error.downcast::<NotYetEngaged>().expect("NotYetEngaged");
-        assert_eq!(error.cluster, "syncing");
-        assert_eq!(calls.load(Ordering::SeqCst), 0);
-        engaging.abort();
-    }
-
-    fn unreachable_cluster() -> Cluster {
-        unreachable!("the controller gets no request in this test")
-    }
-
-    #[tokio::test]
     async fn a_request_for_a_cluster_that_left_ends_quietly_without_a_call() {
         let fleet = Fleet::new();
-        fleet.engage("east", idle_client()).await.unwrap();
+        fleet.engage("east", idle_client());
         assert!(fleet.disengage("east"));
         let calls = Arc::new(AtomicUsize::new(0));
         let service = ResolveCluster::new(counting_inner(calls.clone()), fleet);

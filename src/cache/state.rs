@@ -1,0 +1,79 @@
+use std::fmt;
+
+/// Where a watch stands: still listing, in step with its cluster, or failing.
+///
+/// ```
+/// use kube_fleet::cache::WatchState;
+///
+/// let failing = WatchState::Failing { reason: "forbidden".into() };
+/// assert_eq!(failing.to_string(), "failing: forbidden");
+/// assert!(!failing.is_synced());
+/// assert!(WatchState::Synced.is_synced());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchState {
+    /// The first list has not completed, and nothing has failed yet.
+    Syncing,
+    /// The watch is in step with its cluster.
+    Synced,
+    /// The last attempt failed for `reason` (the type is not served, access
+    /// is forbidden, the cluster does not answer...); the watch keeps
+    /// retrying with backoff. It stays failing until it next lists or
+    /// delivers a change.
+    Failing {
+        /// What went wrong, with its causes.
+        reason: String,
+    },
+}
+
+impl WatchState {
+    /// Whether the watch is in step with its cluster.
+    pub fn is_synced(&self) -> bool {
+        matches!(self, Self::Synced)
+    }
+}
+
+impl fmt::Display for WatchState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Syncing => f.write_str("syncing"),
+            Self::Synced => f.write_str("synced"),
+            Self::Failing { reason } => write!(f, "failing: {reason}"),
+        }
+    }
+}
+
+/// A watch's state and whether it has ever completed a list.
+#[derive(Debug, Clone)]
+pub(crate) struct Health {
+    pub(crate) state: WatchState,
+    pub(crate) has_synced: bool,
+}
+
+/// One watch as a controller needs it: its type and where it stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchStatus {
+    /// The watched kind, `ConfigMap` say.
+    pub kind: String,
+    /// Its API version, `v1` or `example.com/v1`.
+    pub api_version: String,
+    /// Whether only metadata is watched.
+    pub metadata_only: bool,
+    /// Where it stands.
+    pub state: WatchState,
+}
+
+impl fmt::Display for WatchStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let metadata = if self.metadata_only {
+            " (metadata)"
+        } else {
+            ""
+        };
+        write!(
+            f,
+            "{} {}{metadata}: {}",
+            self.api_version, self.kind, self.state
+        )
+    }
+}

@@ -1,0 +1,218 @@
+//! Fan-out from one watch to its subscribers: each subscriber has an inbox
+//! of the objects that changed, merged per object until it reads them.
+
+use std::{
+    fmt,
+    pin::Pin,
+    sync::{Arc, Mutex, MutexGuard},
+    task::{Context, Poll},
+};
+
+use futures::{Stream, task::AtomicWaker};
+use indexmap::IndexMap;
+use kube::{
+    Resource,
+    runtime::reflector::{ObjectRef, Store},
+};
+
+use super::SharedWatch;
+
+/// A change a subscriber hears of.
+#[derive(Debug)]
+pub enum Change<K> {
+    /// The object was listed: when the watch first synced (or when this
+    /// subscription began, for an object already cached), or by a relist
+    /// after the watch was down, during which it changed.
+    Listed(Arc<K>),
+    /// The object was created or updated while the watch ran.
+    Applied(Arc<K>),
+    /// The object was deleted; this is its last known state.
+    Deleted(Arc<K>),
+}
+
+impl<K> Clone for Change<K> {
+    fn clone(&self) -> Self {
+        match self {
+            Self::Listed(object) => Self::Listed(object.clone()),
+            Self::Applied(object) => Self::Applied(object.clone()),
+            Self::Deleted(object) => Self::Deleted(object.clone()),
+        }
+    }
+}
+
+impl<K> Change<K> {
+    /// The object, whether listed, applied or deleted.
+    pub fn object(&self) -> &Arc<K> {
+        match self {
+            Self::Listed(object) | Self::Applied(object) | Self::Deleted(object) => object,
+        }
+    }
+}
+
+/// What the watch tells each inbox about one object.
+pub(crate) enum Note<K: Resource> {
+    Listed(ObjectRef<K>),
+    Applied(ObjectRef<K>),
+    Deleted(ObjectRef<K>, Arc<K>),
+}
+
+/// An object still present, as the subscriber will be told of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Presence {
+    Listed,
+    Applied,
+}
+
+/// Everything a subscriber has not read about one object: at most one
+/// deletion (its last state) and whether the object is there now. The object
+/// itself is read from the store when the subscriber gets to it, so an inbox
+/// never keeps an old version alive.
+struct Entry<K> {
+    deleted: Option<Arc<K>>,
+    present: Option<Presence>,
+}
+
+type Pending<K> = IndexMap<ObjectRef<K>, Entry<K>>;
+
+/// One subscriber's unread changes, in the order objects first changed.
+pub(crate) struct Inbox<K: Resource<DynamicType = ()>> {
+    pending: Mutex<Pending<K>>,
+    waker: AtomicWaker,
+}
+
+impl<K: Resource<DynamicType = ()>> Inbox<K> {
+    pub(crate) fn new() -> Self {
+        Self {
+            pending: Mutex::new(IndexMap::new()),
+            waker: AtomicWaker::new(),
+        }
+    }
+
+    fn pending(&self) -> MutexGuard<'_, Pending<K>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Merges `notes` into what the subscriber has not read yet.
+    pub(crate) fn notify<'a>(&self, notes: impl IntoIterator<Item = &'a Note<K>>)
+    where
+        K: 'a,
+    {
+        {
+            let mut pending = self.pending();
+            for note in notes {
+                match note {
+                    Note::Listed(key) => {
+                        let entry = entry(&mut pending, key);
+                        // A live change not yet read says more than a list.
+                        if entry.present != Some(Presence::Applied) {
+                            entry.present = Some(Presence::Listed);
+                        }
+                    }
+                    Note::Applied(key) => {
+                        entry(&mut pending, key).present = Some(Presence::Applied)
+                    }
+                    Note::Deleted(key, last) => {
+                        let entry = entry(&mut pending, key);
+                        entry.deleted = Some(last.clone());
+                        entry.present = None;
+                    }
+                }
+            }
+        }
+        self.waker.wake();
+    }
+}
+
+fn entry<'p, K: Resource<DynamicType = ()>>(
+    pending: &'p mut Pending<K>,
+    key: &ObjectRef<K>,
+) -> &'p mut Entry<K> {
+    if !pending.contains_key(key) {
+        pending.insert(
+            key.clone(),
+            Entry {
+                deleted: None,
+                present: None,
+            },
+        );
+    }
+    pending.get_mut(key).expect("just inserted")
+}
+
+/// A stream of the changes of one [`SharedWatch`], from
+/// [`SharedWatch::subscribe`].
+///
+/// Changes to one object are merged until the subscriber reads them: it
+/// reads the object as it is in the store at that moment, and a deletion
+/// once, with the object's last state. Memory is thus bounded by the number
+/// of objects, however slowly the subscriber reads. The subscription keeps
+/// its watch running; it never ends by itself.
+pub struct Subscription<K: Resource<DynamicType = ()> + 'static> {
+    inbox: Arc<Inbox<K>>,
+    store: Store<K>,
+    batch: indexmap::map::IntoIter<ObjectRef<K>, Entry<K>>,
+    /// The object's present state, told right after its deletion.
+    next: Option<Change<K>>,
+    _watch: Arc<SharedWatch<K>>,
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + 'static> Subscription<K> {
+    pub(crate) fn new(watch: Arc<SharedWatch<K>>, store: Store<K>, inbox: Arc<Inbox<K>>) -> Self {
+        Self {
+            inbox,
+            store,
+            batch: IndexMap::new().into_iter(),
+            next: None,
+            _watch: watch,
+        }
+    }
+
+    fn present(&self, key: &ObjectRef<K>, presence: Option<Presence>) -> Option<Change<K>> {
+        let object = self.store.get(key)?;
+        match presence? {
+            Presence::Listed => Some(Change::Listed(object)),
+            Presence::Applied => Some(Change::Applied(object)),
+        }
+    }
+}
+
+impl<K: Resource<DynamicType = ()>> fmt::Debug for Subscription<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subscription")
+            .field("kind", &K::kind(&()))
+            .field("unread", &(self.batch.len() + self.inbox.pending().len()))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + 'static> Stream for Subscription<K> {
+    type Item = Change<K>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Change<K>>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(change) = this.next.take() {
+                return Poll::Ready(Some(change));
+            }
+            if let Some((key, entry)) = this.batch.next() {
+                let present = this.present(&key, entry.present);
+                match (entry.deleted, present) {
+                    (Some(last), present) => {
+                        this.next = present;
+                        return Poll::Ready(Some(Change::Deleted(last)));
+                    }
+                    (None, Some(present)) => return Poll::Ready(Some(present)),
+                    // Gone from the store since: its deletion is on its way.
+                    (None, None) => continue,
+                }
+            }
+            // Register before looking, so a change that lands in between wakes us.
+            this.inbox.waker.register(cx.waker());
+            let batch = std::mem::take(&mut *this.inbox.pending());
+            if batch.is_empty() {
+                return Poll::Pending;
+            }
+            this.batch = batch.into_iter();
+        }
+    }
+}

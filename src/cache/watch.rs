@@ -1,0 +1,337 @@
+//! One watch of one type in one cluster: the task that runs it, its store,
+//! its state, and the notes it hands its subscribers.
+
+use std::{
+    collections::HashMap,
+    fmt,
+    sync::{Arc, Mutex, MutexGuard, Weak},
+};
+
+use futures::{FutureExt, Stream, StreamExt, future::BoxFuture};
+use kube::{
+    Resource, ResourceExt,
+    runtime::{
+        WatchStreamExt,
+        reflector::{self, ObjectRef, Store, store::Writer},
+        watcher::{self, Event},
+    },
+};
+use tokio::{sync::watch, task::AbortHandle};
+
+use super::{
+    error_chain,
+    state::{Health, WatchState, WatchStatus},
+    subscription::{Inbox, Note, Subscription},
+};
+use crate::ClusterName;
+
+/// The subscribers of a watch, and whether it has listed yet (a subscriber
+/// that comes later is told of the objects already there).
+struct Subscribers<K: Resource<DynamicType = ()>> {
+    inboxes: Vec<Weak<Inbox<K>>>,
+    listed: bool,
+}
+
+/// What the watch task and the [`SharedWatch`] handle share.
+struct Hub<K: Resource<DynamicType = ()>> {
+    subscribers: Mutex<Subscribers<K>>,
+    health: watch::Sender<Health>,
+}
+
+impl<K: Resource<DynamicType = ()>> Hub<K> {
+    fn subscribers(&self) -> MutexGuard<'_, Subscribers<K>> {
+        self.subscribers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Hands `notes` to every subscriber. The list of subscribers is locked
+    /// only to copy it; each inbox merges on its own.
+    fn notify(&self, notes: &[Note<K>], listed: bool) {
+        if notes.is_empty() && !listed {
+            return;
+        }
+        let inboxes: Vec<Arc<Inbox<K>>> = {
+            let mut subscribers = self.subscribers();
+            subscribers.listed |= listed;
+            subscribers.inboxes.retain(|inbox| inbox.strong_count() > 0);
+            subscribers
+                .inboxes
+                .iter()
+                .filter_map(Weak::upgrade)
+                .collect()
+        };
+        for inbox in inboxes {
+            inbox.notify(notes);
+        }
+    }
+}
+
+/// One watch of one type in one cluster: its store, its state, and a
+/// [`Subscription`] for each reader that wants to hear of changes.
+///
+/// Subscribers read the same `Arc`s the store holds; objects are never
+/// copied per reader. The watch runs as long as a handle or a subscription
+/// holds it, and stops at the API server when the last one is dropped.
+pub struct SharedWatch<K: Resource<DynamicType = ()> + 'static> {
+    store: Store<K>,
+    hub: Arc<Hub<K>>,
+    metadata_only: bool,
+    task: AbortHandle,
+}
+
+impl<K: Resource<DynamicType = ()> + Clone> fmt::Debug for SharedWatch<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedWatch")
+            .field("kind", &K::kind(&()))
+            .field("metadata_only", &self.metadata_only)
+            .field("objects", &self.store.len())
+            .field("state", &self.hub.health.borrow().state)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: Resource<DynamicType = ()>> Drop for SharedWatch<K> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl<K> SharedWatch<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    pub(super) fn start<S>(cluster: ClusterName, metadata_only: bool, events: S) -> Self
+    where
+        S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
+    {
+        let (store, writer) = reflector::store::<K>();
+        let hub = Arc::new(Hub {
+            subscribers: Mutex::new(Subscribers {
+                inboxes: Vec::new(),
+                listed: false,
+            }),
+            health: watch::Sender::new(Health {
+                state: WatchState::Syncing,
+                has_synced: false,
+            }),
+        });
+        let task = tokio::spawn(run(cluster, events, writer, store.clone(), hub.clone()));
+        Self {
+            store,
+            hub,
+            metadata_only,
+            task: task.abort_handle(),
+        }
+    }
+
+    /// The cache of every object this watch has seen.
+    pub fn store(&self) -> Store<K> {
+        self.store.clone()
+    }
+
+    /// A stream of the changes from now on: first every object already in
+    /// the store (or, before the first list completes, every object that
+    /// list finds) as [`Change::Listed`](super::Change::Listed), then each
+    /// change as it happens. The subscription keeps the watch running.
+    pub fn subscribe(self: &Arc<Self>) -> Subscription<K> {
+        let inbox = Arc::new(Inbox::new());
+        {
+            let mut subscribers = self.hub.subscribers();
+            subscribers.inboxes.push(Arc::downgrade(&inbox));
+            if subscribers.listed {
+                let notes: Vec<_> = self
+                    .store
+                    .state()
+                    .iter()
+                    .map(|object| Note::Listed(key_of(object.as_ref())))
+                    .collect();
+                inbox.notify(&notes);
+            }
+        }
+        Subscription::new(self.clone(), self.store.clone(), inbox)
+    }
+
+    /// Where the watch stands now.
+    pub fn state(&self) -> WatchState {
+        self.hub.health.borrow().state.clone()
+    }
+
+    /// Whether the first list has completed (the watch may be failing since).
+    pub fn has_synced(&self) -> bool {
+        self.hub.health.borrow().has_synced
+    }
+
+    /// Waits until the first list has completed, so that the store holds
+    /// everything the cluster had.
+    pub async fn synced(&self) {
+        // The sender lives in the hub, which this watch keeps alive.
+        let _ = self.hub.health.subscribe().wait_for(|h| h.has_synced).await;
+    }
+
+    /// Whether this watch reads only metadata.
+    pub fn is_metadata_only(&self) -> bool {
+        self.metadata_only
+    }
+}
+
+/// A watch's health, whatever its type: what a controller reports and waits on.
+pub(crate) trait WatchProbe: Send + Sync {
+    fn status(&self) -> WatchStatus;
+    fn has_synced(&self) -> bool;
+    /// Completes once the first list has completed.
+    fn synced(&self) -> BoxFuture<'static, ()>;
+}
+
+impl<K> WatchProbe for SharedWatch<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    fn status(&self) -> WatchStatus {
+        WatchStatus {
+            kind: K::kind(&()).into_owned(),
+            api_version: K::api_version(&()).into_owned(),
+            metadata_only: self.metadata_only,
+            state: self.state(),
+        }
+    }
+
+    fn has_synced(&self) -> bool {
+        SharedWatch::has_synced(self)
+    }
+
+    fn synced(&self) -> BoxFuture<'static, ()> {
+        let mut health = self.hub.health.subscribe();
+        async move {
+            if health.wait_for(|h| h.has_synced).await.is_err() {
+                // The watch is gone without ever syncing: it never will.
+                std::future::pending::<()>().await;
+            }
+        }
+        .boxed()
+    }
+}
+
+/// The store's key for `object`, without the extras a lookup does not need.
+fn key_of<K: Resource<DynamicType = ()>>(object: &K) -> ObjectRef<K> {
+    let key = ObjectRef::new(&object.name_any());
+    match object.namespace() {
+        Some(namespace) => key.within(&namespace),
+        None => key,
+    }
+}
+
+async fn run<K, S>(
+    cluster: ClusterName,
+    events: S,
+    mut writer: Writer<K>,
+    reader: Store<K>,
+    hub: Arc<Hub<K>>,
+) where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
+{
+    // Without a backoff the watcher retries an unreachable cluster in a hot loop.
+    let mut events = std::pin::pin!(events.default_backoff());
+    let mut last_reason = None;
+    while let Some(event) = events.next().await {
+        let event = match event {
+            Ok(event) => event,
+            Err(error) => {
+                let reason = error_chain(&error);
+                // Once per cause, not once per retry.
+                if last_reason.as_ref() != Some(&reason) {
+                    tracing::warn!(%cluster, kind = %K::kind(&()), %reason, "watch failed; retrying with backoff");
+                } else {
+                    tracing::debug!(%cluster, kind = %K::kind(&()), %reason, "watch failed again");
+                }
+                hub.health.send_if_modified(|health| {
+                    let failing = WatchState::Failing {
+                        reason: reason.clone(),
+                    };
+                    let changed = health.state != failing;
+                    health.state = failing;
+                    changed
+                });
+                last_reason = Some(reason);
+                continue;
+            }
+        };
+        let listed = matches!(event, Event::InitDone);
+        // `Init` comes before the list request, so it tells nothing of health.
+        if !matches!(event, Event::Init) {
+            last_reason = None;
+            hub.health.send_if_modified(|health| {
+                health.has_synced |= listed;
+                let state = if health.has_synced {
+                    WatchState::Synced
+                } else {
+                    WatchState::Syncing
+                };
+                let changed = health.state != state || listed;
+                health.state = state;
+                changed
+            });
+        }
+        let notes = apply(&mut writer, &reader, event);
+        hub.notify(&notes, listed);
+    }
+}
+
+/// Applies one event to the store and says which objects it changed.
+fn apply<K>(writer: &mut Writer<K>, reader: &Store<K>, event: Event<K>) -> Vec<Note<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    match event {
+        Event::Apply(object) => {
+            let key = key_of(&object);
+            writer.apply_watcher_event(&Event::Apply(object));
+            vec![Note::Applied(key)]
+        }
+        Event::Delete(object) => {
+            let key = key_of(&object);
+            writer.apply_watcher_event(&Event::Delete(object.clone()));
+            vec![Note::Deleted(key, Arc::new(object))]
+        }
+        Event::InitDone => {
+            let before = reader.state();
+            writer.apply_watcher_event(&Event::InitDone);
+            relisted(before, reader.state())
+        }
+        event @ (Event::Init | Event::InitApply(_)) => {
+            // Buffered by the writer until the list is done.
+            writer.apply_watcher_event(&event);
+            Vec::new()
+        }
+    }
+}
+
+/// What a (re)list changed: objects that are new or whose resource version
+/// moved, and objects that vanished (they get no delete event of their own).
+fn relisted<K>(before: Vec<Arc<K>>, after: Vec<Arc<K>>) -> Vec<Note<K>>
+where
+    K: Resource<DynamicType = ()>,
+{
+    if before.is_empty() {
+        return after
+            .iter()
+            .map(|object| Note::Listed(key_of(object.as_ref())))
+            .collect();
+    }
+    let mut before: HashMap<ObjectRef<K>, Arc<K>> = before
+        .into_iter()
+        .map(|object| (key_of(object.as_ref()), object))
+        .collect();
+    let mut notes = Vec::new();
+    for object in &after {
+        let key = key_of(object.as_ref());
+        let version = object.meta().resource_version.as_ref();
+        let unchanged = before.remove(&key).is_some_and(|old| {
+            version.is_some() && old.meta().resource_version.as_ref() == version
+        });
+        if !unchanged {
+            notes.push(Note::Listed(key));
+        }
+    }
+    notes.extend(before.into_iter().map(|(key, old)| Note::Deleted(key, old)));
+    notes
+}
