@@ -1,31 +1,43 @@
-//! One test cluster: a `kube-apiserver` process, its credentials and a client.
+//! One test cluster: a `kube-apiserver` process, its credentials, the proxy
+//! that fronts it, and a client.
 
 use std::{
     fs,
+    net::{Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
     sync::{Mutex, MutexGuard},
     time::{Duration, Instant},
 };
 
+use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{
-    Api, Client, Config,
-    config::{KubeConfigOptions, Kubeconfig},
+    Api, Client,
+    client::{Body, ClientBuilder, ConfigExt},
+    config::Kubeconfig,
 };
 
 use crate::{
-    Error, Result,
-    kubeconfig::admin_kubeconfig,
-    pki::Pki,
+    Error, FaultyLink, Result,
+    fault::{FaultProxy, Traffic},
+    kubeconfig,
+    pki::{CertificateAuthority, Pki},
     process::{Process, free_port},
 };
 
 /// One API server of an [`Envtest`](crate::Envtest) fleet.
 ///
 /// It hands out what a test needs to talk to the cluster: a ready
-/// [`Client`], an admin kubeconfig in memory and on disk, and
-/// [`stop`](Self::stop) / [`restart`](Self::restart) of this API server alone.
+/// [`Client`], an admin kubeconfig in memory and on disk, credentials for any
+/// user ([`client_for`](Self::client_for)), [`stop`](Self::stop) /
+/// [`restart`](Self::restart) of this API server alone, and network faults
+/// ([`hang`](Self::hang), [`cut_off`](Self::cut_off), [`link`](Self::link)).
 /// Its data lives in the fleet's etcd, so it survives a restart.
+///
+/// Clients reach the API server through a small TCP proxy of the cluster's
+/// own on 127.0.0.1, which is what [`server`](Self::server) names; that is how
+/// faults reach every client of the cluster, and why the address stays the
+/// same when the API server restarts.
 ///
 /// ```no_run
 /// # async fn example() -> kube_fleet_envtest::Result<()> {
@@ -43,10 +55,15 @@ use crate::{
 /// # }
 /// ```
 pub struct TestCluster {
+    // Fields drop in order: the API server, then its proxy.
     name: String,
     binary: PathBuf,
+    /// Every argument but `--secure-port`, which `run` adds.
     args: Vec<String>,
     process: Mutex<Option<Process>>,
+    /// Forwards to the API server's own port, whichever it has now.
+    proxy: FaultProxy,
+    ca: CertificateAuthority,
     kubeconfig: Kubeconfig,
     kubeconfig_path: PathBuf,
     client: Client,
@@ -54,11 +71,13 @@ pub struct TestCluster {
 }
 
 impl std::fmt::Debug for TestCluster {
-    // The kubeconfig holds the admin key; only say where it is.
+    // The kubeconfig holds the admin key and the CA holds its own; only say
+    // where the kubeconfig is.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TestCluster")
             .field("name", &self.name)
             .field("server", &self.server())
+            .field("api_server", &self.proxy.upstream())
             .field("pid", &self.pid())
             .field("kubeconfig_path", &self.kubeconfig_path)
             .finish_non_exhaustive()
@@ -93,71 +112,60 @@ impl TestCluster {
                 .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
             Ok(path.display().to_string())
         };
-        let ca = file("ca.crt", &pki.ca_cert)?;
+        let ca = file("ca.crt", pki.ca.cert())?;
         let serving_cert = file("apiserver.crt", &pki.serving_cert)?;
         let serving_key = file("apiserver.key", &pki.serving_key)?;
         let sa_key = file("sa.key", &pki.service_account_key)?;
         let sa_pub = file("sa.pub", &pki.service_account_pub)?;
 
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let port = free_port()?;
-            let server = format!("https://127.0.0.1:{port}");
-            let args = vec![
-                format!("--etcd-servers={etcd_url}"),
-                format!("--etcd-prefix={etcd_prefix}"),
-                "--bind-address=127.0.0.1".to_owned(),
-                "--advertise-address=127.0.0.1".to_owned(),
-                format!("--secure-port={port}"),
-                format!("--cert-dir={}", dir.display()),
-                format!("--tls-cert-file={serving_cert}"),
-                format!("--tls-private-key-file={serving_key}"),
-                format!("--client-ca-file={ca}"),
-                format!("--service-account-issuer={server}"),
-                format!("--service-account-key-file={sa_pub}"),
-                format!("--service-account-signing-key-file={sa_key}"),
-                "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
-                "--authorization-mode=RBAC".to_owned(),
-                // No controller-manager runs to create the default service accounts.
-                "--disable-admission-plugins=ServiceAccount".to_owned(),
-                "--allow-privileged=true".to_owned(),
-                "--profiling=false".to_owned(),
-            ];
-            let kubeconfig = admin_kubeconfig(name, &server, &pki);
-            let kubeconfig_path = dir.join("kubeconfig");
-            let yaml = serde_saphyr::to_string(&kubeconfig).map_err(|e| {
-                Error::io(
-                    format!("serialising the kubeconfig of cluster {name}"),
-                    std::io::Error::other(e),
-                )
-            })?;
-            fs::write(&kubeconfig_path, yaml)
-                .map_err(|e| Error::io(format!("writing {}", kubeconfig_path.display()), e))?;
-            let config =
-                Config::from_custom_kubeconfig(kubeconfig.clone(), &KubeConfigOptions::default())
-                    .await
-                    .map_err(|source| Error::Kubeconfig {
-                        cluster: name.to_owned(),
-                        source,
-                    })?;
-            let client = Client::try_from(config)
-                .map_err(|e| Error::kube(format!("building a client for cluster {name}"), e))?;
-            let cluster = Self {
-                name: name.to_owned(),
-                binary: binary.to_owned(),
-                args,
-                process: Mutex::new(None),
-                kubeconfig,
-                kubeconfig_path,
-                client,
-                timeout,
-            };
-            match cluster.run().await {
-                Err(Error::Exited { .. }) if attempt < 3 && cluster.lost_port_race() => {}
-                other => return other.map(|()| cluster),
-            }
-        }
+        let proxy = FaultProxy::bind(local(free_port()?))
+            .map_err(|e| Error::io(format!("starting the proxy of cluster {name}"), e))?;
+        let server = format!("https://{}", proxy.addr());
+        let args = vec![
+            format!("--etcd-servers={etcd_url}"),
+            format!("--etcd-prefix={etcd_prefix}"),
+            "--bind-address=127.0.0.1".to_owned(),
+            "--advertise-address=127.0.0.1".to_owned(),
+            format!("--cert-dir={}", dir.display()),
+            format!("--tls-cert-file={serving_cert}"),
+            format!("--tls-private-key-file={serving_key}"),
+            format!("--client-ca-file={ca}"),
+            format!("--service-account-issuer={server}"),
+            format!("--service-account-key-file={sa_pub}"),
+            format!("--service-account-signing-key-file={sa_key}"),
+            "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+            "--authorization-mode=RBAC".to_owned(),
+            // No controller-manager runs to create the default service accounts.
+            "--disable-admission-plugins=ServiceAccount".to_owned(),
+            "--allow-privileged=true".to_owned(),
+            "--profiling=false".to_owned(),
+        ];
+        let admin = format!("{name}-admin");
+        let kubeconfig = kubeconfig::kubeconfig(name, &server, &pki.ca, &admin, &pki.admin);
+        let kubeconfig_path = dir.join("kubeconfig");
+        let yaml = serde_saphyr::to_string(&kubeconfig).map_err(|e| {
+            Error::io(
+                format!("serialising the kubeconfig of cluster {name}"),
+                std::io::Error::other(e),
+            )
+        })?;
+        fs::write(&kubeconfig_path, yaml)
+            .map_err(|e| Error::io(format!("writing {}", kubeconfig_path.display()), e))?;
+        let client = kubeconfig::client(kubeconfig.clone(), name)?;
+        let cluster = Self {
+            name: name.to_owned(),
+            binary: binary.to_owned(),
+            args,
+            process: Mutex::new(None),
+            proxy,
+            ca: pki.ca,
+            kubeconfig,
+            kubeconfig_path,
+            client,
+            timeout,
+        };
+        cluster.run().await?;
+        Ok(cluster)
     }
 
     /// The cluster's name, also the name of its kubeconfig context.
@@ -182,13 +190,12 @@ impl TestCluster {
         &self.kubeconfig_path
     }
 
-    /// The API server's URL, `https://127.0.0.1:<port>`.
+    /// The cluster's URL, `https://127.0.0.1:<port>`, as in its kubeconfig.
+    ///
+    /// It is the address of the cluster's proxy, which forwards to the API
+    /// server; it stays the same across [`restart`](Self::restart).
     pub fn server(&self) -> &str {
-        self.kubeconfig.clusters[0]
-            .cluster
-            .as_ref()
-            .and_then(|c| c.server.as_deref())
-            .unwrap_or_default()
+        kubeconfig::server(&self.kubeconfig)
     }
 
     /// The process id of the running API server, or `None` while it is stopped.
@@ -205,14 +212,138 @@ impl TestCluster {
         drop(self.process().take());
     }
 
-    /// Starts this API server again on the same address with the same
-    /// credentials, and waits until it is ready. Stops it first if it runs.
+    /// Starts this API server again with the same address and credentials,
+    /// and waits until it is ready. Stops it first if it runs.
     ///
     /// Existing clients and kubeconfigs keep working, and the cluster's data
-    /// is as it was before [`stop`](Self::stop).
+    /// is as it was before [`stop`](Self::stop). A fault set with
+    /// [`hang`](Self::hang) or [`cut_off`](Self::cut_off) stays in place: it
+    /// is the network's, not the server's.
     pub async fn restart(&self) -> Result<()> {
         self.stop();
         self.run().await
+    }
+
+    /// Makes the cluster hang for every client: connections to it are
+    /// accepted and kept open, but nothing is answered, and bytes stop
+    /// flowing on the connections already open, so requests and watches
+    /// stall without an error until [`restore`](Self::restore).
+    ///
+    /// This is a cluster whose network or API server has stalled; clients
+    /// notice only through their own timeouts.
+    ///
+    /// ```no_run
+    /// # async fn example() -> kube_fleet_envtest::Result<()> {
+    /// use std::time::Duration;
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube::{Api, api::ListParams};
+    ///
+    /// let fleet = kube_fleet_envtest::Envtest::start(1).await?;
+    /// let cluster = &fleet.clusters()[0];
+    /// let config_maps: Api<ConfigMap> = Api::default_namespaced(cluster.client());
+    /// let all = ListParams::default();
+    ///
+    /// cluster.hang();
+    /// let list = tokio::time::timeout(Duration::from_secs(1), config_maps.list(&all));
+    /// assert!(list.await.is_err(), "no answer");
+    ///
+    /// cluster.restore();
+    /// config_maps.list(&all).await.expect("answers again");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn hang(&self) {
+        self.proxy.set(Traffic::Hung);
+    }
+
+    /// Cuts the cluster off from every client: open connections are closed
+    /// at once and new ones as soon as they are made, so requests fail
+    /// quickly with a connection error until [`restore`](Self::restore).
+    ///
+    /// ```no_run
+    /// # async fn example() -> kube_fleet_envtest::Result<()> {
+    /// use k8s_openapi::api::core::v1::Namespace;
+    /// use kube::Api;
+    ///
+    /// let fleet = kube_fleet_envtest::Envtest::start(1).await?;
+    /// let cluster = &fleet.clusters()[0];
+    /// let namespaces: Api<Namespace> = Api::all(cluster.client());
+    ///
+    /// cluster.cut_off();
+    /// assert!(namespaces.get("default").await.is_err());
+    /// cluster.restore();
+    /// assert!(namespaces.get("default").await.is_ok());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn cut_off(&self) {
+        self.proxy.set(Traffic::CutOff);
+    }
+
+    /// Ends a [`hang`](Self::hang) or [`cut_off`](Self::cut_off).
+    ///
+    /// Connections held during a hang carry on where they stopped, with no
+    /// byte lost; clients whose connections were cut off make new ones.
+    pub fn restore(&self) {
+        self.proxy.set(Traffic::Flowing);
+    }
+
+    /// A link of its own to this cluster, which can fail while the cluster's
+    /// other clients carry on. See [`FaultyLink`].
+    ///
+    /// Must be called within a Tokio runtime, like `Client::try_from`.
+    pub fn link(&self) -> Result<FaultyLink> {
+        FaultyLink::new(&self.name, self.proxy.addr(), &self.kubeconfig)
+    }
+
+    /// A kubeconfig for `user` in `groups`, with a client certificate signed
+    /// by this cluster's CA (CN `user`, an O for each group) inline.
+    ///
+    /// The API server takes the user and groups from the certificate as they
+    /// are; what they may do is up to RBAC. The group `system:masters` may do
+    /// anything, and `system:authenticated` is added to every user.
+    ///
+    /// ```no_run
+    /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+    /// let fleet = kube_fleet_envtest::Envtest::start(1).await?;
+    /// let kubeconfig = fleet.clusters()[0].kubeconfig_for("alice", &["developers"])?;
+    /// std::fs::write("alice.kubeconfig", serde_json::to_string(&kubeconfig)?)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn kubeconfig_for(&self, user: &str, groups: &[&str]) -> Result<Kubeconfig> {
+        let credentials = self.ca.client_certificate(user, groups)?;
+        Ok(kubeconfig::kubeconfig(
+            &self.name,
+            self.server(),
+            &self.ca,
+            user,
+            &credentials,
+        ))
+    }
+
+    /// A client for `user` in `groups`, from
+    /// [`kubeconfig_for`](Self::kubeconfig_for).
+    ///
+    /// Must be called within a Tokio runtime, like `Client::try_from`.
+    ///
+    /// ```no_run
+    /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube::{Api, api::ListParams};
+    ///
+    /// let fleet = kube_fleet_envtest::Envtest::start(1).await?;
+    /// let alice = fleet.clusters()[0].client_for("alice", &[])?;
+    /// let err = Api::<ConfigMap>::default_namespaced(alice)
+    ///     .list(&ListParams::default())
+    ///     .await
+    ///     .unwrap_err();
+    /// assert!(matches!(err, kube::Error::Api(status) if status.code == 403));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn client_for(&self, user: &str, groups: &[&str]) -> Result<Client> {
+        kubeconfig::client(self.kubeconfig_for(user, groups)?, &self.name)
     }
 
     fn process(&self) -> MutexGuard<'_, Option<Process>> {
@@ -224,35 +355,61 @@ impl TestCluster {
         self.process().as_ref().is_some_and(Process::lost_port_race)
     }
 
-    /// Starts the process and waits until `/readyz` answers and the `default`
-    /// namespace exists.
+    /// Starts the process on the port the proxy forwards to and waits until
+    /// it is ready; if another process took that port in the meantime, on a
+    /// new one. Clients never see the API server's own port.
     async fn run(&self) -> Result<()> {
-        let process = Process::spawn(
-            format!("kube-apiserver of cluster {}", self.name),
-            &self.binary,
-            &self.args,
-            self.kubeconfig_path.with_file_name("kube-apiserver.log"),
-        )?;
-        *self.process() = Some(process);
+        let mut attempt = 1;
+        loop {
+            let mut args = self.args.clone();
+            args.push(format!("--secure-port={}", self.proxy.upstream().port()));
+            let process = Process::spawn(
+                format!("kube-apiserver of cluster {}", self.name),
+                &self.binary,
+                &args,
+                self.kubeconfig_path.with_file_name("kube-apiserver.log"),
+            )?;
+            *self.process() = Some(process);
+            match self.wait_ready().await {
+                Err(Error::Exited { .. }) if attempt < 3 && self.lost_port_race() => {
+                    attempt += 1;
+                    self.proxy.set_upstream(local(free_port()?));
+                }
+                other => return other,
+            }
+        }
+    }
 
+    /// Waits until `/readyz` answers and the `default` namespace exists.
+    async fn wait_ready(&self) -> Result<()> {
+        let probe = self.readiness_probe()?;
+        let namespaces: Api<Namespace> = Api::all(probe.clone());
+        let ready = async || -> Result<(), String> {
+            let readyz = http::Request::get("/readyz")
+                .body(Vec::new())
+                .expect("a static request is valid");
+            probe
+                .request_text(readyz)
+                .await
+                .map_err(|e| e.to_string())?;
+            match namespaces.get_opt("default").await {
+                Ok(Some(_)) => Ok(()),
+                Ok(None) => Err("namespace default does not exist yet".to_owned()),
+                Err(e) => Err(e.to_string()),
+            }
+        };
         let started = Instant::now();
-        let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let mut last_error = None;
         while started.elapsed() < self.timeout {
             let exited = self.process().as_mut().and_then(Process::exit_error);
             if let Some(exited) = exited {
                 return Err(exited);
             }
-            let readyz = http::Request::get("/readyz")
-                .body(Vec::new())
-                .expect("a static request is valid");
-            match self.client.request_text(readyz).await {
-                Ok(_) => match namespaces.get_opt("default").await {
-                    Ok(Some(_)) => return Ok(()),
-                    Ok(None) => last_error = Some("namespace default does not exist yet".into()),
-                    Err(e) => last_error = Some(e.to_string()),
-                },
-                Err(e) => last_error = Some(e.to_string()),
+            let left = self.timeout.saturating_sub(started.elapsed());
+            match tokio::time::timeout(left, ready()).await {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) => last_error = Some(e),
+                Err(_) => last_error = Some("no answer".to_owned()),
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -262,4 +419,28 @@ impl TestCluster {
             last_error,
         })
     }
+
+    /// An admin client for the API server's own port.
+    ///
+    /// It bypasses the proxy, so that a hung or cut-off cluster can restart,
+    /// and kube's trace layer, which logs each refused connection and each
+    /// `500` of `/readyz` while the API server starts as an ERROR.
+    fn readiness_probe(&self) -> Result<Client> {
+        let server = format!("https://{}", self.proxy.upstream());
+        let kubeconfig = kubeconfig::with_server(&self.kubeconfig, &server);
+        let config = kubeconfig::config(kubeconfig, &self.name)?;
+        let https = config
+            .rustls_https_connector()
+            .map_err(|e| Error::kube(format!("building a client for cluster {}", self.name), e))?;
+        let http = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .build::<_, Body>(https);
+        Ok(ClientBuilder::new(http, config.default_namespace.clone())
+            .with_layer(&config.base_uri_layer())
+            .build())
+    }
+}
+
+/// An address on 127.0.0.1.
+fn local(port: u16) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
 }

@@ -4,8 +4,9 @@
 //! 127.0.0.1, each a cluster of its own with its own etcd prefix, port,
 //! certificates and admin credentials, as controller-runtime's envtest does
 //! for one cluster. Each [`TestCluster`] hands out a ready [`kube::Client`],
-//! its kubeconfig, and [`stop`](TestCluster::stop) /
-//! [`restart`](TestCluster::restart) of its API server alone, for fault tests.
+//! its kubeconfig, clients for any user, [`stop`](TestCluster::stop) /
+//! [`restart`](TestCluster::restart) of its API server alone, and network
+//! faults, for fault tests.
 //!
 //! ```no_run
 //! use k8s_openapi::api::core::v1::ConfigMap;
@@ -23,6 +24,66 @@
 //!     .await?;
 //! let in_b = Api::<ConfigMap>::default_namespaced(b.client()).get_opt("only-in-a").await?;
 //! assert!(in_b.is_none());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Faults
+//!
+//! Clients reach each cluster through a small TCP proxy of the cluster's own,
+//! so a test can make the cluster [`hang`](TestCluster::hang) (connections
+//! stay open, nothing is answered), [`cut_off`](TestCluster::cut_off)
+//! (connections are closed, requests fail at once) and
+//! [`restore`](TestCluster::restore) it, for every client of the cluster.
+//! [`TestCluster::link`] makes a [`FaultyLink`]: a proxy of its own, whose
+//! faults only its own clients see.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use k8s_openapi::api::core::v1::Namespace;
+//! use kube::{Api, Client};
+//! use kube_fleet_envtest::Envtest;
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let default_namespace = |client: Client| async move {
+//!     let namespaces = Api::<Namespace>::all(client);
+//!     tokio::time::timeout(Duration::from_secs(1), namespaces.get("default")).await
+//! };
+//! let fleet = Envtest::start(2).await?;
+//! let (a, b) = (&fleet.clusters()[0], &fleet.clusters()[1]);
+//!
+//! a.hang();
+//! assert!(default_namespace(a.client()).await.is_err(), "no answer in time");
+//! assert!(default_namespace(b.client()).await?.is_ok(), "other clusters answer");
+//! a.cut_off();
+//! assert!(default_namespace(a.client()).await?.is_err(), "a connection error, at once");
+//! a.restore();
+//! assert!(default_namespace(a.client()).await?.is_ok());
+//!
+//! let link = a.link()?;
+//! link.hang();
+//! assert!(default_namespace(link.client()).await.is_err());
+//! assert!(default_namespace(a.client()).await?.is_ok(), "the cluster's own clients answer");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Users and groups
+//!
+//! [`TestCluster::client_for`] and [`TestCluster::kubeconfig_for`] sign a
+//! client certificate for any user and groups with the cluster's CA; RBAC
+//! decides what they may do, as in a real cluster.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use kube::{Api, api::ListParams};
+//!
+//! let fleet = kube_fleet_envtest::Envtest::start(1).await?;
+//! let alice = fleet.clusters()[0].client_for("alice", &["developers"])?;
+//! let list = Api::<ConfigMap>::default_namespaced(alice).list(&ListParams::default()).await;
+//! assert!(matches!(list, Err(kube::Error::Api(status)) if status.code == 403));
 //! # Ok(())
 //! # }
 //! ```
@@ -45,7 +106,9 @@ mod crd;
 mod envtest;
 mod error;
 mod etcd;
+mod fault;
 mod kubeconfig;
+mod link;
 mod pki;
 mod process;
 
@@ -54,3 +117,4 @@ pub use cluster::TestCluster;
 pub use crd::{crds_from_yaml, install_crds};
 pub use envtest::{DEFAULT_START_TIMEOUT, Envtest, EnvtestBuilder};
 pub use error::{Error, Result};
+pub use link::FaultyLink;
