@@ -107,3 +107,105 @@ async fn queue_depths_and_engaged_clusters_are_read_at_each_scrape() {
     assert!(text.contains("kube_fleet_engaged_clusters 1"), "{text}");
     task.abort();
 }
+
+/// Every series line of the registry that names a cluster.
+fn cluster_series(registry: &Registry) -> Vec<String> {
+    let mut text = String::new();
+    encode(&mut text, registry).unwrap();
+    text.lines()
+        .filter(|line| !line.starts_with('#') && line.contains("cluster=\""))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Waits until each of `names` has been reconciled.
+async fn wait_for(
+    reconciled: &mut tokio::sync::mpsc::UnboundedReceiver<kube_fleet::ClusterName>,
+    names: std::collections::HashSet<kube_fleet::ClusterName>,
+) {
+    let mut missing = names;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while !missing.is_empty() {
+            missing.remove(&reconciled.recv().await.unwrap());
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("never reconciled in {} clusters", missing.len()));
+}
+
+#[tokio::test]
+async fn series_of_clusters_that_left_are_dropped_and_the_count_returns_to_where_it_was() {
+    use std::collections::HashSet;
+
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::{
+        Api,
+        api::{ObjectMeta, PostParams},
+        runtime::watcher,
+    };
+    use kube_fleet::{ClusterName, Controller, Fleet};
+    use kube_fleet_envtest::Envtest;
+    use kube_fleet_layers::metrics::MetricsLayer;
+
+    const NAMES: usize = 1500;
+    const AT_ONCE: usize = 100;
+
+    let env = Envtest::start(1).await.unwrap();
+    let client = env.clusters()[0].client();
+    let only = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("only".into()),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    };
+    Api::<ConfigMap>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &only)
+        .await
+        .unwrap();
+
+    let fleet = Fleet::new();
+    let mut registry = Registry::default();
+    let metrics = ReconcileMetrics::new(&mut registry).follow(&fleet);
+    let (seen, mut reconciled) = tokio::sync::mpsc::unbounded_channel::<ClusterName>();
+    let stack = ServiceBuilder::new()
+        .layer(MetricsLayer::new(metrics.clone(), "configmaps"))
+        .service(service_fn(move |request: McRequest| {
+            let _ = seen.send(request.cluster.clone());
+            async { Ok::<_, BoxError>(Action::await_change()) }
+        }));
+    let only_one = watcher::Config::default().fields("metadata.name=only");
+    let controller = Controller::<ConfigMap>::new(&fleet, only_one);
+    let status = controller.status();
+    let task = tokio::spawn(controller.run(stack));
+
+    fleet.engage("stays", client.clone());
+    wait_for(&mut reconciled, HashSet::from([ClusterName::new("stays")])).await;
+    let before = cluster_series(&registry);
+    assert!(!before.is_empty());
+
+    for round in 0..NAMES / AT_ONCE {
+        let names: HashSet<ClusterName> = (0..AT_ONCE)
+            .map(|i| ClusterName::new(format!("passing-{round}-{i}")))
+            .collect();
+        for name in &names {
+            fleet.engage(name.clone(), client.clone());
+        }
+        wait_for(&mut reconciled, names.clone()).await;
+        for name in &names {
+            fleet.disengage(name);
+        }
+    }
+
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while metrics.clusters_recorded() > 1 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the series of departed clusters are dropped");
+    assert_eq!(cluster_series(&registry), before);
+    assert_eq!(fleet.clusters().len(), 1);
+    assert_eq!(status.clusters().len(), 1, "the controller forgot them too");
+    task.abort();
+}

@@ -8,10 +8,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower::BoxError;
 
-use super::{
-    ReconcileMetrics,
-    registry::{ClusterLabels, ResultLabels},
-};
+use super::{ReconcileMetrics, registry::ClusterLabels};
 use crate::catch_panic::Panicked;
 
 pin_project! {
@@ -53,17 +50,7 @@ where
             Err(_) => "error",
         };
         this.metrics
-            .durations
-            .get_or_create(this.labels)
-            .observe(this.started.elapsed().as_secs_f64());
-        this.metrics
-            .reconciles
-            .get_or_create(&ResultLabels {
-                controller: this.labels.controller.clone(),
-                cluster: this.labels.cluster.clone(),
-                result: outcome,
-            })
-            .inc();
+            .record(this.labels, outcome, this.started.elapsed().as_secs_f64());
         Poll::Ready(result)
     }
 }

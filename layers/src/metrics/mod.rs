@@ -9,10 +9,10 @@
 //!   each took, as a histogram from 1 ms to about 130 s (past the
 //!   recommended stack's 60 s timeout).
 //!
-//! A request that resolves to no engaged cluster ends at once with success
-//! (see [`resolve_cluster`](crate::resolve_cluster)) and is counted as such
-//! when this layer sits outside cluster resolution. Series are kept for every
-//! cluster name ever seen.
+//! Give the metrics the fleet with [`ReconcileMetrics::follow`] and they keep
+//! series only for engaged clusters: a cluster's series are removed when it
+//! leaves, and a reconcile that ends after its cluster left is not recorded.
+//! Without it, series are kept for every cluster name ever seen.
 //!
 //! [`FleetCollector`] adds `kube_fleet_engaged_clusters`, read from the fleet
 //! at each scrape, and [`QueueDepths`] adds `kube_fleet_queue_depth{controller}`
@@ -28,18 +28,29 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
 //! let mut registry = Registry::default();
-//! let metrics = ReconcileMetrics::new(&mut registry);
-//! FleetCollector::register(&mut registry, Fleet::new());
+//! let fleet = Fleet::new();
+//! let metrics = ReconcileMetrics::new(&mut registry).follow(&fleet);
+//! FleetCollector::register(&mut registry, fleet.clone());
+//! # let (idle, _) = tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+//! fleet.engage("east", kube::Client::new(idle, "default"));
 //!
 //! let service = ServiceBuilder::new()
-//!     .layer(MetricsLayer::new(metrics, "configmaps"))
+//!     .layer(MetricsLayer::new(metrics.clone(), "configmaps"))
 //!     .service(service_fn(|_: McRequest| async { Ok::<_, BoxError>(Action::await_change()) }));
 //! service.oneshot(McRequest::new("east", Some("ns"), "x")).await.unwrap();
 //!
 //! let mut text = String::new();
 //! encode(&mut text, &registry).unwrap();
 //! assert!(text.contains(r#"kube_fleet_reconciles_total{controller="configmaps",cluster="east",result="success"} 1"#));
-//! assert!(text.contains("kube_fleet_engaged_clusters 0"));
+//! assert!(text.contains("kube_fleet_engaged_clusters 1"));
+//!
+//! // When the cluster leaves, so do its series.
+//! fleet.disengage("east");
+//! # tokio::task::yield_now().await;
+//! # while metrics.clusters_recorded() > 0 { tokio::task::yield_now().await; }
+//! let mut text = String::new();
+//! encode(&mut text, &registry).unwrap();
+//! assert!(!text.contains(r#"cluster="east""#));
 //! # }
 //! ```
 //!

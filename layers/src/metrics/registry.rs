@@ -1,3 +1,9 @@
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex, MutexGuard, OnceLock, Weak},
+};
+
+use kube_fleet::{Fleet, FleetEvent};
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, histogram::Histogram},
@@ -17,49 +23,165 @@ pub(crate) struct ClusterLabels {
     pub(crate) cluster: String,
 }
 
+const RESULTS: [&str; 3] = ["success", "error", "panic"];
+
 type Durations = Family<ClusterLabels, Histogram, fn() -> Histogram>;
 
 /// The reconcile counters and histograms, registered once and shared by
 /// every [`MetricsLayer`](super::MetricsLayer) (cheap to clone).
+///
+/// Given the fleet with [`follow`](Self::follow), series are kept only for
+/// engaged clusters: a cluster's series go when it leaves, and reconciles
+/// that end after it left are not recorded.
 #[derive(Debug, Clone)]
 pub struct ReconcileMetrics {
-    pub(crate) reconciles: Family<ResultLabels, Counter>,
-    pub(crate) durations: Durations,
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    reconciles: Family<ResultLabels, Counter>,
+    durations: Durations,
+    /// The controllers that have series for each cluster.
+    series: Mutex<HashMap<String, HashSet<String>>>,
+    fleet: OnceLock<Fleet>,
+}
+
+impl Inner {
+    fn series(&self) -> MutexGuard<'_, HashMap<String, HashSet<String>>> {
+        self.series.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn forget(&self, cluster: &str, controllers: HashSet<String>) {
+        for controller in controllers {
+            let labels = ClusterLabels {
+                controller,
+                cluster: cluster.to_owned(),
+            };
+            self.durations.remove(&labels);
+            for result in RESULTS {
+                self.reconciles.remove(&ResultLabels {
+                    controller: labels.controller.clone(),
+                    cluster: labels.cluster.clone(),
+                    result,
+                });
+            }
+        }
+    }
+
+    /// Drops the series of every cluster that is not engaged now: the one
+    /// that just left, and any recorded in a race with an earlier leave.
+    fn forget_departed(&self, fleet: &Fleet) {
+        let departed: Vec<_> = {
+            let mut series = self.series();
+            let gone: Vec<String> = series
+                .keys()
+                .filter(|cluster| fleet.get(cluster.as_str()).is_none())
+                .cloned()
+                .collect();
+            gone.into_iter()
+                .filter_map(|cluster| series.remove_entry(&cluster))
+                .collect()
+        };
+        for (cluster, controllers) in departed {
+            self.forget(&cluster, controllers);
+        }
+    }
 }
 
 impl ReconcileMetrics {
     /// Creates the metrics and registers them in `registry`.
     pub fn new(registry: &mut Registry) -> Self {
-        let metrics = Self {
+        let inner = Inner {
             reconciles: Family::default(),
             durations: Family::new_with_constructor(|| {
                 Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
                     0.001, 2.0, 18,
                 ))
             }),
+            series: Mutex::default(),
+            fleet: OnceLock::new(),
         };
         registry.register(
             "kube_fleet_reconciles",
             "Reconciles by controller, cluster and result (success, error, panic)",
-            metrics.reconciles.clone(),
+            inner.reconciles.clone(),
         );
         registry.register(
             "kube_fleet_reconcile_duration_seconds",
             "How long reconciles took, by controller and cluster",
-            metrics.durations.clone(),
+            inner.durations.clone(),
         );
-        metrics
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// Keeps series only for clusters engaged in `fleet`: those of a
+    /// cluster that leaves are removed, so a fleet whose clusters come and
+    /// go does not grow its metrics without end. Spawns a task on the
+    /// current tokio runtime that ends with the last clone of these metrics.
+    /// Call once; later calls do nothing.
+    pub fn follow(self, fleet: &Fleet) -> Self {
+        if self.inner.fleet.set(fleet.clone()).is_err() {
+            return self;
+        }
+        let mut events = fleet.subscribe().events;
+        let inner: Weak<Inner> = Arc::downgrade(&self.inner);
+        let fleet = fleet.clone();
+        tokio::spawn(async move {
+            while let Some(event) = events.recv().await {
+                let Some(inner) = inner.upgrade() else {
+                    return;
+                };
+                if matches!(event, FleetEvent::Disengaged(_)) {
+                    inner.forget_departed(&fleet);
+                }
+            }
+        });
+        self
+    }
+
+    /// Records one reconcile, unless its cluster is known to have left.
+    pub(crate) fn record(&self, labels: &ClusterLabels, result: &'static str, seconds: f64) {
+        if let Some(fleet) = self.inner.fleet.get()
+            && fleet.get(labels.cluster.as_str()).is_none()
+        {
+            return;
+        }
+        {
+            let mut series = self.inner.series();
+            let controllers = series.entry(labels.cluster.clone()).or_default();
+            if !controllers.contains(&labels.controller) {
+                controllers.insert(labels.controller.clone());
+            }
+        }
+        self.inner.durations.get_or_create(labels).observe(seconds);
+        self.inner
+            .reconciles
+            .get_or_create(&ResultLabels {
+                controller: labels.controller.clone(),
+                cluster: labels.cluster.clone(),
+                result,
+            })
+            .inc();
     }
 
     /// How many reconciles of `controller` in `cluster` ended with `result`
     /// (`success`, `error` or `panic`); for tests and health checks.
     pub fn count(&self, controller: &str, cluster: &str, result: &'static str) -> u64 {
-        self.reconciles
+        self.inner
+            .reconciles
             .get(&ResultLabels {
                 controller: controller.to_owned(),
                 cluster: cluster.to_owned(),
                 result,
             })
             .map_or(0, |counter| counter.get())
+    }
+
+    /// How many clusters have series now.
+    pub fn clusters_recorded(&self) -> usize {
+        self.inner.series().len()
     }
 }
