@@ -11,93 +11,11 @@ use kube::{
     runtime::watcher,
 };
 use kube_fleet::{
-    ClusterName, Controller, Fleet, McRequest,
-    cache::WatchState,
-    controller::{Clusters, ControllerStatus},
-    provider::{LocalProvider, ProgrammaticHandle, ProgrammaticProvider},
+    ClusterName, Controller, Fleet, McRequest, cache::WatchState, controller::Clusters,
+    provider::LocalProvider,
 };
 use kube_fleet_envtest::Envtest;
 use support::*;
-use tokio::task::JoinHandle;
-
-/// A fleet fed by a programmatic provider, with its task.
-struct Running {
-    fleet: Fleet,
-    provider: ProgrammaticHandle,
-    tasks: Vec<JoinHandle<()>>,
-    /// The status of each controller spawned.
-    statuses: Vec<ControllerStatus>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        for task in &self.tasks {
-            task.abort();
-        }
-    }
-}
-
-impl Running {
-    fn new() -> Self {
-        let fleet = Fleet::new();
-        let (provider, handle) = ProgrammaticProvider::new();
-        let task = tokio::spawn({
-            let fleet = fleet.clone();
-            async move { fleet.run(provider).await }
-        });
-        Self {
-            fleet,
-            provider: handle,
-            tasks: vec![task],
-            statuses: Vec::new(),
-        }
-    }
-
-    fn add_all(&self, env: &Envtest) {
-        for cluster in env.clusters() {
-            self.provider.add(cluster.name(), cluster.client());
-        }
-    }
-
-    /// Runs a ConfigMap controller with a recording reconciler.
-    fn config_maps(&mut self) -> tokio::sync::mpsc::UnboundedReceiver<McRequest> {
-        let (service, rx) = recorder();
-        let controller = Controller::<ConfigMap>::new(&self.fleet, watcher::Config::default());
-        self.spawn(controller, service);
-        rx
-    }
-
-    fn spawn<S>(&mut self, controller: Controller<ConfigMap>, service: S)
-    where
-        S: tower::Service<McRequest, Response = kube_fleet::Action> + Send + 'static,
-        S::Future: Send + 'static,
-        S::Error: Into<tower::BoxError>,
-    {
-        self.statuses.push(controller.status());
-        let run = controller.run(service);
-        self.tasks.push(tokio::spawn(async move {
-            run.await.expect("controller runs");
-        }));
-    }
-
-    /// Waits until every controller serves the cluster `name`.
-    async fn wait_served(&self, name: &str) {
-        tokio::time::timeout(PATIENCE, async {
-            loop {
-                let serving = self
-                    .statuses
-                    .iter()
-                    .all(|s| s.cluster(name).is_some_and(|c| c.serving));
-                if serving {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("cluster {name} not served within {PATIENCE:?}"));
-    }
-}
 
 #[tokio::test]
 async fn all_clusters_are_engaged_and_objects_that_existed_before_are_reconciled() {

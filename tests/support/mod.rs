@@ -9,9 +9,15 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
     Api, Client,
     api::{ObjectMeta, PostParams},
+    runtime::watcher,
 };
-use kube_fleet::{Action, McRequest};
-use tokio::sync::mpsc;
+use kube_fleet::{
+    Action, Controller, Fleet, McRequest,
+    controller::ControllerStatus,
+    provider::{ProgrammaticHandle, ProgrammaticProvider},
+};
+use kube_fleet_envtest::Envtest;
+use tokio::{sync::mpsc, task::JoinHandle};
 use tower::{BoxError, Service, service_fn};
 
 /// How long a test waits for something that should happen.
@@ -103,4 +109,84 @@ pub async fn watches_served(client: &Client, resource: &str) -> u64 {
         .filter(|line| line.contains(&resource) && line.contains("verb=\"WATCH\""))
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
+}
+
+/// A fleet fed by a programmatic provider, with its task.
+pub struct Running {
+    pub fleet: Fleet,
+    pub provider: ProgrammaticHandle,
+    pub tasks: Vec<JoinHandle<()>>,
+    /// The status of each controller spawned.
+    pub statuses: Vec<ControllerStatus>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl Running {
+    pub fn new() -> Self {
+        let fleet = Fleet::new();
+        let (provider, handle) = ProgrammaticProvider::new();
+        let task = tokio::spawn({
+            let fleet = fleet.clone();
+            async move { fleet.run(provider).await }
+        });
+        Self {
+            fleet,
+            provider: handle,
+            tasks: vec![task],
+            statuses: Vec::new(),
+        }
+    }
+
+    pub fn add_all(&self, env: &Envtest) {
+        for cluster in env.clusters() {
+            self.provider.add(cluster.name(), cluster.client());
+        }
+    }
+
+    /// Runs a ConfigMap controller with a recording reconciler.
+    pub fn config_maps(&mut self) -> tokio::sync::mpsc::UnboundedReceiver<McRequest> {
+        let (service, rx) = recorder();
+        let controller = Controller::<ConfigMap>::new(&self.fleet, watcher::Config::default());
+        self.spawn(controller, service);
+        rx
+    }
+
+    pub fn spawn<K, S>(&mut self, controller: Controller<K>, service: S)
+    where
+        K: kube_fleet::cache::Watchable,
+        S: tower::Service<McRequest, Response = kube_fleet::Action> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<tower::BoxError>,
+    {
+        self.statuses.push(controller.status());
+        let run = controller.run(service);
+        self.tasks.push(tokio::spawn(async move {
+            run.await.expect("controller runs");
+        }));
+    }
+
+    /// Waits until every controller serves the cluster `name`.
+    pub async fn wait_served(&self, name: &str) {
+        tokio::time::timeout(PATIENCE, async {
+            loop {
+                let serving = self
+                    .statuses
+                    .iter()
+                    .all(|s| s.cluster(name).is_some_and(|c| c.serving));
+                if serving {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("cluster {name} not served within {PATIENCE:?}"));
+    }
 }
