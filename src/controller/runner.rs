@@ -631,6 +631,59 @@ mod tests {
         task.abort();
     }
 
+    /// A service that panics in `poll_ready` or `call` the first time it
+    /// is asked to, and records the keys it is called with after that.
+    #[derive(Clone)]
+    struct PanicsOnce {
+        in_poll_ready: bool,
+        panicked: Arc<AtomicBool>,
+        called: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl Service<McRequest> for PanicsOnce {
+        type Response = Action;
+        type Error = BoxError;
+        type Future = futures::future::Ready<Result<Action, BoxError>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            if self.in_poll_ready && !self.panicked.swap(true, Ordering::SeqCst) {
+                panic!("poll_ready bug");
+            }
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, request: McRequest) -> Self::Future {
+            if !self.in_poll_ready && !self.panicked.swap(true, Ordering::SeqCst) {
+                panic!("call bug");
+            }
+            self.called.lock().unwrap().push(request.name);
+            futures::future::ready(Ok(Action::await_change()))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_panic_in_poll_ready_or_call_fails_one_key_and_the_controller_goes_on() {
+        for in_poll_ready in [true, false] {
+            let (controller, requests) = fed_controller();
+            let service = PanicsOnce {
+                in_poll_ready,
+                panicked: Arc::default(),
+                called: Arc::default(),
+            };
+            let called = service.called.clone();
+            requests.send(key("first")).unwrap();
+            requests.send(key("second")).unwrap();
+            let task = tokio::spawn(controller.run(service));
+            until("both keys ran", || called.lock().unwrap().len() == 2).await;
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            let mut called = called.lock().unwrap().clone();
+            called.sort();
+            assert_eq!(called, ["first", "second"], "the failed key was retried");
+            assert!(!task.is_finished(), "the controller keeps running");
+            task.abort();
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn graceful_shutdown_lets_running_reconciles_finish_and_starts_no_new_ones() {
         let (signal, shutdown) = tokio::sync::oneshot::channel::<()>();
