@@ -7,7 +7,10 @@
 //! One real cluster (an envtest API server) is engaged so that the default
 //! layers have a synced cache to read from; the requests themselves are fed
 //! in memory through `Controller::reconcile_on`, all distinct, to a no-op
-//! reconciler. Three stacks are measured: the bare reconciler, the default
+//! reconciler. Four setups are measured: the bare reconciler, the bare
+//! reconciler with every admission check of the queue on (a controller-wide
+//! concurrency limit, the per-cluster fair share, a shared and a per-cluster
+//! token bucket, all generous enough never to hold a key back), the default
 //! layers (cluster resolution and object loading) in front of it, and the
 //! recommended stack (`RecommendedLayer`: trace, metrics, panic catch,
 //! timeout, retry, resolution, loading).
@@ -26,7 +29,7 @@ use std::{
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::watcher;
-use kube_fleet::{Action, Controller, Fleet, McRequest};
+use kube_fleet::{Action, Controller, Fleet, McRequest, TokenBucket, controller::Config};
 use kube_fleet_envtest::Envtest;
 use kube_fleet_layers::{
     load_object::{LoadObjectLayer, ObjectRequest},
@@ -72,6 +75,7 @@ impl Clock {
 #[derive(Clone, Copy, Debug)]
 enum Stack {
     Bare,
+    Admission,
     DefaultLayers,
     Recommended,
 }
@@ -92,6 +96,19 @@ async fn run(fleet: &Fleet, stack: Stack, n: usize, paced: bool) -> (Duration, A
                 clock.start(&request);
                 async { Ok::<_, BoxError>(Action::await_change()) }
             })))
+        }
+        Stack::Admission => {
+            let clock = clock.clone();
+            let config = Config::default()
+                .concurrency(1024)
+                .rate_limit(TokenBucket::new(1e9, u32::MAX))
+                .cluster_rate_limit(1e9, u32::MAX);
+            tokio::spawn(controller.with_config(config).run(service_fn(
+                move |request: McRequest| {
+                    clock.start(&request);
+                    async { Ok::<_, BoxError>(Action::await_change()) }
+                },
+            )))
         }
         Stack::DefaultLayers => {
             let clock = clock.clone();
@@ -156,7 +173,12 @@ async fn main() -> Result<(), BoxError> {
         .watch::<ConfigMap>(&watcher::Config::default());
     watch.synced().await;
 
-    for stack in [Stack::Bare, Stack::DefaultLayers, Stack::Recommended] {
+    for stack in [
+        Stack::Bare,
+        Stack::Admission,
+        Stack::DefaultLayers,
+        Stack::Recommended,
+    ] {
         let n = 200_000;
         let (took, _) = run(&fleet, stack, n, false).await;
         println!(

@@ -26,7 +26,7 @@ use kube::{
     runtime::watcher,
 };
 use kube_fleet::{
-    Action, Controller, Fleet,
+    Action, Controller, Fleet, controller,
     provider::{ProgrammaticHandle, ProgrammaticProvider},
 };
 use kube_fleet_envtest::Envtest;
@@ -92,16 +92,21 @@ async fn main() -> Result<(), Box<dyn Error>> {
         async move { fleet.run(provider).await }
     });
 
-    // The controller joins the fleet before any cluster does, so every
-    // cluster's cache has synced before a reconcile can see it.
+    // In each cluster the controller starts its watch and serves the
+    // cluster once it has synced, so a reconcile never reads a half-filled
+    // cache, and a cluster that does not answer holds up no other.
     let marked = watcher::Config::default().labels(&format!("{MARK}=true"));
     let stack = ServiceBuilder::new()
-        .concurrency_limit(16)
         .layer(ResolveClusterLayer::new(fleet.clone()))
         .layer(LoadObjectLayer::<ConfigMap>::with_config(marked.clone()))
         .service(service_fn(reconcile));
     let stop = shutdown_signal(args.run_for);
+    // At most 16 reconciles at once, 20 per second in any one cluster.
+    let limits = controller::Config::default()
+        .concurrency(16)
+        .cluster_rate_limit(20.0, 40);
     let controller = Controller::<ConfigMap>::new(&fleet, marked)
+        .with_config(limits)
         .graceful_shutdown_on(stop)
         .run(stack);
 
