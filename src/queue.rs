@@ -27,6 +27,7 @@ use tokio_util::time::{DelayQueue, delay_queue};
 use crate::{
     Action, ClusterName, McRequest, TokenBucket,
     backoff::{Backoff, Jitter},
+    token_bucket::Tokens,
 };
 
 /// Requeue delays are clamped to this: tokio's timer wheel panics for delays
@@ -120,7 +121,9 @@ struct ClusterQueue {
     throttled: bool,
     /// Counted among the clusters with work.
     busy: bool,
-    bucket: Option<TokenBucket>,
+    bucket: Option<Tokens>,
+    /// A token of `bucket` is taken for the next key.
+    has_token: bool,
 }
 
 impl ClusterQueue {
@@ -149,6 +152,8 @@ pub(crate) struct Queue {
     throttled: DelayQueue<ClusterName>,
     /// Waits for the shared bucket's next token.
     shared_wait: Option<Pin<Box<Sleep>>>,
+    /// A token of the shared bucket is taken for the next key.
+    shared_token: bool,
     limits: Limits,
     backoff: Backoff,
     jitter: Jitter,
@@ -167,6 +172,7 @@ impl Queue {
             delayed: DelayQueue::new(),
             throttled: DelayQueue::new(),
             shared_wait: None,
+            shared_token: false,
             limits,
             backoff,
             jitter: Jitter::new(),
@@ -366,21 +372,28 @@ impl Queue {
         if self.turns.is_empty() {
             return false;
         }
+        let now = Instant::now();
         if let Some(bucket) = &self.limits.rate_limit
-            && let Some(at) = bucket.next_token()
+            && !self.shared_token
         {
-            let mut wait = Box::pin(tokio::time::sleep_until(at));
-            let _ = wait.as_mut().poll(cx);
-            self.shared_wait = Some(wait);
-            return false;
+            match bucket.try_take(now) {
+                // Held for the next key, whichever cluster it comes from.
+                Ok(()) => self.shared_token = true,
+                Err(at) => {
+                    let mut wait = Box::pin(tokio::time::sleep_until(at));
+                    let _ = wait.as_mut().poll(cx);
+                    self.shared_wait = Some(wait);
+                    return false;
+                }
+            }
         }
-        self.front_admissible()
+        self.front_admissible(now)
     }
 
     /// Rotates the round-robin until its front cluster may run a key, taking
     /// out clusters that are held or out of tokens and skipping those at
     /// their concurrency cap. Each cluster is looked at once at most.
-    fn front_admissible(&mut self) -> bool {
+    fn front_admissible(&mut self, now: Instant) -> bool {
         let cap = self.cluster_cap();
         for _ in 0..self.turns.len() {
             let Some(name) = self.turns.front().cloned() else {
@@ -400,16 +413,22 @@ impl Queue {
                 self.turns.rotate_left(1);
                 continue;
             }
-            if let Some((rate, burst)) = self.limits.cluster_rate_limit {
+            if let Some((rate, burst)) = self.limits.cluster_rate_limit
+                && !cluster.has_token
+            {
                 let bucket = cluster
                     .bucket
-                    .get_or_insert_with(|| TokenBucket::new(rate, burst));
-                if let Some(at) = bucket.next_token() {
-                    cluster.in_turns = false;
-                    cluster.throttled = true;
-                    self.turns.pop_front();
-                    self.throttled.insert_at(name, at);
-                    continue;
+                    .get_or_insert_with(|| Tokens::full(rate, burst));
+                match bucket.try_take(now) {
+                    // Held for this cluster's next key.
+                    Ok(()) => cluster.has_token = true,
+                    Err(at) => {
+                        cluster.in_turns = false;
+                        cluster.throttled = true;
+                        self.turns.pop_front();
+                        self.throttled.insert_at(name, at);
+                        continue;
+                    }
                 }
             }
             return true;
@@ -422,15 +441,10 @@ impl Queue {
     /// first, and only when it said yes.
     pub(crate) fn pop_ready(&mut self) -> Option<McRequest> {
         let name = self.turns.pop_front()?;
-        if let Some(bucket) = &self.limits.rate_limit {
-            // Another controller may have taken the token that was there; the
-            // debt then delays the next key instead.
-            bucket.take();
-        }
+        // The tokens taken when the key was admitted are used now.
+        self.shared_token = false;
         let cluster = self.clusters.get_mut(&name)?;
-        if let Some(bucket) = &cluster.bucket {
-            bucket.take();
-        }
+        cluster.has_token = false;
         let key = loop {
             let lane = if cluster.changed_last && !cluster.listed.is_empty() {
                 Lane::Listed

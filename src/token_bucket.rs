@@ -26,22 +26,15 @@ use tokio::time::Instant;
 /// ```
 #[derive(Clone)]
 pub struct TokenBucket {
-    state: Arc<Mutex<State>>,
-    rate: f64,
-    burst: f64,
-}
-
-struct State {
-    /// Tokens available at `at`; below zero when more were taken than there were.
-    tokens: f64,
-    at: Instant,
+    tokens: Arc<Mutex<Tokens>>,
 }
 
 impl fmt::Debug for TokenBucket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let tokens = self.tokens();
         f.debug_struct("TokenBucket")
-            .field("rate", &self.rate)
-            .field("burst", &self.burst)
+            .field("rate", &tokens.rate)
+            .field("burst", &tokens.burst)
             .finish_non_exhaustive()
     }
 }
@@ -52,42 +45,60 @@ impl TokenBucket {
     /// # Panics
     /// If `rate` is not a positive number or `burst` is zero.
     pub fn new(rate: f64, burst: u32) -> Self {
+        Self {
+            tokens: Arc::new(Mutex::new(Tokens::full(rate, burst))),
+        }
+    }
+
+    fn tokens(&self) -> MutexGuard<'_, Tokens> {
+        self.tokens.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes a token if one is there at `now`; otherwise says when one will be.
+    pub(crate) fn try_take(&self, now: Instant) -> Result<(), Instant> {
+        self.tokens().try_take(now)
+    }
+}
+
+/// The state of a bucket, for one owner: a cluster's bucket in a queue is
+/// used by that queue alone and needs no lock.
+#[derive(Debug)]
+pub(crate) struct Tokens {
+    /// Tokens available at `at`.
+    tokens: f64,
+    at: Instant,
+    rate: f64,
+    burst: f64,
+}
+
+impl Tokens {
+    /// A full bucket; panics as [`TokenBucket::new`] does.
+    pub(crate) fn full(rate: f64, burst: u32) -> Self {
         assert!(rate > 0.0 && rate.is_finite(), "rate must be positive");
         assert!(burst > 0, "burst must be at least 1");
         Self {
-            state: Arc::new(Mutex::new(State {
-                tokens: f64::from(burst),
-                at: Instant::now(),
-            })),
+            tokens: f64::from(burst),
+            at: Instant::now(),
             rate,
             burst: f64::from(burst),
         }
     }
 
-    fn refilled(&self) -> MutexGuard<'_, State> {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        let refill = (now - state.at).as_secs_f64() * self.rate;
-        state.tokens = (state.tokens + refill).min(self.burst);
-        state.at = now;
-        state
-    }
-
-    /// When the next token is there: `None` if one is there now.
-    pub(crate) fn next_token(&self) -> Option<Instant> {
-        let state = self.refilled();
-        (state.tokens < 1.0).then(|| {
-            let wait = Duration::try_from_secs_f64((1.0 - state.tokens) / self.rate)
-                .unwrap_or(MAX_WAIT)
-                .min(MAX_WAIT);
-            state.at + wait
-        })
-    }
-
-    /// Takes a token, in debt if none is there: the next one then comes
-    /// later.
-    pub(crate) fn take(&self) {
-        self.refilled().tokens -= 1.0;
+    /// Takes a token if one is there at `now`; otherwise says when one will be.
+    pub(crate) fn try_take(&mut self, now: Instant) -> Result<(), Instant> {
+        if now > self.at {
+            let refill = (now - self.at).as_secs_f64() * self.rate;
+            self.tokens = (self.tokens + refill).min(self.burst);
+            self.at = now;
+        }
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            return Ok(());
+        }
+        let wait = Duration::try_from_secs_f64((1.0 - self.tokens) / self.rate)
+            .unwrap_or(MAX_WAIT)
+            .min(MAX_WAIT);
+        Err(self.at + wait)
     }
 }
 
@@ -102,27 +113,22 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_bucket_gives_its_burst_then_one_token_per_interval() {
         let bucket = TokenBucket::new(2.0, 2);
-        assert_eq!(bucket.next_token(), None);
-        bucket.take();
-        bucket.clone().take();
-        let next = bucket.next_token().expect("clones share tokens: none left");
+        assert!(bucket.try_take(Instant::now()).is_ok());
+        assert!(bucket.clone().try_take(Instant::now()).is_ok());
+        let next = bucket
+            .try_take(Instant::now())
+            .expect_err("clones share tokens: none left");
         assert_eq!(next - Instant::now(), Duration::from_millis(500));
         tokio::time::advance(Duration::from_millis(500)).await;
-        assert_eq!(bucket.next_token(), None);
-        bucket.take();
-        // Taken in debt: the next token comes a whole interval later.
-        bucket.take();
-        assert_eq!(
-            bucket.next_token().unwrap() - Instant::now(),
-            Duration::from_secs(1)
-        );
+        assert!(bucket.try_take(Instant::now()).is_ok());
+        assert!(bucket.try_take(Instant::now()).is_err());
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_very_low_rate_waits_at_most_a_year() {
-        let bucket = TokenBucket::new(1e-12, 1);
-        bucket.take();
-        let next = bucket.next_token().unwrap();
+        let mut tokens = Tokens::full(1e-12, 1);
+        tokens.try_take(Instant::now()).unwrap();
+        let next = tokens.try_take(Instant::now()).unwrap_err();
         assert_eq!(next - Instant::now(), MAX_WAIT);
     }
 }

@@ -433,3 +433,40 @@ async fn a_controller_that_stops_leaves_no_watch_behind() {
     let cluster = running.fleet.get("cluster-0").expect("still engaged");
     assert_eq!(cluster.cache().watch_count(), 0);
 }
+
+#[tokio::test]
+async fn a_wrong_certificate_authority_is_named_in_the_reason() {
+    use kube::{Client, config::KubeConfigOptions};
+
+    let env = Envtest::start(2).await.unwrap();
+    // cluster-0's address, but cluster-1's CA: the server's certificate
+    // cannot be verified.
+    let mut kubeconfig = env.clusters()[0].kubeconfig().clone();
+    let other_ca = env.clusters()[1].kubeconfig().clusters[0]
+        .cluster
+        .as_ref()
+        .unwrap()
+        .certificate_authority_data
+        .clone();
+    kubeconfig.clusters[0]
+        .cluster
+        .as_mut()
+        .unwrap()
+        .certificate_authority_data = other_ca;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    let mut running = Running::new();
+    let _rx = running.config_maps();
+    running
+        .provider
+        .add("wrong-ca", Client::try_from(config).unwrap());
+    let cluster = failing(&running.statuses[0], "wrong-ca", PATIENCE).await;
+    let WatchState::Failing { reason } = &cluster.watches[0].state else {
+        unreachable!("failing")
+    };
+    assert!(
+        reason.contains("certificate") || reason.contains("UnknownIssuer"),
+        "the reason names the TLS failure, not only the connection: {reason}"
+    );
+}

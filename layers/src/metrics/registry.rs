@@ -144,16 +144,21 @@ impl ReconcileMetrics {
 
     /// Records one reconcile, unless its cluster is known to have left.
     pub(crate) fn record(&self, labels: &ClusterLabels, result: &'static str, seconds: f64) {
-        if let Some(fleet) = self.inner.fleet.get()
-            && fleet.get(labels.cluster.as_str()).is_none()
-        {
-            return;
-        }
-        {
+        if let Some(fleet) = self.inner.fleet.get() {
+            if fleet.get(labels.cluster.as_str()).is_none() {
+                return;
+            }
             let mut series = self.inner.series();
-            let controllers = series.entry(labels.cluster.clone()).or_default();
-            if !controllers.contains(&labels.controller) {
-                controllers.insert(labels.controller.clone());
+            match series.get_mut(labels.cluster.as_str()) {
+                Some(controllers) => {
+                    if !controllers.contains(&labels.controller) {
+                        controllers.insert(labels.controller.clone());
+                    }
+                }
+                None => {
+                    let controllers = HashSet::from([labels.controller.clone()]);
+                    series.insert(labels.cluster.clone(), controllers);
+                }
             }
         }
         self.inner.durations.get_or_create(labels).observe(seconds);
@@ -180,7 +185,8 @@ impl ReconcileMetrics {
             .map_or(0, |counter| counter.get())
     }
 
-    /// How many clusters have series now.
+    /// How many clusters have series now (counted only when following a
+    /// fleet).
     pub fn clusters_recorded(&self) -> usize {
         self.inner.series().len()
     }
