@@ -57,7 +57,13 @@ impl Backoff {
     /// times the jitter.
     pub fn jittered(&self, failures: u32, random: f64) -> Duration {
         let delay = self.delay(failures);
-        let stretch = self.jitter.clamp(0.0, 1.0) * random.clamp(0.0, 1.0);
+        // A jitter that is not a number counts as none, rather than panicking.
+        let jitter = if self.jitter.is_finite() {
+            self.jitter.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        let stretch = jitter * random.clamp(0.0, 1.0);
         delay.saturating_add(delay.mul_f64(stretch))
     }
 }

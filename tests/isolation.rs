@@ -470,3 +470,37 @@ async fn a_wrong_certificate_authority_is_named_in_the_reason() {
         "the reason names the TLS failure, not only the connection: {reason}"
     );
 }
+
+#[tokio::test]
+async fn a_cluster_that_cannot_sync_keeps_no_unread_changes_for_the_controller() {
+    let env = Envtest::start(1).await.unwrap();
+    let cluster = &env.clusters()[0];
+    let mut running = Running::new();
+    let (service, _rx) = recorder();
+    // ConfigMaps, and Widgets they own: a type this cluster does not serve.
+    let controller = Controller::<ConfigMap>::new(&running.fleet, watcher::Config::default())
+        .owns::<Widget>(watcher::Config::default());
+    let status = controller.status();
+    running.spawn(controller, service);
+    running.add_all(&env);
+    failing(&status, "cluster-0", PATIENCE).await;
+
+    // The ConfigMap watch runs and keeps its store, but nobody subscribes
+    // to it, so changes made meanwhile pile up nowhere.
+    for i in 0..20 {
+        create_config_map(cluster.client(), &format!("churn-{i}")).await;
+    }
+    let engaged = running.fleet.get("cluster-0").unwrap();
+    let config_maps = engaged
+        .cache()
+        .find::<ConfigMap>(&watcher::Config::default())
+        .expect("the controller's ConfigMap watch runs");
+    assert!(config_maps.has_synced());
+    assert_eq!(config_maps.subscribers(), 0);
+
+    cluster.install_crds([Widget::crd()]).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(90), status.synced())
+        .await
+        .expect("served once the CRD is there");
+    assert_eq!(config_maps.subscribers(), 1);
+}

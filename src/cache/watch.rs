@@ -167,6 +167,16 @@ where
         let _ = self.hub.health.subscribe().wait_for(|h| h.has_synced).await;
     }
 
+    /// How many subscriptions read this watch now.
+    pub fn subscribers(&self) -> usize {
+        let subscribers = self.hub.subscribers();
+        subscribers
+            .inboxes
+            .iter()
+            .filter(|inbox| inbox.strong_count() > 0)
+            .count()
+    }
+
     /// Whether this watch reads only metadata.
     pub fn is_metadata_only(&self) -> bool {
         self.metadata_only
@@ -256,8 +266,11 @@ async fn run<K, S>(
             }
         };
         let listed = matches!(event, Event::InitDone);
+        let healthy = !matches!(event, Event::Init);
+        // The store first, so that whoever learns the watch synced finds it full.
+        let notes = apply(&mut writer, &reader, event);
         // `Init` comes before the list request, so it tells nothing of health.
-        if !matches!(event, Event::Init) {
+        if healthy {
             last_reason = None;
             hub.health.send_if_modified(|health| {
                 health.has_synced |= listed;
@@ -271,7 +284,6 @@ async fn run<K, S>(
                 changed
             });
         }
-        let notes = apply(&mut writer, &reader, event);
         hub.notify(&notes, listed);
     }
 }

@@ -26,7 +26,7 @@ use tower::{BoxError, Service};
 
 use super::{
     Clusters, Config, ControllerStatus, Error, QueueDepth,
-    trigger::{Subscribed, Trigger, panic_message},
+    trigger::{Started, Trigger, panic_message},
 };
 use crate::{
     Action, Cluster, ClusterName, Fleet, McRequest,
@@ -65,8 +65,8 @@ enum ClusterItem {
     Request(McRequest, Lane),
 }
 
-/// A reconcile's key and its result; `None` if its cluster had left before
-/// it started.
+/// A reconcile's key and its result; `None` if its cluster had left (or was
+/// replaced) before it started.
 type Finished = (McRequest, Option<Result<Action, BoxError>>);
 
 pub(super) struct Runner {
@@ -293,12 +293,16 @@ impl Runner {
         S::Error: Into<BoxError>,
     {
         let key = self.queue.pop_ready().expect("the queue admitted a key");
-        let cluster = self.engaged.get(&key.cluster).filter(|c| c.is_engaged());
-        let Some(cluster) = cluster.cloned() else {
-            // Its cluster left; the runner hears of it in a moment and purges.
-            self.queue.complete(&key, Outcome::Cancelled);
+        let Some(cluster) = self.engaged.get(&key.cluster).cloned() else {
+            // Not reachable: a key's cluster is known while the key is queued.
+            self.queue
+                .complete(&key, Outcome::Success(Action::await_change()));
             return;
         };
+        if !cluster.is_engaged() {
+            self.interrupted(&key);
+            return;
+        }
         let reconcile = match catch_unwind(AssertUnwindSafe(|| service.call(key.clone()))) {
             Ok(reconcile) => reconcile,
             Err(panic) => return self.panicked(&key, "call", panic.as_ref()),
@@ -313,6 +317,22 @@ impl Runner {
         });
         self.running_keys.insert(abort.id(), key.clone());
         self.aborts.insert(key, abort);
+    }
+
+    /// The key's run did not start or was cut short because its cluster left
+    /// or was replaced. A disengage has purged the key, and the queue drops
+    /// it; a replacement runs it again against the new cluster. If the runner
+    /// has not yet heard which of the two it was, the key's cluster is held
+    /// until it has.
+    fn interrupted(&mut self, key: &McRequest) {
+        self.queue.complete(key, Outcome::Interrupted);
+        let pending = self
+            .engaged
+            .get(&key.cluster)
+            .is_some_and(|cluster| !cluster.is_engaged());
+        if pending {
+            self.queue.hold(&key.cluster);
+        }
     }
 
     fn panicked(&mut self, key: &McRequest, during: &str, panic: &(dyn std::any::Any + Send)) {
@@ -340,14 +360,16 @@ impl Runner {
             self.cancel_running(&name);
         }
         if !self.selection.selects(&name) {
+            // Held only if a run was interrupted before this event came.
+            self.queue.release(&name);
             return;
         }
-        let subscribed: Vec<Subscribed> = self
+        let started: Vec<Started> = self
             .triggers
             .iter()
-            .map(|trigger| trigger.subscribe(&cluster))
+            .map(|trigger| trigger.start(&cluster))
             .collect();
-        let watches: Vec<_> = subscribed.iter().map(|s| s.watch.clone()).collect();
+        let watches: Vec<_> = started.iter().map(|s| s.watch.clone()).collect();
         self.status.start(cluster, watches.clone());
         self.queue.hold(&name);
         let synced = Box::pin(join_all(watches.iter().map(|w| w.synced())));
@@ -359,13 +381,25 @@ impl Runner {
                 () = tokio::time::sleep(timeout) => Some((ClusterItem::StillSyncing, Some(synced))),
             }
         });
-        let requests = stream::select_all(subscribed.into_iter().map(|s| s.requests))
-            .map(|(request, lane)| ClusterItem::Request(request, lane));
+        // Subscribed only once the cluster is served: nothing piles up unread
+        // while one of the watches cannot sync.
+        let subscribes: Vec<_> = started.into_iter().map(|s| s.subscribe).collect();
+        let requests = stream::once(async move {
+            stream::select_all(subscribes.into_iter().map(|subscribe| subscribe()))
+        })
+        .flatten()
+        .map(|(request, lane)| ClusterItem::Request(request, lane));
         // Replaces the stream of an earlier engagement of the same name.
         self.incoming.insert(name, gate.chain(requests).boxed());
     }
 
     fn disengage(&mut self, name: &ClusterName) {
+        // The fleet ends an engagement before it says so. One that is still
+        // live was learned from the fleet ahead of its own event: this event
+        // ended an older one.
+        if self.engaged.get(name).is_some_and(Cluster::is_engaged) {
+            return;
+        }
         self.engaged.remove(name);
         if self.incoming.remove(name).is_some() {
             self.status.remove(name);
@@ -429,7 +463,7 @@ impl Runner {
                 tracing::warn!(controller = %self.name, request = %key, %error, "reconcile failed; retrying after backoff");
                 (id, key, Outcome::Failure)
             }
-            Ok((id, (key, None))) => (id, key, Outcome::Cancelled),
+            Ok((id, (key, None))) => (id, key, Outcome::Interrupted),
             Err(error) => {
                 let id = error.id();
                 let Some(key) = self.running_keys.get(&id).cloned() else {
@@ -442,7 +476,7 @@ impl Runner {
                         Outcome::Failure
                     }
                     // Cancelled: its cluster left or was replaced.
-                    Err(_) => Outcome::Cancelled,
+                    Err(_) => Outcome::Interrupted,
                 };
                 (id, key, outcome)
             }
@@ -451,14 +485,9 @@ impl Runner {
         // Only the run the queue knows as the key's current one counts.
         if self.aborts.get(&key).is_some_and(|a| a.id() == id) {
             self.aborts.remove(&key);
-            self.queue.complete(&key, outcome);
-            let replaced = self
-                .engaged
-                .get(&key.cluster)
-                .is_some_and(Cluster::is_engaged);
-            if outcome == Outcome::Cancelled && replaced {
-                // Its cluster was replaced under the same name: run it there.
-                self.queue.push(key, Lane::Changed);
+            match outcome {
+                Outcome::Interrupted => self.interrupted(&key),
+                outcome => self.queue.complete(&key, outcome),
             }
         }
     }
@@ -682,6 +711,121 @@ mod tests {
             assert!(!task.is_finished(), "the controller keeps running");
             task.abort();
         }
+    }
+
+    /// A controller of cluster "c" in `fleet`, fed through a channel, that
+    /// counts the reconciles that start; the first one of key "hang" hangs.
+    fn counting_controller(
+        fleet: &Fleet,
+    ) -> (
+        Controller<ConfigMap>,
+        mpsc::UnboundedSender<McRequest>,
+        Arc<AtomicUsize>,
+    ) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let controller = Controller::<ConfigMap>::new(fleet, watcher::Config::default())
+            .clusters(Clusters::Local)
+            .reconcile_on(UnboundedReceiverStream::new(rx));
+        (controller, tx, Arc::default())
+    }
+
+    fn hangs_first(
+        started: Arc<AtomicUsize>,
+    ) -> impl Service<McRequest, Response = Action, Error = BoxError, Future: Send + 'static>
+    + Send
+    + 'static {
+        service_fn(move |request: McRequest| {
+            let started = started.clone();
+            async move {
+                let n = started.fetch_add(1, Ordering::SeqCst);
+                if request.name == "hang" && n == 0 {
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, BoxError>(Action::await_change())
+            }
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_run_cut_short_by_a_replacement_runs_again_against_the_new_cluster() {
+        let fleet = Fleet::new();
+        fleet.engage("c", idle_client());
+        let (controller, requests, started) = counting_controller(&fleet);
+        requests.send(key("hang")).unwrap();
+        let task = tokio::spawn(controller.run(hangs_first(started.clone())));
+        until("it runs", || started.load(Ordering::SeqCst) == 1).await;
+        // The same name, another client: the running reconcile is cancelled
+        // and the key runs again.
+        fleet.engage("c", idle_client());
+        until("it runs again", || started.load(Ordering::SeqCst) == 2).await;
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(started.load(Ordering::SeqCst), 2);
+        task.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_of_a_disengaged_cluster_never_runs_in_a_successor_of_the_same_name() {
+        let fleet = Fleet::new();
+        fleet.engage("c", idle_client());
+        let (controller, requests, started) = counting_controller(&fleet);
+        requests.send(key("hang")).unwrap();
+        let task = tokio::spawn(controller.run(hangs_first(started.clone())));
+        until("it runs", || started.load(Ordering::SeqCst) == 1).await;
+        // Both before the controller hears of either.
+        fleet.disengage("c");
+        fleet.engage("c", idle_client());
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(started.load(Ordering::SeqCst), 1, "purged, not resurrected");
+        task.abort();
+    }
+
+    /// Replaces cluster "c" in the fleet from inside its first `poll_ready`,
+    /// so that the key the controller then takes belongs to a cluster that
+    /// has just been replaced, before the controller hears of it.
+    struct ReplacesOnReady {
+        fleet: Fleet,
+        replaced: bool,
+        started: Arc<AtomicUsize>,
+    }
+
+    impl Service<McRequest> for ReplacesOnReady {
+        type Response = Action;
+        type Error = BoxError;
+        type Future = futures::future::Ready<Result<Action, BoxError>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            if !std::mem::replace(&mut self.replaced, true) {
+                self.fleet.engage("c", idle_client());
+            }
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: McRequest) -> Self::Future {
+            self.started.fetch_add(1, Ordering::SeqCst);
+            futures::future::ready(Ok(Action::await_change()))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_taken_while_its_cluster_is_being_replaced_runs_against_the_new_one() {
+        let fleet = Fleet::new();
+        fleet.engage("c", idle_client());
+        let (controller, requests, started) = counting_controller(&fleet);
+        requests.send(key("x")).unwrap();
+        let service = ReplacesOnReady {
+            fleet: fleet.clone(),
+            replaced: false,
+            started: started.clone(),
+        };
+        let task = tokio::spawn(controller.run(service));
+        until("it runs", || started.load(Ordering::SeqCst) == 1).await;
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(
+            started.load(Ordering::SeqCst),
+            1,
+            "once, not lost, not twice"
+        );
+        task.abort();
     }
 
     #[tokio::test(start_paused = true)]

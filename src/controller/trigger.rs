@@ -24,15 +24,18 @@ use crate::{
 /// A watched type of a controller: where its changes come from, and how each
 /// becomes requests.
 pub(crate) trait Trigger: Send + Sync {
-    /// Starts or finds the watch in `cluster` and subscribes to it.
-    fn subscribe(&self, cluster: &Cluster) -> Subscribed;
+    /// Starts or finds the watch in `cluster`.
+    fn start(&self, cluster: &Cluster) -> Started;
 }
 
-/// A trigger's watch in one cluster, and the requests it makes there: first
-/// one per object the watch lists, then one per change.
-pub(crate) struct Subscribed {
+/// A trigger's watch in one cluster, running, and how to subscribe to it.
+pub(crate) struct Started {
     pub(crate) watch: Arc<dyn WatchProbe>,
-    pub(crate) requests: BoxStream<'static, (McRequest, Lane)>,
+    /// The requests the watch makes in this cluster: first one per object
+    /// in the store when subscribing, then one per change. Called once the
+    /// controller serves the cluster, so that nothing piles up unread while
+    /// another of its watches there cannot sync.
+    pub(crate) subscribe: Box<dyn FnOnce() -> BoxStream<'static, (McRequest, Lane)> + Send>,
 }
 
 type Source<T> = fn(&ClusterCache, &watcher::Config) -> Arc<SharedWatch<T>>;
@@ -54,38 +57,52 @@ impl<T> Trigger for WatchTrigger<T>
 where
     T: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
-    fn subscribe(&self, cluster: &Cluster) -> Subscribed {
+    fn start(&self, cluster: &Cluster) -> Started {
         let watch = (self.source)(cluster.cache(), &self.config);
-        let changes = watch.subscribe();
-        let name = cluster.name().clone();
-        let mapper = self.mapper.clone();
-        let mut filters: Vec<_> = self.filters.iter().map(|make| make()).collect();
-        let requests = changes
-            .flat_map(move |change| {
-                let lane = match change {
-                    Change::Listed(_) => Lane::Listed,
-                    Change::Applied(_) | Change::Deleted(_) => Lane::Changed,
-                };
-                // Every filter sees every change, so stateful ones stay current.
-                let passed = contained(&name, "filter", || {
-                    filters
-                        .iter_mut()
-                        .fold(true, |keep, filter| filter(&change) & keep)
-                });
-                let requests = match passed {
-                    Some(true) => contained(&name, "mapper", || mapper(&name, &change)),
-                    _ => None,
-                };
-                stream::iter(
-                    requests
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(move |r| (r, lane)),
-                )
-            })
-            .boxed();
-        Subscribed { watch, requests }
+        let subscribe = {
+            let (watch, name) = (watch.clone(), cluster.name().clone());
+            let (mapper, filters) = (self.mapper.clone(), self.filters.clone());
+            move || requests(&watch, name, mapper, &filters)
+        };
+        Started {
+            watch,
+            subscribe: Box::new(subscribe),
+        }
     }
+}
+
+/// The requests that the changes `watch` reports make in the cluster `name`.
+fn requests<T>(
+    watch: &Arc<SharedWatch<T>>,
+    name: ClusterName,
+    mapper: Mapper<T>,
+    filters: &[FilterFactory<T>],
+) -> BoxStream<'static, (McRequest, Lane)>
+where
+    T: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    let mut filters: Vec<_> = filters.iter().map(|make| make()).collect();
+    watch
+        .subscribe()
+        .flat_map(move |change| {
+            let lane = match change {
+                Change::Listed(_) => Lane::Listed,
+                Change::Applied(_) | Change::Deleted(_) => Lane::Changed,
+            };
+            // Every filter sees every change, so stateful ones stay current.
+            let passed = contained(&name, "filter", || {
+                filters
+                    .iter_mut()
+                    .fold(true, |keep, filter| filter(&change) & keep)
+            });
+            let requests = match passed {
+                Some(true) => contained(&name, "mapper", || mapper(&name, &change)),
+                _ => None,
+            };
+            let requests = requests.unwrap_or_default().into_iter();
+            stream::iter(requests.map(move |request| (request, lane)))
+        })
+        .boxed()
 }
 
 /// Runs user code (a filter, a mapper) so that a panic in it loses this

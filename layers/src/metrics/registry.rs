@@ -71,20 +71,19 @@ impl Inner {
 
     /// Drops the series of every cluster that is not engaged now: the one
     /// that just left, and any recorded in a race with an earlier leave.
+    /// Holds the series lock throughout, as [`record`](ReconcileMetrics::record)
+    /// does, so that no series is created behind its back.
     fn forget_departed(&self, fleet: &Fleet) {
-        let departed: Vec<_> = {
-            let mut series = self.series();
-            let gone: Vec<String> = series
-                .keys()
-                .filter(|cluster| fleet.get(cluster.as_str()).is_none())
-                .cloned()
-                .collect();
-            gone.into_iter()
-                .filter_map(|cluster| series.remove_entry(&cluster))
-                .collect()
-        };
-        for (cluster, controllers) in departed {
-            self.forget(&cluster, controllers);
+        let mut series = self.series();
+        let departed: Vec<String> = series
+            .keys()
+            .filter(|cluster| fleet.get(cluster.as_str()).is_none())
+            .cloned()
+            .collect();
+        for cluster in departed {
+            if let Some(controllers) = series.remove(&cluster) {
+                self.forget(&cluster, controllers);
+            }
         }
     }
 }
@@ -144,32 +143,39 @@ impl ReconcileMetrics {
 
     /// Records one reconcile, unless its cluster is known to have left.
     pub(crate) fn record(&self, labels: &ClusterLabels, result: &'static str, seconds: f64) {
-        if let Some(fleet) = self.inner.fleet.get() {
-            if fleet.get(labels.cluster.as_str()).is_none() {
-                return;
+        let record = || {
+            self.inner.durations.get_or_create(labels).observe(seconds);
+            self.inner
+                .reconciles
+                .get_or_create(&ResultLabels {
+                    controller: labels.controller.clone(),
+                    cluster: labels.cluster.clone(),
+                    result,
+                })
+                .inc();
+        };
+        let Some(fleet) = self.inner.fleet.get() else {
+            return record();
+        };
+        // Under the lock that forgetting a cluster takes too: either the
+        // cluster is still engaged and its series are forgotten after this,
+        // or it has left and nothing is recorded.
+        let mut series = self.inner.series();
+        if fleet.get(labels.cluster.as_str()).is_none() {
+            return;
+        }
+        match series.get_mut(labels.cluster.as_str()) {
+            Some(controllers) => {
+                if !controllers.contains(&labels.controller) {
+                    controllers.insert(labels.controller.clone());
+                }
             }
-            let mut series = self.inner.series();
-            match series.get_mut(labels.cluster.as_str()) {
-                Some(controllers) => {
-                    if !controllers.contains(&labels.controller) {
-                        controllers.insert(labels.controller.clone());
-                    }
-                }
-                None => {
-                    let controllers = HashSet::from([labels.controller.clone()]);
-                    series.insert(labels.cluster.clone(), controllers);
-                }
+            None => {
+                let controllers = HashSet::from([labels.controller.clone()]);
+                series.insert(labels.cluster.clone(), controllers);
             }
         }
-        self.inner.durations.get_or_create(labels).observe(seconds);
-        self.inner
-            .reconciles
-            .get_or_create(&ResultLabels {
-                controller: labels.controller.clone(),
-                cluster: labels.cluster.clone(),
-                result,
-            })
-            .inc();
+        record();
     }
 
     /// How many reconciles of `controller` in `cluster` ended with `result`
