@@ -11,7 +11,7 @@ use std::{
 use futures::{Stream, task::AtomicWaker};
 use indexmap::IndexMap;
 use kube::{
-    Resource,
+    Resource, ResourceExt,
     runtime::reflector::{ObjectRef, Store},
 };
 
@@ -49,8 +49,11 @@ impl<K> Change<K> {
     }
 }
 
-/// What the watch tells each inbox about one object.
+/// What the watch tells each inbox: about one object, or that every object
+/// in the store was listed (the first list, or the store a subscriber finds
+/// when it joins), which costs nothing per object until it is read.
 pub(crate) enum Note<K: Resource> {
+    Everything,
     Listed(ObjectRef<K>),
     Applied(ObjectRef<K>),
     Deleted(ObjectRef<K>, Arc<K>),
@@ -67,23 +70,37 @@ enum Presence {
 /// deletion (its last state) and whether the object is there now. The object
 /// itself is read from the store when the subscriber gets to it, so an inbox
 /// never keeps an old version alive.
-struct Entry<K> {
+pub(super) struct Entry<K> {
     deleted: Option<Arc<K>>,
     present: Option<Presence>,
 }
 
-type Pending<K> = IndexMap<ObjectRef<K>, Entry<K>>;
+/// What a subscriber has not read: possibly the whole store, and the
+/// objects that changed.
+pub(super) struct Pending<K: Resource<DynamicType = ()>> {
+    everything: bool,
+    pub(super) objects: IndexMap<ObjectRef<K>, Entry<K>>,
+}
+
+impl<K: Resource<DynamicType = ()>> Default for Pending<K> {
+    fn default() -> Self {
+        Self {
+            everything: false,
+            objects: IndexMap::new(),
+        }
+    }
+}
 
 /// One subscriber's unread changes, in the order objects first changed.
 pub(crate) struct Inbox<K: Resource<DynamicType = ()>> {
-    pending: Mutex<Pending<K>>,
+    pub(super) pending: Mutex<Pending<K>>,
     waker: AtomicWaker,
 }
 
 impl<K: Resource<DynamicType = ()>> Inbox<K> {
     pub(crate) fn new() -> Self {
         Self {
-            pending: Mutex::new(IndexMap::new()),
+            pending: Mutex::default(),
             waker: AtomicWaker::new(),
         }
     }
@@ -101,18 +118,19 @@ impl<K: Resource<DynamicType = ()>> Inbox<K> {
             let mut pending = self.pending();
             for note in notes {
                 match note {
+                    Note::Everything => pending.everything = true,
                     Note::Listed(key) => {
-                        let entry = entry(&mut pending, key);
+                        let entry = entry(&mut pending.objects, key);
                         // A live change not yet read says more than a list.
                         if entry.present != Some(Presence::Applied) {
                             entry.present = Some(Presence::Listed);
                         }
                     }
                     Note::Applied(key) => {
-                        entry(&mut pending, key).present = Some(Presence::Applied)
+                        entry(&mut pending.objects, key).present = Some(Presence::Applied);
                     }
                     Note::Deleted(key, last) => {
-                        let entry = entry(&mut pending, key);
+                        let entry = entry(&mut pending.objects, key);
                         entry.deleted = Some(last.clone());
                         entry.present = None;
                     }
@@ -123,8 +141,17 @@ impl<K: Resource<DynamicType = ()>> Inbox<K> {
     }
 }
 
+/// The store's key for `object`, without the extras a lookup does not need.
+pub(super) fn key_of<K: Resource<DynamicType = ()>>(object: &K) -> ObjectRef<K> {
+    let key = ObjectRef::new(&object.name_any());
+    match object.namespace() {
+        Some(namespace) => key.within(&namespace),
+        None => key,
+    }
+}
+
 fn entry<'p, K: Resource<DynamicType = ()>>(
-    pending: &'p mut Pending<K>,
+    pending: &'p mut IndexMap<ObjectRef<K>, Entry<K>>,
     key: &ObjectRef<K>,
 ) -> &'p mut Entry<K> {
     if !pending.contains_key(key) {
@@ -150,6 +177,8 @@ fn entry<'p, K: Resource<DynamicType = ()>>(
 pub struct Subscription<K: Resource<DynamicType = ()> + 'static> {
     inbox: Arc<Inbox<K>>,
     store: Store<K>,
+    /// The store as it was when the subscriber got to a list of everything.
+    listed: std::vec::IntoIter<Arc<K>>,
     batch: indexmap::map::IntoIter<ObjectRef<K>, Entry<K>>,
     /// The object's present state, told right after its deletion.
     next: Option<Change<K>>,
@@ -161,6 +190,7 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Subscription<K> {
         Self {
             inbox,
             store,
+            listed: Vec::new().into_iter(),
             batch: IndexMap::new().into_iter(),
             next: None,
             _watch: watch,
@@ -180,7 +210,10 @@ impl<K: Resource<DynamicType = ()>> fmt::Debug for Subscription<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Subscription")
             .field("kind", &K::kind(&()))
-            .field("unread", &(self.batch.len() + self.inbox.pending().len()))
+            .field(
+                "unread",
+                &(self.batch.len() + self.inbox.pending().objects.len()),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -193,6 +226,9 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Stream for Subscription<K>
         loop {
             if let Some(change) = this.next.take() {
                 return Poll::Ready(Some(change));
+            }
+            if let Some(object) = this.listed.next() {
+                return Poll::Ready(Some(Change::Listed(object)));
             }
             if let Some((key, entry)) = this.batch.next() {
                 let present = this.present(&key, entry.present);
@@ -208,11 +244,19 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Stream for Subscription<K>
             }
             // Register before looking, so a change that lands in between wakes us.
             this.inbox.waker.register(cx.waker());
-            let batch = std::mem::take(&mut *this.inbox.pending());
-            if batch.is_empty() {
+            let pending = std::mem::take(&mut *this.inbox.pending());
+            if !pending.everything && pending.objects.is_empty() {
                 return Poll::Pending;
             }
-            this.batch = batch.into_iter();
+            if pending.everything {
+                let mut listed = this.store.state();
+                if !pending.objects.is_empty() {
+                    // Those are told by their own entry, as they are now.
+                    listed.retain(|object| !pending.objects.contains_key(&key_of(object.as_ref())));
+                }
+                this.listed = listed.into_iter();
+            }
+            this.batch = pending.objects.into_iter();
         }
     }
 }

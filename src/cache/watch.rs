@@ -9,7 +9,7 @@ use std::{
 
 use futures::{FutureExt, Stream, StreamExt, future::BoxFuture};
 use kube::{
-    Resource, ResourceExt,
+    Resource,
     runtime::{
         WatchStreamExt,
         reflector::{self, ObjectRef, Store, store::Writer},
@@ -21,7 +21,7 @@ use tokio::{sync::watch, task::AbortHandle};
 use super::{
     error_chain,
     state::{Health, WatchState, WatchStatus},
-    subscription::{Inbox, Note, Subscription},
+    subscription::{Inbox, Note, Subscription, key_of},
 };
 use crate::ClusterName;
 
@@ -138,13 +138,7 @@ where
             let mut subscribers = self.hub.subscribers();
             subscribers.inboxes.push(Arc::downgrade(&inbox));
             if subscribers.listed {
-                let notes: Vec<_> = self
-                    .store
-                    .state()
-                    .iter()
-                    .map(|object| Note::Listed(key_of(object.as_ref())))
-                    .collect();
-                inbox.notify(&notes);
+                inbox.notify(&[Note::Everything]);
             }
         }
         Subscription::new(self.clone(), self.store.clone(), inbox)
@@ -217,15 +211,6 @@ where
             }
         }
         .boxed()
-    }
-}
-
-/// The store's key for `object`, without the extras a lookup does not need.
-fn key_of<K: Resource<DynamicType = ()>>(object: &K) -> ObjectRef<K> {
-    let key = ObjectRef::new(&object.name_any());
-    match object.namespace() {
-        Some(namespace) => key.within(&namespace),
-        None => key,
     }
 }
 
@@ -324,10 +309,7 @@ where
     K: Resource<DynamicType = ()>,
 {
     if before.is_empty() {
-        return after
-            .iter()
-            .map(|object| Note::Listed(key_of(object.as_ref())))
-            .collect();
+        return vec![Note::Everything];
     }
     let mut before: HashMap<ObjectRef<K>, Arc<K>> = before
         .into_iter()
@@ -346,4 +328,198 @@ where
     }
     notes.extend(before.into_iter().map(|(key, old)| Note::Deleted(key, old)));
     notes
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::{FutureExt, StreamExt};
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ObjectMeta;
+    use tokio::sync::mpsc;
+    use tokio_stream::wrappers::UnboundedReceiverStream;
+
+    use super::*;
+    use crate::cache::Change;
+
+    type Events = mpsc::UnboundedSender<watcher::Result<Event<ConfigMap>>>;
+
+    fn config_map(name: &str, version: u32) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                resource_version: Some(version.to_string()),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        }
+    }
+
+    /// A watch fed from a channel instead of an API server.
+    fn fed_watch() -> (Arc<SharedWatch<ConfigMap>>, Events) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let watch = SharedWatch::start("test".into(), false, UnboundedReceiverStream::new(rx));
+        (Arc::new(watch), tx)
+    }
+
+    /// Lists `objects` as the watch's (re)list.
+    fn list(events: &Events, objects: &[ConfigMap]) {
+        events.send(Ok(Event::Init)).unwrap();
+        for object in objects {
+            events.send(Ok(Event::InitApply(object.clone()))).unwrap();
+        }
+        events.send(Ok(Event::InitDone)).unwrap();
+    }
+
+    /// What the subscription has to tell now, as `(kind, name, version)`.
+    async fn unread(
+        subscription: &mut Subscription<ConfigMap>,
+    ) -> Vec<(&'static str, String, String)> {
+        // Let the watch task apply what was sent.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let mut told = Vec::new();
+        while let Some(Some(change)) = subscription.next().now_or_never() {
+            let kind = match &change {
+                Change::Listed(_) => "listed",
+                Change::Applied(_) => "applied",
+                Change::Deleted(_) => "deleted",
+            };
+            let object = change.object();
+            told.push((
+                kind,
+                object.metadata.name.clone().unwrap(),
+                object.metadata.resource_version.clone().unwrap(),
+            ));
+        }
+        told
+    }
+
+    fn told(kind: &'static str, name: &str, version: u32) -> (&'static str, String, String) {
+        (kind, name.to_owned(), version.to_string())
+    }
+
+    #[tokio::test]
+    async fn a_slow_subscriber_reads_each_object_once_as_it_is_now() {
+        let (watch, events) = fed_watch();
+        let mut subscription = watch.subscribe();
+        list(&events, &[config_map("a", 1)]);
+        for version in 2..=1000 {
+            events
+                .send(Ok(Event::Apply(config_map("a", version))))
+                .unwrap();
+        }
+        assert_eq!(
+            unread(&mut subscription).await,
+            [told("applied", "a", 1000)]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_deletion_is_told_once_with_the_last_state_and_a_recreation_after_it() {
+        let (watch, events) = fed_watch();
+        let mut subscription = watch.subscribe();
+        list(&events, &[config_map("a", 1)]);
+        assert_eq!(unread(&mut subscription).await, [told("listed", "a", 1)]);
+        events.send(Ok(Event::Apply(config_map("a", 2)))).unwrap();
+        events.send(Ok(Event::Delete(config_map("a", 3)))).unwrap();
+        events.send(Ok(Event::Apply(config_map("a", 4)))).unwrap();
+        assert_eq!(
+            unread(&mut subscription).await,
+            [told("deleted", "a", 3), told("applied", "a", 4)]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_that_joins_a_synced_watch_reads_the_store_once() {
+        let (watch, events) = fed_watch();
+        list(&events, &[config_map("a", 1), config_map("b", 1)]);
+        watch.synced().await;
+        let mut late = watch.subscribe();
+        let mut seen = unread(&mut late).await;
+        seen.sort();
+        assert_eq!(seen, [told("listed", "a", 1), told("listed", "b", 1)]);
+        events.send(Ok(Event::Apply(config_map("b", 2)))).unwrap();
+        assert_eq!(unread(&mut late).await, [told("applied", "b", 2)]);
+    }
+
+    #[tokio::test]
+    async fn a_relist_tells_only_what_changed_and_what_vanished() {
+        let (watch, events) = fed_watch();
+        let mut subscription = watch.subscribe();
+        list(
+            &events,
+            &[
+                config_map("same", 1),
+                config_map("moved", 1),
+                config_map("gone", 1),
+            ],
+        );
+        assert_eq!(unread(&mut subscription).await.len(), 3);
+        // The watch was down; the relist finds one object changed, one gone
+        // and one new.
+        list(
+            &events,
+            &[
+                config_map("same", 1),
+                config_map("moved", 2),
+                config_map("new", 2),
+            ],
+        );
+        let mut seen = unread(&mut subscription).await;
+        seen.sort();
+        assert_eq!(
+            seen,
+            [
+                told("deleted", "gone", 1),
+                told("listed", "moved", 2),
+                told("listed", "new", 2),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn unread_changes_are_bounded_by_the_objects_not_the_versions() {
+        let (watch, events) = fed_watch();
+        let mut subscription = watch.subscribe();
+        list(&events, &[]);
+        for version in 0..10_000 {
+            let name = format!("cm-{}", version % 10);
+            events
+                .send(Ok(Event::Apply(config_map(&name, version))))
+                .unwrap();
+        }
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(watch.store().len(), 10);
+        let unread = watch.hub.subscribers().inboxes[0]
+            .upgrade()
+            .unwrap()
+            .pending
+            .lock()
+            .unwrap()
+            .objects
+            .len();
+        assert_eq!(unread, 10);
+        assert_eq!(self::unread(&mut subscription).await.len(), 10);
+    }
+
+    #[tokio::test]
+    async fn a_failing_watch_says_why_and_recovers_when_it_lists() {
+        let (watch, events) = fed_watch();
+        events.send(Err(watcher::Error::NoResourceVersion)).unwrap();
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            matches!(watch.state(), WatchState::Failing { reason } if reason.contains("resourceVersion"))
+        );
+        assert!(!watch.has_synced());
+        list(&events, &[config_map("a", 1)]);
+        watch.synced().await;
+        assert_eq!(watch.state(), WatchState::Synced);
+        assert_eq!(watch.store().len(), 1, "the store is full once synced");
+    }
 }
