@@ -108,7 +108,8 @@ async fn main() -> Result<(), BoxError> {
         api.create(&PostParams::default(), &config_map).await?;
     }
     let config =
-        Config::from_custom_kubeconfig(cluster.kubeconfig().clone(), &KubeConfigOptions::default())
+        // Past envtest's fault proxy, which would count its own tasks and buffers here.
+        Config::from_custom_kubeconfig(cluster.direct_kubeconfig(), &KubeConfigOptions::default())
             .await?;
     for clusters in counts {
         measure(&config, clusters).await?;

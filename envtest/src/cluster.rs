@@ -190,6 +190,19 @@ impl TestCluster {
         &self.kubeconfig_path
     }
 
+    /// The admin kubeconfig pointed at the API server itself, past the
+    /// cluster's fault proxy.
+    ///
+    /// Faults ([`hang`](Self::hang), [`cut_off`](Self::cut_off)) do not
+    /// reach clients built from it, and its address changes when the API
+    /// server restarts. It is for benchmarks that measure their own process,
+    /// which would otherwise count the proxy's tasks and buffers (the proxy
+    /// runs in the process that started the fleet).
+    pub fn direct_kubeconfig(&self) -> Kubeconfig {
+        let server = format!("https://{}", self.proxy.upstream());
+        kubeconfig::with_server(&self.kubeconfig, &server)
+    }
+
     /// The cluster's URL, `https://127.0.0.1:<port>`, as in its kubeconfig.
     ///
     /// It is the address of the cluster's proxy, which forwards to the API
