@@ -828,6 +828,70 @@ mod tests {
         task.abort();
     }
 
+    /// Log lines written while the test runs, for checking what a user sees.
+    #[derive(Clone, Default)]
+    struct Logs(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Logs {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_for_a_cluster_outside_the_fleet_are_dropped_with_one_warning() {
+        let logs = Logs::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer({
+                let logs = logs.clone();
+                move || logs.clone()
+            })
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .finish();
+        let _logging = tracing::subscriber::set_default(subscriber);
+        let (controller, requests) = fed_controller();
+        let (service, calls) = {
+            let calls = Arc::new(AtomicUsize::new(0));
+            let counted = calls.clone();
+            let service = service_fn(move |_: McRequest| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, BoxError>(Action::await_change()) }
+            });
+            (service, calls)
+        };
+        for name in ["a", "b", "c"] {
+            requests
+                .send(McRequest::new("nowhere", Some("ns"), name))
+                .unwrap();
+        }
+        requests.send(key("known")).unwrap();
+        let task = tokio::spawn(controller.run(service));
+        until("the known cluster's key ran", || {
+            calls.load(Ordering::SeqCst) == 1
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            1,
+            "none for the unknown cluster"
+        );
+        let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+        let warnings: Vec<_> = logs
+            .lines()
+            .filter(|l| l.contains("not in the fleet"))
+            .collect();
+        assert_eq!(warnings.len(), 1, "{logs}");
+        assert!(warnings[0].contains("cluster://nowhere/ns/a"), "{logs}");
+        task.abort();
+    }
+
     #[tokio::test(start_paused = true)]
     async fn graceful_shutdown_lets_running_reconciles_finish_and_starts_no_new_ones() {
         let (signal, shutdown) = tokio::sync::oneshot::channel::<()>();

@@ -118,17 +118,22 @@ impl ReconcileMetrics {
 
     /// Keeps series only for clusters engaged in `fleet`: those of a
     /// cluster that leaves are removed, so a fleet whose clusters come and
-    /// go does not grow its metrics without end. Spawns a task on the
-    /// current tokio runtime that ends with the last clone of these metrics.
+    /// go does not grow its metrics without end, and reconciles that end
+    /// after their cluster left are not recorded. The removal runs in a task
+    /// on the current tokio runtime, which ends with the last clone of these
+    /// metrics; called outside a runtime, only the recording is filtered.
     /// Call once; later calls do nothing.
     pub fn follow(self, fleet: &Fleet) -> Self {
         if self.inner.fleet.set(fleet.clone()).is_err() {
             return self;
         }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return self;
+        };
         let mut events = fleet.subscribe().events;
         let inner: Weak<Inner> = Arc::downgrade(&self.inner);
         let fleet = fleet.clone();
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             while let Some(event) = events.recv().await {
                 let Some(inner) = inner.upgrade() else {
                     return;

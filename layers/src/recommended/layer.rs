@@ -64,13 +64,15 @@ impl<K> fmt::Debug for RecommendedLayer<K> {
 impl<K> RecommendedLayer<K> {
     /// The stack for the controller named `controller` (in spans and
     /// metrics), resolving clusters in `fleet`: 60 s timeout, 3 retries of
-    /// transient errors, metrics in a registry of their own until
+    /// transient errors, metrics in a registry of their own (following the
+    /// fleet, see [`ReconcileMetrics::follow`]) until
     /// [`metrics`](Self::metrics) gives the one to export.
     pub fn new(fleet: Fleet, controller: impl Into<Arc<str>>) -> Self {
+        let metrics = ReconcileMetrics::new(&mut Registry::default()).follow(&fleet);
         Self {
             fleet,
             controller: controller.into(),
-            metrics: ReconcileMetrics::new(&mut Registry::default()),
+            metrics,
             timeout: Duration::from_secs(60),
             retries: 3,
             watch: watcher::Config::default(),
@@ -78,7 +80,9 @@ impl<K> RecommendedLayer<K> {
         }
     }
 
-    /// Records into these metrics (registered in the registry you export).
+    /// Records into these metrics (registered in the registry you export;
+    /// give them the fleet with [`ReconcileMetrics::follow`] so that the
+    /// series of departed clusters go).
     #[must_use]
     pub fn metrics(mut self, metrics: ReconcileMetrics) -> Self {
         self.metrics = metrics;
