@@ -504,3 +504,30 @@ async fn a_cluster_that_cannot_sync_keeps_no_unread_changes_for_the_controller()
         .expect("served once the CRD is there");
     assert_eq!(config_maps.subscribers(), 1);
 }
+
+#[tokio::test]
+async fn a_cluster_that_hangs_before_its_first_list_is_reported_after_the_sync_timeout() {
+    let env = Envtest::start(2).await.unwrap();
+    let (answers, hangs) = (&env.clusters()[0], &env.clusters()[1]);
+    create_config_map(answers.client(), "here").await;
+    hangs.hang();
+    let mut running = Running::new();
+    let (service, mut rx) = recorder();
+    let controller = Controller::<ConfigMap>::new(&running.fleet, watcher::Config::default())
+        .with_config(Config::default().sync_timeout(Duration::from_secs(1)));
+    let status = controller.status();
+    running.spawn(controller, service);
+    running.add_all(&env);
+
+    expect_all(&mut rx, [request("cluster-0", "here")]).await;
+    // Nothing answers, so nothing fails: the timeout says so.
+    let cluster = failing(&status, "cluster-1", PATIENCE).await;
+    assert!(
+        matches!(&cluster.watches[0].state, WatchState::Failing { reason } if reason.contains("not synced within 1s")),
+        "{cluster}"
+    );
+    hangs.restore();
+    tokio::time::timeout(PATIENCE, status.synced())
+        .await
+        .expect("served once it answers");
+}
