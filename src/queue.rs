@@ -582,6 +582,17 @@ impl Queue {
         self.refresh(cluster);
     }
 
+    /// Lets `cluster`'s keys run and stops keeping its entry for it: the
+    /// controller does not serve the cluster (it only receives requests for
+    /// it).
+    pub(crate) fn unserve(&mut self, cluster: &ClusterName) {
+        self.release(cluster);
+        if let Some(entry) = self.clusters.get_mut(cluster) {
+            entry.served = false;
+        }
+        self.refresh(cluster);
+    }
+
     /// Forgets every key of `cluster`, its failures, its limits' state and
     /// its entry. A key whose run is still going stays marked running until
     /// that run ends (its outcome then counts for nothing), so it cannot

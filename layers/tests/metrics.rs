@@ -209,3 +209,24 @@ async fn series_of_clusters_that_left_are_dropped_and_the_count_returns_to_where
     assert_eq!(status.clusters().len(), 1, "the controller forgot them too");
     task.abort();
 }
+
+#[tokio::test]
+async fn following_a_fleet_keeps_nothing_of_it_alive_once_both_are_dropped() {
+    use kube_fleet::Fleet;
+
+    let (idle, mut handle) = tower_test::mock::pair::<
+        http::Request<kube::client::Body>,
+        http::Response<kube::client::Body>,
+    >();
+    let fleet = Fleet::new();
+    fleet.engage("east", kube::Client::new(idle, "default"));
+    let metrics = ReconcileMetrics::new(&mut Registry::default()).follow(&fleet);
+    drop(metrics);
+    drop(fleet);
+    // The client's service goes with the fleet: its mock ends.
+    let ended = tokio::time::timeout(Duration::from_secs(5), handle.next_request()).await;
+    assert!(
+        matches!(ended, Ok(None)),
+        "the cluster's client was freed with the fleet"
+    );
+}

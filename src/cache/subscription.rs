@@ -177,7 +177,9 @@ fn entry<'p, K: Resource<DynamicType = ()>>(
 pub struct Subscription<K: Resource<DynamicType = ()> + 'static> {
     inbox: Arc<Inbox<K>>,
     store: Store<K>,
-    /// The store as it was when the subscriber got to a list of everything.
+    /// The objects the store held when the subscriber got to a list of
+    /// everything (pointers to them, not copies); each is read again from
+    /// the store when told.
     listed: std::vec::IntoIter<Arc<K>>,
     batch: indexmap::map::IntoIter<ObjectRef<K>, Entry<K>>,
     /// The object's present state, told right after its deletion.
@@ -227,8 +229,17 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Stream for Subscription<K>
             if let Some(change) = this.next.take() {
                 return Poll::Ready(Some(change));
             }
-            if let Some(object) = this.listed.next() {
-                return Poll::Ready(Some(Change::Listed(object)));
+            if let Some(listed) = this.listed.next() {
+                // Told as it is now, and once: not if it has gone since, nor
+                // if a change to it waits in the inbox (that tells it).
+                let key = key_of(listed.as_ref());
+                if this.inbox.pending().objects.contains_key(&key) {
+                    continue;
+                }
+                match this.store.get(&key) {
+                    Some(object) => return Poll::Ready(Some(Change::Listed(object))),
+                    None => continue,
+                }
             }
             if let Some((key, entry)) = this.batch.next() {
                 let present = this.present(&key, entry.present);

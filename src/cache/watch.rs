@@ -445,6 +445,36 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_late_subscriber_is_told_each_listed_object_as_it_is_when_read() {
+        let (watch, events) = fed_watch();
+        let store = [config_map("a", 1), config_map("b", 1), config_map("c", 1)];
+        list(&events, &store);
+        watch.synced().await;
+        let mut late = watch.subscribe();
+        let first = late.next().await.unwrap();
+        let first = first.object().metadata.name.clone().unwrap();
+        // While it reads the store, one object goes and another changes.
+        let others: Vec<_> = ["a", "b", "c"]
+            .into_iter()
+            .filter(|n| *n != first)
+            .collect();
+        events
+            .send(Ok(Event::Delete(config_map(others[0], 2))))
+            .unwrap();
+        events
+            .send(Ok(Event::Apply(config_map(others[1], 2))))
+            .unwrap();
+        let mut seen = unread(&mut late).await;
+        seen.sort();
+        let mut expected = vec![told("deleted", others[0], 2), told("applied", others[1], 2)];
+        expected.sort();
+        assert_eq!(
+            seen, expected,
+            "no stale version, nothing gone told as there, nothing twice"
+        );
+    }
+
+    #[tokio::test]
     async fn a_relist_tells_only_what_changed_and_what_vanished() {
         let (watch, events) = fed_watch();
         let mut subscription = watch.subscribe();

@@ -359,7 +359,11 @@ impl<K: Watchable> Controller<K> {
     /// misses no cluster engaged after that, and starts on the first poll.
     /// In each cluster it selects, it starts its watches and serves the
     /// cluster once they have synced; keys for the cluster wait in the queue
-    /// until then (see [`status`](Self::status)). Requests for clusters that
+    /// until then (see [`status`](Self::status)). It then reconciles every
+    /// object its watches hold there, and each change after; changes made
+    /// while it waited are not followed one by one, so an object deleted in
+    /// that time is not reconciled as a deletion (use a finalizer for
+    /// clean-up that must not be missed). Requests for clusters that
     /// are not in the fleet are dropped with a warning, once per cluster.
     ///
     /// A key leaves the queue only when the [`Config`]'s limits allow it and

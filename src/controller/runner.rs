@@ -294,7 +294,9 @@ impl Runner {
     {
         let key = self.queue.pop_ready().expect("the queue admitted a key");
         let Some(cluster) = self.engaged.get(&key.cluster).cloned() else {
-            // Not reachable: a key's cluster is known while the key is queued.
+            // A key is queued only for a known cluster, and its purge goes
+            // with the cluster: nothing to run it against.
+            tracing::debug!(controller = %self.name, request = %key, "no cluster for a queued key; dropped");
             self.queue
                 .complete(&key, Outcome::Success(Action::await_change()));
             return;
@@ -361,7 +363,7 @@ impl Runner {
         }
         if !self.selection.selects(&name) {
             // Held only if a run was interrupted before this event came.
-            self.queue.release(&name);
+            self.queue.unserve(&name);
             return;
         }
         let started: Vec<Started> = self
@@ -436,7 +438,9 @@ impl Runner {
     /// runner has not heard of yet but the fleet has is engaged first, so
     /// its keys wait for its watches like any other.
     fn accept(&mut self, request: McRequest, lane: Lane) {
-        if !self.engaged.contains_key(&request.cluster) {
+        // The cluster the fleet has may be replaced while it is engaged here;
+        // then `engage` skips it and the fleet has its successor.
+        while !self.engaged.contains_key(&request.cluster) {
             match self.fleet.get(&request.cluster) {
                 Some(cluster) => self.engage(cluster),
                 None => return self.unknown_cluster(&request),

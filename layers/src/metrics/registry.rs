@@ -1,6 +1,9 @@
 use std::{
     collections::{HashMap, HashSet},
-    sync::{Arc, Mutex, MutexGuard, OnceLock, Weak},
+    sync::{
+        Arc, Mutex, MutexGuard, OnceLock, Weak,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
 use kube_fleet::{Fleet, FleetEvent};
@@ -45,6 +48,10 @@ struct Inner {
     /// The controllers that have series for each cluster.
     series: Mutex<HashMap<String, HashSet<String>>>,
     fleet: OnceLock<Fleet>,
+    /// The task that forgets departed clusters has been started.
+    forgetting: AtomicBool,
+    /// Records nothing: metrics that no registry exports.
+    unregistered: bool,
 }
 
 impl Inner {
@@ -91,16 +98,9 @@ impl Inner {
 impl ReconcileMetrics {
     /// Creates the metrics and registers them in `registry`.
     pub fn new(registry: &mut Registry) -> Self {
-        let inner = Inner {
-            reconciles: Family::default(),
-            durations: Family::new_with_constructor(|| {
-                Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
-                    0.001, 2.0, 18,
-                ))
-            }),
-            series: Mutex::default(),
-            fleet: OnceLock::new(),
-        };
+        let metrics = Self::unregistered();
+        let mut inner = Arc::into_inner(metrics.inner).expect("just made");
+        inner.unregistered = false;
         registry.register(
             "kube_fleet_reconciles",
             "Reconciles by controller, cluster and result (success, error, panic)",
@@ -116,30 +116,55 @@ impl ReconcileMetrics {
         }
     }
 
+    /// Metrics that record nothing, for a stack whose metrics nobody
+    /// exports.
+    pub(crate) fn unregistered() -> Self {
+        let inner = Inner {
+            reconciles: Family::default(),
+            durations: Family::new_with_constructor(|| {
+                Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                    0.001, 2.0, 18,
+                ))
+            }),
+            series: Mutex::default(),
+            fleet: OnceLock::new(),
+            forgetting: AtomicBool::new(false),
+            unregistered: true,
+        };
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
     /// Keeps series only for clusters engaged in `fleet`: those of a
     /// cluster that leaves are removed, so a fleet whose clusters come and
     /// go does not grow its metrics without end, and reconciles that end
     /// after their cluster left are not recorded. The removal runs in a task
     /// on the current tokio runtime, which ends with the last clone of these
-    /// metrics; called outside a runtime, only the recording is filtered.
-    /// Call once; later calls do nothing.
+    /// metrics; called outside a runtime, only the recording is filtered
+    /// until a call from inside one starts the task. Metrics follow the
+    /// first fleet they are given.
     pub fn follow(self, fleet: &Fleet) -> Self {
-        if self.inner.fleet.set(fleet.clone()).is_err() {
-            return self;
-        }
+        let _ = self.inner.fleet.set(fleet.clone());
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return self;
         };
-        let mut events = fleet.subscribe().events;
+        if self.inner.forgetting.swap(true, Ordering::SeqCst) {
+            return self;
+        }
+        let followed = self.inner.fleet.get().expect("just set");
+        let mut events = followed.subscribe().events;
+        // Holds neither the metrics nor the fleet: it ends once either goes.
         let inner: Weak<Inner> = Arc::downgrade(&self.inner);
-        let fleet = fleet.clone();
         runtime.spawn(async move {
             while let Some(event) = events.recv().await {
                 let Some(inner) = inner.upgrade() else {
                     return;
                 };
-                if matches!(event, FleetEvent::Disengaged(_)) {
-                    inner.forget_departed(&fleet);
+                if matches!(event, FleetEvent::Disengaged(_))
+                    && let Some(fleet) = inner.fleet.get()
+                {
+                    inner.forget_departed(fleet);
                 }
             }
         });
@@ -148,6 +173,9 @@ impl ReconcileMetrics {
 
     /// Records one reconcile, unless its cluster is known to have left.
     pub(crate) fn record(&self, labels: &ClusterLabels, result: &'static str, seconds: f64) {
+        if self.inner.unregistered {
+            return;
+        }
         let record = || {
             self.inner.durations.get_or_create(labels).observe(seconds);
             self.inner

@@ -2,7 +2,6 @@ use std::{fmt, marker::PhantomData, sync::Arc, time::Duration};
 
 use kube::runtime::watcher;
 use kube_fleet::Fleet;
-use prometheus_client::registry::Registry;
 use tower::{ServiceBuilder, retry::RetryLayer, timeout::TimeoutLayer};
 use tower_layer::Layer;
 
@@ -64,15 +63,13 @@ impl<K> fmt::Debug for RecommendedLayer<K> {
 impl<K> RecommendedLayer<K> {
     /// The stack for the controller named `controller` (in spans and
     /// metrics), resolving clusters in `fleet`: 60 s timeout, 3 retries of
-    /// transient errors, metrics in a registry of their own (following the
-    /// fleet, see [`ReconcileMetrics::follow`]) until
-    /// [`metrics`](Self::metrics) gives the one to export.
+    /// transient errors, and no metrics recorded until
+    /// [`metrics`](Self::metrics) gives the ones to export.
     pub fn new(fleet: Fleet, controller: impl Into<Arc<str>>) -> Self {
-        let metrics = ReconcileMetrics::new(&mut Registry::default()).follow(&fleet);
         Self {
             fleet,
             controller: controller.into(),
-            metrics,
+            metrics: ReconcileMetrics::unregistered(),
             timeout: Duration::from_secs(60),
             retries: 3,
             watch: watcher::Config::default(),
