@@ -318,12 +318,15 @@ where
     let mut notes = Vec::new();
     for object in &after {
         let key = key_of(object.as_ref());
-        let version = object.meta().resource_version.as_ref();
-        let unchanged = before.remove(&key).is_some_and(|old| {
-            version.is_some() && old.meta().resource_version.as_ref() == version
-        });
-        if !unchanged {
-            notes.push(Note::Listed(key));
+        let (meta, version) = (object.meta(), object.meta().resource_version.as_ref());
+        match before.remove(&key) {
+            // Deleted and created again under the same name meanwhile.
+            Some(old) if old.meta().uid != meta.uid => {
+                notes.push(Note::Deleted(key.clone(), old));
+                notes.push(Note::Listed(key));
+            }
+            Some(old) if version.is_some() && old.meta().resource_version.as_ref() == version => {}
+            _ => notes.push(Note::Listed(key)),
         }
     }
     notes.extend(before.into_iter().map(|(key, old)| Note::Deleted(key, old)));
@@ -506,6 +509,24 @@ mod tests {
                 told("listed", "moved", 2),
                 told("listed", "new", 2),
             ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_relist_tells_an_object_recreated_under_the_same_name_as_deleted_then_listed() {
+        let (watch, events) = fed_watch();
+        let mut subscription = watch.subscribe();
+        let mut first = config_map("a", 1);
+        first.metadata.uid = Some("first".into());
+        list(&events, &[first]);
+        assert_eq!(unread(&mut subscription).await.len(), 1);
+        // Deleted and created again while the watch was down.
+        let mut second = config_map("a", 5);
+        second.metadata.uid = Some("second".into());
+        list(&events, &[second]);
+        assert_eq!(
+            unread(&mut subscription).await,
+            [told("deleted", "a", 1), told("listed", "a", 5)]
         );
     }
 

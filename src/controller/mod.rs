@@ -207,8 +207,10 @@ impl<K: Watchable> Controller<K> {
 
     /// Reconciles a `K` only when `predicate`'s value for it changed, as
     /// kube's `predicates::generation` or `predicates::labels` tell.
-    /// Deletions always pass. Predicates and filters add up: a change must
-    /// pass all of them.
+    /// Deletions always pass, and so does an object deleted and created
+    /// again under the same name (objects are remembered by UID, as kube's
+    /// predicates do; one unseen for an hour is forgotten). Predicates and
+    /// filters add up: a change must pass all of them.
     pub fn with_predicate<P>(mut self, predicate: P) -> Self
     where
         P: Fn(&K) -> Option<u64> + Clone + Send + Sync + 'static,

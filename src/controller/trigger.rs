@@ -4,16 +4,15 @@ use std::{
     collections::HashMap,
     panic::{AssertUnwindSafe, catch_unwind},
     sync::Arc,
+    time::Duration,
 };
 
 use futures::{
     StreamExt,
     stream::{self, BoxStream},
 };
-use kube::{
-    Resource, ResourceExt,
-    runtime::{reflector::ObjectRef, watcher},
-};
+use kube::{Resource, ResourceExt, runtime::watcher};
+use tokio::time::Instant;
 
 use crate::{
     Cluster, ClusterName, McRequest,
@@ -161,8 +160,23 @@ where
         .collect()
 }
 
+/// How long a predicate remembers an object it has not seen, as kube's
+/// predicates do: an entry unseen for this long is dropped, so memory follows
+/// the objects that exist.
+pub(crate) const PREDICATE_MEMORY: Duration = Duration::from_secs(60 * 60);
+
+/// An object as a predicate remembers it: by name and UID, so that an object
+/// deleted and created again under the same name is a new object.
+#[derive(PartialEq, Eq, Hash)]
+struct Seen {
+    namespace: Option<String>,
+    name: String,
+    uid: Option<String>,
+}
+
 /// A filter that passes an applied object only when `property` changed since
-/// the last time it passed, as kube's predicates do. Deletions always pass.
+/// the last time it passed, as kube's predicates do. Deletions always pass,
+/// and so does an object recreated under the same name (another UID).
 pub(crate) fn predicate_filter<K, P>(predicate: P) -> FilterFactory<K>
 where
     K: Resource<DynamicType = ()> + 'static,
@@ -170,17 +184,29 @@ where
 {
     Arc::new(move || {
         let predicate = predicate.clone();
-        let mut seen: HashMap<ObjectRef<K>, u64> = HashMap::new();
+        let mut seen: HashMap<Seen, (u64, Instant)> = HashMap::new();
+        let mut swept = Instant::now();
         Box::new(move |change: &Change<K>| {
+            let now = Instant::now();
+            if now.duration_since(swept) >= PREDICATE_MEMORY {
+                seen.retain(|_, (_, at)| now.duration_since(*at) < PREDICATE_MEMORY);
+                swept = now;
+            }
             let object = change.object();
-            let key = ObjectRef::from_obj(object.as_ref());
+            let key = Seen {
+                namespace: object.namespace(),
+                name: object.name_any(),
+                uid: object.meta().uid.clone(),
+            };
             match change {
                 Change::Deleted(_) => {
                     seen.remove(&key);
                     true
                 }
                 Change::Listed(_) | Change::Applied(_) => match predicate(object) {
-                    Some(value) => seen.insert(key, value) != Some(value),
+                    Some(value) => seen
+                        .insert(key, (value, now))
+                        .is_none_or(|(before, _)| before != value),
                     None => true,
                 },
             }
@@ -196,11 +222,16 @@ mod tests {
     use super::*;
 
     fn config_map(name: &str, generation: i64) -> Arc<ConfigMap> {
+        with_uid(name, generation, "uid-1")
+    }
+
+    fn with_uid(name: &str, generation: i64, uid: &str) -> Arc<ConfigMap> {
         Arc::new(ConfigMap {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 namespace: Some("ns".into()),
                 generation: Some(generation),
+                uid: Some(uid.into()),
                 ..ObjectMeta::default()
             },
             ..ConfigMap::default()
@@ -234,6 +265,28 @@ mod tests {
         assert!(
             filter(&Change::Applied(config_map("a", 2))),
             "recreated after deletion"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_predicate_passes_an_object_recreated_under_the_same_name() {
+        let mut filter = predicate_filter(generation)();
+        assert!(filter(&Change::Listed(with_uid("a", 1, "first"))));
+        // Deleted and created again while the watch was down: a relist sees
+        // the same name and generation, but another object.
+        assert!(filter(&Change::Listed(with_uid("a", 1, "second"))));
+        assert!(!filter(&Change::Applied(with_uid("a", 1, "second"))));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_predicate_forgets_objects_it_has_not_seen_for_an_hour() {
+        let mut filter = predicate_filter(generation)();
+        assert!(filter(&Change::Applied(config_map("a", 1))));
+        assert!(!filter(&Change::Applied(config_map("a", 1))));
+        tokio::time::advance(PREDICATE_MEMORY).await;
+        assert!(
+            filter(&Change::Applied(config_map("a", 1))),
+            "forgotten, so passed again"
         );
     }
 
