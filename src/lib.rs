@@ -33,6 +33,14 @@
 //!
 //! Tests and examples run against real API servers started by the
 //! `kube-fleet-envtest` crate.
+//!
+//! # TLS
+//!
+//! The clusters' clients use the TLS backend you pick, through kube's own
+//! features: by default rustls with ring (the features `rustls-tls` and
+//! `ring`); `aws-lc-rs` instead of `ring`; or OpenSSL with
+//! `default-features = false, features = ["openssl-tls"]`.
+//! `kube-fleet-layers` imposes none.
 
 #![forbid(unsafe_code)]
 
