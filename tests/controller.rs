@@ -349,6 +349,14 @@ async fn re_engaging_a_name_replaces_the_cluster_and_its_watches() {
     let mut rx = running.config_maps();
     running.provider.add("moving", first.client());
     expect_all(&mut rx, [request("moving", "on-first")]).await;
+    // The reconcile came from the list; the watch request follows it.
+    tokio::time::timeout(PATIENCE, async {
+        while watches_served(&first.client(), "configmaps").await < first_watches + 1 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the watch runs at the first server");
     assert_eq!(
         watches_served(&first.client(), "configmaps").await,
         first_watches + 1

@@ -416,6 +416,16 @@ async fn a_controller_that_stops_leaves_no_watch_behind() {
     running.spawn(controller, service);
     running.add_all(&env);
     running.wait_served("cluster-0").await;
+    // Served means listed; the watch request itself follows the list.
+    tokio::time::timeout(PATIENCE, async {
+        while watches_served(&client, "configmaps").await < config_maps + 1
+            || watches_served(&client, "secrets").await < secrets + 1
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("one watch of each type runs at the API server");
     assert_eq!(watches_served(&client, "configmaps").await, config_maps + 1);
     assert_eq!(watches_served(&client, "secrets").await, secrets + 1);
 
