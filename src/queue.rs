@@ -82,7 +82,9 @@ struct KeyState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Outcome {
     Success(Action),
-    Failure,
+    /// The run failed: run it again after the key's backoff, or after the
+    /// given delay.
+    Failure(Option<Duration>),
     /// The run did not start, or was cut short, because its cluster left or
     /// was replaced: run it again at once, unless its cluster was purged.
     Interrupted,
@@ -527,9 +529,10 @@ impl Queue {
                     .requeue_after()
                     .map(|d| (now + d.min(MAX_DELAY), Lane::Changed))
             }
-            Outcome::Failure => {
+            Outcome::Failure(after) => {
                 state.failures = state.failures.saturating_add(1);
-                let delay = self.backoff.jittered(state.failures, self.jitter.next());
+                let delay = after
+                    .unwrap_or_else(|| self.backoff.jittered(state.failures, self.jitter.next()));
                 Some((now + delay.min(MAX_DELAY), Lane::Changed))
             }
         };
@@ -785,7 +788,7 @@ mod tests {
         let mut delays = Vec::new();
         let mut k = ready_now(&mut queue).unwrap();
         for _ in 0..5 {
-            queue.complete(&k, Outcome::Failure);
+            queue.complete(&k, Outcome::Failure(None));
             let failed = Instant::now();
             k = next(&mut queue).await;
             delays.push(failed.elapsed());
@@ -798,7 +801,7 @@ mod tests {
         assert_eq!(queue.failures(&k), 0);
         push(&mut queue, k.clone());
         let k = ready_now(&mut queue).unwrap();
-        queue.complete(&k, Outcome::Failure);
+        queue.complete(&k, Outcome::Failure(None));
         let failed = Instant::now();
         next(&mut queue).await;
         assert_eq!(
@@ -819,7 +822,7 @@ mod tests {
             push(&mut queue, key("a", &i.to_string()));
         }
         for k in start_all_now(&mut queue) {
-            queue.complete(&k, Outcome::Failure);
+            queue.complete(&k, Outcome::Failure(None));
         }
         let failed = Instant::now();
         let mut retried_at = Vec::new();
@@ -842,12 +845,12 @@ mod tests {
         push(&mut queue, key("a", "bad"));
         let bad = ready_now(&mut queue).unwrap();
         for _ in 0..10 {
-            queue.complete(&bad, Outcome::Failure);
+            queue.complete(&bad, Outcome::Failure(None));
             next(&mut queue).await;
         }
         push(&mut queue, key("a", "good"));
         let good = ready_now(&mut queue).unwrap();
-        queue.complete(&good, Outcome::Failure);
+        queue.complete(&good, Outcome::Failure(None));
         let failed = Instant::now();
         assert_eq!(next(&mut queue).await, good);
         assert_eq!(failed.elapsed(), Duration::from_millis(5));
@@ -1116,7 +1119,7 @@ mod tests {
             "its lanes, counts and bucket are gone"
         );
         // A run that was cancelled or finishes late schedules nothing.
-        queue.complete(&running.unwrap(), Outcome::Failure);
+        queue.complete(&running.unwrap(), Outcome::Failure(None));
         tokio::time::advance(Duration::from_secs(20)).await;
         let left = run_all_now(&mut queue);
         assert_eq!(left, [key("stays", "x")]);
@@ -1171,7 +1174,7 @@ mod tests {
         push(&mut queue, key("a", "x"));
         let k = ready_now(&mut queue).unwrap();
         for _ in 0..80 {
-            queue.complete(&k, Outcome::Failure);
+            queue.complete(&k, Outcome::Failure(None));
             assert_eq!(queue.waiting(), 1);
             // Run it again at once, as a change would.
             push(&mut queue, k.clone());
@@ -1201,7 +1204,7 @@ mod tests {
         assert_eq!((queue.waiting(), counted(&queue)), (3, 3));
         let k = ready_now(&mut queue).unwrap();
         assert_eq!((queue.waiting(), counted(&queue)), (2, 2));
-        queue.complete(&k, Outcome::Failure);
+        queue.complete(&k, Outcome::Failure(None));
         assert_eq!((queue.waiting(), counted(&queue)), (3, 3));
         queue.purge(&"a".into());
         assert_eq!((queue.waiting(), counted(&queue)), (1, 1));

@@ -382,3 +382,46 @@ async fn re_engaging_a_name_replaces_the_cluster_and_its_watches() {
         "the name now reads the second server"
     );
 }
+
+#[tokio::test]
+async fn a_terminal_error_waits_for_the_object_to_change() {
+    use kube_fleet::{Action, TerminalError};
+
+    let env = Envtest::start(1).await.unwrap();
+    let client = env.clusters()[0].client();
+    create_config_map(client.clone(), "broken").await;
+    let mut running = Running::new();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let service = tower::service_fn(move |request: McRequest| {
+        let _ = tx.send(request.clone());
+        async move {
+            if request.name == "broken" {
+                Err(TerminalError::new("the spec cannot work").into())
+            } else {
+                Ok::<_, tower::BoxError>(Action::await_change())
+            }
+        }
+    });
+    running.spawn(
+        Controller::<ConfigMap>::new(&running.fleet, watcher::Config::default()),
+        service,
+    );
+    running.add_all(&env);
+    expect_all(&mut rx, [request("cluster-0", "broken")]).await;
+    let retried: Vec<_> = drain_for(&mut rx, Duration::from_secs(3))
+        .await
+        .into_iter()
+        .filter(|r| r.name == "broken")
+        .collect();
+    assert!(retried.is_empty(), "not retried: {retried:?}");
+
+    Api::<ConfigMap>::default_namespaced(client)
+        .patch(
+            "broken",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "data": { "value": "fixed" } })),
+        )
+        .await
+        .unwrap();
+    expect_all(&mut rx, [request("cluster-0", "broken")]).await;
+}

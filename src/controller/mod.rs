@@ -70,6 +70,14 @@ pub enum Error {
     },
 }
 
+/// What a controller does with a reconcile's error: see
+/// [`Controller::error_policy`].
+pub type ErrorPolicy = Arc<
+    dyn Fn(&McRequest, &(dyn std::error::Error + Send + Sync + 'static)) -> Option<Action>
+        + Send
+        + Sync,
+>;
+
 /// How many keys wait in a controller's queue (ready or delayed, not
 /// running): a handle to read while the controller runs, for metrics.
 ///
@@ -151,6 +159,7 @@ pub struct Controller<K: Watchable> {
     for_trigger: WatchTrigger<K>,
     clusters: Clusters,
     config: Config,
+    error_policy: Option<ErrorPolicy>,
     shutdown: Option<BoxFuture<'static, ()>>,
     external: Vec<BoxStream<'static, McRequest>>,
     queue_depth: QueueDepth,
@@ -185,6 +194,7 @@ impl<K: Watchable> Controller<K> {
             },
             clusters: Clusters::All,
             config: Config::default(),
+            error_policy: None,
             shutdown: None,
             external: Vec::new(),
             queue_depth: QueueDepth::default(),
@@ -338,6 +348,37 @@ impl<K: Watchable> Controller<K> {
         self.status.clone()
     }
 
+    /// Decides, per failed reconcile, when its key runs again: `Some` of an
+    /// [`Action`] to requeue after a delay of your choosing
+    /// ([`Action::requeue`]) or only when the object changes
+    /// ([`Action::await_change`]); `None` for the key's backoff, the
+    /// default. A [`TerminalError`](crate::TerminalError) is never retried,
+    /// whatever the policy says; a panic in the policy counts as `None`.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use k8s_openapi::api::core::v1::ConfigMap;
+    /// # use kube::runtime::watcher;
+    /// # use kube_fleet::{Action, Controller, Fleet};
+    /// # fn example(fleet: &Fleet) -> Controller<ConfigMap> {
+    /// Controller::<ConfigMap>::new(fleet, watcher::Config::default())
+    ///     .error_policy(|_request, error| {
+    ///         // A cluster that throttles us: come back in a minute.
+    ///         error.to_string().contains("429").then(|| Action::requeue(Duration::from_secs(60)))
+    ///     })
+    /// # }
+    /// ```
+    pub fn error_policy(
+        mut self,
+        policy: impl Fn(&McRequest, &(dyn std::error::Error + Send + Sync + 'static)) -> Option<Action>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        self.error_policy = Some(Arc::new(policy));
+        self
+    }
+
     /// Sets concurrency, rate limits, backoff and timeouts; see [`Config`].
     pub fn with_config(mut self, config: Config) -> Self {
         self.config = config;
@@ -371,9 +412,12 @@ impl<K: Watchable> Controller<K> {
     /// A key leaves the queue only when the [`Config`]'s limits allow it and
     /// the service's `poll_ready` says it is ready, so tower's own
     /// middleware paces the controller too. An error from a reconcile sends
-    /// the key back to the queue after its backoff; a panic anywhere in the
-    /// service (`poll_ready`, `call` or its future) counts as an error; an
-    /// [`Action`] says when to run the key next on success.
+    /// the key back to the queue after its backoff (or when the
+    /// [`error_policy`](Self::error_policy) says), and a
+    /// [`TerminalError`](crate::TerminalError) stops it until the object
+    /// changes; a panic anywhere in the service (`poll_ready`, `call` or its
+    /// future) counts as an error; an [`Action`] says when to run the key
+    /// next on success.
     pub fn run<S>(self, service: S) -> impl Future<Output = Result<(), Error>> + Send
     where
         S: Service<McRequest, Response = Action> + Send + 'static,
@@ -387,6 +431,7 @@ impl<K: Watchable> Controller<K> {
             for_trigger,
             clusters,
             config,
+            error_policy,
             shutdown,
             external,
             queue_depth,
@@ -396,6 +441,7 @@ impl<K: Watchable> Controller<K> {
         triggers.insert(0, Arc::new(for_trigger));
         let runner = runner::Runner::new(runner::Setup {
             fleet,
+            error_policy,
             name,
             triggers,
             clusters,

@@ -25,15 +25,28 @@ use tokio_stream::StreamMap;
 use tower::{BoxError, Service};
 
 use super::{
-    Clusters, Config, ControllerStatus, Error, QueueDepth,
+    Clusters, Config, ControllerStatus, Error, ErrorPolicy, QueueDepth,
     trigger::{Started, Trigger, panic_message},
 };
 use crate::{
-    Action, Cluster, ClusterName, Fleet, McRequest,
+    Action, Cluster, ClusterName, Fleet, McRequest, TerminalError,
     cache::error_chain,
     fleet::FleetEvent,
     queue::{Lane, Outcome, Queue},
 };
+
+/// Asks the error policy, so that a panic in it counts as no answer.
+fn contained_policy(
+    policy: &ErrorPolicy,
+    key: &McRequest,
+    error: &(dyn std::error::Error + Send + Sync + 'static),
+) -> Option<Action> {
+    catch_unwind(AssertUnwindSafe(|| policy(key, error))).unwrap_or_else(|panic| {
+        let message = panic_message(panic.as_ref());
+        tracing::error!(request = %key, %message, "the error policy panicked; using the backoff");
+        None
+    })
+}
 
 /// How many incoming requests one poll takes before it yields, so that a
 /// flood of events cannot keep the loop from dispatching.
@@ -45,6 +58,7 @@ const UNKNOWN_REMEMBERED: usize = 1024;
 
 pub(super) struct Setup {
     pub(super) fleet: Fleet,
+    pub(super) error_policy: Option<ErrorPolicy>,
     pub(super) name: String,
     pub(super) triggers: Vec<Arc<dyn Trigger>>,
     pub(super) clusters: Clusters,
@@ -71,6 +85,7 @@ type Finished = (McRequest, Option<Result<Action, BoxError>>);
 
 pub(super) struct Runner {
     name: String,
+    error_policy: Option<ErrorPolicy>,
     fleet: Fleet,
     triggers: Vec<Arc<dyn Trigger>>,
     selection: Clusters,
@@ -108,6 +123,7 @@ impl Runner {
     pub(super) fn new(setup: Setup) -> Self {
         let Setup {
             fleet,
+            error_policy,
             name,
             triggers,
             clusters,
@@ -121,6 +137,7 @@ impl Runner {
         let subscription = fleet.subscribe();
         Self {
             name,
+            error_policy,
             fleet,
             triggers,
             selection: clusters,
@@ -340,7 +357,7 @@ impl Runner {
     fn panicked(&mut self, key: &McRequest, during: &str, panic: &(dyn std::any::Any + Send)) {
         let message = panic_message(panic);
         tracing::error!(controller = %self.name, request = %key, during, %message, "reconcile service panicked; retrying after backoff");
-        self.queue.complete(key, Outcome::Failure);
+        self.queue.complete(key, Outcome::Failure(None));
     }
 
     /// Starts serving `cluster` if the controller selects it: subscribes to
@@ -459,13 +476,45 @@ impl Runner {
         }
     }
 
+    /// What a reconcile's error means for its key: nothing more until it
+    /// changes if the error is terminal; otherwise what the error policy
+    /// says, or the key's backoff.
+    fn failed(
+        &self,
+        key: &McRequest,
+        error: &(dyn std::error::Error + Send + Sync + 'static),
+    ) -> Outcome {
+        let reason = error_chain(error);
+        if TerminalError::is_in(error) {
+            tracing::error!(controller = %self.name, request = %key, error = %reason, "reconcile failed for good; it runs again when it changes");
+            return Outcome::Success(Action::await_change());
+        }
+        let chosen = self
+            .error_policy
+            .as_ref()
+            .and_then(|policy| contained_policy(policy, key, error));
+        match chosen.map(|action| action.requeue_after()) {
+            Some(None) => {
+                tracing::error!(controller = %self.name, request = %key, error = %reason, "reconcile failed; by the error policy it runs again when it changes");
+                Outcome::Success(Action::await_change())
+            }
+            Some(Some(after)) => {
+                tracing::warn!(controller = %self.name, request = %key, error = %reason, ?after, "reconcile failed; retrying when the error policy says");
+                Outcome::Failure(Some(after))
+            }
+            None => {
+                tracing::warn!(controller = %self.name, request = %key, error = %reason, "reconcile failed; retrying after backoff");
+                Outcome::Failure(None)
+            }
+        }
+    }
+
     fn finished(&mut self, joined: Result<(Id, Finished), JoinError>) {
         let (id, key, outcome) = match joined {
             Ok((id, (key, Some(Ok(action))))) => (id, key, Outcome::Success(action)),
             Ok((id, (key, Some(Err(error))))) => {
-                let error = error_chain(&*error);
-                tracing::warn!(controller = %self.name, request = %key, %error, "reconcile failed; retrying after backoff");
-                (id, key, Outcome::Failure)
+                let outcome = self.failed(&key, &*error);
+                (id, key, outcome)
             }
             Ok((id, (key, None))) => (id, key, Outcome::Interrupted),
             Err(error) => {
@@ -477,7 +526,7 @@ impl Runner {
                     Ok(panic) => {
                         let message = panic_message(panic.as_ref());
                         tracing::error!(controller = %self.name, request = %key, %message, "reconcile panicked; retrying after backoff");
-                        Outcome::Failure
+                        Outcome::Failure(None)
                     }
                     // Cancelled: its cluster left or was replaced.
                     Err(_) => Outcome::Interrupted,
@@ -894,6 +943,86 @@ mod tests {
         assert_eq!(warnings.len(), 1, "{logs}");
         assert!(warnings[0].contains("cluster://nowhere/ns/a"), "{logs}");
         task.abort();
+    }
+
+    /// A service that always fails with `error()`, recording when it runs.
+    fn always_failing(
+        error: fn() -> BoxError,
+    ) -> (
+        impl Service<McRequest, Response = Action, Error = BoxError, Future: Send + 'static>
+        + Send
+        + 'static,
+        Arc<Mutex<Vec<Instant>>>,
+    ) {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let recorded = calls.clone();
+        let service = service_fn(move |_: McRequest| {
+            recorded.lock().unwrap().push(Instant::now());
+            async move { Err::<Action, BoxError>(error()) }
+        });
+        (service, calls)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_terminal_error_is_not_retried_until_the_key_comes_again() {
+        let (controller, requests) = fed_controller();
+        let (service, calls) = always_failing(|| crate::TerminalError::new("bad spec").into());
+        requests.send(key("broken")).unwrap();
+        let task = tokio::spawn(controller.run(service));
+        until("it ran", || calls.lock().unwrap().len() == 1).await;
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert_eq!(calls.lock().unwrap().len(), 1, "not retried");
+        // A change brings it back.
+        requests.send(key("broken")).unwrap();
+        until("it ran again", || calls.lock().unwrap().len() == 2).await;
+        task.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_error_policy_chooses_when_a_failed_key_runs_again() {
+        let (controller, requests) = fed_controller();
+        let controller = controller.error_policy(|request, error| {
+            assert_eq!(error.to_string(), "throttled");
+            match request.name.as_str() {
+                "later" => Some(Action::requeue(Duration::from_secs(7))),
+                "never" => Some(Action::await_change()),
+                "boom" => panic!("policy bug"),
+                _ => None,
+            }
+        });
+        let (service, calls) = {
+            let calls = Arc::new(Mutex::new(Vec::<(String, Instant)>::new()));
+            let recorded = calls.clone();
+            let service = service_fn(move |request: McRequest| {
+                recorded
+                    .lock()
+                    .unwrap()
+                    .push((request.name, Instant::now()));
+                async { Err::<Action, BoxError>("throttled".into()) }
+            });
+            (service, calls)
+        };
+        for name in ["later", "never", "boom", "default"] {
+            requests.send(key(name)).unwrap();
+        }
+        let task = tokio::spawn(controller.run(service));
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        task.abort();
+        let calls = calls.lock().unwrap().clone();
+        let times = |name: &str| -> Vec<Instant> {
+            calls
+                .iter()
+                .filter(|(n, _)| n == name)
+                .map(|(_, t)| *t)
+                .collect()
+        };
+        let later = times("later");
+        assert_eq!(later.len(), 3, "at 0, 7 and 14 s");
+        assert_eq!(later[1] - later[0], Duration::from_secs(7));
+        assert_eq!(times("never").len(), 1);
+        // A panicking policy, or none, means the backoff: many quick retries.
+        assert!(times("boom").len() > 5);
+        assert!(times("default").len() > 5);
     }
 
     #[tokio::test(start_paused = true)]
