@@ -425,3 +425,43 @@ async fn a_terminal_error_waits_for_the_object_to_change() {
         .unwrap();
     expect_all(&mut rx, [request("cluster-0", "broken")]).await;
 }
+
+#[tokio::test]
+async fn reconcile_all_on_runs_every_known_object_again() {
+    let env = Envtest::start(2).await.unwrap();
+    let marked = |name: &str| {
+        let mut cm = config_map(name);
+        cm.metadata.labels = Some([("resync".to_owned(), "yes".to_owned())].into());
+        cm
+    };
+    for cluster in env.clusters() {
+        for name in ["a", "b"] {
+            Api::<ConfigMap>::default_namespaced(cluster.client())
+                .create(&PostParams::default(), &marked(name))
+                .await
+                .unwrap();
+        }
+    }
+    let (signal, signals) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let mut running = Running::new();
+    let (service, mut rx) = recorder();
+    let controller = Controller::<ConfigMap>::new(
+        &running.fleet,
+        watcher::Config::default().labels("resync=yes"),
+    )
+    .reconcile_all_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
+        signals,
+    ));
+    running.spawn(controller, service);
+    running.add_all(&env);
+    let everything: Vec<_> = ["cluster-0", "cluster-1"]
+        .into_iter()
+        .flat_map(|c| [request(c, "a"), request(c, "b")])
+        .collect();
+    expect_all(&mut rx, everything.clone()).await;
+    assert!(drain_for(&mut rx, Duration::from_secs(1)).await.is_empty());
+
+    signal.send(()).unwrap();
+    let again = expect_all(&mut rx, everything).await;
+    assert_eq!(again.len(), 4, "each once: {again:?}");
+}

@@ -162,6 +162,7 @@ pub struct Controller<K: Watchable> {
     error_policy: Option<ErrorPolicy>,
     shutdown: Option<BoxFuture<'static, ()>>,
     external: Vec<BoxStream<'static, McRequest>>,
+    reconcile_all: Vec<BoxStream<'static, ()>>,
     queue_depth: QueueDepth,
     status: ControllerStatus,
     _for: PhantomData<fn() -> K>,
@@ -197,6 +198,7 @@ impl<K: Watchable> Controller<K> {
             error_policy: None,
             shutdown: None,
             external: Vec::new(),
+            reconcile_all: Vec::new(),
             queue_depth: QueueDepth::default(),
             status: ControllerStatus::new(fleet.clone()),
             _for: PhantomData,
@@ -337,6 +339,31 @@ impl<K: Watchable> Controller<K> {
         self
     }
 
+    /// Reconciles every `K` the controller knows, in every cluster it works
+    /// in, each time `signal` yields: after a configuration change that
+    /// concerns all objects, say. Filters and predicates do not apply; the
+    /// keys queue behind fresh changes, deduplicated as usual.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use k8s_openapi::api::core::v1::ConfigMap;
+    /// # use kube::runtime::watcher;
+    /// # use kube_fleet::{Controller, Fleet};
+    /// # fn example(fleet: &Fleet) -> Controller<ConfigMap> {
+    /// // A resync every ten minutes.
+    /// let every_ten_minutes = futures::stream::unfold((), |()| async {
+    ///     tokio::time::sleep(Duration::from_secs(600)).await;
+    ///     Some(((), ()))
+    /// });
+    /// Controller::<ConfigMap>::new(fleet, watcher::Config::default())
+    ///     .reconcile_all_on(every_ten_minutes)
+    /// # }
+    /// ```
+    pub fn reconcile_all_on(mut self, signal: impl Stream<Item = ()> + Send + 'static) -> Self {
+        self.reconcile_all.push(signal.boxed());
+        self
+    }
+
     /// A handle to the number of keys waiting in this controller's queue.
     pub fn queue_depth(&self) -> QueueDepth {
         self.queue_depth.clone()
@@ -434,6 +461,7 @@ impl<K: Watchable> Controller<K> {
             error_policy,
             shutdown,
             external,
+            reconcile_all,
             queue_depth,
             status,
             _for,
@@ -448,6 +476,7 @@ impl<K: Watchable> Controller<K> {
             config,
             shutdown: shutdown.unwrap_or_else(|| futures::future::pending().boxed()),
             external: futures::stream::select_all(external).boxed(),
+            reconcile_all: futures::stream::select_all(reconcile_all).boxed(),
             queue_depth,
             status,
         });

@@ -66,6 +66,8 @@ pub(super) struct Setup {
     pub(super) shutdown: BoxFuture<'static, ()>,
     /// Requests from outside the fleet's watches.
     pub(super) external: BoxStream<'static, McRequest>,
+    /// Signals to reconcile everything the controller knows.
+    pub(super) reconcile_all: BoxStream<'static, ()>,
     pub(super) queue_depth: QueueDepth,
     pub(super) status: ControllerStatus,
 }
@@ -93,6 +95,7 @@ pub(super) struct Runner {
     /// One stream per served cluster: its sync, then its triggers' requests.
     incoming: StreamMap<ClusterName, BoxStream<'static, ClusterItem>>,
     external: stream::Fuse<BoxStream<'static, McRequest>>,
+    reconcile_all: stream::Fuse<BoxStream<'static, ()>>,
     fleet_events: mpsc::UnboundedReceiver<FleetEvent>,
     /// Every engaged cluster the controller knows of, served or not.
     engaged: HashMap<ClusterName, Cluster>,
@@ -130,6 +133,7 @@ impl Runner {
             config,
             shutdown,
             external,
+            reconcile_all,
             queue_depth,
             status,
         } = setup;
@@ -144,6 +148,7 @@ impl Runner {
             queue: Queue::new(config.backoff, config.limits),
             incoming: StreamMap::new(),
             external: external.fuse(),
+            reconcile_all: reconcile_all.fuse(),
             fleet_events: subscription.events,
             engaged: HashMap::new(),
             unknown: HashSet::new(),
@@ -244,10 +249,34 @@ impl Runner {
                 }
                 _ => false,
             });
+        while let Poll::Ready(Some(())) = self.reconcile_all.poll_next_unpin(cx) {
+            self.queue_everything();
+        }
         if clusters_left_more || outside_left_more {
             // The budget ran out: come back for the rest soon.
             cx.waker().wake_by_ref();
         }
+    }
+
+    /// Queues every object of the controlled type in every cluster it works in.
+    fn queue_everything(&mut self) {
+        let Some(controlled) = self.triggers.first().cloned() else {
+            return;
+        };
+        let clusters: Vec<Cluster> = self
+            .engaged
+            .values()
+            .filter(|cluster| self.selection.selects(cluster.name()))
+            .cloned()
+            .collect();
+        let mut queued = 0;
+        for cluster in clusters {
+            for request in controlled.known(&cluster) {
+                queued += 1;
+                self.accept(request, Lane::Listed);
+            }
+        }
+        tracing::info!(controller = %self.name, queued, "reconciling everything");
     }
 
     fn poll_finished(&mut self, cx: &mut Context<'_>) -> bool {

@@ -25,6 +25,10 @@ use crate::{
 pub(crate) trait Trigger: Send + Sync {
     /// Starts or finds the watch in `cluster`.
     fn start(&self, cluster: &Cluster) -> Started;
+
+    /// The requests for every object the watch in `cluster` holds now,
+    /// filters aside.
+    fn known(&self, cluster: &Cluster) -> Vec<McRequest>;
 }
 
 /// A trigger's watch in one cluster, running, and how to subscribe to it.
@@ -67,6 +71,22 @@ where
             watch,
             subscribe: Box::new(subscribe),
         }
+    }
+
+    fn known(&self, cluster: &Cluster) -> Vec<McRequest> {
+        let watch = (self.source)(cluster.cache(), &self.config);
+        let name = cluster.name();
+        watch
+            .store()
+            .state()
+            .into_iter()
+            .filter_map(|object| {
+                contained(name, "mapper", || {
+                    (self.mapper)(name, &Change::Listed(object))
+                })
+            })
+            .flatten()
+            .collect()
     }
 }
 
