@@ -290,13 +290,23 @@ impl Queue {
         }
         cluster.ready += 1;
         self.ready_len += 1;
-        let joins = !cluster.in_turns && !cluster.held && !cluster.throttled;
-        if joins {
+        self.take_turn(&name);
+        self.refresh(&name);
+        ticket
+    }
+
+    /// Puts `name` in the round-robin if it has ready keys and is neither
+    /// held nor throttled (and is not in it already).
+    fn take_turn(&mut self, name: &ClusterName) {
+        if let Some(cluster) = self.clusters.get_mut(name)
+            && cluster.ready > 0
+            && !cluster.held
+            && !cluster.throttled
+            && !cluster.in_turns
+        {
             cluster.in_turns = true;
             self.turns.push_back(name.clone());
         }
-        self.refresh(&name);
-        ticket
     }
 
     /// Recounts whether `name` has work, and forgets its entry once it has
@@ -367,10 +377,7 @@ impl Queue {
             let name = expired.into_inner();
             if let Some(cluster) = self.clusters.get_mut(&name) {
                 cluster.throttled = false;
-                if cluster.ready > 0 && !cluster.held && !cluster.in_turns {
-                    cluster.in_turns = true;
-                    self.turns.push_back(name.clone());
-                }
+                self.take_turn(&name);
                 self.refresh(&name);
             }
         }
@@ -551,10 +558,7 @@ impl Queue {
         }
         if !purged && let Some(cluster) = self.clusters.get_mut(&key.cluster) {
             cluster.running -= 1;
-            if cluster.ready > 0 && !cluster.held && !cluster.throttled && !cluster.in_turns {
-                cluster.in_turns = true;
-                self.turns.push_back(key.cluster.clone());
-            }
+            self.take_turn(&key.cluster);
             self.refresh(&key.cluster);
         }
     }
@@ -578,10 +582,7 @@ impl Queue {
             entry.held = false;
             self.held_clusters -= 1;
         }
-        if entry.ready > 0 && !entry.throttled && !entry.in_turns {
-            entry.in_turns = true;
-            self.turns.push_back(cluster.clone());
-        }
+        self.take_turn(cluster);
         self.refresh(cluster);
     }
 
