@@ -50,7 +50,7 @@ async fn measure(config: &Config, clusters: usize) -> Result<(), BoxError> {
     });
     let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default());
     let status = controller.status();
-    let controller = tokio::spawn(controller.run(service_fn(|_: McRequest| async {
+    let controller = tokio::spawn(controller.run_raw(service_fn(|_: McRequest| async {
         Ok::<_, BoxError>(Action::await_change())
     })));
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -26,35 +26,27 @@ use kube::{
     runtime::watcher,
 };
 use kube_fleet::{
-    Action, Controller, Fleet, controller,
+    Action, Controller, Fleet, ObjectRequest, controller,
     provider::{ProgrammaticHandle, ProgrammaticProvider},
 };
 use kube_fleet_envtest::Envtest;
-use kube_fleet_layers::{
-    load_object::{LoadObjectLayer, ObjectRequest},
-    resolve_cluster::ResolveClusterLayer,
-};
+use kube_fleet_layers::recommended::RecommendedLayer;
 use tower::{BoxError, ServiceBuilder, service_fn};
 
 const MARK: &str = "kube-fleet.dev/quickstart";
 const CLUSTER_LABEL: &str = "kube-fleet.dev/cluster";
 
 /// Labels a ConfigMap with its cluster's name; the same code for every cluster.
+///
+/// The controller hands it the cluster and the object from its own watch
+/// (`None` once deleted, or no longer marked); the recommended stack's span
+/// puts the controller, cluster, namespace, name and reason on every line
+/// logged here.
 async fn reconcile(request: ObjectRequest<ConfigMap>) -> Result<Action, BoxError> {
-    let ObjectRequest {
-        cluster,
-        request,
-        object,
-    } = request;
-    tracing::info!(
-        cluster = %request.cluster,
-        namespace = request.namespace.as_deref().unwrap_or_default(),
-        name = %request.name,
-        exists = object.is_some(),
-        "reconcile"
-    );
+    let (cluster, request, object) = (request.cluster, request.request, request.object);
+    tracing::info!(exists = object.is_some(), "reconcile");
     let Some(config_map) = object else {
-        return Ok(Action::await_change()); // deleted: nothing to clean up
+        return Ok(Action::await_change()); // deleted or unmarked: nothing to clean up
     };
     let want = label_value(cluster.name().as_str());
     let has = config_map
@@ -94,11 +86,11 @@ async fn main() -> Result<(), Box<dyn Error>> {
 
     // In each cluster the controller starts its watch and serves the
     // cluster once it has synced, so a reconcile never reads a half-filled
-    // cache, and a cluster that does not answer holds up no other.
+    // cache, and a cluster that does not answer holds up no other. The type
+    // and its watch are named once, here.
     let marked = watcher::Config::default().labels(&format!("{MARK}=true"));
     let stack = ServiceBuilder::new()
-        .layer(ResolveClusterLayer::new(fleet.clone()))
-        .layer(LoadObjectLayer::<ConfigMap>::with_config(marked.clone()))
+        .layer(RecommendedLayer::new())
         .service(service_fn(reconcile));
     let stop = shutdown_signal(args.run_for);
     // At most 16 reconciles at once, 20 per second in any one cluster.
@@ -106,6 +98,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .concurrency(16)
         .cluster_rate_limit(20.0, 40);
     let controller = Controller::<ConfigMap>::new(&fleet, marked)
+        .named("quickstart")
         .with_config(limits)
         .graceful_shutdown_on(stop)
         .run(stack);

@@ -1,17 +1,20 @@
 //! Kubernetes controllers that reconcile across a dynamic fleet of clusters.
 //!
-//! A reconciler is written once, as a [`tower::Service`] of [`McRequest`]s
-//! answering an [`Action`], and run by a [`Controller`] against every cluster
-//! of a [`Fleet`]: clusters that providers engage and disengage while the
-//! process runs (kind clusters, kubeconfig files or Secrets, Cluster API
-//! workload clusters, a `ClusterProfile` inventory), or just the local one.
+//! A reconciler is written once, as a [`tower::Service`] of
+//! [`ObjectRequest`]s answering an [`Action`], and run by a [`Controller`]
+//! against every cluster of a [`Fleet`]: clusters that providers engage and
+//! disengage while the process runs (kind clusters, kubeconfig files or
+//! Secrets, Cluster API workload clusters, a `ClusterProfile` inventory), or
+//! just the local one. The controller names its type once; each request
+//! carries the cluster, the object from the controller's own watch there
+//! (an `Arc`, never a copy), and why it runs ([`ReconcileReason`]).
 //!
 //! ```no_run
 //! use std::time::Duration;
 //!
 //! use k8s_openapi::api::core::v1::ConfigMap;
 //! use kube::runtime::watcher;
-//! use kube_fleet::{Action, Controller, Fleet, McRequest, provider::LocalProvider};
+//! use kube_fleet::{Action, Controller, Fleet, ObjectRequest, provider::LocalProvider};
 //! use tower::{BoxError, service_fn};
 //!
 //! # async fn example() -> Result<(), BoxError> {
@@ -22,8 +25,8 @@
 //!     async move { fleet.run(local).await }
 //! });
 //! Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
-//!     .run(service_fn(|request: McRequest| async move {
-//!         println!("reconciling {request}");
+//!     .run(service_fn(|request: ObjectRequest<ConfigMap>| async move {
+//!         println!("reconciling {request} ({}): {:?}", request.reason, request.object.is_some());
 //!         Ok::<_, BoxError>(Action::requeue(Duration::from_secs(300)))
 //!     }))
 //!     .await?;
@@ -52,8 +55,10 @@ mod cluster_name;
 pub mod controller;
 mod error;
 mod fleet;
+mod object_request;
 pub mod provider;
 mod queue;
+mod reason;
 mod request;
 mod token_bucket;
 
@@ -64,5 +69,7 @@ pub use cluster_name::ClusterName;
 pub use controller::{Controller, QueueDepth};
 pub use error::TerminalError;
 pub use fleet::{Fleet, FleetEvent, FleetSubscription};
+pub use object_request::ObjectRequest;
+pub use reason::ReconcileReason;
 pub use request::McRequest;
 pub use token_bucket::TokenBucket;

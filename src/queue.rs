@@ -25,7 +25,7 @@ use tokio::time::{Instant, Sleep};
 use tokio_util::time::{DelayQueue, delay_queue};
 
 use crate::{
-    Action, ClusterName, McRequest, TokenBucket,
+    Action, ClusterName, McRequest, ReconcileReason, TokenBucket,
     backoff::{Backoff, Jitter},
     token_bucket::Tokens,
 };
@@ -65,7 +65,7 @@ enum Phase {
     /// key stays here until its cancelled run has ended, so that it never
     /// runs twice at once; its outcome then counts for nothing.
     Running {
-        rerun: Option<(Instant, Lane)>,
+        rerun: Option<(Instant, Lane, ReconcileReason)>,
         purged: bool,
     },
     /// Nothing scheduled; kept only to remember failures for the backoff.
@@ -76,6 +76,8 @@ enum Phase {
 struct KeyState {
     phase: Phase,
     failures: u32,
+    /// Why the key's next (or current) run runs.
+    reason: ReconcileReason,
 }
 
 /// The outcome of one reconcile, as the queue sees it.
@@ -193,17 +195,24 @@ impl Queue {
         }
     }
 
-    /// Schedules `key` to run now, in `lane`.
-    pub(crate) fn push(&mut self, key: McRequest, lane: Lane) {
-        self.schedule(key, Instant::now(), lane);
+    /// Schedules `key` to run now, in `lane`, for `reason`.
+    pub(crate) fn push(&mut self, key: McRequest, lane: Lane, reason: ReconcileReason) {
+        self.schedule(key, Instant::now(), lane, reason);
     }
 
     /// Schedules `key` to run at `at`, or earlier if it already was.
     ///
     /// A key already waiting keeps the earlier of its two times (and moves
     /// to the `Changed` lane if that is where it is pushed now); a running
-    /// key runs once more after the current run ends.
-    pub(crate) fn schedule(&mut self, key: McRequest, at: Instant, lane: Lane) {
+    /// key runs once more after the current run ends. The reason that comes
+    /// first stays, unless the new one runs the key sooner.
+    pub(crate) fn schedule(
+        &mut self,
+        key: McRequest,
+        at: Instant,
+        lane: Lane,
+        reason: ReconcileReason,
+    ) {
         let at = at.min(Instant::now() + MAX_DELAY);
         let Some(state) = self.keys.get_mut(&key) else {
             self.keys.insert(
@@ -211,6 +220,7 @@ impl Queue {
                 KeyState {
                     phase: Phase::Idle,
                     failures: 0,
+                    reason,
                 },
             );
             self.enqueue(key, at, lane);
@@ -223,15 +233,16 @@ impl Queue {
                     self.next_ticket += 1;
                     let ticket = self.next_ticket;
                     state.phase = Phase::Ready { ticket, lane };
+                    state.reason = reason;
                     let cluster = self.clusters.entry(key.cluster.clone()).or_default();
                     cluster.changed.push_back((ticket, key.clone()));
                 }
                 false
             }
             Phase::Running { rerun, .. } => {
-                *rerun = Some(match *rerun {
-                    Some((t, l)) => (t.min(at), l.max(lane)),
-                    None => (at, lane),
+                *rerun = Some(match rerun.take() {
+                    Some((t, l, first)) => (t.min(at), l.max(lane), first),
+                    None => (at, lane, reason),
                 });
                 false
             }
@@ -239,10 +250,14 @@ impl Queue {
                 let sooner = at < *current;
                 if sooner {
                     self.delayed.remove(slot);
+                    state.reason = reason;
                 }
                 sooner
             }
-            Phase::Idle => true,
+            Phase::Idle => {
+                state.reason = reason;
+                true
+            }
         };
         if enqueue {
             if let Some(state) = self.keys.get(&key)
@@ -464,7 +479,7 @@ impl Queue {
     /// Takes the next key of the cluster at the front of the round-robin
     /// and marks it running. Call [`poll_has_ready`](Self::poll_has_ready)
     /// first, and only when it said yes.
-    pub(crate) fn pop_ready(&mut self) -> Option<McRequest> {
+    pub(crate) fn pop_ready(&mut self) -> Option<(McRequest, ReconcileReason)> {
         let name = self.turns.pop_front()?;
         // The tokens taken when the key was admitted are used now.
         self.shared_token = false;
@@ -505,14 +520,18 @@ impl Queue {
         }
         self.ready_len -= 1;
         self.running_len += 1;
-        if let Some(state) = self.keys.get_mut(&key) {
-            state.phase = Phase::Running {
-                rerun: None,
-                purged: false,
-            };
-        }
+        let reason = match self.keys.get_mut(&key) {
+            Some(state) => {
+                state.phase = Phase::Running {
+                    rerun: None,
+                    purged: false,
+                };
+                state.reason.clone()
+            }
+            None => ReconcileReason::Unknown,
+        };
         self.refresh(&name);
-        Some(key)
+        Some((key, reason))
     }
 
     /// Records how a run of `key` ended and schedules its next run: after its
@@ -522,34 +541,42 @@ impl Queue {
         let Some(state) = self.keys.get_mut(key) else {
             return;
         };
-        let Phase::Running { rerun, purged } = state.phase else {
+        let Phase::Running { rerun, purged } = &mut state.phase else {
             return;
         };
+        let (rerun, purged) = (rerun.take(), *purged);
         self.running_len -= 1;
         let now = Instant::now();
         let next = match outcome {
             _ if purged => None,
-            Outcome::Interrupted => Some((now, Lane::Changed)),
+            Outcome::Interrupted => Some((now, Lane::Changed, ReconcileReason::ClusterReplaced)),
             Outcome::Success(action) => {
                 state.failures = 0;
-                action
-                    .requeue_after()
-                    .map(|d| (now + d.min(MAX_DELAY), Lane::Changed))
+                action.requeue_after().map(|d| {
+                    let at = now + d.min(MAX_DELAY);
+                    (at, Lane::Changed, ReconcileReason::Requeued)
+                })
             }
             Outcome::Failure(after) => {
                 state.failures = state.failures.saturating_add(1);
                 let delay = after
                     .unwrap_or_else(|| self.backoff.jittered(state.failures, self.jitter.next()));
-                Some((now + delay.min(MAX_DELAY), Lane::Changed))
+                let at = now + delay.min(MAX_DELAY);
+                Some((at, Lane::Changed, ReconcileReason::ErrorRetry))
             }
         };
+        // The sooner of the two runs, and its reason.
         let next = match (next, rerun) {
-            (Some((a, la)), Some((b, lb))) => Some((a.min(b), la.max(lb))),
+            (Some((a, la, ra)), Some((b, lb, rb))) => {
+                let reason = if b <= a { rb } else { ra };
+                Some((a.min(b), la.max(lb), reason))
+            }
             (a, b) => a.or(b),
         };
         match next {
-            Some((at, lane)) => {
+            Some((at, lane, reason)) => {
                 state.phase = Phase::Idle;
+                state.reason = reason;
                 self.enqueue(key.clone(), at, lane);
             }
             None => {
@@ -674,7 +701,7 @@ mod tests {
     async fn next(queue: &mut Queue) -> McRequest {
         poll_fn(|cx| {
             if queue.poll_has_ready(cx) {
-                Poll::Ready(queue.pop_ready().expect("a ready key"))
+                Poll::Ready(queue.pop_ready().expect("a ready key").0)
             } else {
                 Poll::Pending
             }
@@ -687,7 +714,7 @@ mod tests {
         let waker = futures::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
         if queue.poll_has_ready(&mut cx) {
-            queue.pop_ready()
+            queue.pop_ready().map(|(key, _)| key)
         } else {
             None
         }
@@ -713,7 +740,7 @@ mod tests {
     }
 
     fn push(queue: &mut Queue, k: McRequest) {
-        queue.push(k, Lane::Changed);
+        queue.push(k, Lane::Changed, ReconcileReason::Unknown);
     }
 
     #[tokio::test(start_paused = true)]
@@ -721,11 +748,12 @@ mod tests {
         let mut queue = queue();
         push(&mut queue, key("a", "x"));
         push(&mut queue, key("a", "x"));
-        queue.push(key("a", "x"), Lane::Listed);
+        queue.push(key("a", "x"), Lane::Listed, ReconcileReason::Unknown);
         queue.schedule(
             key("a", "x"),
             Instant::now() + Duration::from_secs(5),
             Lane::Changed,
+            ReconcileReason::Unknown,
         );
         assert_eq!(queue.waiting(), 1);
         assert_eq!(ready_now(&mut queue), Some(key("a", "x")));
@@ -771,6 +799,7 @@ mod tests {
             key("a", "x"),
             Instant::now() + Duration::from_secs(60),
             Lane::Changed,
+            ReconcileReason::Unknown,
         );
         assert_eq!(ready_now(&mut queue), None);
         push(&mut queue, key("a", "x"));
@@ -780,6 +809,52 @@ mod tests {
         tokio::time::advance(Duration::from_secs(61)).await;
         assert_eq!(ready_now(&mut queue), None);
         assert!(queue.clusters.is_empty(), "nothing left of cluster a");
+    }
+
+    /// The next key and its reason, right now.
+    fn reason_now(queue: &mut Queue) -> Option<(McRequest, ReconcileReason)> {
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        queue
+            .poll_has_ready(&mut cx)
+            .then(|| queue.pop_ready())
+            .flatten()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_run_carries_the_first_reason_or_the_one_that_made_it_sooner() {
+        use ReconcileReason::*;
+        let mut queue = queue();
+        let x = key("a", "x");
+        // Merged while waiting: the first reason stays.
+        queue.push(x.clone(), Lane::Listed, Listed);
+        queue.push(x.clone(), Lane::Listed, External);
+        assert_eq!(reason_now(&mut queue), Some((x.clone(), Listed)));
+        // A requeue asked for; then a change runs it sooner, as a change.
+        queue.complete(
+            &x,
+            Outcome::Success(Action::requeue(Duration::from_secs(60))),
+        );
+        queue.push(x.clone(), Lane::Changed, ObjectChanged);
+        assert_eq!(reason_now(&mut queue), Some((x.clone(), ObjectChanged)));
+        queue.complete(
+            &x,
+            Outcome::Success(Action::requeue(Duration::from_secs(60))),
+        );
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert_eq!(reason_now(&mut queue), Some((x.clone(), Requeued)));
+        // A failure retries as such, unless a change came while it ran.
+        queue.complete(&x, Outcome::Failure(None));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(reason_now(&mut queue), Some((x.clone(), ErrorRetry)));
+        let related = RelatedChanged {
+            kind: "Secret".into(),
+        };
+        queue.push(x.clone(), Lane::Changed, related.clone());
+        queue.complete(&x, Outcome::Failure(None));
+        assert_eq!(reason_now(&mut queue), Some((x.clone(), related)));
+        queue.complete(&x, Outcome::Interrupted);
+        assert_eq!(reason_now(&mut queue), Some((x, ClusterReplaced)));
     }
 
     #[tokio::test(start_paused = true)]
@@ -879,7 +954,11 @@ mod tests {
     async fn a_change_runs_ahead_of_the_listed_backlog_and_the_backlog_still_moves() {
         let mut queue = queue();
         for i in 0..10_000 {
-            queue.push(key("a", &format!("listed-{i}")), Lane::Listed);
+            queue.push(
+                key("a", &format!("listed-{i}")),
+                Lane::Listed,
+                ReconcileReason::Unknown,
+            );
         }
         let first = ready_now(&mut queue).unwrap();
         assert_eq!(first.name, "listed-0");
@@ -907,7 +986,11 @@ mod tests {
     async fn a_listed_key_that_changes_moves_to_the_front_lane_and_runs_once() {
         let mut queue = queue();
         for i in 0..100 {
-            queue.push(key("a", &format!("listed-{i}")), Lane::Listed);
+            queue.push(
+                key("a", &format!("listed-{i}")),
+                Lane::Listed,
+                ReconcileReason::Unknown,
+            );
         }
         let first = ready_now(&mut queue).unwrap();
         queue.complete(&first, success());
@@ -1069,7 +1152,11 @@ mod tests {
             ..Limits::default()
         });
         for i in 0..10_000 {
-            queue.push(key("relisting", &i.to_string()), Lane::Listed);
+            queue.push(
+                key("relisting", &i.to_string()),
+                Lane::Listed,
+                ReconcileReason::Unknown,
+            );
         }
         let first = ready_now(&mut queue).unwrap();
         queue.complete(&first, success());
@@ -1098,6 +1185,7 @@ mod tests {
             key("gone", "later"),
             Instant::now() + Duration::from_secs(10),
             Lane::Changed,
+            ReconcileReason::Unknown,
         );
         push(&mut queue, key("stays", "x"));
         // Serve "gone" first, then take its second key too.
@@ -1144,6 +1232,7 @@ mod tests {
             key("a", "y"),
             Instant::now() + Duration::from_secs(100 * 365 * 86400),
             Lane::Changed,
+            ReconcileReason::Unknown,
         );
         assert_eq!(queue.waiting(), 2);
     }
@@ -1199,6 +1288,7 @@ mod tests {
             key("a", "3"),
             Instant::now() + Duration::from_secs(5),
             Lane::Changed,
+            ReconcileReason::Unknown,
         );
         assert_eq!((queue.waiting(), counted(&queue)), (3, 3));
         push(&mut queue, key("a", "3"));

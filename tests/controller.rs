@@ -11,8 +11,8 @@ use kube::{
     runtime::watcher,
 };
 use kube_fleet::{
-    ClusterName, Controller, Fleet, McRequest, cache::WatchState, controller::Clusters,
-    provider::LocalProvider,
+    ClusterName, Controller, Fleet, McRequest, ObjectRequest, cache::WatchState,
+    controller::Clusters, provider::LocalProvider,
 };
 use kube_fleet_envtest::Envtest;
 use support::*;
@@ -96,20 +96,23 @@ async fn a_removed_cluster_loses_its_watches_queue_and_running_reconciles() {
     let (cancelled_tx, mut cancelled) = tokio::sync::mpsc::unbounded_channel::<McRequest>();
     let service = tower::ServiceBuilder::new()
         .concurrency_limit(1)
-        .service(tower::service_fn(move |request: McRequest| {
-            let started_tx = started_tx.clone();
-            let cancelled_tx = cancelled_tx.clone();
-            async move {
-                let _ = started_tx.send(request.clone());
-                if request.cluster == "cluster-1" {
-                    let _report_cancel = OnDrop(Some(move || {
-                        let _ = cancelled_tx.send(request);
-                    }));
-                    std::future::pending::<()>().await;
+        .service(tower::service_fn(
+            move |request: ObjectRequest<ConfigMap>| {
+                let started_tx = started_tx.clone();
+                let cancelled_tx = cancelled_tx.clone();
+                let request = request.request;
+                async move {
+                    let _ = started_tx.send(request.clone());
+                    if request.cluster == "cluster-1" {
+                        let _report_cancel = OnDrop(Some(move || {
+                            let _ = cancelled_tx.send(request);
+                        }));
+                        std::future::pending::<()>().await;
+                    }
+                    Ok::<_, tower::BoxError>(kube_fleet::Action::await_change())
                 }
-                Ok::<_, tower::BoxError>(kube_fleet::Action::await_change())
-            }
-        }));
+            },
+        ));
     running.spawn(
         Controller::<ConfigMap>::new(&running.fleet, watcher::Config::default()),
         service,
@@ -392,7 +395,8 @@ async fn a_terminal_error_waits_for_the_object_to_change() {
     create_config_map(client.clone(), "broken").await;
     let mut running = Running::new();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let service = tower::service_fn(move |request: McRequest| {
+    let service = tower::service_fn(move |request: ObjectRequest<ConfigMap>| {
+        let request = request.request;
         let _ = tx.send(request.clone());
         async move {
             if request.name == "broken" {

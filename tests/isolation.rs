@@ -20,7 +20,7 @@ use kube::{
     runtime::watcher,
 };
 use kube_fleet::{
-    Action, Controller, McRequest,
+    Action, Controller, McRequest, ObjectRequest,
     cache::WatchState,
     controller::{ClusterStatus, Config, ControllerStatus},
 };
@@ -236,8 +236,9 @@ async fn a_hung_cluster_cannot_take_the_slots_the_others_need() {
     let load = Load::default();
     let service = service_fn({
         let load = load.clone();
-        move |request: McRequest| {
+        move |request: ObjectRequest<ConfigMap>| {
             let (load, fleet) = (load.clone(), fleet.clone());
+            let request = request.request;
             async move {
                 let cluster = request.cluster.to_string();
                 {

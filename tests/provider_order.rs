@@ -17,7 +17,8 @@ use std::{
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Client, Config, runtime::watcher};
 use kube_fleet::{
-    Action, ClusterName, Controller, Fleet, FleetEvent, McRequest, provider::ProgrammaticProvider,
+    Action, ClusterName, Controller, Fleet, FleetEvent, ObjectRequest,
+    provider::ProgrammaticProvider,
 };
 use kube_fleet_envtest::Envtest;
 use support::create_config_map;
@@ -96,13 +97,13 @@ async fn provider_order_is_the_truth_for_every_interleaving() {
     let starts: Arc<Mutex<Vec<(ClusterName, Instant)>>> = Arc::default();
     let service = service_fn({
         let starts = starts.clone();
-        move |request: McRequest| {
+        move |request: ObjectRequest<ConfigMap>| {
             let starts = starts.clone();
             async move {
                 starts
                     .lock()
                     .unwrap()
-                    .push((request.cluster, Instant::now()));
+                    .push((request.request.cluster, Instant::now()));
                 Ok::<_, BoxError>(Action::requeue(Duration::from_millis(5)))
             }
         }

@@ -1,15 +1,27 @@
-use kube_fleet::McRequest;
+use kube_fleet::{McRequest, ObjectRequest, ReconcileReason};
 
-use crate::{load_object::ObjectRequest, resolve_cluster::ClusterRequest};
+use crate::resolve_cluster::ClusterRequest;
 
 /// A request that names the object to reconcile: what layers that log,
 /// count or limit by cluster read from whatever request type they sit on.
 ///
 /// Implemented for [`McRequest`], [`ClusterRequest`] and [`ObjectRequest`],
 /// so those layers work above or below cluster resolution and object loading.
+/// An [`ObjectRequest`] from `Controller::run` also names its controller and
+/// why it runs, which the trace and metrics layers then need not be told.
 pub trait AsMcRequest {
     /// The cluster, namespace and name the request is for.
     fn mc_request(&self) -> &McRequest;
+
+    /// The controller that runs the reconcile, if the request says.
+    fn controller(&self) -> Option<&str> {
+        None
+    }
+
+    /// Why the reconcile runs, if the request says.
+    fn reason(&self) -> Option<&ReconcileReason> {
+        None
+    }
 }
 
 impl AsMcRequest for McRequest {
@@ -27,5 +39,13 @@ impl AsMcRequest for ClusterRequest {
 impl<K> AsMcRequest for ObjectRequest<K> {
     fn mc_request(&self) -> &McRequest {
         &self.request
+    }
+
+    fn controller(&self) -> Option<&str> {
+        self.controller.as_deref()
+    }
+
+    fn reason(&self) -> Option<&ReconcileReason> {
+        Some(&self.reason)
     }
 }

@@ -15,7 +15,7 @@ async fn reconciles_are_counted_by_cluster_and_result_and_timed() {
     let mut registry = Registry::default();
     let metrics = ReconcileMetrics::new(&mut registry);
     let service = ServiceBuilder::new()
-        .layer(MetricsLayer::new(metrics.clone(), "widgets"))
+        .layer(MetricsLayer::new(metrics.clone()).controller("widgets"))
         .layer(CatchPanicLayer::new())
         .service(service_fn(|request: McRequest| async move {
             tokio::time::sleep(Duration::from_millis(300)).await;
@@ -83,8 +83,9 @@ async fn queue_depths_and_engaged_clusters_are_read_at_each_scrape() {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
         .clusters(Clusters::Local)
+        .named("widgets")
         .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
-    depths.add("widgets", controller.queue_depth());
+    depths.add(controller.queue_depth());
     let service = ServiceBuilder::new()
         .concurrency_limit(1)
         .service(service_fn(|_: McRequest| async {
@@ -95,7 +96,7 @@ async fn queue_depths_and_engaged_clusters_are_read_at_each_scrape() {
         tx.send(McRequest::new("east", Some("ns"), format!("k{i}")))
             .unwrap();
     }
-    let task = tokio::spawn(controller.run(service));
+    let task = tokio::spawn(controller.run_raw(service));
     tokio::time::sleep(Duration::from_millis(100)).await;
 
     let mut text = String::new();
@@ -143,7 +144,7 @@ async fn series_of_clusters_that_left_are_dropped_and_the_count_returns_to_where
         api::{ObjectMeta, PostParams},
         runtime::watcher,
     };
-    use kube_fleet::{ClusterName, Controller, Fleet};
+    use kube_fleet::{ClusterName, Controller, Fleet, ObjectRequest};
     use kube_fleet_envtest::Envtest;
     use kube_fleet_layers::metrics::MetricsLayer;
 
@@ -169,13 +170,13 @@ async fn series_of_clusters_that_left_are_dropped_and_the_count_returns_to_where
     let metrics = ReconcileMetrics::new(&mut registry).follow(&fleet);
     let (seen, mut reconciled) = tokio::sync::mpsc::unbounded_channel::<ClusterName>();
     let stack = ServiceBuilder::new()
-        .layer(MetricsLayer::new(metrics.clone(), "configmaps"))
-        .service(service_fn(move |request: McRequest| {
-            let _ = seen.send(request.cluster.clone());
+        .layer(MetricsLayer::new(metrics.clone()))
+        .service(service_fn(move |request: ObjectRequest<ConfigMap>| {
+            let _ = seen.send(request.request.cluster.clone());
             async { Ok::<_, BoxError>(Action::await_change()) }
         }));
     let only_one = watcher::Config::default().fields("metadata.name=only");
-    let controller = Controller::<ConfigMap>::new(&fleet, only_one);
+    let controller = Controller::<ConfigMap>::new(&fleet, only_one).named("configmaps");
     let status = controller.status();
     let task = tokio::spawn(controller.run(stack));
 

@@ -14,10 +14,11 @@ use kube::{
     api::{ObjectMeta, PostParams},
     runtime::watcher,
 };
-use kube_fleet::{Action, Controller, Fleet, controller::Config, provider::ProgrammaticProvider};
+use kube_fleet::{
+    Action, Controller, Fleet, ObjectRequest, controller::Config, provider::ProgrammaticProvider,
+};
 use kube_fleet_envtest::Envtest;
 use kube_fleet_layers::{
-    load_object::ObjectRequest,
     metrics::{FleetCollector, QueueDepths, ReconcileMetrics},
     recommended::RecommendedLayer,
 };
@@ -80,14 +81,13 @@ async fn failures_and_panics_back_off_recover_and_are_counted() {
         }
     });
     let stack = ServiceBuilder::new()
-        .layer(
-            RecommendedLayer::<ConfigMap>::new(fleet.clone(), "configmaps")
-                .metrics(metrics.clone()),
-        )
+        // Spans and metrics are labelled with the name the controller is given.
+        .layer(RecommendedLayer::new().metrics(metrics.clone()))
         .service(reconcile);
     let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
+        .named("configmaps")
         .with_config(Config::default().cluster_rate_limit(50.0, 100));
-    depths.add("configmaps", controller.queue_depth());
+    depths.add(controller.queue_depth());
     let controller = tokio::spawn(controller.run(stack));
     let (provider, clusters) = ProgrammaticProvider::new();
     let provider = tokio::spawn({

@@ -54,7 +54,7 @@ where
         .clusters(Clusters::Local)
         .with_config(Config::default().backoff(no_jitter))
         .reconcile_on(UnboundedReceiverStream::new(rx))
-        .run(service);
+        .run_raw(service);
     tokio::spawn(async move {
         let _keep_open = tx;
         controller.await.unwrap();

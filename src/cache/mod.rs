@@ -29,6 +29,7 @@
 //! # }
 //! ```
 
+mod scoped;
 mod state;
 mod subscription;
 mod watch;
@@ -40,7 +41,7 @@ use std::{
     sync::{Arc, Mutex, MutexGuard, Weak},
 };
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use kube::{
     Api, Client, Resource,
     core::PartialObjectMeta,
@@ -83,6 +84,8 @@ pub fn is_namespaced<K: Resource>() -> bool {
 struct WatchKey {
     type_id: TypeId,
     metadata_only: bool,
+    /// The namespace the watch is limited to; `None` for all.
+    namespace: Option<String>,
     /// The whole `watcher::Config`, so that watches with different selectors
     /// or list semantics are different watches.
     config: String,
@@ -125,32 +128,74 @@ impl ClusterCache {
         self.watches.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The shared watch of `K` objects with this configuration, started now
-    /// if none runs here.
+    /// The shared watch of `K` objects in all namespaces with this
+    /// configuration, started now if none runs here.
     pub fn watch<K: Watchable>(&self, config: &watcher::Config) -> Arc<SharedWatch<K>> {
-        self.shared(false, config, || {
-            watcher::watcher(Api::<K>::all(self.client.clone()), config.clone())
+        self.watch_in(None, config)
+    }
+
+    /// The shared watch of `K` objects in `namespace` (all namespaces for
+    /// `None`, and for a cluster-scoped `K`) with this configuration, started
+    /// now if none runs here. A watch of one namespace needs read rights in
+    /// that namespace only.
+    pub fn watch_in<K: Watchable>(
+        &self,
+        namespace: Option<&str>,
+        config: &watcher::Config,
+    ) -> Arc<SharedWatch<K>> {
+        let namespace = scope::<K>(namespace);
+        self.shared(false, namespace, config, || match namespace {
+            Some(namespace) => {
+                scoped::objects::<K>(self.client.clone(), namespace, config.clone()).boxed()
+            }
+            None => watcher::watcher(Api::<K>::all(self.client.clone()), config.clone()).boxed(),
         })
     }
 
-    /// The shared watch of `K`'s metadata only, started now if needed: for
-    /// types a controller needs only to key on (owner references, labels).
+    /// The shared watch of `K`'s metadata only, in all namespaces, started
+    /// now if needed: for types a controller needs only to key on (owner
+    /// references, labels).
     pub fn watch_metadata<K: Watchable>(
         &self,
         config: &watcher::Config,
     ) -> Arc<SharedWatch<PartialObjectMeta<K>>> {
-        self.shared(true, config, || {
-            watcher::watcher(
+        self.watch_metadata_in(None, config)
+    }
+
+    /// Like [`watch_metadata`](Self::watch_metadata), in `namespace` only
+    /// (see [`watch_in`](Self::watch_in)).
+    pub fn watch_metadata_in<K: Watchable>(
+        &self,
+        namespace: Option<&str>,
+        config: &watcher::Config,
+    ) -> Arc<SharedWatch<PartialObjectMeta<K>>> {
+        let namespace = scope::<K>(namespace);
+        self.shared(true, namespace, config, || match namespace {
+            Some(namespace) => {
+                scoped::metadata::<K>(self.client.clone(), namespace, config.clone()).boxed()
+            }
+            None => watcher::watcher(
                 Api::<PartialObjectMeta<K>>::all(self.client.clone()),
                 config.clone(),
             )
+            .boxed(),
         })
     }
 
-    /// The watch of `K` objects with this configuration, if one runs here;
-    /// unlike [`watch`](Self::watch), never starts one.
+    /// The watch of `K` objects in all namespaces with this configuration,
+    /// if one runs here; unlike [`watch`](Self::watch), never starts one.
     pub fn find<K: Watchable>(&self, config: &watcher::Config) -> Option<Arc<SharedWatch<K>>> {
-        let key = watch_key::<K>(false, config);
+        self.find_in(None, config)
+    }
+
+    /// The watch of `K` objects in `namespace` with this configuration, if
+    /// one runs here; never starts one.
+    pub fn find_in<K: Watchable>(
+        &self,
+        namespace: Option<&str>,
+        config: &watcher::Config,
+    ) -> Option<Arc<SharedWatch<K>>> {
+        let key = watch_key::<K>(false, scope::<K>(namespace), config);
         let watch = self.watches().get(&key)?.upgrade()?;
         watch.downcast::<SharedWatch<K>>().ok()
     }
@@ -173,6 +218,7 @@ impl ClusterCache {
     fn shared<T, S>(
         &self,
         metadata_only: bool,
+        namespace: Option<&str>,
         config: &watcher::Config,
         stream: impl FnOnce() -> S,
     ) -> Arc<SharedWatch<T>>
@@ -182,7 +228,7 @@ impl ClusterCache {
     {
         // Keyed by the watched type `K`; for metadata watches `T` is
         // `PartialObjectMeta<K>`, a type of its own, so the keys never clash.
-        let key = watch_key::<T>(metadata_only, config);
+        let key = watch_key::<T>(metadata_only, namespace, config);
         let mut watches = self.watches();
         if let Some(existing) = watches.get(&key).and_then(Weak::upgrade)
             && let Ok(existing) = existing.downcast::<SharedWatch<T>>()
@@ -202,12 +248,23 @@ impl ClusterCache {
     }
 }
 
-fn watch_key<T: 'static>(metadata_only: bool, config: &watcher::Config) -> WatchKey {
+fn watch_key<T: 'static>(
+    metadata_only: bool,
+    namespace: Option<&str>,
+    config: &watcher::Config,
+) -> WatchKey {
     WatchKey {
         type_id: TypeId::of::<T>(),
         metadata_only,
+        namespace: namespace.map(str::to_owned),
         config: format!("{config:?}"),
     }
+}
+
+/// The namespace a watch of `K` is limited to: none for a cluster-scoped
+/// type, whatever was asked.
+fn scope<K: Resource>(namespace: Option<&str>) -> Option<&str> {
+    namespace.filter(|_| is_namespaced::<K>())
 }
 
 /// An error and every error beneath it, as one line: `a: b: c`.

@@ -2,21 +2,25 @@
 //!
 //! A [`Controller`] is built like kube-runtime's: `for` one type, [`owns`]
 //! child types, [`watches`] other types with a mapper that may return
-//! requests for any cluster. It runs a `tower::Service<McRequest>` whose
-//! response is an [`Action`], in every cluster it selects, as clusters join
-//! and leave the [`Fleet`].
+//! requests for any cluster. It runs a `tower::Service<ObjectRequest<K>>`
+//! whose response is an [`Action`], in every cluster it selects, as clusters
+//! join and leave the [`Fleet`]; [`run_raw`](Controller::run_raw) runs a
+//! service of plain [`McRequest`] keys instead.
 //!
 //! ```no_run
 //! use std::time::Duration;
 //!
 //! use k8s_openapi::api::core::v1::ConfigMap;
 //! use kube::runtime::watcher;
-//! use kube_fleet::{Action, Controller, Fleet, McRequest};
+//! use kube_fleet::{Action, Controller, Fleet, ObjectRequest};
 //! use tower::{BoxError, ServiceBuilder, service_fn};
 //!
 //! # async fn example(fleet: Fleet) -> Result<(), kube_fleet::controller::Error> {
-//! let reconcile = service_fn(|request: McRequest| async move {
-//!     println!("reconciling {request}");
+//! let reconcile = service_fn(|request: ObjectRequest<ConfigMap>| async move {
+//!     match &request.object {
+//!         Some(config_map) => println!("{request}: {:?}", config_map.data),
+//!         None => println!("{request} is gone"),
+//!     }
 //!     Ok::<_, BoxError>(Action::requeue(Duration::from_secs(300)))
 //! });
 //! Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
@@ -29,31 +33,35 @@
 //! [`watches`]: Controller::watches
 
 mod config;
+mod deliver;
 mod runner;
 mod status;
 mod trigger;
+mod watch;
 
 use std::{
     fmt,
     future::Future,
     marker::PhantomData,
     sync::{
-        Arc,
+        Arc, OnceLock,
         atomic::{AtomicUsize, Ordering},
     },
 };
 
 use futures::{FutureExt, Stream, StreamExt, future::BoxFuture, stream::BoxStream};
-use kube::{core::PartialObjectMeta, runtime::watcher};
+use kube::core::PartialObjectMeta;
 use tower::{BoxError, Service};
 
 pub use config::{Config, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_SYNC_TIMEOUT};
 pub use status::{ClusterStatus, ControllerStatus};
+pub use watch::Watch;
 
 use crate::{
-    Action, ClusterName, Fleet, McRequest,
+    Action, ClusterName, Fleet, McRequest, ObjectRequest,
     cache::{Change, ClusterCache, Watchable},
 };
+use deliver::{Deliver, Keys, Objects};
 use trigger::{FilterFactory, Trigger, WatchTrigger};
 
 /// Why a controller stopped other than by a graceful shutdown.
@@ -68,6 +76,24 @@ pub enum Error {
         #[source]
         source: BoxError,
     },
+}
+
+/// A watch's namespace, dropped with a warning for a cluster-scoped type.
+fn checked_namespace<T: Watchable>(namespace: Option<String>) -> Option<String> {
+    if namespace.is_some() && !crate::cache::is_namespaced::<T>() {
+        tracing::warn!(
+            kind = %T::kind(&()),
+            ?namespace,
+            "a cluster-scoped type cannot be watched in one namespace; watching it cluster-wide"
+        );
+        return None;
+    }
+    namespace
+}
+
+/// The kind of a related type, as reconcile reasons name it.
+fn related_kind<T: Watchable>() -> Arc<str> {
+    T::kind(&()).into()
 }
 
 /// What a controller does with a reconcile's error: see
@@ -90,16 +116,29 @@ pub type ErrorPolicy = Arc<
 /// assert_eq!(depth.get(), 0);
 /// ```
 #[derive(Debug, Clone, Default)]
-pub struct QueueDepth(Arc<AtomicUsize>);
+pub struct QueueDepth {
+    depth: Arc<AtomicUsize>,
+    controller: Arc<OnceLock<Arc<str>>>,
+}
 
 impl QueueDepth {
     /// The number of waiting keys at the controller's last step.
     pub fn get(&self) -> usize {
-        self.0.load(Ordering::Relaxed)
+        self.depth.load(Ordering::Relaxed)
+    }
+
+    /// The controller's name ([`Controller::named`]), once it runs: for
+    /// metrics that label the depth by controller.
+    pub fn controller(&self) -> Option<&str> {
+        self.controller.get().map(|name| &**name)
     }
 
     pub(crate) fn set(&self, depth: usize) {
-        self.0.store(depth, Ordering::Relaxed);
+        self.depth.store(depth, Ordering::Relaxed);
+    }
+
+    pub(crate) fn name(&self, controller: Arc<str>) {
+        let _ = self.controller.set(controller);
     }
 }
 
@@ -180,20 +219,32 @@ impl<K: Watchable> fmt::Debug for Controller<K> {
 }
 
 impl<K: Watchable> Controller<K> {
-    /// A controller for `K` objects, watched with `config`, in every cluster
-    /// of `fleet` (see [`clusters`](Self::clusters)).
-    pub fn new(fleet: &Fleet, config: watcher::Config) -> Self {
+    /// A controller for `K` objects, watched as `watch` says (a
+    /// `watcher::Config`, or a [`Watch`] that also limits the clusters or
+    /// the namespace), in every cluster of `fleet` unless the `Watch` or
+    /// [`clusters`](Self::clusters) selects fewer. This is the only place
+    /// the type and its watch are named: each reconcile gets its object from
+    /// this watch.
+    pub fn new(fleet: &Fleet, watch: impl Into<Watch>) -> Self {
+        let Watch {
+            config,
+            clusters,
+            namespace,
+        } = watch.into();
         Self {
             fleet: fleet.clone(),
             name: K::kind(&()).to_lowercase(),
             triggers: Vec::new(),
             for_trigger: WatchTrigger {
-                source: ClusterCache::watch::<K>,
+                source: ClusterCache::watch_in::<K>,
                 config,
+                namespace: checked_namespace::<K>(namespace),
+                clusters: None,
                 mapper: Arc::new(trigger::for_self::<K>),
                 filters: Vec::new(),
+                related: None,
             },
-            clusters: Clusters::All,
+            clusters: clusters.unwrap_or(Clusters::All),
             config: Config::default(),
             error_policy: None,
             shutdown: None,
@@ -211,7 +262,10 @@ impl<K: Watchable> Controller<K> {
         self
     }
 
-    /// Selects the clusters the controller works in (default [`Clusters::All`]).
+    /// Selects the clusters the controller works in: where it watches its
+    /// own type and reconciles (default [`Clusters::All`]), and where it
+    /// watches owned and watched types whose [`Watch`] selects none of its
+    /// own.
     pub fn clusters(mut self, clusters: Clusters) -> Self {
         self.clusters = clusters;
         self
@@ -247,23 +301,31 @@ impl<K: Watchable> Controller<K> {
 
     /// Also reconciles the owner of every `Child` (by owner reference, same
     /// cluster) when the child changes.
-    pub fn owns<Child: Watchable>(mut self, config: watcher::Config) -> Self {
+    pub fn owns<Child: Watchable>(mut self, watch: impl Into<Watch>) -> Self {
+        let watch = watch.into();
         self.triggers.push(Arc::new(WatchTrigger {
-            source: ClusterCache::watch::<Child>,
-            config,
+            source: ClusterCache::watch_in::<Child>,
+            namespace: checked_namespace::<Child>(watch.namespace),
+            clusters: watch.clusters,
+            config: watch.config,
             mapper: Arc::new(trigger::for_owners::<K, Child>),
             filters: Vec::new(),
+            related: Some(related_kind::<Child>()),
         }));
         self
     }
 
     /// Like [`owns`](Self::owns), but watches only the children's metadata.
-    pub fn owns_metadata<Child: Watchable>(mut self, config: watcher::Config) -> Self {
+    pub fn owns_metadata<Child: Watchable>(mut self, watch: impl Into<Watch>) -> Self {
+        let watch = watch.into();
         self.triggers.push(Arc::new(WatchTrigger {
-            source: ClusterCache::watch_metadata::<Child>,
-            config,
+            source: ClusterCache::watch_metadata_in::<Child>,
+            namespace: checked_namespace::<Child>(watch.namespace),
+            clusters: watch.clusters,
+            config: watch.config,
             mapper: Arc::new(trigger::for_owners::<K, PartialObjectMeta<Child>>),
             filters: Vec::new(),
+            related: Some(related_kind::<Child>()),
         }));
         self
     }
@@ -290,20 +352,24 @@ impl<K: Watchable> Controller<K> {
     /// ```
     pub fn watches<Other, I>(
         mut self,
-        config: watcher::Config,
+        watch: impl Into<Watch>,
         mapper: impl Fn(&ClusterName, &Other) -> I + Send + Sync + 'static,
     ) -> Self
     where
         Other: Watchable,
         I: IntoIterator<Item = McRequest>,
     {
+        let watch = watch.into();
         self.triggers.push(Arc::new(WatchTrigger {
-            source: ClusterCache::watch::<Other>,
-            config,
+            source: ClusterCache::watch_in::<Other>,
+            namespace: checked_namespace::<Other>(watch.namespace),
+            clusters: watch.clusters,
+            config: watch.config,
             mapper: Arc::new(move |cluster, change: &Change<Other>| {
                 mapper(cluster, change.object()).into_iter().collect()
             }),
             filters: Vec::new(),
+            related: Some(related_kind::<Other>()),
         }));
         self
     }
@@ -311,20 +377,24 @@ impl<K: Watchable> Controller<K> {
     /// Like [`watches`](Self::watches), but watches only `Other`'s metadata.
     pub fn watches_metadata<Other, I>(
         mut self,
-        config: watcher::Config,
+        watch: impl Into<Watch>,
         mapper: impl Fn(&ClusterName, &PartialObjectMeta<Other>) -> I + Send + Sync + 'static,
     ) -> Self
     where
         Other: Watchable,
         I: IntoIterator<Item = McRequest>,
     {
+        let watch = watch.into();
         self.triggers.push(Arc::new(WatchTrigger {
-            source: ClusterCache::watch_metadata::<Other>,
-            config,
+            source: ClusterCache::watch_metadata_in::<Other>,
+            namespace: checked_namespace::<Other>(watch.namespace),
+            clusters: watch.clusters,
+            config: watch.config,
             mapper: Arc::new(move |cluster, change: &Change<PartialObjectMeta<Other>>| {
                 mapper(cluster, change.object()).into_iter().collect()
             }),
             filters: Vec::new(),
+            related: Some(related_kind::<Other>()),
         }));
         self
     }
@@ -423,18 +493,24 @@ impl<K: Watchable> Controller<K> {
         self
     }
 
-    /// Runs `service` for every request until a graceful shutdown completes.
+    /// Runs `service` for every request until a graceful shutdown completes:
+    /// each request an [`ObjectRequest<K>`] carrying the cluster, the object
+    /// read from this controller's own watch of `K` there (an `Arc` shared
+    /// with the watch; `None` if the watch does not hold it, see
+    /// [`ObjectRequest`]), why the reconcile runs, and the controller's name.
     ///
     /// The controller subscribes to the fleet when `run` is called, so it
     /// misses no cluster engaged after that, and starts on the first poll.
     /// In each cluster it selects, it starts its watches and serves the
     /// cluster once they have synced; keys for the cluster wait in the queue
-    /// until then (see [`status`](Self::status)). It then reconciles every
-    /// object its watches hold there, and each change after; changes made
-    /// while it waited are not followed one by one, so an object deleted in
-    /// that time is not reconciled as a deletion (use a finalizer for
-    /// clean-up that must not be missed). Requests for clusters that
-    /// are not in the fleet are dropped with a warning, once per cluster.
+    /// until then (see [`status`](Self::status)), never in error backoff. It
+    /// then reconciles every object its watches hold there, and each change
+    /// after; changes made while it waited are not followed one by one, so
+    /// an object deleted in that time is not reconciled as a deletion (use a
+    /// finalizer for clean-up that must not be missed). Requests for clusters
+    /// that are not in the fleet, or that the controller does not
+    /// [select](Self::clusters) (so has no watch of `K` in), are dropped
+    /// with a warning, once per cluster.
     ///
     /// A key leaves the queue only when the [`Config`]'s limits allow it and
     /// the service's `poll_ready` says it is ready, so tower's own
@@ -447,7 +523,38 @@ impl<K: Watchable> Controller<K> {
     /// next on success.
     pub fn run<S>(self, service: S) -> impl Future<Output = Result<(), Error>> + Send
     where
+        S: Service<ObjectRequest<K>, Response = Action> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<BoxError>,
+    {
+        let controller: Arc<str> = self.name.as_str().into();
+        self.start(
+            service,
+            Objects::<K> {
+                controller,
+                _object: PhantomData,
+            },
+        )
+    }
+
+    /// Like [`run`](Self::run), but the service receives each key as a
+    /// plain [`McRequest`] and finds the cluster and the object itself: for
+    /// stacks that load objects their own way. Unlike `run`, requests for
+    /// clusters the controller does not select are run too (with no watch
+    /// of its there).
+    pub fn run_raw<S>(self, service: S) -> impl Future<Output = Result<(), Error>> + Send
+    where
         S: Service<McRequest, Response = Action> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<BoxError>,
+    {
+        self.start(service, Keys)
+    }
+
+    fn start<S, D>(self, service: S, deliver: D) -> impl Future<Output = Result<(), Error>> + Send
+    where
+        D: Deliver,
+        S: Service<D::Request, Response = Action> + Send + 'static,
         S::Future: Send + 'static,
         S::Error: Into<BoxError>,
     {
@@ -466,6 +573,7 @@ impl<K: Watchable> Controller<K> {
             status,
             _for,
         } = self;
+        queue_depth.name(name.as_str().into());
         triggers.insert(0, Arc::new(for_trigger));
         let runner = runner::Runner::new(runner::Setup {
             fleet,
@@ -480,7 +588,7 @@ impl<K: Watchable> Controller<K> {
             queue_depth,
             status,
         });
-        runner.run(service)
+        runner.run(service, deliver)
     }
 }
 

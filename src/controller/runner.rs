@@ -2,6 +2,7 @@
 //! finished reconciles, and handing admitted keys to the service.
 
 use std::{
+    any::Any,
     collections::{HashMap, HashSet},
     future::poll_fn,
     panic::{AssertUnwindSafe, catch_unwind},
@@ -26,10 +27,11 @@ use tower::{BoxError, Service};
 
 use super::{
     Clusters, Config, ControllerStatus, Error, ErrorPolicy, QueueDepth,
+    deliver::Deliver,
     trigger::{Started, Trigger, panic_message},
 };
 use crate::{
-    Action, Cluster, ClusterName, Fleet, McRequest, TerminalError,
+    Action, Cluster, ClusterName, Fleet, McRequest, ReconcileReason, TerminalError,
     cache::error_chain,
     fleet::FleetEvent,
     queue::{Lane, Outcome, Queue},
@@ -45,6 +47,23 @@ fn contained_policy(
         let message = panic_message(panic.as_ref());
         tracing::error!(request = %key, %message, "the error policy panicked; using the backoff");
         None
+    })
+}
+
+/// The clusters where the controller runs any watch: its own selection,
+/// and those of its triggers that have their own.
+fn watched_anywhere(controller: &Clusters, triggers: &[Arc<dyn Trigger>]) -> Clusters {
+    let own: Vec<Clusters> = triggers
+        .iter()
+        .skip(1)
+        .filter_map(|trigger| trigger.clusters().cloned())
+        .collect();
+    if own.is_empty() {
+        return controller.clone();
+    }
+    let controller = controller.clone();
+    Clusters::matching(move |name| {
+        controller.selects(name) || own.iter().any(|clusters| clusters.selects(name))
     })
 }
 
@@ -78,7 +97,7 @@ enum ClusterItem {
     Synced,
     /// The sync timeout passed again without that.
     StillSyncing,
-    Request(McRequest, Lane),
+    Request(McRequest, Lane, ReconcileReason),
 }
 
 /// A reconcile's key and its result; `None` if its cluster had left (or was
@@ -99,6 +118,11 @@ pub(super) struct Runner {
     fleet_events: mpsc::UnboundedReceiver<FleetEvent>,
     /// Every engaged cluster the controller knows of, served or not.
     engaged: HashMap<ClusterName, Cluster>,
+    /// The watch of the controlled type in each served cluster.
+    controlled: HashMap<ClusterName, Arc<dyn Any + Send + Sync>>,
+    /// Requests are for objects of the controlled type, so only for the
+    /// clusters where the controller watches it.
+    needs_watch: bool,
     /// Clusters not in the fleet that requests named, warned about once.
     unknown: HashSet<ClusterName>,
     running: JoinSet<Finished>,
@@ -137,7 +161,7 @@ impl Runner {
             queue_depth,
             status,
         } = setup;
-        status.configure(clusters.clone(), config.sync_timeout);
+        status.configure(watched_anywhere(&clusters, &triggers), config.sync_timeout);
         let subscription = fleet.subscribe();
         Self {
             name,
@@ -151,6 +175,8 @@ impl Runner {
             reconcile_all: reconcile_all.fuse(),
             fleet_events: subscription.events,
             engaged: HashMap::new(),
+            controlled: HashMap::new(),
+            needs_watch: false,
             unknown: HashSet::new(),
             running: JoinSet::new(),
             running_keys: HashMap::new(),
@@ -165,18 +191,20 @@ impl Runner {
         }
     }
 
-    pub(super) async fn run<S>(mut self, mut service: S) -> Result<(), Error>
+    pub(super) async fn run<S, D>(mut self, mut service: S, deliver: D) -> Result<(), Error>
     where
-        S: Service<McRequest, Response = Action> + Send + 'static,
+        D: Deliver,
+        S: Service<D::Request, Response = Action> + Send + 'static,
         S::Future: Send + 'static,
         S::Error: Into<BoxError>,
     {
         tracing::info!(controller = %self.name, "controller started");
+        self.needs_watch = D::NEEDS_WATCH;
         for cluster in std::mem::take(&mut self.initial) {
             self.engage(cluster);
         }
         let result = poll_fn(|cx| {
-            let step = self.poll(cx, &mut service);
+            let step = self.poll(cx, &mut service, &deliver);
             self.queue_depth.set(self.queue.waiting());
             step
         })
@@ -189,9 +217,15 @@ impl Runner {
     /// One pass: shutdown, fleet changes, intake, then finished reconciles
     /// and dispatch until nothing moves. Each wait registers this task's
     /// waker after the last change it saw.
-    fn poll<S>(&mut self, cx: &mut Context<'_>, service: &mut S) -> Poll<Result<(), Error>>
+    fn poll<S, D>(
+        &mut self,
+        cx: &mut Context<'_>,
+        service: &mut S,
+        deliver: &D,
+    ) -> Poll<Result<(), Error>>
     where
-        S: Service<McRequest, Response = Action>,
+        D: Deliver,
+        S: Service<D::Request, Response = Action>,
         S::Future: Send + 'static,
         S::Error: Into<BoxError>,
     {
@@ -203,7 +237,7 @@ impl Runner {
             if let Some(done) = self.poll_draining(cx) {
                 return done;
             }
-            match self.dispatch(cx, service) {
+            match self.dispatch(cx, service, deliver) {
                 Ok(dispatched) => progress |= dispatched,
                 Err(error) => return Poll::Ready(Err(error)),
             }
@@ -244,7 +278,7 @@ impl Runner {
         let outside_left_more =
             (0..INTAKE_PER_POLL / 2).all(|_| match self.external.poll_next_unpin(cx) {
                 Poll::Ready(Some(request)) => {
-                    self.accept(request, Lane::Changed);
+                    self.accept(request, Lane::Changed, ReconcileReason::External);
                     true
                 }
                 _ => false,
@@ -273,7 +307,7 @@ impl Runner {
         for cluster in clusters {
             for request in controlled.known(&cluster) {
                 queued += 1;
-                self.accept(request, Lane::Listed);
+                self.accept(request, Lane::Listed, ReconcileReason::ReconcileAll);
             }
         }
         tracing::info!(controller = %self.name, queued, "reconciling everything");
@@ -304,9 +338,15 @@ impl Runner {
     /// Starts a reconcile for each key the queue admits while the service
     /// is ready. A panic in the service's `poll_ready` or `call` fails the
     /// key at hand, which is retried after its backoff.
-    fn dispatch<S>(&mut self, cx: &mut Context<'_>, service: &mut S) -> Result<bool, Error>
+    fn dispatch<S, D>(
+        &mut self,
+        cx: &mut Context<'_>,
+        service: &mut S,
+        deliver: &D,
+    ) -> Result<bool, Error>
     where
-        S: Service<McRequest, Response = Action>,
+        D: Deliver,
+        S: Service<D::Request, Response = Action>,
         S::Future: Send + 'static,
         S::Error: Into<BoxError>,
     {
@@ -320,9 +360,9 @@ impl Runner {
                         source: error.into(),
                     });
                 }
-                Ok(Poll::Ready(Ok(()))) => self.start(service),
+                Ok(Poll::Ready(Ok(()))) => self.start(service, deliver),
                 Err(panic) => {
-                    let key = self.queue.pop_ready().expect("the queue admitted a key");
+                    let (key, _) = self.queue.pop_ready().expect("the queue admitted a key");
                     self.panicked(&key, "poll_ready", panic.as_ref());
                 }
             }
@@ -332,13 +372,14 @@ impl Runner {
     }
 
     /// Calls the ready service with the next admitted key.
-    fn start<S>(&mut self, service: &mut S)
+    fn start<S, D>(&mut self, service: &mut S, deliver: &D)
     where
-        S: Service<McRequest, Response = Action>,
+        D: Deliver,
+        S: Service<D::Request, Response = Action>,
         S::Future: Send + 'static,
         S::Error: Into<BoxError>,
     {
-        let key = self.queue.pop_ready().expect("the queue admitted a key");
+        let (key, reason) = self.queue.pop_ready().expect("the queue admitted a key");
         let Some(cluster) = self.engaged.get(&key.cluster).cloned() else {
             // A key is queued only for a known cluster, and its purge goes
             // with the cluster: nothing to run it against.
@@ -351,7 +392,13 @@ impl Runner {
             self.interrupted(&key);
             return;
         }
-        let reconcile = match catch_unwind(AssertUnwindSafe(|| service.call(key.clone()))) {
+        let request = deliver.request(
+            key.clone(),
+            reason,
+            &cluster,
+            self.controlled.get(&key.cluster),
+        );
+        let reconcile = match catch_unwind(AssertUnwindSafe(|| service.call(request))) {
             Ok(reconcile) => reconcile,
             Err(panic) => return self.panicked(&key, "call", panic.as_ref()),
         };
@@ -407,17 +454,30 @@ impl Runner {
             // Replaced under the same name: runs against the old one stop.
             self.cancel_running(&name);
         }
-        if !self.selection.selects(&name) {
+        self.controlled.remove(&name);
+        // The controlled type is watched where the controller works; each
+        // other type where its own selection, or else the controller's, says.
+        let controlled = self.selection.selects(&name);
+        let started: Vec<Started> = self
+            .triggers
+            .iter()
+            .enumerate()
+            .filter(|(i, trigger)| match trigger.clusters() {
+                Some(clusters) if *i > 0 => clusters.selects(&name),
+                _ => controlled,
+            })
+            .map(|(_, trigger)| trigger.start(&cluster))
+            .collect();
+        if started.is_empty() {
             // Held only if a run was interrupted before this event came.
             self.queue.unserve(&name);
             return;
         }
-        let started: Vec<Started> = self
-            .triggers
-            .iter()
-            .map(|trigger| trigger.start(&cluster))
-            .collect();
         let watches: Vec<_> = started.iter().map(|s| s.watch.clone()).collect();
+        if controlled {
+            self.controlled
+                .insert(name.clone(), started[0].shared.clone());
+        }
         self.status.start(cluster, watches.clone());
         self.queue.hold(&name);
         let synced = Box::pin(join_all(watches.iter().map(|w| w.synced())));
@@ -436,7 +496,7 @@ impl Runner {
             stream::select_all(subscribes.into_iter().map(|subscribe| subscribe()))
         })
         .flatten()
-        .map(|(request, lane)| ClusterItem::Request(request, lane));
+        .map(|(request, lane, reason)| ClusterItem::Request(request, lane, reason));
         // Replaces the stream of an earlier engagement of the same name.
         self.incoming.insert(name, gate.chain(requests).boxed());
     }
@@ -449,6 +509,7 @@ impl Runner {
             return;
         }
         self.engaged.remove(name);
+        self.controlled.remove(name);
         if self.incoming.remove(name).is_some() {
             self.status.remove(name);
         }
@@ -476,28 +537,35 @@ impl Runner {
                     tracing::warn!(controller = %self.name, %status, "watches have not synced; the cluster's keys wait");
                 }
             }
-            ClusterItem::Request(request, lane) => self.accept(request, lane),
+            ClusterItem::Request(request, lane, reason) => self.accept(request, lane, reason),
         }
     }
 
     /// Queues a request, if its cluster is in the fleet. A cluster the
     /// runner has not heard of yet but the fleet has is engaged first, so
     /// its keys wait for its watches like any other.
-    fn accept(&mut self, request: McRequest, lane: Lane) {
+    fn accept(&mut self, request: McRequest, lane: Lane, reason: ReconcileReason) {
         // The cluster the fleet has may be replaced while it is engaged here;
         // then `engage` skips it and the fleet has its successor.
         while !self.engaged.contains_key(&request.cluster) {
             match self.fleet.get(&request.cluster) {
                 Some(cluster) => self.engage(cluster),
-                None => return self.unknown_cluster(&request),
+                None => {
+                    return self
+                        .unknown_cluster(&request, "is not in the fleet (never engaged, or left)");
+                }
             }
         }
-        self.queue.push(request, lane);
+        if self.needs_watch && !self.selection.selects(&request.cluster) {
+            return self
+                .unknown_cluster(&request, "is not one where the controller watches its type");
+        }
+        self.queue.push(request, lane, reason);
     }
 
-    fn unknown_cluster(&mut self, request: &McRequest) {
+    fn unknown_cluster(&mut self, request: &McRequest, why: &str) {
         if self.unknown.insert(request.cluster.clone()) {
-            tracing::warn!(controller = %self.name, %request, "request names a cluster that is not in the fleet (never engaged, or left); dropped, and further requests for it too");
+            tracing::warn!(controller = %self.name, %request, "request names a cluster that {why}; dropped, and further requests for it too");
             if self.unknown.len() > UNKNOWN_REMEMBERED {
                 self.unknown.clear();
                 self.unknown.insert(request.cluster.clone());
@@ -659,7 +727,7 @@ mod tests {
             requests.send(key(&i.to_string())).unwrap();
         }
         let started = Instant::now();
-        let task = tokio::spawn(controller.run(service));
+        let task = tokio::spawn(controller.run_raw(service));
         until("all ran", || done.load(Ordering::SeqCst) == 10).await;
         assert_eq!(
             most.load(Ordering::SeqCst),
@@ -690,7 +758,7 @@ mod tests {
             }
         });
         requests.send(key("flaky")).unwrap();
-        let task = tokio::spawn(controller.run(service));
+        let task = tokio::spawn(controller.run_raw(service));
         until("four calls", || calls.lock().unwrap().len() == 4).await;
         tokio::time::sleep(Duration::from_secs(60)).await;
         let calls = calls.lock().unwrap().clone();
@@ -723,7 +791,7 @@ mod tests {
         });
         requests.send(key("boom")).unwrap();
         requests.send(key("fine")).unwrap();
-        let task = tokio::spawn(controller.run(service));
+        let task = tokio::spawn(controller.run_raw(service));
         until("boom retried", || {
             calls
                 .lock()
@@ -784,7 +852,7 @@ mod tests {
             let called = service.called.clone();
             requests.send(key("first")).unwrap();
             requests.send(key("second")).unwrap();
-            let task = tokio::spawn(controller.run(service));
+            let task = tokio::spawn(controller.run_raw(service));
             until("both keys ran", || called.lock().unwrap().len() == 2).await;
             tokio::time::sleep(Duration::from_secs(60)).await;
             let mut called = called.lock().unwrap().clone();
@@ -834,7 +902,7 @@ mod tests {
         fleet.engage("c", idle_client());
         let (controller, requests, started) = counting_controller(&fleet);
         requests.send(key("hang")).unwrap();
-        let task = tokio::spawn(controller.run(hangs_first(started.clone())));
+        let task = tokio::spawn(controller.run_raw(hangs_first(started.clone())));
         until("it runs", || started.load(Ordering::SeqCst) == 1).await;
         // The same name, another client: the running reconcile is cancelled
         // and the key runs again.
@@ -851,7 +919,7 @@ mod tests {
         fleet.engage("c", idle_client());
         let (controller, requests, started) = counting_controller(&fleet);
         requests.send(key("hang")).unwrap();
-        let task = tokio::spawn(controller.run(hangs_first(started.clone())));
+        let task = tokio::spawn(controller.run_raw(hangs_first(started.clone())));
         until("it runs", || started.load(Ordering::SeqCst) == 1).await;
         // Both before the controller hears of either.
         fleet.disengage("c");
@@ -899,7 +967,7 @@ mod tests {
             replaced: false,
             started: started.clone(),
         };
-        let task = tokio::spawn(controller.run(service));
+        let task = tokio::spawn(controller.run_raw(service));
         until("it runs", || started.load(Ordering::SeqCst) == 1).await;
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert_eq!(
@@ -953,7 +1021,7 @@ mod tests {
                 .unwrap();
         }
         requests.send(key("known")).unwrap();
-        let task = tokio::spawn(controller.run(service));
+        let task = tokio::spawn(controller.run_raw(service));
         until("the known cluster's key ran", || {
             calls.load(Ordering::SeqCst) == 1
         })
@@ -997,7 +1065,7 @@ mod tests {
         let (controller, requests) = fed_controller();
         let (service, calls) = always_failing(|| crate::TerminalError::new("bad spec").into());
         requests.send(key("broken")).unwrap();
-        let task = tokio::spawn(controller.run(service));
+        let task = tokio::spawn(controller.run_raw(service));
         until("it ran", || calls.lock().unwrap().len() == 1).await;
         tokio::time::sleep(Duration::from_secs(3600)).await;
         assert_eq!(calls.lock().unwrap().len(), 1, "not retried");
@@ -1034,7 +1102,7 @@ mod tests {
         for name in ["later", "never", "boom", "default"] {
             requests.send(key(name)).unwrap();
         }
-        let task = tokio::spawn(controller.run(service));
+        let task = tokio::spawn(controller.run_raw(service));
         tokio::time::sleep(Duration::from_secs(15)).await;
         task.abort();
         let calls = calls.lock().unwrap().clone();
@@ -1077,7 +1145,7 @@ mod tests {
             }));
         requests.send(key("first")).unwrap();
         requests.send(key("second")).unwrap();
-        let task = tokio::spawn(controller.run(service));
+        let task = tokio::spawn(controller.run_raw(service));
         tokio::time::sleep(Duration::from_millis(500)).await;
         signal.send(()).unwrap();
         let result: Result<(), Error> = task.await.unwrap();
@@ -1105,7 +1173,7 @@ mod tests {
         });
         requests.send(key("stuck")).unwrap();
         let started = Instant::now();
-        controller.run(service).await.unwrap();
+        controller.run_raw(service).await.unwrap();
         let took = started.elapsed();
         assert!(
             took >= Duration::from_millis(2100) && took < Duration::from_secs(3),
@@ -1131,7 +1199,7 @@ mod tests {
         for i in 0..5 {
             requests.send(key(&i.to_string())).unwrap();
         }
-        let task = tokio::spawn(controller.run(service));
+        let task = tokio::spawn(controller.run_raw(service));
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(depth.get(), 4, "one runs, four wait");
         tokio::time::sleep(Duration::from_secs(5)).await;

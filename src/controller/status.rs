@@ -62,12 +62,12 @@ impl fmt::Display for ClusterStatus {
 /// use std::time::Duration;
 /// use k8s_openapi::api::core::v1::ConfigMap;
 /// use kube::runtime::watcher;
-/// use kube_fleet::{Action, Controller, McRequest};
+/// use kube_fleet::{Action, Controller, ObjectRequest};
 /// use tower::{BoxError, service_fn};
 ///
 /// let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default());
 /// let status = controller.status();
-/// tokio::spawn(controller.run(service_fn(|_: McRequest| async {
+/// tokio::spawn(controller.run(service_fn(|_: ObjectRequest<ConfigMap>| async {
 ///     Ok::<_, BoxError>(Action::await_change())
 /// })));
 /// if tokio::time::timeout(Duration::from_secs(60), status.synced()).await.is_err() {

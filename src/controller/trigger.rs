@@ -1,6 +1,7 @@
 //! What turns a watched type's changes in one cluster into requests.
 
 use std::{
+    any::Any,
     collections::HashMap,
     panic::{AssertUnwindSafe, catch_unwind},
     sync::Arc,
@@ -14,8 +15,9 @@ use futures::{
 use kube::{Resource, ResourceExt, runtime::watcher};
 use tokio::time::Instant;
 
+use super::Clusters;
 use crate::{
-    Cluster, ClusterName, McRequest,
+    Cluster, ClusterName, McRequest, ReconcileReason,
     cache::{Change, ClusterCache, SharedWatch, WatchProbe, is_namespaced},
     queue::Lane,
 };
@@ -26,6 +28,9 @@ pub(crate) trait Trigger: Send + Sync {
     /// Starts or finds the watch in `cluster`.
     fn start(&self, cluster: &Cluster) -> Started;
 
+    /// The clusters this watch is limited to; `None` for the controller's.
+    fn clusters(&self) -> Option<&Clusters>;
+
     /// The requests for every object the watch in `cluster` holds now,
     /// filters aside.
     fn known(&self, cluster: &Cluster) -> Vec<McRequest>;
@@ -34,14 +39,19 @@ pub(crate) trait Trigger: Send + Sync {
 /// A trigger's watch in one cluster, running, and how to subscribe to it.
 pub(crate) struct Started {
     pub(crate) watch: Arc<dyn WatchProbe>,
+    /// The same watch, for the controller to read its objects from.
+    pub(crate) shared: Arc<dyn Any + Send + Sync>,
     /// The requests the watch makes in this cluster: first one per object
     /// in the store when subscribing, then one per change. Called once the
     /// controller serves the cluster, so that nothing piles up unread while
     /// another of its watches there cannot sync.
-    pub(crate) subscribe: Box<dyn FnOnce() -> BoxStream<'static, (McRequest, Lane)> + Send>,
+    pub(crate) subscribe: Box<dyn FnOnce() -> BoxStream<'static, Triggered> + Send>,
 }
 
-type Source<T> = fn(&ClusterCache, &watcher::Config) -> Arc<SharedWatch<T>>;
+/// A request a trigger made, the lane it waits in, and why.
+pub(crate) type Triggered = (McRequest, Lane, ReconcileReason);
+
+type Source<T> = fn(&ClusterCache, Option<&str>, &watcher::Config) -> Arc<SharedWatch<T>>;
 type Mapper<T> = Arc<dyn Fn(&ClusterName, &Change<T>) -> Vec<McRequest> + Send + Sync>;
 /// Makes a fresh filter per cluster stream, since a filter may keep state
 /// (a predicate remembers what it saw of each object).
@@ -51,9 +61,14 @@ pub(crate) type FilterFactory<T> =
 pub(crate) struct WatchTrigger<T: Resource<DynamicType = ()> + 'static> {
     pub(crate) source: Source<T>,
     pub(crate) config: watcher::Config,
+    pub(crate) namespace: Option<String>,
+    pub(crate) clusters: Option<Clusters>,
     pub(crate) mapper: Mapper<T>,
     /// A change passes only if every filter passes it.
     pub(crate) filters: Vec<FilterFactory<T>>,
+    /// The kind of a related type (owned or watched); `None` for the
+    /// controller's own type.
+    pub(crate) related: Option<Arc<str>>,
 }
 
 impl<T> Trigger for WatchTrigger<T>
@@ -61,20 +76,26 @@ where
     T: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
     fn start(&self, cluster: &Cluster) -> Started {
-        let watch = (self.source)(cluster.cache(), &self.config);
+        let watch = (self.source)(cluster.cache(), self.namespace.as_deref(), &self.config);
         let subscribe = {
             let (watch, name) = (watch.clone(), cluster.name().clone());
             let (mapper, filters) = (self.mapper.clone(), self.filters.clone());
-            move || requests(&watch, name, mapper, &filters)
+            let related = self.related.clone();
+            move || requests(&watch, name, mapper, &filters, related)
         };
         Started {
+            shared: watch.clone(),
             watch,
             subscribe: Box::new(subscribe),
         }
     }
 
+    fn clusters(&self) -> Option<&Clusters> {
+        self.clusters.as_ref()
+    }
+
     fn known(&self, cluster: &Cluster) -> Vec<McRequest> {
-        let watch = (self.source)(cluster.cache(), &self.config);
+        let watch = (self.source)(cluster.cache(), self.namespace.as_deref(), &self.config);
         let name = cluster.name();
         watch
             .store()
@@ -96,7 +117,8 @@ fn requests<T>(
     name: ClusterName,
     mapper: Mapper<T>,
     filters: &[FilterFactory<T>],
-) -> BoxStream<'static, (McRequest, Lane)>
+    related: Option<Arc<str>>,
+) -> BoxStream<'static, Triggered>
 where
     T: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
@@ -118,8 +140,13 @@ where
                 Some(true) => contained(&name, "mapper", || mapper(&name, &change)),
                 _ => None,
             };
+            let reason = match (&related, lane) {
+                (Some(kind), _) => ReconcileReason::RelatedChanged { kind: kind.clone() },
+                (None, Lane::Listed) => ReconcileReason::Listed,
+                (None, Lane::Changed) => ReconcileReason::ObjectChanged,
+            };
             let requests = requests.unwrap_or_default().into_iter();
-            stream::iter(requests.map(move |request| (request, lane)))
+            stream::iter(requests.map(move |request| (request, lane, reason.clone())))
         })
         .boxed()
 }

@@ -24,21 +24,37 @@ use tower::{BoxError, Service, service_fn};
 pub const PATIENCE: Duration = Duration::from_secs(30);
 
 /// A reconciler that reports every request it gets and asks for nothing more.
-pub fn recorder() -> (
-    impl Service<McRequest, Response = Action, Error = BoxError, Future: Send + 'static>
-    + Send
-    + 'static,
+pub fn recorder<R: Keyed>() -> (
+    impl Service<R, Response = Action, Error = BoxError, Future: Send + 'static> + Send + 'static,
     mpsc::UnboundedReceiver<McRequest>,
 ) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let service = service_fn(move |request: McRequest| {
+    let service = service_fn(move |request: R| {
         let tx = tx.clone();
         async move {
-            let _ = tx.send(request);
+            let _ = tx.send(request.key());
             Ok::<_, BoxError>(Action::await_change())
         }
     });
     (service, rx)
+}
+
+/// A request a recorder can record: a plain key, or a controller's
+/// `ObjectRequest` (recorded by its key).
+pub trait Keyed: Send + 'static {
+    fn key(self) -> McRequest;
+}
+
+impl Keyed for McRequest {
+    fn key(self) -> McRequest {
+        self
+    }
+}
+
+impl<K: Send + Sync + 'static> Keyed for kube_fleet::ObjectRequest<K> {
+    fn key(self) -> McRequest {
+        self.request
+    }
 }
 
 /// Waits until every request in `wanted` has been seen, and returns all seen.
@@ -161,7 +177,9 @@ impl Running {
     pub fn spawn<K, S>(&mut self, controller: Controller<K>, service: S)
     where
         K: kube_fleet::cache::Watchable,
-        S: tower::Service<McRequest, Response = kube_fleet::Action> + Send + 'static,
+        S: tower::Service<kube_fleet::ObjectRequest<K>, Response = kube_fleet::Action>
+            + Send
+            + 'static,
         S::Future: Send + 'static,
         S::Error: Into<tower::BoxError>,
     {

@@ -40,5 +40,6 @@ mod service;
 
 pub use error::LoadError;
 pub use future::ResponseFuture;
+pub use kube_fleet::ObjectRequest;
 pub use layer::LoadObjectLayer;
-pub use service::{LoadObject, ObjectRequest};
+pub use service::LoadObject;

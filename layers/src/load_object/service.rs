@@ -11,42 +11,13 @@ use kube::{
     runtime::{reflector::ObjectRef, watcher},
 };
 use kube_fleet::{
-    Action, Cluster, McRequest,
+    Action, McRequest, ObjectRequest,
     cache::{Watchable, is_namespaced},
 };
 use tower::{BoxError, Service};
 
 use super::{LoadError, ResponseFuture};
 use crate::resolve_cluster::ClusterRequest;
-
-/// A request with its cluster and the object it names.
-pub struct ObjectRequest<K> {
-    /// The engaged cluster the object lives in.
-    pub cluster: Cluster,
-    /// The original request.
-    pub request: McRequest,
-    /// The object, shared with the cache; `None` if it does not exist (deleted).
-    pub object: Option<Arc<K>>,
-}
-
-impl<K> Clone for ObjectRequest<K> {
-    fn clone(&self) -> Self {
-        Self {
-            cluster: self.cluster.clone(),
-            request: self.request.clone(),
-            object: self.object.clone(),
-        }
-    }
-}
-
-impl<K> fmt::Debug for ObjectRequest<K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ObjectRequest")
-            .field("request", &self.request)
-            .field("exists", &self.object.is_some())
-            .finish()
-    }
-}
 
 /// Loads each request's object; see the [module docs](super).
 pub struct LoadObject<S, K> {
@@ -130,11 +101,10 @@ where
             .within(request.namespace.as_deref().unwrap_or_default());
         if let Some(watch) = watch.as_ref().filter(|w| w.has_synced()) {
             let object = watch.store().get(&key);
-            return ResponseFuture::called(self.inner.call(ObjectRequest {
-                cluster,
-                request,
-                object,
-            }));
+            return ResponseFuture::called(
+                self.inner
+                    .call(ObjectRequest::new(cluster, request, object)),
+            );
         }
         // The slow path: the service that said it was ready goes into the
         // future, and a fresh clone takes its place for the next poll_ready.
@@ -149,11 +119,7 @@ where
                 None => get::<K>(cluster.client(), &request).await?,
             };
             ready
-                .call(ObjectRequest {
-                    cluster,
-                    request,
-                    object,
-                })
+                .call(ObjectRequest::new(cluster, request, object))
                 .await
                 .map_err(Into::into)
         })

@@ -36,8 +36,10 @@ impl Collector for FleetCollector {
 }
 
 /// Reports `kube_fleet_queue_depth{controller}`, the keys waiting in each
-/// added controller's queue, at each scrape. Cheap to clone; clones add to
-/// the same collector.
+/// added controller's queue, at each scrape, labelled with the controller's
+/// own name ([`QueueDepth::controller`]); a controller that has not started
+/// running yet is not reported. Cheap to clone; clones add to the same
+/// collector.
 ///
 /// ```
 /// # use k8s_openapi::api::core::v1::ConfigMap;
@@ -49,11 +51,11 @@ impl Collector for FleetCollector {
 /// let mut registry = Registry::default();
 /// let depths = QueueDepths::register(&mut registry);
 /// let controller = Controller::<ConfigMap>::new(&Fleet::new(), watcher::Config::default());
-/// depths.add("configmaps", controller.queue_depth());
+/// depths.add(controller.queue_depth());
 /// ```
 #[derive(Debug, Clone)]
 pub struct QueueDepths {
-    controllers: Arc<Mutex<Vec<(String, QueueDepth)>>>,
+    controllers: Arc<Mutex<Vec<QueueDepth>>>,
 }
 
 impl QueueDepths {
@@ -66,12 +68,12 @@ impl QueueDepths {
         depths
     }
 
-    /// Reports `depth` under the label `controller`.
-    pub fn add(&self, controller: impl Into<String>, depth: QueueDepth) {
+    /// Reports `depth` under its controller's name.
+    pub fn add(&self, depth: QueueDepth) {
         self.controllers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push((controller.into(), depth));
+            .push(depth);
     }
 }
 
@@ -84,8 +86,11 @@ impl Collector for QueueDepths {
             None,
             MetricType::Gauge,
         )?;
-        for (controller, depth) in controllers.iter() {
-            let labels = [("controller", controller.as_str())];
+        for depth in controllers.iter() {
+            let Some(controller) = depth.controller() else {
+                continue;
+            };
+            let labels = [("controller", controller)];
             ConstGauge::new(depth.get() as i64).encode(family.encode_family(&labels)?)?;
         }
         Ok(())

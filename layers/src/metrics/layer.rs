@@ -8,16 +8,26 @@ use super::{Metrics, ReconcileMetrics};
 #[derive(Debug, Clone)]
 pub struct MetricsLayer {
     metrics: ReconcileMetrics,
-    controller: Arc<str>,
+    controller: Option<Arc<str>>,
 }
 
 impl MetricsLayer {
-    /// Counts and times reconciles of `controller` in `metrics`.
-    pub fn new(metrics: ReconcileMetrics, controller: impl Into<Arc<str>>) -> Self {
+    /// Counts and times reconciles in `metrics`, labelled with the
+    /// controller each request names (an `ObjectRequest` from
+    /// `Controller::run` does; a plain `McRequest` does not, and its label
+    /// is empty unless [`controller`](Self::controller) names one).
+    pub fn new(metrics: ReconcileMetrics) -> Self {
         Self {
             metrics,
-            controller: controller.into(),
+            controller: None,
         }
+    }
+
+    /// Labels every reconcile with `controller`, whatever the request says.
+    #[must_use]
+    pub fn controller(mut self, controller: impl Into<Arc<str>>) -> Self {
+        self.controller = Some(controller.into());
+        self
     }
 }
 

@@ -35,7 +35,9 @@
 //! fleet.engage("east", kube::Client::new(idle, "default"));
 //!
 //! let service = ServiceBuilder::new()
-//!     .layer(MetricsLayer::new(metrics.clone(), "configmaps"))
+//!     // A plain McRequest names no controller; an ObjectRequest from
+//!     // `Controller::run` does, and the layer needs no name then.
+//!     .layer(MetricsLayer::new(metrics.clone()).controller("configmaps"))
 //!     .service(service_fn(|_: McRequest| async { Ok::<_, BoxError>(Action::await_change()) }));
 //! service.oneshot(McRequest::new("east", Some("ns"), "x")).await.unwrap();
 //!

@@ -13,12 +13,13 @@ use crate::AsMcRequest;
 pub struct Metrics<S> {
     inner: S,
     metrics: ReconcileMetrics,
-    controller: Arc<str>,
+    controller: Option<Arc<str>>,
 }
 
 impl<S> Metrics<S> {
-    /// Wraps `inner`, recording into `metrics` under `controller`.
-    pub fn new(inner: S, metrics: ReconcileMetrics, controller: Arc<str>) -> Self {
+    /// Wraps `inner`, recording into `metrics` under `controller`, or else
+    /// under the controller each request names.
+    pub fn new(inner: S, metrics: ReconcileMetrics, controller: Option<Arc<str>>) -> Self {
         Self {
             inner,
             metrics,
@@ -58,7 +59,12 @@ where
 
     fn call(&mut self, request: R) -> Self::Future {
         let labels = ClusterLabels {
-            controller: self.controller.to_string(),
+            controller: self
+                .controller
+                .as_deref()
+                .or(request.controller())
+                .unwrap_or_default()
+                .to_owned(),
             cluster: request.mc_request().cluster.to_string(),
         };
         ResponseFuture::new(self.inner.call(request), self.metrics.clone(), labels)

@@ -1,14 +1,14 @@
 //! The recommended stack in one layer, with defaults that suit most controllers.
 //!
-//! [`RecommendedLayer<K>`] wraps a reconciler of [`ObjectRequest<K>`]s in,
-//! from the outside in:
+//! [`RecommendedLayer`] wraps a reconciler of the [`ObjectRequest<K>`]s that
+//! `Controller::run` hands out in, from the outside in:
 //!
 //! 1. [`trace`](crate::trace): outermost, so the span covers the whole
 //!    reconcile, retries included, and everything inside logs with the
-//!    request's cluster, namespace and name;
+//!    request's controller, cluster, namespace, name and reason;
 //! 2. [`metrics`](crate::metrics): counts each reconcile once, with its final
-//!    result after retries; outside the panic catch so that panics are
-//!    counted as such;
+//!    result after retries, labelled with the request's controller; outside
+//!    the panic catch so that panics are counted as such;
 //! 3. [`catch_panic`](crate::catch_panic): a panic anywhere inside becomes an
 //!    error, which the queue backs off;
 //! 4. tower's `Timeout`: bounds the whole reconcile, retries included
@@ -16,30 +16,39 @@
 //! 5. tower's `Retry` with [`TransientErrors`](crate::retry::TransientErrors):
 //!    conflicts, 429s, 5xx and connection errors are retried a few times
 //!    (default 3) within the reconcile, after a short jittered backoff, before
-//!    the queue's longer backoff takes over;
-//! 6. [`resolve_cluster`](crate::resolve_cluster) and
-//!    [`load_object`](crate::load_object): the request becomes an
-//!    [`ObjectRequest<K>`] with the cluster and the cached object.
+//!    the queue's longer backoff takes over.
 //!
-//! Concurrency and rate limits are not layers: the controller's queue applies
-//! them per cluster before a key leaves it (see `kube_fleet::controller::Config`).
+//! The controller's name is given once, to `Controller::named`: the request
+//! carries it to the span and the metrics. Concurrency and rate limits are not
+//! layers: the controller's queue applies them per cluster before a key
+//! leaves it (see `kube_fleet::controller::Config`). The stack works on any
+//! request that implements [`AsMcRequest`](crate::AsMcRequest) and `Clone`,
+//! so it also wraps a `Controller::run_raw` stack of plain `McRequest`s (with
+//! [`resolve_cluster`](crate::resolve_cluster) and
+//! [`load_object`](crate::load_object) inside it).
 //!
 //! ```
 //! use k8s_openapi::api::core::v1::ConfigMap;
-//! use kube_fleet::{Action, Fleet};
-//! use kube_fleet_layers::{load_object::ObjectRequest, recommended::RecommendedLayer};
+//! use kube::runtime::watcher;
+//! use kube_fleet::{Action, Controller, Fleet, ObjectRequest};
+//! use kube_fleet_layers::recommended::RecommendedLayer;
 //! use tower::{BoxError, ServiceBuilder, service_fn};
 //!
-//! # fn example(fleet: &Fleet) {
+//! # async fn example(fleet: Fleet) -> Result<(), kube_fleet::controller::Error> {
 //! let service = ServiceBuilder::new()
-//!     .layer(RecommendedLayer::<ConfigMap>::new(fleet.clone(), "configmaps"))
+//!     .layer(RecommendedLayer::new())
 //!     .service(service_fn(|request: ObjectRequest<ConfigMap>| async move {
+//!         tracing::info!(exists = request.object.is_some(), "reconciling");
 //!         Ok::<_, BoxError>(Action::await_change())
 //!     }));
+//! Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
+//!     .named("configmaps")
+//!     .run(service)
+//!     .await
 //! # }
 //! ```
 //!
-//! [`ObjectRequest<K>`]: crate::load_object::ObjectRequest
+//! [`ObjectRequest<K>`]: kube_fleet::ObjectRequest
 
 mod layer;
 

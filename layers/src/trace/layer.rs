@@ -11,12 +11,14 @@ pub struct TraceLayer {
 }
 
 impl TraceLayer {
-    /// A span per reconcile, without a controller name.
+    /// A span per reconcile, naming the controller the request names (an
+    /// `ObjectRequest` from `Controller::run` does).
     pub const fn new() -> Self {
         Self { controller: None }
     }
 
-    /// Names the controller in every span.
+    /// Names the controller in every span, whatever the request says: for
+    /// requests that name none (`McRequest`s from `Controller::run_raw`).
     #[must_use]
     pub fn controller(mut self, name: impl Into<Arc<str>>) -> Self {
         self.controller = Some(name.into());

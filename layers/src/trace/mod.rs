@@ -1,9 +1,12 @@
 //! One `tracing` span per reconcile.
 //!
-//! The span, `reconcile`, carries `controller` (if named), `cluster`,
-//! `namespace` and `name` from the start, and records `outcome` (`ok` or
+//! The span, `reconcile`, carries `controller`, `cluster`, `namespace`,
+//! `name` and `reason` from the start, and records `outcome` (`ok` or
 //! `error`) and `duration_ms` when the reconcile ends; everything the
-//! reconciler logs falls inside it.
+//! reconciler logs falls inside it. The controller's name and the reason
+//! come from the request when it carries them (an `ObjectRequest` from
+//! `Controller::run` does); a plain `McRequest` has neither, and the
+//! controller's name can then be given to the layer.
 //!
 //! ```
 //! use kube_fleet::{Action, McRequest};
@@ -11,7 +14,7 @@
 //! use tower::{BoxError, ServiceBuilder, service_fn};
 //!
 //! let service = ServiceBuilder::new()
-//!     .layer(TraceLayer::new().controller("configmaps"))
+//!     .layer(TraceLayer::new().controller("configmaps")) // McRequests name no controller
 //!     .service(service_fn(|request: McRequest| async move {
 //!         tracing::info!("working on it"); // logged with cluster, namespace and name
 //!         Ok::<_, BoxError>(Action::await_change())

@@ -60,11 +60,15 @@ where
             cluster = %r.cluster,
             namespace = r.namespace.as_deref().unwrap_or_default(),
             name = %r.name,
+            reason = field::Empty,
             outcome = field::Empty,
             duration_ms = field::Empty,
         );
-        if let Some(controller) = &self.controller {
-            span.record("controller", &**controller);
+        if let Some(controller) = self.controller.as_deref().or(request.controller()) {
+            span.record("controller", controller);
+        }
+        if let Some(reason) = request.reason() {
+            span.record("reason", field::display(reason));
         }
         let future = span.in_scope(|| self.inner.call(request));
         ResponseFuture::new(future, span)

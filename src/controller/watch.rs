@@ -1,0 +1,89 @@
+use kube::runtime::watcher;
+
+use super::Clusters;
+
+/// How a controller watches one type: the watch configuration (selectors,
+/// list semantics), and optionally the clusters and the namespace the watch
+/// is limited to.
+///
+/// Every place that takes a `Watch` also takes a plain `watcher::Config`,
+/// which watches the type in all namespaces of the clusters the controller
+/// selects ([`Controller::clusters`](super::Controller::clusters)).
+///
+/// ```
+/// use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
+/// use kube::runtime::watcher;
+/// use kube_fleet::{Controller, Fleet, McRequest, controller::{Clusters, Watch}};
+///
+/// # fn example(fleet: &Fleet) -> Controller<ConfigMap> {
+/// // Hub and spoke: the ConfigMaps that describe the work live in the local
+/// // cluster, in one namespace; the Deployments that do it, in every other.
+/// Controller::<ConfigMap>::new(
+///     fleet,
+///     Watch::new(watcher::Config::default())
+///         .in_clusters(Clusters::Local)
+///         .in_namespace("fleet-jobs"),
+/// )
+/// .watches::<Deployment, _>(
+///     Watch::default().in_clusters(Clusters::Provided),
+///     |_member, deployment| {
+///         let parent = deployment.metadata.labels.as_ref()?.get("fleet-job")?.clone();
+///         Some(McRequest::new(kube_fleet::ClusterName::local(), Some("fleet-jobs"), parent))
+///     },
+/// )
+/// # }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Watch {
+    pub(crate) config: watcher::Config,
+    pub(crate) clusters: Option<Clusters>,
+    pub(crate) namespace: Option<String>,
+}
+
+impl Watch {
+    /// Watches with `config`, in all namespaces of the controller's clusters.
+    pub fn new(config: watcher::Config) -> Self {
+        Self {
+            config,
+            clusters: None,
+            namespace: None,
+        }
+    }
+
+    /// Watches only in these clusters. For the controller's own type this
+    /// selects the clusters the controller reconciles in, as
+    /// [`Controller::clusters`](super::Controller::clusters) does; for an
+    /// owned or watched type, where that type is watched (its mapper's
+    /// requests may still name any cluster).
+    #[must_use]
+    pub fn in_clusters(mut self, clusters: Clusters) -> Self {
+        self.clusters = Some(clusters);
+        self
+    }
+
+    /// Watches only objects in `namespace`: the watch lists and watches
+    /// that namespace alone, so it needs only namespaced read rights there
+    /// (a Role, not a ClusterRole). A cluster-scoped type is watched
+    /// cluster-wide whatever this says (a warning is logged).
+    #[must_use]
+    pub fn in_namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// The watch configuration.
+    pub fn config(&self) -> &watcher::Config {
+        &self.config
+    }
+
+    /// The namespace the watch is limited to, if any.
+    pub fn namespace(&self) -> Option<&str> {
+        self.namespace.as_deref()
+    }
+}
+
+impl From<watcher::Config> for Watch {
+    fn from(config: watcher::Config) -> Self {
+        Self::new(config)
+    }
+}

@@ -1,0 +1,116 @@
+use std::{fmt, sync::Arc};
+
+use crate::{Cluster, McRequest, ReconcileReason};
+
+/// What a controller hands its reconciler for each run: the cluster, the
+/// object, and why it runs.
+///
+/// [`Controller::run`](crate::Controller::run) reads `object` from the very
+/// watch the controller started for its type in that cluster, at the moment
+/// the reconcile starts: an `Arc` shared with that watch's store, never a
+/// copy. `object` is `None` when that watch holds no such object: it was
+/// deleted, or it no longer matches the watch's label or field selector (the
+/// API server tells a watch such an object as deleted), or it lives outside
+/// the namespace the watch is limited to. It is never `None` because the
+/// watch has not synced: a controller starts no reconcile in a cluster
+/// before its watches there have synced.
+///
+/// A reconciler that needs other objects reads them through
+/// `cluster.client()` or the cluster's [cache](crate::cache::ClusterCache).
+///
+/// ```
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube_fleet::{Action, ObjectRequest};
+/// use tower::BoxError;
+///
+/// async fn reconcile(request: ObjectRequest<ConfigMap>) -> Result<Action, BoxError> {
+///     let Some(config_map) = &request.object else {
+///         tracing::info!(%request, "gone");
+///         return Ok(Action::await_change());
+///     };
+///     tracing::info!(
+///         %request,
+///         reason = %request.reason,
+///         keys = config_map.data.as_ref().map_or(0, |d| d.len()),
+///         "reconciling",
+///     );
+///     Ok(Action::await_change())
+/// }
+/// # drop(tower::service_fn(reconcile));
+/// ```
+#[non_exhaustive]
+pub struct ObjectRequest<K> {
+    /// The engaged cluster the object lives in.
+    pub cluster: Cluster,
+    /// The cluster's name and the object's namespace and name: the queue's
+    /// key.
+    pub request: McRequest,
+    /// The object, shared with the controller's watch; `None` if the watch
+    /// does not hold it (see above).
+    pub object: Option<Arc<K>>,
+    /// Why this run happens.
+    pub reason: ReconcileReason,
+    /// The name of the controller that runs the reconcile
+    /// ([`Controller::named`](crate::Controller::named)), for layers that
+    /// label by controller; `None` outside a controller.
+    pub controller: Option<Arc<str>>,
+}
+
+impl<K> ObjectRequest<K> {
+    /// A request for `request`'s object in `cluster`, for reason
+    /// [`Unknown`](ReconcileReason::Unknown) and outside a controller: for
+    /// layers that load objects themselves, and for tests of reconcilers.
+    pub fn new(cluster: Cluster, request: McRequest, object: Option<Arc<K>>) -> Self {
+        Self {
+            cluster,
+            request,
+            object,
+            reason: ReconcileReason::Unknown,
+            controller: None,
+        }
+    }
+
+    /// Sets why the reconcile runs.
+    #[must_use]
+    pub fn with_reason(mut self, reason: ReconcileReason) -> Self {
+        self.reason = reason;
+        self
+    }
+
+    /// Sets the controller's name.
+    #[must_use]
+    pub fn with_controller(mut self, controller: impl Into<Arc<str>>) -> Self {
+        self.controller = Some(controller.into());
+        self
+    }
+}
+
+impl<K> Clone for ObjectRequest<K> {
+    fn clone(&self) -> Self {
+        Self {
+            cluster: self.cluster.clone(),
+            request: self.request.clone(),
+            object: self.object.clone(),
+            reason: self.reason.clone(),
+            controller: self.controller.clone(),
+        }
+    }
+}
+
+impl<K> fmt::Debug for ObjectRequest<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ObjectRequest")
+            .field("request", &self.request)
+            .field("exists", &self.object.is_some())
+            .field("reason", &self.reason)
+            .field("controller", &self.controller)
+            .finish()
+    }
+}
+
+/// Displays as the [`McRequest`] does: `cluster://<cluster>/<namespace>/<name>`.
+impl<K> fmt::Display for ObjectRequest<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.request, f)
+    }
+}

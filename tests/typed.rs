@@ -1,0 +1,368 @@
+//! The typed path against real API servers: a controller names its type and
+//! watch once, and each reconcile gets the cluster, the object from that very
+//! watch, why it runs, and the controller's name.
+
+mod support;
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api,
+    api::{Patch, PatchParams, PostParams},
+    runtime::{reflector::ObjectRef, watcher},
+};
+use kube_fleet::{Action, Controller, ObjectRequest, ReconcileReason};
+use kube_fleet_envtest::Envtest;
+use support::*;
+use tokio::sync::mpsc;
+use tower::BoxError;
+
+/// What a reconcile saw: its key's name, whether it had the object, whether
+/// that object was the very allocation in the controller's watch, its
+/// reason and controller name.
+#[derive(Debug, Clone, PartialEq)]
+struct Seen {
+    cluster: String,
+    name: String,
+    exists: bool,
+    same_allocation: bool,
+    reason: ReconcileReason,
+    controller: Option<String>,
+}
+
+fn marked(name: &str, marked: bool) -> ConfigMap {
+    let mut config_map = config_map(name);
+    config_map.metadata.labels = Some([("team".to_owned(), marked.to_string())].into());
+    config_map
+}
+
+/// The next reconcile of `name`; every reconcile seen meanwhile goes to `log`.
+async fn next(rx: &mut mpsc::UnboundedReceiver<Seen>, log: &mut Vec<Seen>, name: &str) -> Seen {
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            let seen = rx.recv().await.expect("the controller runs");
+            log.push(seen.clone());
+            if seen.name == name {
+                return seen;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no reconcile of {name}"))
+}
+
+#[tokio::test]
+async fn a_reconciler_gets_the_object_from_the_controllers_own_watch_with_its_reason() {
+    let env = Envtest::start(2).await.unwrap();
+    for cluster in env.clusters() {
+        let api = Api::<ConfigMap>::default_namespaced(cluster.client());
+        for (name, mark) in [("in", true), ("out", false)] {
+            api.create(&PostParams::default(), &marked(name, mark))
+                .await
+                .unwrap();
+        }
+    }
+    let mut running = Running::new();
+    let selector = watcher::Config::default().labels("team=true");
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let service = tower::service_fn({
+        let selector = selector.clone();
+        move |request: ObjectRequest<ConfigMap>| {
+            // The watch this controller started, found by its configuration:
+            // the object handed over is the one in its store, not a copy.
+            let in_store = request
+                .cluster
+                .cache()
+                .find::<ConfigMap>(&selector)
+                .and_then(|watch| {
+                    watch
+                        .store()
+                        .get(&ObjectRef::new(&request.request.name).within("default"))
+                });
+            let same_allocation = match (&request.object, &in_store) {
+                (Some(handed), Some(stored)) => Arc::ptr_eq(handed, stored),
+                _ => false,
+            };
+            let _ = tx.send(Seen {
+                cluster: request.cluster.name().to_string(),
+                name: request.request.name.clone(),
+                exists: request.object.is_some(),
+                same_allocation,
+                reason: request.reason.clone(),
+                controller: request.controller.as_deref().map(str::to_owned),
+            });
+            async { Ok::<_, BoxError>(Action::await_change()) }
+        }
+    });
+    running.spawn(
+        Controller::<ConfigMap>::new(&running.fleet, selector).named("teams"),
+        service,
+    );
+    running.add_all(&env);
+
+    let mut log = Vec::new();
+    let first = next(&mut rx, &mut log, "in").await;
+    assert!(first.exists && first.same_allocation, "{first:?}");
+    assert_eq!(first.reason, ReconcileReason::Listed);
+    assert_eq!(first.controller.as_deref(), Some("teams"));
+    let second = next(&mut rx, &mut log, "in").await;
+    assert_ne!(second.cluster, first.cluster, "once in each cluster");
+
+    let api = Api::<ConfigMap>::default_namespaced(env.clusters()[0].client());
+    let change = serde_json::json!({ "data": { "k": "v" } });
+    api.patch("in", &PatchParams::default(), &Patch::Merge(&change))
+        .await
+        .unwrap();
+    let changed = next(&mut rx, &mut log, "in").await;
+    assert_eq!(changed.cluster, "cluster-0");
+    assert_eq!(changed.reason, ReconcileReason::ObjectChanged);
+    assert!(changed.exists && changed.same_allocation, "{changed:?}");
+
+    // No longer matching the selector: the watch drops it, and the
+    // reconciler is told it is gone.
+    let unmark = serde_json::json!({ "metadata": { "labels": { "team": "false" } } });
+    api.patch("in", &PatchParams::default(), &Patch::Merge(&unmark))
+        .await
+        .unwrap();
+    let unmarked = next(&mut rx, &mut log, "in").await;
+    assert_eq!(unmarked.reason, ReconcileReason::ObjectChanged);
+    assert!(!unmarked.exists, "{unmarked:?}");
+
+    while let Ok(Some(seen)) =
+        tokio::time::timeout(std::time::Duration::from_millis(500), rx.recv()).await
+    {
+        log.push(seen);
+    }
+    assert!(
+        log.iter().all(|s| s.name != "out"),
+        "the selector keeps others out: {log:?}"
+    );
+}
+
+/// Grants `user` read rights on ConfigMaps in `namespace` only (a Role).
+async fn grant_reading_in(client: kube::Client, namespace: &str, user: &str) {
+    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+    use kube::api::ObjectMeta;
+    let meta = ObjectMeta {
+        name: Some("config-map-reader".into()),
+        namespace: Some(namespace.into()),
+        ..ObjectMeta::default()
+    };
+    let role = Role {
+        metadata: meta.clone(),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["configmaps".into()]),
+            verbs: vec!["get".into(), "list".into(), "watch".into()],
+            ..PolicyRule::default()
+        }]),
+    };
+    let binding = RoleBinding {
+        metadata: meta,
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: "config-map-reader".into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "User".into(),
+            name: user.into(),
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            ..Subject::default()
+        }]),
+    };
+    Api::<Role>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    Api::<RoleBinding>::namespaced(client, namespace)
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+}
+
+async fn create_namespace(client: kube::Client, name: &str) {
+    use k8s_openapi::api::core::v1::Namespace;
+    let namespace = Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Namespace::default()
+    };
+    Api::<Namespace>::all(client)
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_namespaced_controller_sees_only_its_namespace_and_needs_only_a_role_there() {
+    use kube_fleet::controller::Watch;
+
+    let env = Envtest::start(1).await.unwrap();
+    let cluster = &env.clusters()[0];
+    let admin = cluster.client();
+    create_namespace(admin.clone(), "team-a").await;
+    for namespace in ["team-a", "default"] {
+        Api::<ConfigMap>::namespaced(admin.clone(), namespace)
+            .create(
+                &PostParams::default(),
+                &config_map(&format!("in-{namespace}")),
+            )
+            .await
+            .unwrap();
+    }
+    grant_reading_in(admin.clone(), "team-a", "team-a-operator").await;
+    // The controller's only credentials: a user with that Role and no
+    // cluster-wide right at all.
+    let operator = cluster.client_for("team-a-operator", &[]).unwrap();
+
+    let mut running = Running::new();
+    let (service, mut rx) = recorder();
+    let controller =
+        Controller::<ConfigMap>::new(&running.fleet, Watch::default().in_namespace("team-a"));
+    let status = controller.status();
+    running.spawn(controller, service);
+    running.provider.add("cluster-0", operator);
+
+    let mut seen = expect_all(
+        &mut rx,
+        [kube_fleet::McRequest::new(
+            "cluster-0",
+            Some("team-a"),
+            "in-team-a",
+        )],
+    )
+    .await;
+    tokio::time::timeout(PATIENCE, status.synced())
+        .await
+        .expect("the namespaced watch syncs with a Role only");
+    Api::<ConfigMap>::namespaced(admin.clone(), "default")
+        .create(&PostParams::default(), &config_map("later-in-default"))
+        .await
+        .unwrap();
+    Api::<ConfigMap>::namespaced(admin, "team-a")
+        .create(&PostParams::default(), &config_map("later-in-team-a"))
+        .await
+        .unwrap();
+    seen.extend(
+        expect_all(
+            &mut rx,
+            [kube_fleet::McRequest::new(
+                "cluster-0",
+                Some("team-a"),
+                "later-in-team-a",
+            )],
+        )
+        .await,
+    );
+    seen.extend(drain_for(&mut rx, std::time::Duration::from_millis(500)).await);
+    assert!(
+        seen.iter()
+            .all(|r| r.namespace.as_deref() == Some("team-a")),
+        "nothing from outside team-a: {seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_hub_and_spoke_controller_watches_parents_in_the_hub_and_children_in_members() {
+    use kube_fleet::{
+        ClusterName, McRequest,
+        controller::{Clusters, Watch},
+    };
+
+    let env = Envtest::start(3).await.unwrap();
+    let hub = env.clusters()[0].client();
+    let members = &env.clusters()[1..];
+    // A parent in the hub, and a same-named object in each member (which,
+    // as a parent, the controller must not see there).
+    create_config_map(hub.clone(), "job").await;
+    for member in members {
+        create_config_map(member.client(), "job").await;
+    }
+
+    let fleet = kube_fleet::Fleet::new();
+    let (service, mut rx) = recorder::<ObjectRequest<ConfigMap>>();
+    let (children_tx, mut children) = mpsc::unbounded_channel::<ClusterName>();
+    // Parents: ConfigMaps in the hub. Children: Secrets in the members,
+    // labelled with their parent's name; a child's change asks for its
+    // parent in the hub.
+    let controller = Controller::<ConfigMap>::new(
+        &fleet,
+        Watch::default().in_clusters(Clusters::matching(|name| name == "hub")),
+    )
+    .watches::<k8s_openapi::api::core::v1::Secret, _>(
+        Watch::default().in_clusters(Clusters::matching(|name| name != "hub")),
+        move |member, secret| {
+            let _ = children_tx.send(member.clone());
+            let parent = secret.metadata.labels.as_ref()?.get("parent")?.clone();
+            Some(McRequest::new("hub", Some("default"), parent))
+        },
+    );
+    let status = controller.status();
+    let task = tokio::spawn(controller.run(service));
+    fleet.engage("hub", hub.clone());
+    for member in members {
+        fleet.engage(member.name(), member.client());
+    }
+    expect_all(&mut rx, [request("hub", "job")]).await;
+    tokio::time::timeout(PATIENCE, status.synced())
+        .await
+        .expect("every watch syncs where it runs");
+
+    // Only the hub runs the parents' watch; only the members the children's.
+    let hub_status = status.cluster("hub").unwrap();
+    assert_eq!(hub_status.watches.len(), 1, "{hub_status}");
+    assert_eq!(hub_status.watches[0].kind, "ConfigMap");
+    for member in members {
+        let member_status = status.cluster(member.name()).unwrap();
+        assert_eq!(member_status.watches.len(), 1, "{member_status}");
+        assert_eq!(member_status.watches[0].kind, "Secret");
+    }
+
+    // A child in a member reconciles its parent in the hub.
+    let mut child = k8s_openapi::api::core::v1::Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("child".into()),
+            labels: Some([("parent".to_owned(), "job".to_owned())].into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let _ = drain_for(&mut rx, std::time::Duration::from_millis(300)).await;
+    Api::<k8s_openapi::api::core::v1::Secret>::default_namespaced(members[1].client())
+        .create(&PostParams::default(), &child)
+        .await
+        .unwrap();
+    expect_all(&mut rx, [request("hub", "job")]).await;
+    let seen_in = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let cluster = children.recv().await.unwrap();
+            if cluster == members[1].name() {
+                return cluster;
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(seen_in, members[1].name());
+    // A Secret in the hub is not watched.
+    child.metadata.name = Some("not-a-child".into());
+    Api::<k8s_openapi::api::core::v1::Secret>::default_namespaced(hub)
+        .create(&PostParams::default(), &child)
+        .await
+        .unwrap();
+    let after = drain_for(&mut rx, std::time::Duration::from_millis(1000)).await;
+    assert!(
+        after.is_empty(),
+        "nothing from the hub's Secrets: {after:?}"
+    );
+    assert!(
+        std::iter::from_fn(|| children.try_recv().ok()).all(|c| c != "hub"),
+        "the children's watch does not run in the hub"
+    );
+    // Every reconcile was of the hub's parent, never of a member's ConfigMap.
+    task.abort();
+}
