@@ -160,6 +160,33 @@ impl Fleet {
     }
 
     /// Applies a provider's events, in order, until its stream ends.
+    ///
+    /// A fleet may be filled by several providers at once: call `run` once
+    /// per provider, each in its own task (or merge their streams with
+    /// `futures::stream::select`). Each engage and disengage takes effect
+    /// at once and in the order it is made, whichever provider makes it.
+    /// Names are the providers' to keep apart: an engage under a name
+    /// already engaged replaces that cluster. The usual pair is the local
+    /// cluster, under [`ClusterName::local`], beside a provider's clusters,
+    /// which a controller then tells apart with
+    /// [`Clusters::Local`](crate::controller::Clusters::Local) and
+    /// [`Clusters::Provided`](crate::controller::Clusters::Provided), for
+    /// the whole controller or per watch
+    /// ([`Watch::in_clusters`](crate::controller::Watch::in_clusters)).
+    ///
+    /// ```no_run
+    /// # async fn example() -> Result<(), kube::Error> {
+    /// use kube_fleet::{Fleet, provider::{LocalProvider, ProgrammaticProvider}};
+    ///
+    /// let fleet = Fleet::new();
+    /// let local = LocalProvider::try_default().await?;
+    /// let (members, handle) = ProgrammaticProvider::new();
+    /// tokio::spawn({ let fleet = fleet.clone(); async move { fleet.run(local).await } });
+    /// tokio::spawn({ let fleet = fleet.clone(); async move { fleet.run(members).await } });
+    /// # drop(handle);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn run(&self, provider: impl Stream<Item = ClusterEvent>) {
         let mut provider = std::pin::pin!(provider);
         while let Some(event) = provider.next().await {

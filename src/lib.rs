@@ -73,3 +73,9 @@ pub use object_request::ObjectRequest;
 pub use reason::ReconcileReason;
 pub use request::McRequest;
 pub use token_bucket::TokenBucket;
+
+/// The README's code, compiled with the doc tests so that what it shows
+/// keeps working.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

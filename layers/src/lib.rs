@@ -1,25 +1,28 @@
 //! Tower layers for reconcilers run by [`kube_fleet`].
 //!
 //! Each layer is an ordinary [`tower_layer::Layer`], so it stacks with
-//! `tower::ServiceBuilder` and with tower's own middleware:
+//! `tower::ServiceBuilder` and with tower's own middleware. They work on the
+//! [`ObjectRequest`]s that `Controller::run` hands out (and label spans and
+//! metrics with the controller the request names), and on plain
+//! `McRequest`s from `Controller::run_raw`:
 //!
-//! - [`resolve_cluster`]: an `McRequest` becomes a [`ClusterRequest`]
-//!   carrying the engaged cluster; requests for departed clusters end quietly.
-//! - [`load_object`]: a `ClusterRequest` becomes an [`ObjectRequest`]
-//!   carrying the object from the cluster's cache, or `None` if it is gone.
 //! - [`metrics`]: Prometheus counters and histograms by controller and cluster.
 //! - [`retry`]: a `tower::retry::Policy` for transient API errors.
 //! - [`trace`]: a `tracing` span per reconcile.
 //! - [`catch_panic`]: a panicking reconcile becomes an error, so it is backed
 //!   off and the controller keeps serving.
 //!
-//!
 //! [`recommended`] puts the usual ones together in one layer, in an order
 //! its docs explain; `docs/layers.md` in the repository walks a request
-//! through the stack.
+//! through the stack. For the raw path only:
+//!
+//! - [`resolve_cluster`]: an `McRequest` becomes a [`ClusterRequest`]
+//!   carrying the engaged cluster; requests for departed clusters end quietly.
+//! - [`load_object`]: a `ClusterRequest` becomes an [`ObjectRequest`]
+//!   carrying the object from the cluster's cache, or `None` if it is gone.
 //!
 //! [`ClusterRequest`]: resolve_cluster::ClusterRequest
-//! [`ObjectRequest`]: load_object::ObjectRequest
+//! [`ObjectRequest`]: kube_fleet::ObjectRequest
 
 #![forbid(unsafe_code)]
 

@@ -1,4 +1,6 @@
-//! Loads the object a request names from its cluster's cache.
+//! Loads the object a request names from its cluster's cache, for stacks
+//! run with `Controller::run_raw` (`Controller::run` hands the object over
+//! itself, from the controller's own watch).
 //!
 //! The inner service receives an [`ObjectRequest`] carrying the object as an
 //! `Arc<K>` shared with the cache (no copy), or `None` when the object does

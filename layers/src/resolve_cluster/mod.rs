@@ -1,4 +1,6 @@
-//! Resolves an [`McRequest`]'s cluster name to the engaged [`Cluster`].
+//! Resolves an [`McRequest`]'s cluster name to the engaged [`Cluster`], for
+//! stacks run with `Controller::run_raw` (`Controller::run` hands over the
+//! cluster itself).
 //!
 //! The inner service receives a [`ClusterRequest`]. A request for a cluster
 //! that has left the fleet (or never joined) ends quietly with
