@@ -85,7 +85,7 @@ impl Cluster {
 
     /// The store of `K` objects, if a controller watches `K` here with the
     /// default watch configuration.
-    pub fn store<K: Watchable>(&self) -> Option<Store<K>> {
+    pub fn store<K: Watchable<DynamicType = ()>>(&self) -> Option<Store<K>> {
         self.inner.cache.store::<K>()
     }
 

@@ -1,6 +1,9 @@
-use std::{fmt, sync::Arc};
+use std::{any::Any, fmt, sync::Arc};
 
-use crate::{Cluster, McRequest, ReconcileReason};
+use crate::{
+    Cluster, McRequest, ReconcileReason,
+    cache::{SharedWatch, Watchable},
+};
 
 /// What a controller hands its reconciler for each run: the cluster, the
 /// object, and why it runs.
@@ -54,6 +57,8 @@ pub struct ObjectRequest<K> {
     /// ([`Controller::named`](crate::Controller::named)), for layers that
     /// label by controller; `None` outside a controller.
     pub controller: Option<Arc<str>>,
+    /// The watch the object came from (a `SharedWatch<K>`), to read it again.
+    pub(crate) watch: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 impl<K> ObjectRequest<K> {
@@ -67,6 +72,7 @@ impl<K> ObjectRequest<K> {
             object,
             reason: ReconcileReason::Unknown,
             controller: None,
+            watch: None,
         }
     }
 
@@ -93,6 +99,7 @@ impl<K> Clone for ObjectRequest<K> {
             object: self.object.clone(),
             reason: self.reason.clone(),
             controller: self.controller.clone(),
+            watch: self.watch.clone(),
         }
     }
 }
@@ -105,6 +112,22 @@ impl<K> fmt::Debug for ObjectRequest<K> {
             .field("reason", &self.reason)
             .field("controller", &self.controller)
             .finish()
+    }
+}
+
+impl<K: Watchable> ObjectRequest<K> {
+    /// Reads `object` again from the controller's watch, as it holds the
+    /// object now: after a write failed on a conflict, say, so that a retry
+    /// works on the newer version (the recommended stack's retry does this).
+    /// Does nothing for a request made outside a controller.
+    pub fn refresh(&mut self) {
+        if let Some(watch) = self
+            .watch
+            .as_ref()
+            .and_then(|watch| watch.downcast_ref::<SharedWatch<K>>())
+        {
+            self.object = crate::controller::read(watch, &self.request);
+        }
     }
 }
 

@@ -22,8 +22,9 @@ use std::{fmt, sync::Arc};
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ReconcileReason {
-    /// The controller's watch listed the object: it started serving the
-    /// cluster, or the watch listed again after it lost its place.
+    /// A watch of the controller listed the object, or an object that maps
+    /// to it: the controller started serving the cluster, or the watch
+    /// listed again after it lost its place.
     Listed,
     /// The object was created, changed or deleted.
     ObjectChanged,

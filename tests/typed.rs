@@ -366,3 +366,201 @@ async fn a_hub_and_spoke_controller_watches_parents_in_the_hub_and_children_in_m
     // Every reconcile was of the hub's parent, never of a member's ConfigMap.
     task.abort();
 }
+
+#[tokio::test]
+async fn requests_naming_objects_the_watch_cannot_hold_are_dropped_not_read_as_deleted() {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::Resource;
+    use kube_fleet::{McRequest, controller::Watch};
+
+    let env = Envtest::start(1).await.unwrap();
+    let admin = env.clusters()[0].client();
+    create_namespace(admin.clone(), "team-a").await;
+    let mine = Api::<ConfigMap>::namespaced(admin.clone(), "team-a")
+        .create(&PostParams::default(), &config_map("mine"))
+        .await
+        .unwrap();
+    let foreign = create_config_map(admin.clone(), "foreign").await;
+
+    let mut running = Running::new();
+    let (tx, mut rx) = mpsc::unbounded_channel::<(McRequest, bool)>();
+    let service = tower::service_fn(move |request: ObjectRequest<ConfigMap>| {
+        let _ = tx.send((request.request.clone(), request.object.is_some()));
+        async { Ok::<_, BoxError>(Action::await_change()) }
+    });
+    let (outside_tx, outside) = mpsc::unbounded_channel();
+    let controller =
+        Controller::<ConfigMap>::new(&running.fleet, Watch::default().in_namespace("team-a"))
+            .owns::<Secret>(watcher::Config::default())
+            .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(outside));
+    let status = controller.status();
+    running.spawn(controller, service);
+    running.add_all(&env);
+    tokio::time::timeout(PATIENCE, status.synced()).await.unwrap();
+    let mut seen = vec![
+        tokio::time::timeout(PATIENCE, rx.recv())
+            .await
+            .expect("the object in team-a is listed")
+            .unwrap(),
+    ];
+
+    // A Secret in another namespace owned by a ConfigMap there; requests
+    // with no namespace, or another one.
+    let mut child = Secret::default();
+    child.metadata.name = Some("child".into());
+    child.metadata.owner_references = Some(vec![foreign.controller_owner_ref(&()).unwrap()]);
+    Api::<Secret>::default_namespaced(admin.clone())
+        .create(&PostParams::default(), &child)
+        .await
+        .unwrap();
+    outside_tx
+        .send(McRequest::new("cluster-0", None::<String>, "mine"))
+        .unwrap();
+    outside_tx
+        .send(McRequest::new("cluster-0", Some("default"), "foreign"))
+        .unwrap();
+    // Then one that is fine, which must come through.
+    outside_tx
+        .send(McRequest::new("cluster-0", Some("team-a"), "mine"))
+        .unwrap();
+    tokio::time::timeout(PATIENCE, async {
+        while seen.len() < 2 {
+            seen.push(rx.recv().await.unwrap());
+        }
+    })
+    .await
+    .expect("the good request runs");
+    while let Ok(Some(more)) =
+        tokio::time::timeout(std::time::Duration::from_millis(1000), rx.recv()).await
+    {
+        seen.push(more);
+    }
+    let mine_key = McRequest::new("cluster-0", Some("team-a"), mine.metadata.name.unwrap());
+    assert!(
+        seen.iter().all(|(key, exists)| *key == mine_key && *exists),
+        "only the object the watch holds, always present: {seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_retry_after_a_conflict_gets_the_object_as_the_watch_holds_it_now() {
+    use kube_fleet_layers::recommended::RecommendedLayer;
+    use std::sync::Mutex;
+
+    let env = Envtest::start(1).await.unwrap();
+    let client = env.clusters()[0].client();
+    create_config_map(client.clone(), "contended").await;
+    let versions: Arc<Mutex<Vec<String>>> = Arc::default();
+    let service = tower::service_fn({
+        let versions = versions.clone();
+        move |request: ObjectRequest<ConfigMap>| {
+            let versions = versions.clone();
+            async move {
+                let object = request.object.clone().expect("exists");
+                let version = object.metadata.resource_version.clone().unwrap();
+                let first = {
+                    let mut versions = versions.lock().unwrap();
+                    versions.push(version.clone());
+                    versions.len() == 1
+                };
+                if !first {
+                    return Ok(Action::await_change());
+                }
+                // Someone else writes first; our write would conflict. Wait
+                // until the controller's watch has seen their version.
+                let api = Api::<ConfigMap>::default_namespaced(request.cluster.client());
+                let change = serde_json::json!({ "data": { "by": "someone else" } });
+                api.patch("contended", &PatchParams::default(), &Patch::Merge(&change))
+                    .await?;
+                let store = request
+                    .cluster
+                    .cache()
+                    .find::<ConfigMap>(&watcher::Config::default())
+                    .unwrap()
+                    .store();
+                let reference = ObjectRef::new("contended").within("default");
+                while store
+                    .get(&reference)
+                    .and_then(|o| o.metadata.resource_version.clone())
+                    == Some(version.clone())
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+                let conflict = kube::core::Status::failure("conflict", "Conflict")
+                    .with_code(409)
+                    .boxed();
+                Err::<Action, BoxError>(Box::new(kube::Error::Api(conflict)))
+            }
+        }
+    });
+    let mut running = Running::new();
+    running.spawn(
+        Controller::<ConfigMap>::new(&running.fleet, watcher::Config::default())
+            .with_filter(|cm| cm.metadata.name.as_deref() == Some("contended")),
+        tower::ServiceBuilder::new()
+            .layer(RecommendedLayer::new())
+            .service(service),
+    );
+    running.add_all(&env);
+    tokio::time::timeout(PATIENCE, async {
+        while versions.lock().unwrap().len() < 2 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the conflict is retried");
+    let versions = versions.lock().unwrap().clone();
+    assert_ne!(versions[0], versions[1], "the retry read the newer version");
+}
+
+#[tokio::test]
+async fn a_cluster_with_only_related_watches_takes_no_share_of_the_slots() {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube_fleet::{
+        McRequest,
+        controller::{Clusters, Config, Watch},
+    };
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let env = Envtest::start(2).await.unwrap();
+    let hub = env.clusters()[0].client();
+    for i in 0..8 {
+        create_config_map(hub.clone(), &format!("job-{i}")).await;
+    }
+    let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let service = tower::service_fn({
+        let (now, most) = (now.clone(), most.clone());
+        move |_: ObjectRequest<ConfigMap>| {
+            let (now, most) = (now.clone(), most.clone());
+            async move {
+                let running = now.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(running, Ordering::SeqCst);
+                tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+                now.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, BoxError>(Action::await_change())
+            }
+        }
+    });
+    let mut running = Running::new();
+    let controller = Controller::<ConfigMap>::new(
+        &running.fleet,
+        Watch::default().in_clusters(Clusters::matching(|name| name == "cluster-0")),
+    )
+    .watches::<Secret, _>(
+        Watch::default().in_clusters(Clusters::matching(|name| name != "cluster-0")),
+        |_, _| None::<McRequest>,
+    )
+    .with_config(Config::default().concurrency(4));
+    running.spawn(controller, service);
+    // The member first, so that it is known when the hub's keys come.
+    running.provider.add("cluster-1", env.clusters()[1].client());
+    running.wait_served("cluster-1").await;
+    running.provider.add("cluster-0", hub);
+    running.wait_served("cluster-0").await;
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        4,
+        "the hub, the only cluster with work, may use every slot"
+    );
+}

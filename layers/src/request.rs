@@ -22,6 +22,11 @@ pub trait AsMcRequest {
     fn reason(&self) -> Option<&ReconcileReason> {
         None
     }
+
+    /// Reads again what the request carries of the cluster's state, before
+    /// a retry: an `ObjectRequest` from `Controller::run` reads its object
+    /// from the controller's watch. Nothing for the others.
+    fn refresh(&mut self) {}
 }
 
 impl AsMcRequest for McRequest {
@@ -36,7 +41,7 @@ impl AsMcRequest for ClusterRequest {
     }
 }
 
-impl<K> AsMcRequest for ObjectRequest<K> {
+impl<K: kube_fleet::cache::Watchable> AsMcRequest for ObjectRequest<K> {
     fn mc_request(&self) -> &McRequest {
         &self.request
     }
@@ -47,5 +52,9 @@ impl<K> AsMcRequest for ObjectRequest<K> {
 
     fn reason(&self) -> Option<&ReconcileReason> {
         Some(&self.reason)
+    }
+
+    fn refresh(&mut self) {
+        ObjectRequest::refresh(self);
     }
 }

@@ -44,7 +44,7 @@ use std::{
 use futures::{Stream, StreamExt};
 use kube::{
     Api, Client, Resource,
-    core::PartialObjectMeta,
+    core::{ApiResource, PartialObjectMeta},
     runtime::{reflector::Store, watcher},
 };
 use serde::de::DeserializeOwned;
@@ -56,15 +56,53 @@ pub(crate) use watch::WatchProbe;
 
 use crate::ClusterName;
 
-/// What a shared watch needs of a type: a static Kubernetes resource.
+/// What a shared watch needs of a type: a Kubernetes resource, either
+/// static (`k8s-openapi` and `kube-derive` types, whose type information is
+/// `()`) or dynamic (`DynamicObject` and other types described at run time
+/// by an [`ApiResource`]).
 pub trait Watchable:
-    Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static
+    Resource<DynamicType: TypeInfo> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static
 {
 }
 
 impl<K> Watchable for K where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static
+    K: Resource<DynamicType: TypeInfo>
+        + Clone
+        + DeserializeOwned
+        + fmt::Debug
+        + Send
+        + Sync
+        + 'static
 {
+}
+
+/// The type information a watched type carries: `()` for static types,
+/// [`ApiResource`] for dynamic ones. Sealed: these two are all kube has.
+pub trait TypeInfo:
+    Clone + Eq + std::hash::Hash + fmt::Debug + Send + Sync + Unpin + 'static + sealed::Sealed
+{
+    /// The type information a [`Watch`](crate::controller::Watch) gives, if
+    /// it gives what this type needs: nothing for static types, an
+    /// `ApiResource` for dynamic ones.
+    fn from_watch(resource: Option<&ApiResource>) -> Option<Self>;
+}
+
+impl TypeInfo for () {
+    fn from_watch(_: Option<&ApiResource>) -> Option<Self> {
+        Some(())
+    }
+}
+
+impl TypeInfo for ApiResource {
+    fn from_watch(resource: Option<&ApiResource>) -> Option<Self> {
+        resource.cloned()
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for () {}
+    impl Sealed for kube::core::ApiResource {}
 }
 
 /// Whether objects of kind `K` live in namespaces.
@@ -84,6 +122,8 @@ pub fn is_namespaced<K: Resource>() -> bool {
 struct WatchKey {
     type_id: TypeId,
     metadata_only: bool,
+    /// The type information of a dynamic type (its `ApiResource`).
+    dynamic: String,
     /// The namespace the watch is limited to; `None` for all.
     namespace: Option<String>,
     /// The whole `watcher::Config`, so that watches with different selectors
@@ -130,52 +170,103 @@ impl ClusterCache {
 
     /// The shared watch of `K` objects in all namespaces with this
     /// configuration, started now if none runs here.
-    pub fn watch<K: Watchable>(&self, config: &watcher::Config) -> Arc<SharedWatch<K>> {
-        self.watch_in(None, config)
+    pub fn watch<K>(&self, config: &watcher::Config) -> Arc<SharedWatch<K>>
+    where
+        K: Watchable<DynamicType = ()>,
+    {
+        self.watch_with(&(), None, config)
     }
 
     /// The shared watch of `K` objects in `namespace` (all namespaces for
     /// `None`, and for a cluster-scoped `K`) with this configuration, started
     /// now if none runs here. A watch of one namespace needs read rights in
     /// that namespace only.
-    pub fn watch_in<K: Watchable>(
+    pub fn watch_in<K>(
         &self,
+        namespace: Option<&str>,
+        config: &watcher::Config,
+    ) -> Arc<SharedWatch<K>>
+    where
+        K: Watchable<DynamicType = ()>,
+    {
+        self.watch_with(&(), namespace, config)
+    }
+
+    /// Like [`watch_in`](Self::watch_in), for a type described by `dyntype`:
+    /// `DynamicObject` with its [`ApiResource`], say.
+    ///
+    /// ```no_run
+    /// # fn example(cluster: kube_fleet::Cluster) {
+    /// use kube::{api::{ApiResource, DynamicObject, GroupVersionKind}, runtime::watcher};
+    ///
+    /// let widgets = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
+    /// let watch = cluster
+    ///     .cache()
+    ///     .watch_with::<DynamicObject>(&widgets, None, &watcher::Config::default());
+    /// # }
+    /// ```
+    pub fn watch_with<K: Watchable>(
+        &self,
+        dyntype: &K::DynamicType,
         namespace: Option<&str>,
         config: &watcher::Config,
     ) -> Arc<SharedWatch<K>> {
         let namespace = scope::<K>(namespace);
-        self.shared(false, namespace, config, || match namespace {
+        self.shared(false, dyntype, namespace, config, || match namespace {
             Some(namespace) => {
-                scoped::objects::<K>(self.client.clone(), namespace, config.clone()).boxed()
+                scoped::objects::<K>(self.client.clone(), dyntype, namespace, config.clone())
+                    .boxed()
             }
-            None => watcher::watcher(Api::<K>::all(self.client.clone()), config.clone()).boxed(),
+            None => watcher::watcher(
+                Api::<K>::all_with(self.client.clone(), dyntype),
+                config.clone(),
+            )
+            .boxed(),
         })
     }
 
     /// The shared watch of `K`'s metadata only, in all namespaces, started
     /// now if needed: for types a controller needs only to key on (owner
     /// references, labels).
-    pub fn watch_metadata<K: Watchable>(
+    pub fn watch_metadata<K>(
         &self,
         config: &watcher::Config,
-    ) -> Arc<SharedWatch<PartialObjectMeta<K>>> {
-        self.watch_metadata_in(None, config)
+    ) -> Arc<SharedWatch<PartialObjectMeta<K>>>
+    where
+        K: Watchable<DynamicType = ()>,
+    {
+        self.watch_metadata_with(&(), None, config)
     }
 
     /// Like [`watch_metadata`](Self::watch_metadata), in `namespace` only
     /// (see [`watch_in`](Self::watch_in)).
-    pub fn watch_metadata_in<K: Watchable>(
+    pub fn watch_metadata_in<K>(
         &self,
+        namespace: Option<&str>,
+        config: &watcher::Config,
+    ) -> Arc<SharedWatch<PartialObjectMeta<K>>>
+    where
+        K: Watchable<DynamicType = ()>,
+    {
+        self.watch_metadata_with(&(), namespace, config)
+    }
+
+    /// Like [`watch_metadata_in`](Self::watch_metadata_in), for a type
+    /// described by `dyntype`.
+    pub fn watch_metadata_with<K: Watchable>(
+        &self,
+        dyntype: &K::DynamicType,
         namespace: Option<&str>,
         config: &watcher::Config,
     ) -> Arc<SharedWatch<PartialObjectMeta<K>>> {
         let namespace = scope::<K>(namespace);
-        self.shared(true, namespace, config, || match namespace {
+        self.shared(true, dyntype, namespace, config, || match namespace {
             Some(namespace) => {
-                scoped::metadata::<K>(self.client.clone(), namespace, config.clone()).boxed()
+                scoped::metadata::<K>(self.client.clone(), dyntype, namespace, config.clone())
+                    .boxed()
             }
             None => watcher::watcher(
-                Api::<PartialObjectMeta<K>>::all(self.client.clone()),
+                Api::<PartialObjectMeta<K>>::all_with(self.client.clone(), dyntype),
                 config.clone(),
             )
             .boxed(),
@@ -184,25 +275,42 @@ impl ClusterCache {
 
     /// The watch of `K` objects in all namespaces with this configuration,
     /// if one runs here; unlike [`watch`](Self::watch), never starts one.
-    pub fn find<K: Watchable>(&self, config: &watcher::Config) -> Option<Arc<SharedWatch<K>>> {
-        self.find_in(None, config)
+    pub fn find<K>(&self, config: &watcher::Config) -> Option<Arc<SharedWatch<K>>>
+    where
+        K: Watchable<DynamicType = ()>,
+    {
+        self.find_with(&(), None, config)
     }
 
     /// The watch of `K` objects in `namespace` with this configuration, if
     /// one runs here; never starts one.
-    pub fn find_in<K: Watchable>(
+    pub fn find_in<K>(
         &self,
         namespace: Option<&str>,
         config: &watcher::Config,
+    ) -> Option<Arc<SharedWatch<K>>>
+    where
+        K: Watchable<DynamicType = ()>,
+    {
+        self.find_with(&(), namespace, config)
+    }
+
+    /// The watch of `K` objects described by `dyntype`, in `namespace`,
+    /// with this configuration, if one runs here; never starts one.
+    pub fn find_with<K: Watchable>(
+        &self,
+        dyntype: &K::DynamicType,
+        namespace: Option<&str>,
+        config: &watcher::Config,
     ) -> Option<Arc<SharedWatch<K>>> {
-        let key = watch_key::<K>(false, scope::<K>(namespace), config);
+        let key = watch_key::<K>(false, dyntype, scope::<K>(namespace), config);
         let watch = self.watches().get(&key)?.upgrade()?;
         watch.downcast::<SharedWatch<K>>().ok()
     }
 
     /// The store of `K` objects watched with the default configuration, if a
     /// controller watches them in this cluster.
-    pub fn store<K: Watchable>(&self) -> Option<Store<K>> {
+    pub fn store<K: Watchable<DynamicType = ()>>(&self) -> Option<Store<K>> {
         self.find::<K>(&watcher::Config::default())
             .map(|w| w.store())
     }
@@ -218,17 +326,18 @@ impl ClusterCache {
     fn shared<T, S>(
         &self,
         metadata_only: bool,
+        dyntype: &T::DynamicType,
         namespace: Option<&str>,
         config: &watcher::Config,
         stream: impl FnOnce() -> S,
     ) -> Arc<SharedWatch<T>>
     where
-        T: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+        T: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
         S: Stream<Item = watcher::Result<watcher::Event<T>>> + Send + 'static,
     {
         // Keyed by the watched type `K`; for metadata watches `T` is
         // `PartialObjectMeta<K>`, a type of its own, so the keys never clash.
-        let key = watch_key::<T>(metadata_only, namespace, config);
+        let key = watch_key::<T>(metadata_only, dyntype, namespace, config);
         let mut watches = self.watches();
         if let Some(existing) = watches.get(&key).and_then(Weak::upgrade)
             && let Ok(existing) = existing.downcast::<SharedWatch<T>>()
@@ -240,6 +349,7 @@ impl ClusterCache {
         let watch = Arc::new(SharedWatch::start(
             self.cluster.clone(),
             metadata_only,
+            dyntype.clone(),
             stream(),
         ));
         let weak: Weak<dyn Any + Send + Sync> = Arc::downgrade(&watch) as _;
@@ -248,13 +358,15 @@ impl ClusterCache {
     }
 }
 
-fn watch_key<T: 'static>(
+fn watch_key<T: Resource<DynamicType: TypeInfo> + 'static>(
     metadata_only: bool,
+    dyntype: &T::DynamicType,
     namespace: Option<&str>,
     config: &watcher::Config,
 ) -> WatchKey {
     WatchKey {
         type_id: TypeId::of::<T>(),
+        dynamic: format!("{dyntype:?}"),
         metadata_only,
         namespace: namespace.map(str::to_owned),
         config: format!("{config:?}"),

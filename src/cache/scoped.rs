@@ -28,28 +28,32 @@ impl<'de, K: Deserialize<'de>> Deserialize<'de> for InNamespace<K> {
     }
 }
 
-impl<K: Resource<DynamicType = ()>> Resource for InNamespace<K> {
-    type DynamicType = ();
+impl<K: Resource> Resource for InNamespace<K> {
+    type DynamicType = K::DynamicType;
     type Scope = DynamicResourceScope;
 
-    fn kind(dt: &()) -> Cow<'_, str> {
+    fn kind(dt: &K::DynamicType) -> Cow<'_, str> {
         K::kind(dt)
     }
 
-    fn group(dt: &()) -> Cow<'_, str> {
+    fn group(dt: &K::DynamicType) -> Cow<'_, str> {
         K::group(dt)
     }
 
-    fn version(dt: &()) -> Cow<'_, str> {
+    fn version(dt: &K::DynamicType) -> Cow<'_, str> {
         K::version(dt)
     }
 
-    fn api_version(dt: &()) -> Cow<'_, str> {
+    fn api_version(dt: &K::DynamicType) -> Cow<'_, str> {
         K::api_version(dt)
     }
 
-    fn plural(dt: &()) -> Cow<'_, str> {
+    fn plural(dt: &K::DynamicType) -> Cow<'_, str> {
         K::plural(dt)
+    }
+
+    fn url_path(dt: &K::DynamicType, namespace: Option<&str>) -> String {
+        K::url_path(dt, namespace)
     }
 
     fn metadata_api() -> bool {
@@ -78,20 +82,22 @@ fn unwrap_event<T, U>(event: watcher::Event<T>, f: impl Fn(T) -> U) -> watcher::
 /// A watch of `K` objects in `namespace` only.
 pub(super) fn objects<K: Watchable>(
     client: Client,
+    dyntype: &K::DynamicType,
     namespace: &str,
     config: watcher::Config,
 ) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static {
-    let api = Api::<InNamespace<K>>::namespaced_with(client, namespace, &());
+    let api = Api::<InNamespace<K>>::namespaced_with(client, namespace, dyntype);
     watcher::watcher(api, config).map(|event| event.map(|e| unwrap_event(e, |o| o.0)))
 }
 
 /// A watch of `K`'s metadata in `namespace` only.
 pub(super) fn metadata<K: Watchable>(
     client: Client,
+    dyntype: &K::DynamicType,
     namespace: &str,
     config: watcher::Config,
 ) -> impl Stream<Item = watcher::Result<watcher::Event<PartialObjectMeta<K>>>> + Send + 'static {
-    let api = Api::<PartialObjectMeta<InNamespace<K>>>::namespaced_with(client, namespace, &());
+    let api = Api::<PartialObjectMeta<InNamespace<K>>>::namespaced_with(client, namespace, dyntype);
     watcher::watcher(api, config).map(|event| {
         event.map(|e| {
             unwrap_event(e, |o| PartialObjectMeta {

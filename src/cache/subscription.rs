@@ -15,7 +15,7 @@ use kube::{
     runtime::reflector::{ObjectRef, Store},
 };
 
-use super::SharedWatch;
+use super::{SharedWatch, TypeInfo};
 
 /// A change a subscriber hears of.
 #[derive(Debug)]
@@ -77,12 +77,12 @@ pub(super) struct Entry<K> {
 
 /// What a subscriber has not read: possibly the whole store, and the
 /// objects that changed.
-pub(super) struct Pending<K: Resource<DynamicType = ()>> {
+pub(super) struct Pending<K: Resource<DynamicType: TypeInfo>> {
     everything: bool,
     pub(super) objects: IndexMap<ObjectRef<K>, Entry<K>>,
 }
 
-impl<K: Resource<DynamicType = ()>> Default for Pending<K> {
+impl<K: Resource<DynamicType: TypeInfo>> Default for Pending<K> {
     fn default() -> Self {
         Self {
             everything: false,
@@ -92,12 +92,12 @@ impl<K: Resource<DynamicType = ()>> Default for Pending<K> {
 }
 
 /// One subscriber's unread changes, in the order objects first changed.
-pub(crate) struct Inbox<K: Resource<DynamicType = ()>> {
+pub(crate) struct Inbox<K: Resource<DynamicType: TypeInfo>> {
     pub(super) pending: Mutex<Pending<K>>,
     waker: AtomicWaker,
 }
 
-impl<K: Resource<DynamicType = ()>> Inbox<K> {
+impl<K: Resource<DynamicType: TypeInfo>> Inbox<K> {
     pub(crate) fn new() -> Self {
         Self {
             pending: Mutex::default(),
@@ -142,15 +142,18 @@ impl<K: Resource<DynamicType = ()>> Inbox<K> {
 }
 
 /// The store's key for `object`, without the extras a lookup does not need.
-pub(super) fn key_of<K: Resource<DynamicType = ()>>(object: &K) -> ObjectRef<K> {
-    let key = ObjectRef::new(&object.name_any());
+pub(super) fn key_of<K: Resource<DynamicType: TypeInfo>>(
+    object: &K,
+    dyntype: &K::DynamicType,
+) -> ObjectRef<K> {
+    let key = ObjectRef::new_with(&object.name_any(), dyntype.clone());
     match object.namespace() {
         Some(namespace) => key.within(&namespace),
         None => key,
     }
 }
 
-fn entry<'p, K: Resource<DynamicType = ()>>(
+fn entry<'p, K: Resource<DynamicType: TypeInfo>>(
     pending: &'p mut IndexMap<ObjectRef<K>, Entry<K>>,
     key: &ObjectRef<K>,
 ) -> &'p mut Entry<K> {
@@ -174,7 +177,7 @@ fn entry<'p, K: Resource<DynamicType = ()>>(
 /// once, with the object's last state. Memory is thus bounded by the number
 /// of objects, however slowly the subscriber reads. The subscription keeps
 /// its watch running; it never ends by itself.
-pub struct Subscription<K: Resource<DynamicType = ()> + 'static> {
+pub struct Subscription<K: Resource<DynamicType: TypeInfo> + 'static> {
     inbox: Arc<Inbox<K>>,
     store: Store<K>,
     /// The objects the store held when the subscriber got to a list of
@@ -184,10 +187,10 @@ pub struct Subscription<K: Resource<DynamicType = ()> + 'static> {
     batch: indexmap::map::IntoIter<ObjectRef<K>, Entry<K>>,
     /// The object's present state, told right after its deletion.
     next: Option<Change<K>>,
-    _watch: Arc<SharedWatch<K>>,
+    watch: Arc<SharedWatch<K>>,
 }
 
-impl<K: Resource<DynamicType = ()> + Clone + 'static> Subscription<K> {
+impl<K: Resource<DynamicType: TypeInfo> + Clone + 'static> Subscription<K> {
     pub(crate) fn new(watch: Arc<SharedWatch<K>>, store: Store<K>, inbox: Arc<Inbox<K>>) -> Self {
         Self {
             inbox,
@@ -195,7 +198,7 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Subscription<K> {
             listed: Vec::new().into_iter(),
             batch: IndexMap::new().into_iter(),
             next: None,
-            _watch: watch,
+            watch,
         }
     }
 
@@ -208,10 +211,10 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Subscription<K> {
     }
 }
 
-impl<K: Resource<DynamicType = ()>> fmt::Debug for Subscription<K> {
+impl<K: Resource<DynamicType: TypeInfo>> fmt::Debug for Subscription<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Subscription")
-            .field("kind", &K::kind(&()))
+            .field("kind", &K::kind(self.watch.dyntype()))
             .field(
                 "unread",
                 &(self.batch.len() + self.inbox.pending().objects.len()),
@@ -220,7 +223,7 @@ impl<K: Resource<DynamicType = ()>> fmt::Debug for Subscription<K> {
     }
 }
 
-impl<K: Resource<DynamicType = ()> + Clone + 'static> Stream for Subscription<K> {
+impl<K: Resource<DynamicType: TypeInfo> + Clone + 'static> Stream for Subscription<K> {
     type Item = Change<K>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Change<K>>> {
@@ -232,7 +235,7 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Stream for Subscription<K>
             if let Some(listed) = this.listed.next() {
                 // Told as it is now, and once: not if it has gone since, nor
                 // if a change to it waits in the inbox (that tells it).
-                let key = key_of(listed.as_ref());
+                let key = key_of(listed.as_ref(), this.watch.dyntype());
                 if this.inbox.pending().objects.contains_key(&key) {
                     continue;
                 }
@@ -263,7 +266,12 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Stream for Subscription<K>
                 let mut listed = this.store.state();
                 if !pending.objects.is_empty() {
                     // Those are told by their own entry, as they are now.
-                    listed.retain(|object| !pending.objects.contains_key(&key_of(object.as_ref())));
+                    let dyntype = this.watch.dyntype();
+                    listed.retain(|object| {
+                        !pending
+                            .objects
+                            .contains_key(&key_of(object.as_ref(), dyntype))
+                    });
                 }
                 this.listed = listed.into_iter();
             }

@@ -12,14 +12,14 @@ use kube::{
     Resource,
     runtime::{
         WatchStreamExt,
-        reflector::{self, ObjectRef, Store, store::Writer},
+        reflector::{ObjectRef, Store, store::Writer},
         watcher::{self, Event},
     },
 };
 use tokio::{sync::watch, task::AbortHandle};
 
 use super::{
-    error_chain,
+    TypeInfo, error_chain,
     state::{Health, WatchState, WatchStatus},
     subscription::{Inbox, Note, Subscription, key_of},
 };
@@ -27,18 +27,18 @@ use crate::ClusterName;
 
 /// The subscribers of a watch, and whether it has listed yet (a subscriber
 /// that comes later is told of the objects already there).
-struct Subscribers<K: Resource<DynamicType = ()>> {
+struct Subscribers<K: Resource<DynamicType: TypeInfo>> {
     inboxes: Vec<Weak<Inbox<K>>>,
     listed: bool,
 }
 
 /// What the watch task and the [`SharedWatch`] handle share.
-struct Hub<K: Resource<DynamicType = ()>> {
+struct Hub<K: Resource<DynamicType: TypeInfo>> {
     subscribers: Mutex<Subscribers<K>>,
     health: watch::Sender<Health>,
 }
 
-impl<K: Resource<DynamicType = ()>> Hub<K> {
+impl<K: Resource<DynamicType: TypeInfo>> Hub<K> {
     fn subscribers(&self) -> MutexGuard<'_, Subscribers<K>> {
         self.subscribers.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -71,17 +71,18 @@ impl<K: Resource<DynamicType = ()>> Hub<K> {
 /// Subscribers read the same `Arc`s the store holds; objects are never
 /// copied per reader. The watch runs as long as a handle or a subscription
 /// holds it, and stops at the API server when the last one is dropped.
-pub struct SharedWatch<K: Resource<DynamicType = ()> + 'static> {
+pub struct SharedWatch<K: Resource<DynamicType: TypeInfo> + 'static> {
     store: Store<K>,
     hub: Arc<Hub<K>>,
     metadata_only: bool,
+    dyntype: K::DynamicType,
     task: AbortHandle,
 }
 
-impl<K: Resource<DynamicType = ()> + Clone> fmt::Debug for SharedWatch<K> {
+impl<K: Resource<DynamicType: TypeInfo> + Clone> fmt::Debug for SharedWatch<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SharedWatch")
-            .field("kind", &K::kind(&()))
+            .field("kind", &K::kind(&self.dyntype))
             .field("metadata_only", &self.metadata_only)
             .field("objects", &self.store.len())
             .field("state", &self.hub.health.borrow().state)
@@ -89,7 +90,7 @@ impl<K: Resource<DynamicType = ()> + Clone> fmt::Debug for SharedWatch<K> {
     }
 }
 
-impl<K: Resource<DynamicType = ()>> Drop for SharedWatch<K> {
+impl<K: Resource<DynamicType: TypeInfo>> Drop for SharedWatch<K> {
     fn drop(&mut self) {
         self.task.abort();
     }
@@ -97,13 +98,19 @@ impl<K: Resource<DynamicType = ()>> Drop for SharedWatch<K> {
 
 impl<K> SharedWatch<K>
 where
-    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    K: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
 {
-    pub(super) fn start<S>(cluster: ClusterName, metadata_only: bool, events: S) -> Self
+    pub(super) fn start<S>(
+        cluster: ClusterName,
+        metadata_only: bool,
+        dyntype: K::DynamicType,
+        events: S,
+    ) -> Self
     where
         S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
     {
-        let (store, writer) = reflector::store::<K>();
+        let writer = Writer::new(dyntype.clone());
+        let store = writer.as_reader();
         let hub = Arc::new(Hub {
             subscribers: Mutex::new(Subscribers {
                 inboxes: Vec::new(),
@@ -114,11 +121,19 @@ where
                 has_synced: false,
             }),
         });
-        let task = tokio::spawn(run(cluster, events, writer, store.clone(), hub.clone()));
+        let task = tokio::spawn(run(
+            cluster,
+            events,
+            writer,
+            store.clone(),
+            hub.clone(),
+            dyntype.clone(),
+        ));
         Self {
             store,
             hub,
             metadata_only,
+            dyntype,
             task: task.abort_handle(),
         }
     }
@@ -177,6 +192,14 @@ where
     }
 }
 
+impl<K: Resource<DynamicType: TypeInfo>> SharedWatch<K> {
+    /// The type information its objects are stored under: `()` for static
+    /// types, the `ApiResource` for `DynamicObject`.
+    pub fn dyntype(&self) -> &K::DynamicType {
+        &self.dyntype
+    }
+}
+
 /// A watch's health, whatever its type: what a controller reports and waits on.
 pub(crate) trait WatchProbe: Send + Sync {
     fn status(&self) -> WatchStatus;
@@ -187,12 +210,12 @@ pub(crate) trait WatchProbe: Send + Sync {
 
 impl<K> WatchProbe for SharedWatch<K>
 where
-    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    K: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
 {
     fn status(&self) -> WatchStatus {
         WatchStatus {
-            kind: K::kind(&()).into_owned(),
-            api_version: K::api_version(&()).into_owned(),
+            kind: K::kind(&self.dyntype).into_owned(),
+            api_version: K::api_version(&self.dyntype).into_owned(),
             metadata_only: self.metadata_only,
             state: self.state(),
         }
@@ -220,13 +243,15 @@ async fn run<K, S>(
     mut writer: Writer<K>,
     reader: Store<K>,
     hub: Arc<Hub<K>>,
+    dyntype: K::DynamicType,
 ) where
-    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    K: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
     S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
 {
     // Without a backoff the watcher retries an unreachable cluster in a hot loop.
     let mut events = std::pin::pin!(events.default_backoff());
     let mut last_reason = None;
+    let kind = K::kind(&dyntype).into_owned();
     while let Some(event) = events.next().await {
         let event = match event {
             Ok(event) => event,
@@ -234,9 +259,9 @@ async fn run<K, S>(
                 let reason = error_chain(&error);
                 // Once per cause, not once per retry.
                 if last_reason.as_ref() != Some(&reason) {
-                    tracing::warn!(%cluster, kind = %K::kind(&()), %reason, "watch failed; retrying with backoff");
+                    tracing::warn!(%cluster, %kind, %reason, "watch failed; retrying with backoff");
                 } else {
-                    tracing::debug!(%cluster, kind = %K::kind(&()), %reason, "watch failed again");
+                    tracing::debug!(%cluster, %kind, %reason, "watch failed again");
                 }
                 hub.health.send_if_modified(|health| {
                     let failing = WatchState::Failing {
@@ -253,7 +278,7 @@ async fn run<K, S>(
         let listed = matches!(event, Event::InitDone);
         let healthy = !matches!(event, Event::Init);
         // The store first, so that whoever learns the watch synced finds it full.
-        let notes = apply(&mut writer, &reader, event);
+        let notes = apply(&mut writer, &reader, event, &dyntype);
         // `Init` comes before the list request, so it tells nothing of health.
         if healthy {
             last_reason = None;
@@ -274,25 +299,30 @@ async fn run<K, S>(
 }
 
 /// Applies one event to the store and says which objects it changed.
-fn apply<K>(writer: &mut Writer<K>, reader: &Store<K>, event: Event<K>) -> Vec<Note<K>>
+fn apply<K>(
+    writer: &mut Writer<K>,
+    reader: &Store<K>,
+    event: Event<K>,
+    dyntype: &K::DynamicType,
+) -> Vec<Note<K>>
 where
-    K: Resource<DynamicType = ()> + Clone + 'static,
+    K: Resource<DynamicType: TypeInfo> + Clone + 'static,
 {
     match event {
         Event::Apply(object) => {
-            let key = key_of(&object);
+            let key = key_of(&object, dyntype);
             writer.apply_watcher_event(&Event::Apply(object));
             vec![Note::Applied(key)]
         }
         Event::Delete(object) => {
-            let key = key_of(&object);
+            let key = key_of(&object, dyntype);
             writer.apply_watcher_event(&Event::Delete(object.clone()));
             vec![Note::Deleted(key, Arc::new(object))]
         }
         Event::InitDone => {
             let before = reader.state();
             writer.apply_watcher_event(&Event::InitDone);
-            relisted(before, reader.state())
+            relisted(before, reader.state(), dyntype)
         }
         event @ (Event::Init | Event::InitApply(_)) => {
             // Buffered by the writer until the list is done.
@@ -304,20 +334,20 @@ where
 
 /// What a (re)list changed: objects that are new or whose resource version
 /// moved, and objects that vanished (they get no delete event of their own).
-fn relisted<K>(before: Vec<Arc<K>>, after: Vec<Arc<K>>) -> Vec<Note<K>>
+fn relisted<K>(before: Vec<Arc<K>>, after: Vec<Arc<K>>, dyntype: &K::DynamicType) -> Vec<Note<K>>
 where
-    K: Resource<DynamicType = ()>,
+    K: Resource<DynamicType: TypeInfo>,
 {
     if before.is_empty() {
         return vec![Note::Everything];
     }
     let mut before: HashMap<ObjectRef<K>, Arc<K>> = before
         .into_iter()
-        .map(|object| (key_of(object.as_ref()), object))
+        .map(|object| (key_of(object.as_ref(), dyntype), object))
         .collect();
     let mut notes = Vec::new();
     for object in &after {
-        let key = key_of(object.as_ref());
+        let key = key_of(object.as_ref(), dyntype);
         let (meta, version) = (object.meta(), object.meta().resource_version.as_ref());
         match before.remove(&key) {
             // Deleted and created again under the same name meanwhile.
@@ -361,7 +391,7 @@ mod tests {
     /// A watch fed from a channel instead of an API server.
     fn fed_watch() -> (Arc<SharedWatch<ConfigMap>>, Events) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let watch = SharedWatch::start("test".into(), false, UnboundedReceiverStream::new(rx));
+        let watch = SharedWatch::start("test".into(), false, (), UnboundedReceiverStream::new(rx));
         (Arc::new(watch), tx)
     }
 

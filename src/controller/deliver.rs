@@ -10,6 +10,9 @@ use crate::{
     cache::{SharedWatch, Watchable},
 };
 
+/// A request that cannot be queued, and why.
+pub(crate) type Misaddressed = (McRequest, &'static str);
+
 /// Builds the service's request for an admitted key.
 pub(crate) trait Deliver: Send + Sync + 'static {
     type Request: Send + 'static;
@@ -18,6 +21,12 @@ pub(crate) trait Deliver: Send + Sync + 'static {
     /// requests for clusters where the controlled type is not watched are
     /// then dropped.
     const NEEDS_WATCH: bool;
+
+    /// `key` as it may be queued, or why it may not: a typed request must
+    /// name the object the way the controller's watch keys it.
+    fn admit(&self, key: McRequest) -> Result<McRequest, Misaddressed> {
+        Ok(key)
+    }
 
     /// The request for `key`, whose cluster is `cluster`; `controlled` is
     /// the controller's watch of its own type there, if it runs one.
@@ -28,6 +37,13 @@ pub(crate) trait Deliver: Send + Sync + 'static {
         cluster: &Cluster,
         controlled: Option<&Arc<dyn Any + Send + Sync>>,
     ) -> Self::Request;
+}
+
+/// The object `key` names, as `watch` holds it now.
+pub(crate) fn read<K: Watchable>(watch: &SharedWatch<K>, key: &McRequest) -> Option<Arc<K>> {
+    let mut reference = ObjectRef::<K>::new_with(&key.name, watch.dyntype().clone());
+    reference.namespace.clone_from(&key.namespace);
+    watch.store().get(&reference)
 }
 
 /// The raw path: the service gets the key.
@@ -52,12 +68,34 @@ impl Deliver for Keys {
 /// read from the controller's own watch.
 pub(crate) struct Objects<K> {
     pub(crate) controller: Arc<str>,
+    /// Whether `K` objects live in namespaces.
+    pub(crate) namespaced: bool,
+    /// The one namespace the controller's watch is limited to, if any.
+    pub(crate) namespace: Option<String>,
     pub(crate) _object: PhantomData<fn() -> K>,
 }
 
 impl<K: Watchable> Deliver for Objects<K> {
     type Request = ObjectRequest<K>;
     const NEEDS_WATCH: bool = true;
+
+    fn admit(&self, mut key: McRequest) -> Result<McRequest, Misaddressed> {
+        if !self.namespaced {
+            // Cluster-scoped objects are keyed without one.
+            key.namespace = None;
+            return Ok(key);
+        }
+        let problem = match (&key.namespace, &self.namespace) {
+            (None, _) => {
+                "names no namespace, but the controlled objects live in namespaces (it would read as deleted)"
+            }
+            (Some(asked), Some(watched)) if asked != watched => {
+                "names a namespace outside the one the controller watches (it would read as deleted)"
+            }
+            _ => return Ok(key),
+        };
+        Err((key, problem))
+    }
 
     fn request(
         &self,
@@ -68,17 +106,14 @@ impl<K: Watchable> Deliver for Objects<K> {
     ) -> ObjectRequest<K> {
         let object = controlled
             .and_then(|watch| watch.downcast_ref::<SharedWatch<K>>())
-            .and_then(|watch| {
-                let mut reference = ObjectRef::<K>::new(&key.name);
-                reference.namespace.clone_from(&key.namespace);
-                watch.store().get(&reference)
-            });
+            .and_then(|watch| read(watch, &key));
         ObjectRequest {
             cluster: cluster.clone(),
             request: key,
             object,
             reason,
             controller: Some(self.controller.clone()),
+            watch: controlled.cloned(),
         }
     }
 }

@@ -50,7 +50,7 @@ use std::{
 };
 
 use futures::{FutureExt, Stream, StreamExt, future::BoxFuture, stream::BoxStream};
-use kube::core::PartialObjectMeta;
+use kube::{core::PartialObjectMeta, runtime::watcher};
 use tower::{BoxError, Service};
 
 pub use config::{Config, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_SYNC_TIMEOUT};
@@ -59,14 +59,24 @@ pub use watch::Watch;
 
 use crate::{
     Action, ClusterName, Fleet, McRequest, ObjectRequest,
-    cache::{Change, ClusterCache, Watchable},
+    cache::{Change, ClusterCache, TypeInfo, Watchable},
 };
+pub(crate) use deliver::read;
 use deliver::{Deliver, Keys, Objects};
 use trigger::{FilterFactory, Trigger, WatchTrigger};
 
 /// Why a controller stopped other than by a graceful shutdown.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The controller was built wrong: a `DynamicObject` watch without the
+    /// type it watches, say. Reported when it is run.
+    #[error("controller {controller}: {reason}")]
+    Invalid {
+        /// The controller's name.
+        controller: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// The service reported from `poll_ready` that it has failed for good.
     #[error("controller {controller}: the reconcile service failed")]
     Service {
@@ -78,22 +88,69 @@ pub enum Error {
     },
 }
 
-/// A watch's namespace, dropped with a warning for a cluster-scoped type.
-fn checked_namespace<T: Watchable>(namespace: Option<String>) -> Option<String> {
-    if namespace.is_some() && !crate::cache::is_namespaced::<T>() {
-        tracing::warn!(
-            kind = %T::kind(&()),
-            ?namespace,
-            "a cluster-scoped type cannot be watched in one namespace; watching it cluster-wide"
-        );
-        return None;
-    }
-    namespace
+/// What a [`Watch`] says of a type `T`, checked: its type information, its
+/// namespace (none for a cluster-scoped type), and whether its objects live
+/// in namespaces.
+struct Resolved<T: Watchable> {
+    dyntype: T::DynamicType,
+    config: watcher::Config,
+    clusters: Option<Clusters>,
+    namespace: Option<String>,
+    namespaced: bool,
 }
 
-/// The kind of a related type, as reconcile reasons name it.
-fn related_kind<T: Watchable>() -> Arc<str> {
-    T::kind(&()).into()
+impl<T: Watchable> Resolved<T> {
+    fn from(watch: Watch) -> Result<Self, String> {
+        let Watch {
+            config,
+            clusters,
+            namespace,
+            resource,
+        } = watch;
+        let dyntype =
+            T::DynamicType::from_watch(resource.as_ref().map(|(r, _)| r)).ok_or_else(|| {
+                format!(
+                    "a watch of {} needs the type it watches: give it Watch::resource(..)",
+                    std::any::type_name::<T>()
+                )
+            })?;
+        if namespace.as_deref() == Some("") {
+            return Err(format!(
+                "a watch of {} names an empty namespace",
+                T::kind(&dyntype)
+            ));
+        }
+        let namespaced = crate::cache::is_namespaced::<T>()
+            && !matches!(resource, Some((_, kube::core::discovery::Scope::Cluster)));
+        if namespace.is_some() && !namespaced {
+            tracing::warn!(
+                kind = %T::kind(&dyntype),
+                ?namespace,
+                "a cluster-scoped type cannot be watched in one namespace; watching it cluster-wide"
+            );
+        }
+        Ok(Self {
+            namespace: namespace.filter(|_| namespaced),
+            dyntype,
+            config,
+            clusters,
+            namespaced,
+        })
+    }
+
+    /// The kind, as reconcile reasons name it.
+    fn kind(&self) -> Arc<str> {
+        T::kind(&self.dyntype).into()
+    }
+}
+
+/// The controlled type's kind and API version, as owner references name it,
+/// and whether it lives in namespaces.
+#[derive(Clone)]
+struct Owner {
+    kind: String,
+    api_version: String,
+    namespaced: bool,
 }
 
 /// What a controller does with a reconcile's error: see
@@ -195,7 +252,10 @@ pub struct Controller<K: Watchable> {
     fleet: Fleet,
     name: String,
     triggers: Vec<Arc<dyn Trigger>>,
-    for_trigger: WatchTrigger<K>,
+    /// `None` if the controlled type's watch was built wrong (`problems`).
+    for_trigger: Option<WatchTrigger<K>>,
+    owner: Owner,
+    problems: Vec<String>,
     clusters: Clusters,
     config: Config,
     error_policy: Option<ErrorPolicy>,
@@ -226,24 +286,49 @@ impl<K: Watchable> Controller<K> {
     /// the type and its watch are named: each reconcile gets its object from
     /// this watch.
     pub fn new(fleet: &Fleet, watch: impl Into<Watch>) -> Self {
-        let Watch {
-            config,
-            clusters,
-            namespace,
-        } = watch.into();
+        let (for_trigger, owner, clusters, problems) = match Resolved::<K>::from(watch.into()) {
+            Ok(watch) => {
+                let owner = Owner {
+                    kind: K::kind(&watch.dyntype).into_owned(),
+                    api_version: K::api_version(&watch.dyntype).into_owned(),
+                    namespaced: watch.namespaced,
+                };
+                let trigger = WatchTrigger {
+                    source: ClusterCache::watch_with::<K>,
+                    dyntype: watch.dyntype,
+                    config: watch.config,
+                    namespace: watch.namespace,
+                    clusters: None,
+                    mapper: Arc::new(trigger::for_self::<K>),
+                    filters: Vec::new(),
+                    related: None,
+                };
+                (Some(trigger), owner, watch.clusters, Vec::new())
+            }
+            Err(problem) => {
+                let owner = Owner {
+                    kind: String::new(),
+                    api_version: String::new(),
+                    namespaced: true,
+                };
+                (None, owner, None, vec![problem])
+            }
+        };
+        let name = match &owner.kind {
+            kind if !kind.is_empty() => kind.to_lowercase(),
+            _ => std::any::type_name::<K>()
+                .rsplit("::")
+                .next()
+                .unwrap_or("controller")
+                .to_lowercase(),
+        };
         Self {
             fleet: fleet.clone(),
-            name: K::kind(&()).to_lowercase(),
+            name,
             triggers: Vec::new(),
-            for_trigger: WatchTrigger {
-                source: ClusterCache::watch_in::<K>,
-                config,
-                namespace: checked_namespace::<K>(namespace),
-                clusters: None,
-                mapper: Arc::new(trigger::for_self::<K>),
-                filters: Vec::new(),
-                related: None,
-            },
+            for_trigger,
+            owner,
+            problems,
             clusters: clusters.unwrap_or(Clusters::All),
             config: Config::default(),
             error_policy: None,
@@ -254,6 +339,37 @@ impl<K: Watchable> Controller<K> {
             status: ControllerStatus::new(fleet.clone()),
             _for: PhantomData,
         }
+    }
+
+    /// Adds a trigger for `T`, watched as `watch` says, with `mapper`; a
+    /// watch built wrong is recorded, and reported when the controller runs.
+    fn add_trigger<T, M>(
+        mut self,
+        watch: Watch,
+        source: trigger::Source<T>,
+        mapper: impl FnOnce(&Owner) -> M,
+    ) -> Self
+    where
+        T: Watchable,
+        M: Fn(&ClusterName, &Change<T>) -> Vec<McRequest> + Send + Sync + 'static,
+    {
+        match Resolved::<T>::from(watch) {
+            Ok(watch) => {
+                let related = Some(watch.kind());
+                self.triggers.push(Arc::new(WatchTrigger {
+                    source,
+                    dyntype: watch.dyntype,
+                    config: watch.config,
+                    namespace: watch.namespace,
+                    clusters: watch.clusters,
+                    mapper: Arc::new(mapper(&self.owner)),
+                    filters: Vec::new(),
+                    related,
+                }));
+            }
+            Err(problem) => self.problems.push(problem),
+        }
+        self
     }
 
     /// Names the controller in logs (default: `K`'s kind in lower case).
@@ -281,9 +397,9 @@ impl<K: Watchable> Controller<K> {
     where
         P: Fn(&K) -> Option<u64> + Clone + Send + Sync + 'static,
     {
-        self.for_trigger
-            .filters
-            .push(trigger::predicate_filter(predicate));
+        if let Some(trigger) = &mut self.for_trigger {
+            trigger.filters.push(trigger::predicate_filter(predicate));
+        }
         self
     }
 
@@ -295,44 +411,45 @@ impl<K: Watchable> Controller<K> {
             let filter = filter.clone();
             Box::new(move |change: &Change<K>| filter(change.object()))
         });
-        self.for_trigger.filters.push(factory);
+        if let Some(trigger) = &mut self.for_trigger {
+            trigger.filters.push(factory);
+        }
         self
     }
 
     /// Also reconciles the owner of every `Child` (by owner reference, same
     /// cluster) when the child changes.
-    pub fn owns<Child: Watchable>(mut self, watch: impl Into<Watch>) -> Self {
-        let watch = watch.into();
-        self.triggers.push(Arc::new(WatchTrigger {
-            source: ClusterCache::watch_in::<Child>,
-            namespace: checked_namespace::<Child>(watch.namespace),
-            clusters: watch.clusters,
-            config: watch.config,
-            mapper: Arc::new(trigger::for_owners::<K, Child>),
-            filters: Vec::new(),
-            related: Some(related_kind::<Child>()),
-        }));
-        self
+    pub fn owns<Child: Watchable>(self, watch: impl Into<Watch>) -> Self {
+        self.add_trigger(watch.into(), ClusterCache::watch_with::<Child>, |owner| {
+            trigger::for_owners::<Child>(
+                owner.kind.clone(),
+                owner.api_version.clone(),
+                owner.namespaced,
+            )
+        })
     }
 
     /// Like [`owns`](Self::owns), but watches only the children's metadata.
-    pub fn owns_metadata<Child: Watchable>(mut self, watch: impl Into<Watch>) -> Self {
-        let watch = watch.into();
-        self.triggers.push(Arc::new(WatchTrigger {
-            source: ClusterCache::watch_metadata_in::<Child>,
-            namespace: checked_namespace::<Child>(watch.namespace),
-            clusters: watch.clusters,
-            config: watch.config,
-            mapper: Arc::new(trigger::for_owners::<K, PartialObjectMeta<Child>>),
-            filters: Vec::new(),
-            related: Some(related_kind::<Child>()),
-        }));
-        self
+    pub fn owns_metadata<Child: Watchable>(self, watch: impl Into<Watch>) -> Self {
+        self.add_trigger(
+            watch.into(),
+            ClusterCache::watch_metadata_with::<Child>,
+            |owner| {
+                trigger::for_owners::<PartialObjectMeta<Child>>(
+                    owner.kind.clone(),
+                    owner.api_version.clone(),
+                    owner.namespaced,
+                )
+            },
+        )
     }
 
     /// Also reconciles whatever `mapper` returns when an `Other` object
-    /// changes in a selected cluster. The requests may name any cluster:
-    /// this is how a change in one cluster makes work in another.
+    /// changes in a cluster where it is watched (see [`Watch::in_clusters`]).
+    /// The requests may name another cluster than the one the change came
+    /// from: this is how a change in one cluster makes work in another.
+    /// With [`run`](Self::run), a request must name a cluster where the
+    /// controller watches `K` (others are dropped with a warning).
     ///
     /// ```no_run
     /// # use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -351,7 +468,7 @@ impl<K: Watchable> Controller<K> {
     /// # }
     /// ```
     pub fn watches<Other, I>(
-        mut self,
+        self,
         watch: impl Into<Watch>,
         mapper: impl Fn(&ClusterName, &Other) -> I + Send + Sync + 'static,
     ) -> Self
@@ -359,24 +476,16 @@ impl<K: Watchable> Controller<K> {
         Other: Watchable,
         I: IntoIterator<Item = McRequest>,
     {
-        let watch = watch.into();
-        self.triggers.push(Arc::new(WatchTrigger {
-            source: ClusterCache::watch_in::<Other>,
-            namespace: checked_namespace::<Other>(watch.namespace),
-            clusters: watch.clusters,
-            config: watch.config,
-            mapper: Arc::new(move |cluster, change: &Change<Other>| {
+        self.add_trigger(watch.into(), ClusterCache::watch_with::<Other>, |_| {
+            move |cluster: &ClusterName, change: &Change<Other>| {
                 mapper(cluster, change.object()).into_iter().collect()
-            }),
-            filters: Vec::new(),
-            related: Some(related_kind::<Other>()),
-        }));
-        self
+            }
+        })
     }
 
     /// Like [`watches`](Self::watches), but watches only `Other`'s metadata.
     pub fn watches_metadata<Other, I>(
-        mut self,
+        self,
         watch: impl Into<Watch>,
         mapper: impl Fn(&ClusterName, &PartialObjectMeta<Other>) -> I + Send + Sync + 'static,
     ) -> Self
@@ -384,19 +493,15 @@ impl<K: Watchable> Controller<K> {
         Other: Watchable,
         I: IntoIterator<Item = McRequest>,
     {
-        let watch = watch.into();
-        self.triggers.push(Arc::new(WatchTrigger {
-            source: ClusterCache::watch_metadata_in::<Other>,
-            namespace: checked_namespace::<Other>(watch.namespace),
-            clusters: watch.clusters,
-            config: watch.config,
-            mapper: Arc::new(move |cluster, change: &Change<PartialObjectMeta<Other>>| {
-                mapper(cluster, change.object()).into_iter().collect()
-            }),
-            filters: Vec::new(),
-            related: Some(related_kind::<Other>()),
-        }));
-        self
+        self.add_trigger(
+            watch.into(),
+            ClusterCache::watch_metadata_with::<Other>,
+            |_| {
+                move |cluster: &ClusterName, change: &Change<PartialObjectMeta<Other>>| {
+                    mapper(cluster, change.object()).into_iter().collect()
+                }
+            },
+        )
     }
 
     /// Also reconciles every request `requests` yields: for triggers from
@@ -510,7 +615,11 @@ impl<K: Watchable> Controller<K> {
     /// finalizer for clean-up that must not be missed). Requests for clusters
     /// that are not in the fleet, or that the controller does not
     /// [select](Self::clusters) (so has no watch of `K` in), are dropped
-    /// with a warning, once per cluster.
+    /// with a warning, once per cluster; so are requests that name an object
+    /// its watch cannot hold (no namespace for a namespaced `K`, or a
+    /// namespace other than the one the watch is limited to), which would
+    /// otherwise read as deleted. A namespace named for a cluster-scoped `K`
+    /// is ignored.
     ///
     /// A key leaves the queue only when the [`Config`]'s limits allow it and
     /// the service's `poll_ready` says it is ready, so tower's own
@@ -527,14 +636,13 @@ impl<K: Watchable> Controller<K> {
         S::Future: Send + 'static,
         S::Error: Into<BoxError>,
     {
-        let controller: Arc<str> = self.name.as_str().into();
-        self.start(
-            service,
-            Objects::<K> {
-                controller,
-                _object: PhantomData,
-            },
-        )
+        let objects = Objects::<K> {
+            controller: self.name.as_str().into(),
+            namespaced: self.owner.namespaced,
+            namespace: self.for_trigger.as_ref().and_then(|t| t.namespace.clone()),
+            _object: PhantomData,
+        };
+        self.start(service, objects)
     }
 
     /// Like [`run`](Self::run), but the service receives each key as a
@@ -563,6 +671,8 @@ impl<K: Watchable> Controller<K> {
             name,
             mut triggers,
             for_trigger,
+            owner: _,
+            problems,
             clusters,
             config,
             error_policy,
@@ -574,6 +684,16 @@ impl<K: Watchable> Controller<K> {
             _for,
         } = self;
         queue_depth.name(name.as_str().into());
+        let for_trigger = match for_trigger {
+            Some(trigger) if problems.is_empty() => trigger,
+            _ => {
+                let error = Error::Invalid {
+                    controller: name,
+                    reason: problems.join("; "),
+                };
+                return futures::future::Either::Left(futures::future::ready(Err(error)));
+            }
+        };
         triggers.insert(0, Arc::new(for_trigger));
         let runner = runner::Runner::new(runner::Setup {
             fleet,
@@ -588,7 +708,7 @@ impl<K: Watchable> Controller<K> {
             queue_depth,
             status,
         });
-        runner.run(service, deliver)
+        futures::future::Either::Right(runner.run(service, deliver))
     }
 }
 

@@ -27,7 +27,7 @@ use tower::{BoxError, Service};
 
 use super::{
     Clusters, Config, ControllerStatus, Error, ErrorPolicy, QueueDepth,
-    deliver::Deliver,
+    deliver::{Deliver, Misaddressed},
     trigger::{Started, Trigger, panic_message},
 };
 use crate::{
@@ -123,6 +123,10 @@ pub(super) struct Runner {
     /// Requests are for objects of the controlled type, so only for the
     /// clusters where the controller watches it.
     needs_watch: bool,
+    /// Checks and normalizes a request before it is queued.
+    admit: Box<dyn Fn(McRequest) -> Result<McRequest, Misaddressed> + Send + Sync>,
+    /// Problems with requests already warned about, per cluster.
+    misaddressed: HashSet<(ClusterName, &'static str)>,
     /// Clusters not in the fleet that requests named, warned about once.
     unknown: HashSet<ClusterName>,
     running: JoinSet<Finished>,
@@ -177,6 +181,8 @@ impl Runner {
             engaged: HashMap::new(),
             controlled: HashMap::new(),
             needs_watch: false,
+            admit: Box::new(Ok),
+            misaddressed: HashSet::new(),
             unknown: HashSet::new(),
             running: JoinSet::new(),
             running_keys: HashMap::new(),
@@ -200,11 +206,16 @@ impl Runner {
     {
         tracing::info!(controller = %self.name, "controller started");
         self.needs_watch = D::NEEDS_WATCH;
+        let deliver = Arc::new(deliver);
+        self.admit = Box::new({
+            let deliver = deliver.clone();
+            move |key| deliver.admit(key)
+        });
         for cluster in std::mem::take(&mut self.initial) {
             self.engage(cluster);
         }
         let result = poll_fn(|cx| {
-            let step = self.poll(cx, &mut service, &deliver);
+            let step = self.poll(cx, &mut service, &*deliver);
             self.queue_depth.set(self.queue.waiting());
             step
         })
@@ -479,7 +490,13 @@ impl Runner {
                 .insert(name.clone(), started[0].shared.clone());
         }
         self.status.start(cluster, watches.clone());
-        self.queue.hold(&name);
+        if controlled || !self.needs_watch {
+            self.queue.hold(&name);
+        } else {
+            // Only related watches run here, and no key can be queued for
+            // it: it takes no part in the queue's fair share.
+            self.queue.unserve(&name);
+        }
         let synced = Box::pin(join_all(watches.iter().map(|w| w.synced())));
         let timeout = self.sync_timeout;
         let gate = stream::unfold(Some(synced), move |synced| async move {
@@ -560,7 +577,19 @@ impl Runner {
             return self
                 .unknown_cluster(&request, "is not one where the controller watches its type");
         }
-        self.queue.push(request, lane, reason);
+        match (self.admit)(request) {
+            Ok(request) => self.queue.push(request, lane, reason),
+            Err((request, problem)) => self.misaddressed(&request, problem),
+        }
+    }
+
+    fn misaddressed(&mut self, request: &McRequest, problem: &'static str) {
+        if self.misaddressed.insert((request.cluster.clone(), problem)) {
+            tracing::warn!(controller = %self.name, %request, "request {problem}; dropped, and further such requests for this cluster too");
+            if self.misaddressed.len() > UNKNOWN_REMEMBERED {
+                self.misaddressed.clear();
+            }
+        }
     }
 
     fn unknown_cluster(&mut self, request: &McRequest, why: &str) {

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::Clusters;
 use crate::{
     Cluster, ClusterName, McRequest, ReconcileReason,
-    cache::{Change, ClusterCache, SharedWatch, WatchProbe, is_namespaced},
+    cache::{Change, ClusterCache, SharedWatch, TypeInfo, WatchProbe},
     queue::Lane,
 };
 
@@ -51,15 +51,22 @@ pub(crate) struct Started {
 /// A request a trigger made, the lane it waits in, and why.
 pub(crate) type Triggered = (McRequest, Lane, ReconcileReason);
 
-type Source<T> = fn(&ClusterCache, Option<&str>, &watcher::Config) -> Arc<SharedWatch<T>>;
+pub(crate) type Source<T> = fn(
+    &ClusterCache,
+    &<T as Resource>::DynamicType,
+    Option<&str>,
+    &watcher::Config,
+) -> Arc<SharedWatch<T>>;
 type Mapper<T> = Arc<dyn Fn(&ClusterName, &Change<T>) -> Vec<McRequest> + Send + Sync>;
 /// Makes a fresh filter per cluster stream, since a filter may keep state
 /// (a predicate remembers what it saw of each object).
 pub(crate) type FilterFactory<T> =
     Arc<dyn Fn() -> Box<dyn FnMut(&Change<T>) -> bool + Send> + Send + Sync>;
 
-pub(crate) struct WatchTrigger<T: Resource<DynamicType = ()> + 'static> {
+pub(crate) struct WatchTrigger<T: Resource<DynamicType: TypeInfo> + 'static> {
     pub(crate) source: Source<T>,
+    /// The watched type's information (`()` for static types).
+    pub(crate) dyntype: T::DynamicType,
     pub(crate) config: watcher::Config,
     pub(crate) namespace: Option<String>,
     pub(crate) clusters: Option<Clusters>,
@@ -73,10 +80,15 @@ pub(crate) struct WatchTrigger<T: Resource<DynamicType = ()> + 'static> {
 
 impl<T> Trigger for WatchTrigger<T>
 where
-    T: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    T: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
 {
     fn start(&self, cluster: &Cluster) -> Started {
-        let watch = (self.source)(cluster.cache(), self.namespace.as_deref(), &self.config);
+        let watch = (self.source)(
+            cluster.cache(),
+            &self.dyntype,
+            self.namespace.as_deref(),
+            &self.config,
+        );
         let subscribe = {
             let (watch, name) = (watch.clone(), cluster.name().clone());
             let (mapper, filters) = (self.mapper.clone(), self.filters.clone());
@@ -95,7 +107,12 @@ where
     }
 
     fn known(&self, cluster: &Cluster) -> Vec<McRequest> {
-        let watch = (self.source)(cluster.cache(), self.namespace.as_deref(), &self.config);
+        let watch = (self.source)(
+            cluster.cache(),
+            &self.dyntype,
+            self.namespace.as_deref(),
+            &self.config,
+        );
         let name = cluster.name();
         watch
             .store()
@@ -120,7 +137,7 @@ fn requests<T>(
     related: Option<Arc<str>>,
 ) -> BoxStream<'static, Triggered>
 where
-    T: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    T: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
 {
     let mut filters: Vec<_> = filters.iter().map(|make| make()).collect();
     watch
@@ -141,8 +158,10 @@ where
                 _ => None,
             };
             let reason = match (&related, lane) {
-                (Some(kind), _) => ReconcileReason::RelatedChanged { kind: kind.clone() },
-                (None, Lane::Listed) => ReconcileReason::Listed,
+                (_, Lane::Listed) => ReconcileReason::Listed,
+                (Some(kind), Lane::Changed) => {
+                    ReconcileReason::RelatedChanged { kind: kind.clone() }
+                }
                 (None, Lane::Changed) => ReconcileReason::ObjectChanged,
             };
             let requests = requests.unwrap_or_default().into_iter();
@@ -181,30 +200,28 @@ pub(crate) fn for_self<K: Resource>(cluster: &ClusterName, change: &Change<K>) -
     )]
 }
 
-/// Requests for the owners of kind `K` named in the object's owner references,
-/// in the same cluster (and namespace, for a namespaced owner).
-pub(crate) fn for_owners<K, T>(cluster: &ClusterName, change: &Change<T>) -> Vec<McRequest>
-where
-    K: Resource<DynamicType = ()>,
-    T: Resource,
-{
-    let (kind, api_version) = (K::kind(&()), K::api_version(&()));
-    let object = change.object();
-    let namespace = if is_namespaced::<K>() {
-        object.namespace()
-    } else {
-        None
-    };
-    object
-        .owner_references()
-        .iter()
-        .filter(|owner| owner.kind == kind && owner.api_version == api_version)
-        .map(|owner| McRequest {
-            cluster: cluster.clone(),
-            namespace: namespace.clone(),
-            name: owner.name.clone(),
-        })
-        .collect()
+/// A mapper to the owners of kind `kind` (`api_version`) named in an
+/// object's owner references, in the same cluster (and namespace, for a
+/// namespaced owner).
+pub(crate) fn for_owners<T: Resource>(
+    kind: String,
+    api_version: String,
+    namespaced: bool,
+) -> impl Fn(&ClusterName, &Change<T>) -> Vec<McRequest> + Send + Sync + 'static {
+    move |cluster, change| {
+        let object = change.object();
+        let namespace = if namespaced { object.namespace() } else { None };
+        object
+            .owner_references()
+            .iter()
+            .filter(|owner| owner.kind == kind && owner.api_version == api_version)
+            .map(|owner| McRequest {
+                cluster: cluster.clone(),
+                namespace: namespace.clone(),
+                name: owner.name.clone(),
+            })
+            .collect()
+    }
 }
 
 /// How long a predicate remembers an object it has not seen, as kube's
@@ -226,7 +243,7 @@ struct Seen {
 /// and so does an object recreated under the same name (another UID).
 pub(crate) fn predicate_filter<K, P>(predicate: P) -> FilterFactory<K>
 where
-    K: Resource<DynamicType = ()> + 'static,
+    K: Resource<DynamicType: TypeInfo> + 'static,
     P: Fn(&K) -> Option<u64> + Clone + Send + Sync + 'static,
 {
     Arc::new(move || {
@@ -340,8 +357,7 @@ mod tests {
     #[test]
     fn owners_of_the_controlled_kind_are_requested_in_the_child_cluster_and_namespace() {
         use k8s_openapi::{
-            api::core::v1::{Node, Secret},
-            apimachinery::pkg::apis::meta::v1::OwnerReference,
+            api::core::v1::Secret, apimachinery::pkg::apis::meta::v1::OwnerReference,
         };
         let owner = |kind: &str, api_version: &str, name: &str| OwnerReference {
             kind: kind.into(),
@@ -366,12 +382,12 @@ mod tests {
         let cluster = ClusterName::new("east");
         let change = Change::Applied(child);
         assert_eq!(
-            for_owners::<ConfigMap, _>(&cluster, &change),
+            for_owners::<Secret>("ConfigMap".into(), "v1".into(), true)(&cluster, &change),
             [McRequest::new("east", Some("ns"), "parent")]
         );
         // A cluster-scoped owner is requested without a namespace.
         assert_eq!(
-            for_owners::<Node, _>(&cluster, &change),
+            for_owners::<Secret>("Node".into(), "v1".into(), false)(&cluster, &change),
             [McRequest::new("east", None::<String>, "node-1")]
         );
     }

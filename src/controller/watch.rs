@@ -1,4 +1,7 @@
-use kube::runtime::watcher;
+use kube::{
+    core::{ApiResource, discovery::Scope},
+    runtime::watcher,
+};
 
 use super::Clusters;
 
@@ -8,7 +11,8 @@ use super::Clusters;
 ///
 /// Every place that takes a `Watch` also takes a plain `watcher::Config`,
 /// which watches the type in all namespaces of the clusters the controller
-/// selects ([`Controller::clusters`](super::Controller::clusters)).
+/// selects ([`Controller::clusters`](super::Controller::clusters)). A
+/// `DynamicObject` watch also needs its [`resource`](Self::resource).
 ///
 /// ```
 /// use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
@@ -38,6 +42,7 @@ pub struct Watch {
     pub(crate) config: watcher::Config,
     pub(crate) clusters: Option<Clusters>,
     pub(crate) namespace: Option<String>,
+    pub(crate) resource: Option<(ApiResource, Scope)>,
 }
 
 impl Watch {
@@ -47,14 +52,18 @@ impl Watch {
             config,
             clusters: None,
             namespace: None,
+            resource: None,
         }
     }
 
     /// Watches only in these clusters. For the controller's own type this
     /// selects the clusters the controller reconciles in, as
     /// [`Controller::clusters`](super::Controller::clusters) does; for an
-    /// owned or watched type, where that type is watched (its mapper's
-    /// requests may still name any cluster).
+    /// owned or watched type, where that type is watched. Its mapper's
+    /// requests may name any cluster where the controller watches its own
+    /// type; `Controller::run` drops requests for other clusters (with a
+    /// warning), since it has no object to hand over there, while
+    /// `Controller::run_raw` runs them.
     #[must_use]
     pub fn in_clusters(mut self, clusters: Clusters) -> Self {
         self.clusters = Some(clusters);
@@ -68,6 +77,24 @@ impl Watch {
     #[must_use]
     pub fn in_namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// Watches the type `resource` describes, with objects in namespaces
+    /// or not as `scope` says: what a `DynamicObject` watch needs (a static
+    /// type knows both, and ignores this). Both come from discovery
+    /// (`kube::discovery`), or from what you know of the type.
+    ///
+    /// ```
+    /// use kube::{api::{ApiResource, GroupVersionKind}, discovery::Scope};
+    /// use kube_fleet::controller::Watch;
+    ///
+    /// let widgets = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
+    /// let watch = Watch::default().resource(widgets, Scope::Namespaced);
+    /// ```
+    #[must_use]
+    pub fn resource(mut self, resource: ApiResource, scope: Scope) -> Self {
+        self.resource = Some((resource, scope));
         self
     }
 

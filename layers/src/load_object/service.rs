@@ -74,7 +74,7 @@ impl<S, K> LoadObject<S, K> {
 
 impl<S, K> Service<ClusterRequest> for LoadObject<S, K>
 where
-    K: Watchable,
+    K: Watchable<DynamicType = ()>,
     S: Service<ObjectRequest<K>, Response = Action> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
@@ -127,7 +127,7 @@ where
 }
 
 /// Reads the object from the API server; `None` if it does not exist.
-async fn get<K: Watchable>(
+async fn get<K: Watchable<DynamicType = ()>>(
     client: Client,
     request: &McRequest,
 ) -> Result<Option<Arc<K>>, BoxError> {

@@ -1,4 +1,4 @@
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use tower::{ServiceBuilder, retry::RetryLayer, timeout::TimeoutLayer};
 use tower_layer::Layer;
@@ -17,6 +17,7 @@ pub type RecommendedService<S> =
 /// The recommended stack; see the [module docs](super).
 #[derive(Debug, Clone)]
 pub struct RecommendedLayer {
+    controller: Option<Arc<str>>,
     metrics: ReconcileMetrics,
     timeout: Duration,
     retries: u32,
@@ -35,6 +36,7 @@ impl RecommendedLayer {
     /// names.
     pub fn new() -> Self {
         Self {
+            controller: None,
             metrics: ReconcileMetrics::unregistered(),
             timeout: Duration::from_secs(60),
             retries: 3,
@@ -57,6 +59,14 @@ impl RecommendedLayer {
         self
     }
 
+    /// Names the controller in spans and metrics whatever the requests say:
+    /// for a `Controller::run_raw` stack, whose `McRequest`s name none.
+    #[must_use]
+    pub fn controller(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.controller = Some(name.into());
+        self
+    }
+
     /// How many times a transient error is retried within one reconcile.
     #[must_use]
     pub fn retries(mut self, retries: u32) -> Self {
@@ -69,9 +79,14 @@ impl<S> Layer<S> for RecommendedLayer {
     type Service = RecommendedService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        let (mut trace, mut metrics) = (TraceLayer::new(), MetricsLayer::new(self.metrics.clone()));
+        if let Some(name) = &self.controller {
+            trace = trace.controller(name.clone());
+            metrics = metrics.controller(name.clone());
+        }
         ServiceBuilder::new()
-            .layer(TraceLayer::new())
-            .layer(MetricsLayer::new(self.metrics.clone()))
+            .layer(trace)
+            .layer(metrics)
             .layer(CatchPanicLayer::new())
             .layer(TimeoutLayer::new(self.timeout))
             .layer(RetryLayer::new(TransientErrors::new(self.retries)))

@@ -1,0 +1,174 @@
+//! Controllers of types known only at run time: `DynamicObject` with an
+//! `ApiResource`, against real API servers.
+
+mod support;
+
+use std::collections::HashSet;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api, CustomResource, CustomResourceExt, Resource,
+    api::{ApiResource, DynamicObject, GroupVersionKind, PostParams},
+    discovery::Scope,
+};
+use kube_fleet::{Controller, ObjectRequest, controller::Watch};
+use kube_fleet_envtest::Envtest;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use support::*;
+
+/// Only to install the CRD and create objects; the controller never names
+/// this type.
+#[derive(CustomResource, Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[kube(
+    group = "dynamic.kube-fleet.dev",
+    version = "v1",
+    kind = "Gadget",
+    namespaced
+)]
+struct GadgetSpec {
+    size: u32,
+}
+
+fn gadgets() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "dynamic.kube-fleet.dev",
+        "v1",
+        "Gadget",
+    ))
+}
+
+async fn create_gadget(client: kube::Client, name: &str) {
+    let mut gadget = Gadget::new(name, GadgetSpec { size: 1 });
+    gadget.metadata.namespace = Some("default".into());
+    Api::<Gadget>::namespaced(client, "default")
+        .create(&PostParams::default(), &gadget)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_dynamic_controller_reconciles_where_its_crd_exists_and_starts_where_it_appears() {
+    let env = Envtest::start(3).await.unwrap();
+    let (with, without) = (&env.clusters()[..2], &env.clusters()[2]);
+    for cluster in with {
+        cluster.install_crds([Gadget::crd()]).await.unwrap();
+        create_gadget(cluster.client(), "g").await;
+    }
+
+    let mut running = Running::new();
+    let (objects_tx, mut objects) = tokio::sync::mpsc::unbounded_channel();
+    let service = tower::service_fn(move |request: ObjectRequest<DynamicObject>| {
+        // The object arrives typed as the API server sent it.
+        if let Some(object) = &request.object {
+            let _ = objects_tx.send((
+                request.request.clone(),
+                object.types.as_ref().map(|t| t.kind.clone()),
+                object.data["spec"]["size"].as_u64(),
+            ));
+        }
+        async { Ok::<_, tower::BoxError>(kube_fleet::Action::await_change()) }
+    });
+    let controller = Controller::<DynamicObject>::new(
+        &running.fleet,
+        Watch::default().resource(gadgets(), Scope::Namespaced),
+    );
+    assert!(
+        format!("{controller:?}").contains("\"gadget\""),
+        "named after the kind it watches: {controller:?}"
+    );
+    let status = controller.status();
+    running.spawn(controller, service);
+    running.add_all(&env);
+
+    let mut seen = HashSet::new();
+    while seen.len() < 2 {
+        let (request, kind, size) = tokio::time::timeout(PATIENCE, objects.recv())
+            .await
+            .expect("both clusters with the CRD reconcile")
+            .unwrap();
+        assert_eq!((kind.as_deref(), size), (Some("Gadget"), Some(1)));
+        seen.insert(request.cluster.to_string());
+    }
+    assert_eq!(
+        seen,
+        HashSet::from(["cluster-0".into(), "cluster-1".into()])
+    );
+    // The third cluster waits for its watch, which says why.
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Some(cluster) = status.cluster(without.name())
+                && let Some(failing) = cluster.failing().next()
+            {
+                assert_eq!(failing.kind, "Gadget", "{cluster}");
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the cluster without the CRD is reported");
+
+    // The CRD appears there: the controller starts there, no restart.
+    without.install_crds([Gadget::crd()]).await.unwrap();
+    create_gadget(without.client(), "late").await;
+    let (request, _, _) = tokio::time::timeout(std::time::Duration::from_secs(90), async {
+        loop {
+            let seen = objects.recv().await.unwrap();
+            if seen.0.cluster == without.name() {
+                return seen;
+            }
+        }
+    })
+    .await
+    .expect("the third cluster is served once its CRD is installed");
+    assert_eq!(request.name, "late");
+}
+
+#[tokio::test]
+async fn a_dynamic_owner_is_reconciled_when_its_children_change() {
+    let env = Envtest::start(1).await.unwrap();
+    let cluster = &env.clusters()[0];
+    cluster.install_crds([Gadget::crd()]).await.unwrap();
+    create_gadget(cluster.client(), "parent").await;
+    let parent = Api::<Gadget>::namespaced(cluster.client(), "default")
+        .get("parent")
+        .await
+        .unwrap();
+
+    let mut running = Running::new();
+    let (service, mut rx) = recorder::<ObjectRequest<DynamicObject>>();
+    running.spawn(
+        Controller::<DynamicObject>::new(
+            &running.fleet,
+            Watch::default().resource(gadgets(), Scope::Namespaced),
+        )
+        .owns::<ConfigMap>(kube::runtime::watcher::Config::default()),
+        service,
+    );
+    running.add_all(&env);
+    expect_all(&mut rx, [request("cluster-0", "parent")]).await;
+    let _ = drain_for(&mut rx, std::time::Duration::from_millis(300)).await;
+
+    let mut child = config_map("child");
+    child.metadata.owner_references = Some(vec![parent.controller_owner_ref(&()).unwrap()]);
+    Api::<ConfigMap>::namespaced(cluster.client(), "default")
+        .create(&PostParams::default(), &child)
+        .await
+        .unwrap();
+    expect_all(&mut rx, [request("cluster-0", "parent")]).await;
+}
+
+#[tokio::test]
+async fn a_dynamic_watch_without_its_resource_is_a_clear_error() {
+    let fleet = kube_fleet::Fleet::new();
+    let (service, _rx) = recorder::<ObjectRequest<DynamicObject>>();
+    let error = Controller::<DynamicObject>::new(&fleet, kube::runtime::watcher::Config::default())
+        .run(service)
+        .await
+        .expect_err("a DynamicObject controller must be told its type");
+    assert!(
+        error.to_string().contains("Watch::resource"),
+        "the error says what is missing: {error}"
+    );
+}
