@@ -172,3 +172,104 @@ async fn a_dynamic_watch_without_its_resource_is_a_clear_error() {
         "the error says what is missing: {error}"
     );
 }
+
+/// The same kind served at another version: only to install its CRD.
+mod v2 {
+    use kube::CustomResource;
+    use schemars::JsonSchema;
+    use serde::{Deserialize, Serialize};
+
+    #[derive(CustomResource, Clone, Debug, Deserialize, Serialize, JsonSchema)]
+    #[kube(
+        group = "dynamic.kube-fleet.dev",
+        version = "v2",
+        kind = "Gadget",
+        namespaced
+    )]
+    pub(crate) struct GadgetSpec {
+        pub(crate) size: u32,
+    }
+}
+
+#[tokio::test]
+async fn a_kind_found_by_discovery_is_watched_at_the_version_each_cluster_serves() {
+    let env = Envtest::start(3).await.unwrap();
+    let (at_v1, at_v2, later) = (&env.clusters()[0], &env.clusters()[1], &env.clusters()[2]);
+    at_v1.install_crds([Gadget::crd()]).await.unwrap();
+    create_gadget(at_v1.client(), "old").await;
+    at_v2.install_crds([v2::Gadget::crd()]).await.unwrap();
+    let mut newer = v2::Gadget::new("new", v2::GadgetSpec { size: 2 });
+    newer.metadata.namespace = Some("default".into());
+    Api::<v2::Gadget>::namespaced(at_v2.client(), "default")
+        .create(&PostParams::default(), &newer)
+        .await
+        .unwrap();
+
+    let mut running = Running::new();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let service = tower::service_fn(move |request: ObjectRequest<DynamicObject>| {
+        if let Some(object) = &request.object {
+            let version = object.types.as_ref().map(|t| t.api_version.clone());
+            let _ = tx.send((request.request.clone(), version));
+        }
+        async { Ok::<_, tower::BoxError>(kube_fleet::Action::await_change()) }
+    });
+    let controller = Controller::<DynamicObject>::new(
+        &running.fleet,
+        Watch::default().discover("dynamic.kube-fleet.dev", "Gadget", Scope::Namespaced),
+    );
+    let status = controller.status();
+    running.spawn(controller, service);
+    running.add_all(&env);
+
+    let mut versions = std::collections::HashMap::new();
+    while versions.len() < 2 {
+        let (request, version) = tokio::time::timeout(PATIENCE, rx.recv())
+            .await
+            .expect("both clusters that serve the kind reconcile")
+            .unwrap();
+        versions.insert(request.cluster.to_string(), version);
+    }
+    assert_eq!(
+        versions,
+        std::collections::HashMap::from([
+            (
+                "cluster-0".to_owned(),
+                Some("dynamic.kube-fleet.dev/v1".to_owned())
+            ),
+            (
+                "cluster-1".to_owned(),
+                Some("dynamic.kube-fleet.dev/v2".to_owned())
+            ),
+        ])
+    );
+    // Where the kind is not served, the watch says so.
+    let reason = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Some(cluster) = status.cluster(later.name())
+                && let Some(failing) = cluster.failing().next()
+                && let kube_fleet::cache::WatchState::Failing { reason } = &failing.state
+            {
+                return reason.clone();
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the cluster without the kind is reported");
+    assert!(reason.contains("Gadget"), "{reason}");
+
+    later.install_crds([Gadget::crd()]).await.unwrap();
+    create_gadget(later.client(), "late").await;
+    let (request, _) = tokio::time::timeout(std::time::Duration::from_secs(90), async {
+        loop {
+            let seen = rx.recv().await.unwrap();
+            if seen.0.cluster == later.name() {
+                return seen;
+            }
+        }
+    })
+    .await
+    .expect("the kind is found once it is served");
+    assert_eq!(request.name, "late");
+}

@@ -392,11 +392,15 @@ async fn requests_naming_objects_the_watch_cannot_hold_are_dropped_not_read_as_d
     let controller =
         Controller::<ConfigMap>::new(&running.fleet, Watch::default().in_namespace("team-a"))
             .owns::<Secret>(watcher::Config::default())
-            .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(outside));
+            .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(
+                outside,
+            ));
     let status = controller.status();
     running.spawn(controller, service);
     running.add_all(&env);
-    tokio::time::timeout(PATIENCE, status.synced()).await.unwrap();
+    tokio::time::timeout(PATIENCE, status.synced())
+        .await
+        .unwrap();
     let mut seen = vec![
         tokio::time::timeout(PATIENCE, rx.recv())
             .await
@@ -553,7 +557,9 @@ async fn a_cluster_with_only_related_watches_takes_no_share_of_the_slots() {
     .with_config(Config::default().concurrency(4));
     running.spawn(controller, service);
     // The member first, so that it is known when the hub's keys come.
-    running.provider.add("cluster-1", env.clusters()[1].client());
+    running
+        .provider
+        .add("cluster-1", env.clusters()[1].client());
     running.wait_served("cluster-1").await;
     running.provider.add("cluster-0", hub);
     running.wait_served("cluster-0").await;

@@ -29,6 +29,7 @@
 //! # }
 //! ```
 
+pub(crate) mod discovery;
 mod scoped;
 mod state;
 mod subscription;
@@ -41,7 +42,7 @@ use std::{
     sync::{Arc, Mutex, MutexGuard, Weak},
 };
 
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, stream::BoxStream};
 use kube::{
     Api, Client, Resource,
     core::{ApiResource, PartialObjectMeta},
@@ -100,9 +101,33 @@ impl TypeInfo for ApiResource {
 }
 
 mod sealed {
-    pub trait Sealed {}
+    use kube::core::ApiResource;
+
+    pub trait Sealed: Sized {
+        /// The group and kind to find by discovery in each cluster, for a
+        /// stand-in resource of any version.
+        fn to_discover(&self) -> Option<(&str, &str)> {
+            None
+        }
+
+        /// This type's information for a resource discovery found.
+        fn resolved(_: ApiResource) -> Option<Self> {
+            None
+        }
+    }
+
     impl Sealed for () {}
-    impl Sealed for kube::core::ApiResource {}
+
+    impl Sealed for ApiResource {
+        fn to_discover(&self) -> Option<(&str, &str)> {
+            (self.version == super::discovery::ANY_VERSION)
+                .then_some((self.group.as_str(), self.kind.as_str()))
+        }
+
+        fn resolved(resource: ApiResource) -> Option<Self> {
+            Some(resource)
+        }
+    }
 }
 
 /// Whether objects of kind `K` live in namespaces.
@@ -212,16 +237,19 @@ impl ClusterCache {
         config: &watcher::Config,
     ) -> Arc<SharedWatch<K>> {
         let namespace = scope::<K>(namespace);
-        self.shared(false, dyntype, namespace, config, || match namespace {
-            Some(namespace) => {
-                scoped::objects::<K>(self.client.clone(), dyntype, namespace, config.clone())
-                    .boxed()
-            }
-            None => watcher::watcher(
-                Api::<K>::all_with(self.client.clone(), dyntype),
-                config.clone(),
-            )
-            .boxed(),
+        self.shared(false, dyntype, namespace, config, || {
+            let (client, config) = (self.client.clone(), config.clone());
+            let namespace = namespace.map(str::to_owned);
+            let events = move |dyntype: &K::DynamicType| match &namespace {
+                Some(namespace) => {
+                    scoped::objects::<K>(client.clone(), dyntype, namespace, config.clone()).boxed()
+                }
+                None => {
+                    watcher::watcher(Api::<K>::all_with(client.clone(), dyntype), config.clone())
+                        .boxed()
+                }
+            };
+            self.discovering(dyntype, events)
         })
     }
 
@@ -260,16 +288,21 @@ impl ClusterCache {
         config: &watcher::Config,
     ) -> Arc<SharedWatch<PartialObjectMeta<K>>> {
         let namespace = scope::<K>(namespace);
-        self.shared(true, dyntype, namespace, config, || match namespace {
-            Some(namespace) => {
-                scoped::metadata::<K>(self.client.clone(), dyntype, namespace, config.clone())
-                    .boxed()
-            }
-            None => watcher::watcher(
-                Api::<PartialObjectMeta<K>>::all_with(self.client.clone(), dyntype),
-                config.clone(),
-            )
-            .boxed(),
+        self.shared(true, dyntype, namespace, config, || {
+            let (client, config) = (self.client.clone(), config.clone());
+            let namespace = namespace.map(str::to_owned);
+            let events = move |dyntype: &K::DynamicType| match &namespace {
+                Some(namespace) => {
+                    scoped::metadata::<K>(client.clone(), dyntype, namespace, config.clone())
+                        .boxed()
+                }
+                None => watcher::watcher(
+                    Api::<PartialObjectMeta<K>>::all_with(client.clone(), dyntype),
+                    config.clone(),
+                )
+                .boxed(),
+            };
+            self.discovering(dyntype, events)
         })
     }
 
@@ -321,6 +354,31 @@ impl ClusterCache {
             .values()
             .filter(|w| w.strong_count() > 0)
             .count()
+    }
+
+    /// The events `events` makes for `dyntype`, or, for a stand-in
+    /// resource of any version, for the version this cluster's discovery
+    /// finds.
+    fn discovering<T>(
+        &self,
+        dyntype: &T::DynamicType,
+        events: impl Fn(&T::DynamicType) -> BoxStream<'static, watcher::Result<watcher::Event<T>>>
+        + Send
+        + 'static,
+    ) -> BoxStream<'static, watcher::Result<watcher::Event<T>>>
+    where
+        T: Resource<DynamicType: TypeInfo> + Send + 'static,
+    {
+        use sealed::Sealed;
+        match dyntype.to_discover() {
+            Some((group, kind)) => discovery::discovered(
+                self.client.clone(),
+                group.to_owned(),
+                kind.to_owned(),
+                events,
+            ),
+            None => events(dyntype),
+        }
     }
 
     fn shared<T, S>(

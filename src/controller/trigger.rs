@@ -208,13 +208,25 @@ pub(crate) fn for_owners<T: Resource>(
     api_version: String,
     namespaced: bool,
 ) -> impl Fn(&ClusterName, &Change<T>) -> Vec<McRequest> + Send + Sync + 'static {
+    // An owner found by discovery may be referred to at any version.
+    let any_version = crate::cache::discovery::group_of_any_version(&api_version);
+    let same_type =
+        move |owner: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference| {
+            owner.kind == kind
+                && match &any_version {
+                    Some(group) => {
+                        owner.api_version.rsplit_once('/').map_or("", |(g, _)| g) == group
+                    }
+                    None => owner.api_version == api_version,
+                }
+        };
     move |cluster, change| {
         let object = change.object();
         let namespace = if namespaced { object.namespace() } else { None };
         object
             .owner_references()
             .iter()
-            .filter(|owner| owner.kind == kind && owner.api_version == api_version)
+            .filter(|owner| same_type(owner))
             .map(|owner| McRequest {
                 cluster: cluster.clone(),
                 namespace: namespace.clone(),
@@ -383,6 +395,17 @@ mod tests {
         let change = Change::Applied(child);
         assert_eq!(
             for_owners::<Secret>("ConfigMap".into(), "v1".into(), true)(&cluster, &change),
+            [McRequest::new("east", Some("ns"), "parent")]
+        );
+        // An owner found by discovery matches at any version of its group.
+        assert_eq!(
+            for_owners::<Secret>("ConfigMap".into(), "example.com/*".into(), true)(
+                &cluster, &change
+            ),
+            [McRequest::new("east", Some("ns"), "other-group")]
+        );
+        assert_eq!(
+            for_owners::<Secret>("ConfigMap".into(), "*".into(), true)(&cluster, &change),
             [McRequest::new("east", Some("ns"), "parent")]
         );
         // A cluster-scoped owner is requested without a namespace.

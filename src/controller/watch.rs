@@ -98,6 +98,28 @@ impl Watch {
         self
     }
 
+    /// Watches `kind` of API `group` (`""` for the core group) at whatever
+    /// version each cluster serves it: the version its discovery prefers,
+    /// found when the watch starts there. For `DynamicObject` watches of a
+    /// kind that is served at different versions in different clusters, or
+    /// not at all in some: where the kind is not served, the watch reports
+    /// it (`Failing` with "Missing Kind") and asks again after a backoff, so
+    /// the controller starts there once the kind appears. The objects are
+    /// handed over as the cluster serves them (their `apiVersion` says
+    /// which); a controller of a discovered kind matches owner references
+    /// by group and kind, whatever their version.
+    ///
+    /// ```
+    /// use kube::discovery::Scope;
+    /// use kube_fleet::controller::Watch;
+    ///
+    /// let watch = Watch::default().discover("example.com", "Widget", Scope::Namespaced);
+    /// ```
+    #[must_use]
+    pub fn discover(self, group: &str, kind: &str, scope: Scope) -> Self {
+        self.resource(crate::cache::discovery::any_version(group, kind), scope)
+    }
+
     /// The watch configuration.
     pub fn config(&self) -> &watcher::Config {
         &self.config
