@@ -570,3 +570,89 @@ async fn a_cluster_with_only_related_watches_takes_no_share_of_the_slots() {
         "the hub, the only cluster with work, may use every slot"
     );
 }
+
+/// How many LIST requests for `resource` the API server has answered since
+/// it started, from its own `apiserver_request_total` metric.
+async fn lists_served(client: &kube::Client, resource: &str) -> u64 {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let metrics = client.request_text(request).await.expect("GET /metrics");
+    let resource = format!("resource=\"{resource}\"");
+    metrics
+        .lines()
+        .filter(|line| line.starts_with("apiserver_request_total{"))
+        .filter(|line| line.contains(&resource) && line.contains("verb=\"LIST\""))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[tokio::test]
+async fn an_object_recreated_while_the_connection_was_cut_is_reconciled_after_a_relist() {
+    let env = Envtest::start(1).await.unwrap();
+    let cluster = &env.clusters()[0];
+    // The test's own writes go past the fault proxy.
+    let direct = kube::Client::try_from(
+        kube::Config::from_custom_kubeconfig(cluster.direct_kubeconfig(), &Default::default())
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let first = create_config_map(direct.clone(), "phoenix").await;
+
+    let mut running = Running::new();
+    let (tx, mut rx) = mpsc::unbounded_channel::<(String, Option<String>)>();
+    let service = tower::service_fn(move |request: ObjectRequest<ConfigMap>| {
+        let uid = request.object.as_ref().and_then(|o| o.metadata.uid.clone());
+        let _ = tx.send((request.request.name.clone(), uid));
+        async { Ok::<_, BoxError>(Action::await_change()) }
+    });
+    // A predicate that passes each object once: only one remembered by UID
+    // lets the recreated object through.
+    running.spawn(
+        Controller::<ConfigMap>::new(&running.fleet, watcher::Config::default())
+            .with_predicate(|_| Some(0)),
+        service,
+    );
+    running.add_all(&env);
+    let reconciled_as = |uid: Option<String>| {
+        move |(name, seen): &(String, Option<String>)| name == "phoenix" && *seen == uid
+    };
+    let wait = async |rx: &mut mpsc::UnboundedReceiver<_>, wanted: &dyn Fn(&_) -> bool| {
+        tokio::time::timeout(PATIENCE, async {
+            loop {
+                let seen = rx.recv().await.unwrap();
+                if wanted(&seen) {
+                    return;
+                }
+            }
+        })
+        .await
+    };
+    wait(&mut rx, &reconciled_as(first.metadata.uid.clone()))
+        .await
+        .expect("reconciled at start");
+
+    // Cut off, the object is deleted and created again, and the API server
+    // restarts: its watch cache starts afresh, so the controller's watch
+    // cannot resume where it stopped and must list again.
+    cluster.cut_off();
+    let api = Api::<ConfigMap>::default_namespaced(direct.clone());
+    api.delete("phoenix", &Default::default()).await.unwrap();
+    let second = api
+        .create(&PostParams::default(), &config_map("phoenix"))
+        .await
+        .unwrap();
+    assert_ne!(first.metadata.uid, second.metadata.uid);
+    cluster.stop();
+    cluster.restart().await.unwrap();
+    let lists_before = lists_served(&direct, "configmaps").await;
+    cluster.restore();
+
+    wait(&mut rx, &reconciled_as(second.metadata.uid.clone()))
+        .await
+        .expect("the recreated object is reconciled once the connection is back");
+    let lists_after = lists_served(&direct, "configmaps").await;
+    assert!(
+        lists_after > lists_before,
+        "the controller listed again ({lists_before} LISTs before, {lists_after} after)"
+    );
+}
