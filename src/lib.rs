@@ -34,6 +34,34 @@
 //! # }
 //! ```
 //!
+//! # Types known at run time
+//!
+//! A controller of `DynamicObject`s names its type with a
+//! [`Watch`](controller::Watch): a fixed `ApiResource`, or a group and kind
+//! that each cluster's discovery resolves to the version it serves. Where a
+//! cluster does not serve the kind, that cluster's watch reports it and the
+//! controller serves the others; it starts there once the kind appears.
+//!
+//! ```no_run
+//! use kube::{api::DynamicObject, discovery::Scope};
+//! use kube_fleet::{Action, Controller, Fleet, ObjectRequest, controller::Watch};
+//! use tower::{BoxError, service_fn};
+//!
+//! # async fn example(fleet: Fleet) -> Result<(), kube_fleet::controller::Error> {
+//! Controller::<DynamicObject>::new(
+//!     &fleet,
+//!     Watch::default().discover("example.com", "Widget", Scope::Namespaced),
+//! )
+//! .run(service_fn(|request: ObjectRequest<DynamicObject>| async move {
+//!     if let Some(widget) = &request.object {
+//!         println!("{request}: {:?} {}", widget.types, widget.data["spec"]);
+//!     }
+//!     Ok::<_, BoxError>(Action::await_change())
+//! }))
+//! .await
+//! # }
+//! ```
+//!
 //! Tests and examples run against real API servers started by the
 //! `kube-fleet-envtest` crate.
 //!
