@@ -1,4 +1,8 @@
-use std::{any::Any, fmt, sync::Arc};
+use std::{
+    any::Any,
+    fmt,
+    sync::{Arc, Weak},
+};
 
 use crate::{
     Cluster, McRequest, ReconcileReason,
@@ -57,8 +61,9 @@ pub struct ObjectRequest<K> {
     /// ([`Controller::named`](crate::Controller::named)), for layers that
     /// label by controller; `None` outside a controller.
     pub controller: Option<Arc<str>>,
-    /// The watch the object came from (a `SharedWatch<K>`), to read it again.
-    pub(crate) watch: Option<Arc<dyn Any + Send + Sync>>,
+    /// The watch the object came from (a `SharedWatch<K>`), to read it
+    /// again; weak, so that a kept request keeps no watch running.
+    pub(crate) watch: Option<Weak<dyn Any + Send + Sync>>,
 }
 
 impl<K> ObjectRequest<K> {
@@ -118,14 +123,14 @@ impl<K> fmt::Debug for ObjectRequest<K> {
 impl<K: Watchable> ObjectRequest<K> {
     /// Reads `object` again from the controller's watch, as it holds the
     /// object now: after a write failed on a conflict, say, so that a retry
-    /// works on the newer version (the recommended stack's retry does this).
-    /// Does nothing for a request made outside a controller.
+    /// works on the newer version (the recommended stack does this before
+    /// each attempt). Does nothing for a request made outside a controller,
+    /// or once the watch has stopped (its cluster left).
     pub fn refresh(&mut self) {
-        if let Some(watch) = self
-            .watch
-            .as_ref()
-            .and_then(|watch| watch.downcast_ref::<SharedWatch<K>>())
-        {
+        let Some(watch) = self.watch.as_ref().and_then(Weak::upgrade) else {
+            return;
+        };
+        if let Some(watch) = watch.downcast_ref::<SharedWatch<K>>() {
             self.object = crate::controller::read(watch, &self.request);
         }
     }

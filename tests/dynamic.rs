@@ -273,3 +273,173 @@ async fn a_kind_found_by_discovery_is_watched_at_the_version_each_cluster_serves
     .expect("the kind is found once it is served");
     assert_eq!(request.name, "late");
 }
+
+/// A second kind of the same group, served only at an older version.
+mod alpha {
+    use kube::CustomResource;
+    use schemars::JsonSchema;
+    use serde::{Deserialize, Serialize};
+
+    #[derive(CustomResource, Clone, Debug, Deserialize, Serialize, JsonSchema)]
+    #[kube(
+        group = "dynamic.kube-fleet.dev",
+        version = "v1alpha1",
+        kind = "Gizmo",
+        namespaced
+    )]
+    pub(crate) struct GizmoSpec {
+        pub(crate) size: u32,
+    }
+}
+
+/// Each reconcile's object name and the API version it came at.
+type Versions = tokio::sync::mpsc::UnboundedReceiver<(String, Option<String>)>;
+
+/// A reconciler that reports every object's name and API version.
+fn versions_seen() -> (
+    impl tower::Service<
+        ObjectRequest<DynamicObject>,
+        Response = kube_fleet::Action,
+        Error = tower::BoxError,
+        Future: Send + 'static,
+    > + Send
+    + 'static,
+    Versions,
+) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let service = tower::service_fn(move |request: ObjectRequest<DynamicObject>| {
+        if let Some(object) = &request.object {
+            let version = object.types.as_ref().map(|t| t.api_version.clone());
+            let _ = tx.send((request.request.name.clone(), version));
+        }
+        async { Ok::<_, tower::BoxError>(kube_fleet::Action::await_change()) }
+    });
+    (service, rx)
+}
+
+async fn version_of(
+    rx: &mut Versions,
+    name: &str,
+    patience: std::time::Duration,
+) -> Option<String> {
+    tokio::time::timeout(patience, async {
+        loop {
+            let (seen, version) = rx.recv().await.unwrap();
+            if seen == name {
+                return version;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{name} was never reconciled"))
+}
+
+#[tokio::test]
+async fn a_discovered_kind_follows_its_crd_to_a_new_version_and_to_older_ones() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
+    let env = Envtest::start(1).await.unwrap();
+    let cluster = &env.clusters()[0];
+    // Gadget at v1, and in the same group Gizmo only at v1alpha1: the
+    // group's preferred version (v1) does not have Gizmo.
+    cluster
+        .install_crds([Gadget::crd(), alpha::Gizmo::crd()])
+        .await
+        .unwrap();
+    create_gadget(cluster.client(), "old").await;
+    let mut gizmo = alpha::Gizmo::new("gizmo", alpha::GizmoSpec { size: 1 });
+    gizmo.metadata.namespace = Some("default".into());
+    Api::<alpha::Gizmo>::namespaced(cluster.client(), "default")
+        .create(&PostParams::default(), &gizmo)
+        .await
+        .unwrap();
+
+    let mut running = Running::new();
+    let (gadgets, mut gadgets_seen) = versions_seen();
+    running.spawn(
+        Controller::<DynamicObject>::new(
+            &running.fleet,
+            Watch::default().discover("dynamic.kube-fleet.dev", "Gadget", Scope::Namespaced),
+        ),
+        gadgets,
+    );
+    let (gizmos, mut gizmos_seen) = versions_seen();
+    running.spawn(
+        Controller::<DynamicObject>::new(
+            &running.fleet,
+            Watch::default().discover("dynamic.kube-fleet.dev", "Gizmo", Scope::Namespaced),
+        ),
+        gizmos,
+    );
+    running.add_all(&env);
+    assert_eq!(
+        version_of(&mut gizmos_seen, "gizmo", PATIENCE)
+            .await
+            .as_deref(),
+        Some("dynamic.kube-fleet.dev/v1alpha1")
+    );
+    assert_eq!(
+        version_of(&mut gadgets_seen, "old", PATIENCE)
+            .await
+            .as_deref(),
+        Some("dynamic.kube-fleet.dev/v1")
+    );
+
+    // The Gadget CRD goes, and comes back serving v2 only.
+    let crds = Api::<CustomResourceDefinition>::all(cluster.client());
+    let name = Gadget::crd().metadata.name.unwrap();
+    crds.delete(&name, &Default::default()).await.unwrap();
+    tokio::time::timeout(PATIENCE, async {
+        while crds.get_opt(&name).await.unwrap().is_some() {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .unwrap();
+    cluster.install_crds([v2::Gadget::crd()]).await.unwrap();
+    let mut newer = v2::Gadget::new("new", v2::GadgetSpec { size: 2 });
+    newer.metadata.namespace = Some("default".into());
+    Api::<v2::Gadget>::namespaced(cluster.client(), "default")
+        .create(&PostParams::default(), &newer)
+        .await
+        .unwrap();
+    assert_eq!(
+        version_of(&mut gadgets_seen, "new", std::time::Duration::from_secs(90))
+            .await
+            .as_deref(),
+        Some("dynamic.kube-fleet.dev/v2"),
+        "the watch found the new version"
+    );
+}
+
+#[tokio::test]
+async fn a_scope_that_contradicts_discovery_is_reported() {
+    let env = Envtest::start(1).await.unwrap();
+    let mut running = Running::new();
+    let (service, _seen) = versions_seen();
+    // Namespaces are cluster-scoped.
+    let controller = Controller::<DynamicObject>::new(
+        &running.fleet,
+        Watch::default().discover("", "Namespace", Scope::Namespaced),
+    );
+    let status = controller.status();
+    running.spawn(controller, service);
+    running.add_all(&env);
+    let reason = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Some(cluster) = status.cluster("cluster-0")
+                && let Some(failing) = cluster.failing().next()
+                && let kube_fleet::cache::WatchState::Failing { reason } = &failing.state
+            {
+                return reason.clone();
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the watch reports the mismatch");
+    assert!(
+        reason.contains("cluster-scoped") && reason.contains("Scope::Namespaced"),
+        "{reason}"
+    );
+}

@@ -23,9 +23,10 @@ pub trait AsMcRequest {
         None
     }
 
-    /// Reads again what the request carries of the cluster's state, before
-    /// a retry: an `ObjectRequest` from `Controller::run` reads its object
-    /// from the controller's watch. Nothing for the others.
+    /// Reads again what the request carries of the cluster's state: an
+    /// `ObjectRequest` from `Controller::run` reads its object from the
+    /// controller's watch. Nothing for the others. The recommended stack's
+    /// [`Refresh`](crate::recommended::Refresh) calls it before each attempt.
     fn refresh(&mut self) {}
 }
 

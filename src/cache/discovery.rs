@@ -11,7 +11,7 @@
 use futures::{StreamExt, stream::BoxStream};
 use kube::{
     Client,
-    core::ApiResource,
+    core::{ApiResource, discovery::Scope},
     error::DiscoveryError,
     runtime::watcher::{self, Event},
 };
@@ -21,9 +21,14 @@ use super::{TypeInfo, sealed::Sealed};
 /// The stand-in version of a kind whose version discovery decides.
 pub(crate) const ANY_VERSION: &str = "*";
 
+/// The stand-in's plural: not a real one (which each cluster's discovery
+/// gives), but the scope the watch was given, to check against discovery.
+const NAMESPACED: &str = "*namespaced";
+const CLUSTER_WIDE: &str = "*cluster";
+
 /// The stand-in resource for `kind` in `group`, at whatever version each
-/// cluster prefers.
-pub(crate) fn any_version(group: &str, kind: &str) -> ApiResource {
+/// cluster prefers, with objects in namespaces or not as `scope` says.
+pub(crate) fn any_version(group: &str, kind: &str, scope: &Scope) -> ApiResource {
     ApiResource {
         group: group.to_owned(),
         version: ANY_VERSION.to_owned(),
@@ -33,8 +38,22 @@ pub(crate) fn any_version(group: &str, kind: &str) -> ApiResource {
             format!("{group}/{ANY_VERSION}")
         },
         kind: kind.to_owned(),
-        plural: String::new(),
+        plural: match scope {
+            Scope::Namespaced => NAMESPACED,
+            Scope::Cluster => CLUSTER_WIDE,
+        }
+        .to_owned(),
     }
+}
+
+/// What a stand-in asks discovery to find: group, kind, and whether its
+/// objects live in namespaces. `None` for a real resource.
+pub(crate) fn to_discover(resource: &ApiResource) -> Option<(&str, &str, bool)> {
+    (resource.version == ANY_VERSION).then_some((
+        resource.group.as_str(),
+        resource.kind.as_str(),
+        resource.plural != CLUSTER_WIDE,
+    ))
 }
 
 /// The group of a stand-in API version of any version (`group/*`, or `*`
@@ -49,9 +68,14 @@ pub(crate) fn group_of_any_version(api_version: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// The resource `cluster` serves for `kind` in `group`, at its preferred
-/// version.
-async fn resolve(client: &Client, group: &str, kind: &str) -> kube::Result<ApiResource> {
+/// The resource `cluster` serves for `kind` in `group`: at the most stable
+/// version that has it (the group's preferred version when several do).
+async fn resolve(
+    client: &Client,
+    group: &str,
+    kind: &str,
+    namespaced: bool,
+) -> kube::Result<ApiResource> {
     let missing = |why: &str| {
         kube::Error::Discovery(DiscoveryError::MissingKind(format!(
             "{kind} in API group {group:?} ({why})"
@@ -64,18 +88,47 @@ async fn resolve(client: &Client, group: &str, kind: &str) -> kube::Result<ApiRe
         }
         Err(error) => return Err(error),
     };
-    api_group
+    let (resource, capabilities) = api_group
         .recommended_kind(kind)
-        .map(|(resource, _)| resource)
-        .ok_or_else(|| missing("the group does not serve it"))
+        .or_else(|| {
+            api_group
+                .resources_by_stability()
+                .into_iter()
+                .find(|(resource, _)| resource.kind == kind)
+        })
+        .ok_or_else(|| missing("the group does not serve it"))?;
+    let served_namespaced = capabilities.scope == Scope::Namespaced;
+    if served_namespaced != namespaced {
+        let (served, given) = match served_namespaced {
+            true => ("namespaced", "Scope::Cluster"),
+            false => ("cluster-scoped", "Scope::Namespaced"),
+        };
+        return Err(missing(&format!(
+            "it is {served} here, but the watch was given {given}"
+        )));
+    }
+    Ok(resource)
 }
 
-/// Events of the kind in `group`, at the version the cluster prefers, from
-/// the watch `watch` makes once the resource is known.
+/// Whether `error` says the resource being watched is not served (any
+/// more): its CRD was deleted, or no longer serves that version.
+fn not_served(error: &watcher::Error) -> bool {
+    matches!(
+        error,
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+            | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+            | watcher::Error::WatchFailed(kube::Error::Api(status))
+            if status.code == 404
+    )
+}
+
+/// Events of the kind in `group`, at the version the cluster serves, from
+/// the watch `watch` makes once the resource is known. When that version
+/// stops being served, discovery runs again; the new watch lists anew, and
+/// the store's keys stay the same, so objects carry over.
 pub(crate) fn discovered<T, F>(
     client: Client,
-    group: String,
-    kind: String,
+    wanted: (String, String, bool),
     watch: F,
 ) -> BoxStream<'static, watcher::Result<Event<T>>>
 where
@@ -87,30 +140,29 @@ where
         Watching(BoxStream<'static, watcher::Result<Event<T>>>),
     }
     futures::stream::unfold(
-        (State::Resolving, client, group, kind, watch),
-        |(state, client, group, kind, watch)| async move {
-            match state {
-                State::Resolving => match resolve(&client, &group, &kind).await {
+        (State::Resolving, client, wanted, watch),
+        |(state, client, wanted, watch)| async move {
+            let (group, kind, namespaced) = (&wanted.0, &wanted.1, wanted.2);
+            let mut events = match state {
+                State::Watching(events) => events,
+                State::Resolving => match resolve(&client, group, kind, namespaced).await {
                     Ok(resource) => {
-                        let Some(dyntype) = <T::DynamicType as Sealed>::resolved(resource) else {
-                            // Only dynamic types are discovered.
-                            return None;
-                        };
+                        let dyntype = <T::DynamicType as Sealed>::resolved(resource)?;
                         tracing::debug!(%kind, %group, ?dyntype, "discovered");
-                        let mut events = watch(&dyntype);
-                        let first = events.next().await?;
-                        Some((first, (State::Watching(events), client, group, kind, watch)))
+                        watch(&dyntype)
                     }
-                    Err(error) => Some((
-                        Err(watcher::Error::InitialListFailed(error)),
-                        (State::Resolving, client, group, kind, watch),
-                    )),
+                    Err(error) => {
+                        let error = watcher::Error::InitialListFailed(error);
+                        return Some((Err(error), (State::Resolving, client, wanted, watch)));
+                    }
                 },
-                State::Watching(mut events) => {
-                    let next = events.next().await?;
-                    Some((next, (State::Watching(events), client, group, kind, watch)))
-                }
-            }
+            };
+            let next = events.next().await?;
+            let state = match &next {
+                Err(error) if not_served(error) => State::Resolving,
+                _ => State::Watching(events),
+            };
+            Some((next, (state, client, wanted, watch)))
         },
     )
     .boxed()

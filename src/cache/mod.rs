@@ -30,6 +30,7 @@
 //! ```
 
 pub(crate) mod discovery;
+pub(crate) use sealed::Sealed;
 mod scoped;
 mod state;
 mod subscription;
@@ -104,9 +105,13 @@ mod sealed {
     use kube::core::ApiResource;
 
     pub trait Sealed: Sized {
-        /// The group and kind to find by discovery in each cluster, for a
-        /// stand-in resource of any version.
-        fn to_discover(&self) -> Option<(&str, &str)> {
+        /// Whether the type is described at run time (so a watch's scope
+        /// counts for it).
+        const DYNAMIC: bool = false;
+
+        /// The group, kind and namespacedness to find by discovery in each
+        /// cluster, for a stand-in resource of any version.
+        fn to_discover(&self) -> Option<(&str, &str, bool)> {
             None
         }
 
@@ -119,9 +124,10 @@ mod sealed {
     impl Sealed for () {}
 
     impl Sealed for ApiResource {
-        fn to_discover(&self) -> Option<(&str, &str)> {
-            (self.version == super::discovery::ANY_VERSION)
-                .then_some((self.group.as_str(), self.kind.as_str()))
+        const DYNAMIC: bool = true;
+
+        fn to_discover(&self) -> Option<(&str, &str, bool)> {
+            super::discovery::to_discover(self)
         }
 
         fn resolved(resource: ApiResource) -> Option<Self> {
@@ -218,7 +224,12 @@ impl ClusterCache {
     }
 
     /// Like [`watch_in`](Self::watch_in), for a type described by `dyntype`:
-    /// `DynamicObject` with its [`ApiResource`], say.
+    /// `DynamicObject` with its [`ApiResource`], say. Give a namespace only
+    /// for a namespaced kind (the type cannot tell for `DynamicObject`; a
+    /// controller checks it with the scope its `Watch` was given). A
+    /// resource of version `*` (from
+    /// [`Watch::discover`](crate::controller::Watch::discover)) is watched at
+    /// the version this cluster's discovery finds.
     ///
     /// ```no_run
     /// # fn example(cluster: kube_fleet::Cluster) {
@@ -371,10 +382,9 @@ impl ClusterCache {
     {
         use sealed::Sealed;
         match dyntype.to_discover() {
-            Some((group, kind)) => discovery::discovered(
+            Some((group, kind, namespaced)) => discovery::discovered(
                 self.client.clone(),
-                group.to_owned(),
-                kind.to_owned(),
+                (group.to_owned(), kind.to_owned(), namespaced),
                 events,
             ),
             None => events(dyntype),

@@ -194,7 +194,9 @@ where
 
 impl<K: Resource<DynamicType: TypeInfo>> SharedWatch<K> {
     /// The type information its objects are stored under: `()` for static
-    /// types, the `ApiResource` for `DynamicObject`.
+    /// types, the `ApiResource` for `DynamicObject` (for a kind found by
+    /// discovery, a stand-in of version `*` that is the same in every
+    /// cluster).
     pub fn dyntype(&self) -> &K::DynamicType {
         &self.dyntype
     }

@@ -113,7 +113,7 @@ impl<K: Watchable> Deliver for Objects<K> {
             object,
             reason,
             controller: Some(self.controller.clone()),
-            watch: controlled.cloned(),
+            watch: controlled.map(Arc::downgrade),
         }
     }
 }

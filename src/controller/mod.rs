@@ -120,8 +120,10 @@ impl<T: Watchable> Resolved<T> {
                 T::kind(&dyntype)
             ));
         }
+        // A static type knows its scope; a dynamic one is told.
         let namespaced = crate::cache::is_namespaced::<T>()
-            && !matches!(resource, Some((_, kube::core::discovery::Scope::Cluster)));
+            && !(<T::DynamicType as crate::cache::Sealed>::DYNAMIC
+                && matches!(resource, Some((_, kube::core::discovery::Scope::Cluster))));
         if namespace.is_some() && !namespaced {
             tracing::warn!(
                 kind = %T::kind(&dyntype),
@@ -716,6 +718,38 @@ impl<K: Watchable> Controller<K> {
 mod tests {
     use super::Clusters;
     use crate::ClusterName;
+
+    #[test]
+    fn a_watch_scope_counts_for_dynamic_types_only() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use kube::{
+            api::{ApiResource, DynamicObject},
+            core::discovery::Scope,
+        };
+
+        use super::{Resolved, Watch};
+
+        let config_maps = ApiResource::erase::<ConfigMap>(&());
+        let told = |scope: Scope| Watch::default().resource(config_maps.clone(), scope);
+        // A static type knows it lives in namespaces, whatever it is told.
+        assert!(
+            Resolved::<ConfigMap>::from(told(Scope::Cluster))
+                .unwrap()
+                .namespaced
+        );
+        assert!(
+            !Resolved::<DynamicObject>::from(told(Scope::Cluster))
+                .unwrap()
+                .namespaced
+        );
+        assert!(
+            Resolved::<DynamicObject>::from(told(Scope::Namespaced))
+                .unwrap()
+                .namespaced
+        );
+        assert!(Resolved::<DynamicObject>::from(Watch::default()).is_err());
+        assert!(Resolved::<ConfigMap>::from(Watch::default().in_namespace("")).is_err());
+    }
 
     #[test]
     fn cluster_selections_pick_the_local_the_provided_all_or_matching_clusters() {

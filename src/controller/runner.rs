@@ -461,6 +461,7 @@ impl Runner {
             return;
         }
         self.unknown.remove(&name);
+        self.misaddressed.retain(|(cluster, _)| *cluster != name);
         if self.engaged.insert(name.clone(), cluster.clone()).is_some() {
             // Replaced under the same name: runs against the old one stop.
             self.cancel_running(&name);

@@ -99,15 +99,27 @@ impl Watch {
     }
 
     /// Watches `kind` of API `group` (`""` for the core group) at whatever
-    /// version each cluster serves it: the version its discovery prefers,
-    /// found when the watch starts there. For `DynamicObject` watches of a
-    /// kind that is served at different versions in different clusters, or
-    /// not at all in some: where the kind is not served, the watch reports
-    /// it (`Failing` with "Missing Kind") and asks again after a backoff, so
-    /// the controller starts there once the kind appears. The objects are
-    /// handed over as the cluster serves them (their `apiVersion` says
-    /// which); a controller of a discovered kind matches owner references
-    /// by group and kind, whatever their version.
+    /// version each cluster serves it: the group's preferred version if it
+    /// has the kind, else the most stable version that does, found by
+    /// discovery when the watch starts there. For `DynamicObject` watches of
+    /// a kind that is served at different versions in different clusters,
+    /// or not at all in some:
+    ///
+    /// - where the kind is not served, or `scope` is not how the cluster
+    ///   serves it, the watch reports it (`Failing`, with "Missing Kind" and
+    ///   why) and asks again after a backoff, so the controller starts there
+    ///   once the kind appears;
+    /// - when the version found stops being served (its CRD deleted or
+    ///   changed), the watch runs discovery again and lists anew;
+    /// - the objects are handed over as the cluster sends them: a custom
+    ///   resource carries its `apiVersion` in `types`, while list items of
+    ///   built-in kinds may carry none;
+    /// - a controller of a discovered kind matches owner references by group
+    ///   and kind, whatever their version.
+    ///
+    /// In every cluster the watch's store keys objects under a stand-in
+    /// resource of version `*` ([`SharedWatch::dyntype`](crate::cache::SharedWatch::dyntype)),
+    /// not usable for requests of your own.
     ///
     /// ```
     /// use kube::discovery::Scope;
@@ -117,7 +129,8 @@ impl Watch {
     /// ```
     #[must_use]
     pub fn discover(self, group: &str, kind: &str, scope: Scope) -> Self {
-        self.resource(crate::cache::discovery::any_version(group, kind), scope)
+        let resource = crate::cache::discovery::any_version(group, kind, &scope);
+        self.resource(resource, scope)
     }
 
     /// The watch configuration.

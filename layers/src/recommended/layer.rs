@@ -3,6 +3,7 @@ use std::{sync::Arc, time::Duration};
 use tower::{ServiceBuilder, retry::RetryLayer, timeout::TimeoutLayer};
 use tower_layer::Layer;
 
+use super::{Refresh, RefreshLayer};
 use crate::{
     catch_panic::{CatchPanic, CatchPanicLayer},
     metrics::{Metrics, MetricsLayer, ReconcileMetrics},
@@ -11,8 +12,9 @@ use crate::{
 };
 
 /// The service [`RecommendedLayer`] builds around a reconciler `S`.
-pub type RecommendedService<S> =
-    Trace<Metrics<CatchPanic<tower::timeout::Timeout<tower::retry::Retry<TransientErrors, S>>>>>;
+pub type RecommendedService<S> = Trace<
+    Metrics<CatchPanic<tower::timeout::Timeout<tower::retry::Retry<TransientErrors, Refresh<S>>>>>,
+>;
 
 /// The recommended stack; see the [module docs](super).
 #[derive(Debug, Clone)]
@@ -90,6 +92,7 @@ impl<S> Layer<S> for RecommendedLayer {
             .layer(CatchPanicLayer::new())
             .layer(TimeoutLayer::new(self.timeout))
             .layer(RetryLayer::new(TransientErrors::new(self.retries)))
+            .layer(RefreshLayer)
             .service(inner)
     }
 }

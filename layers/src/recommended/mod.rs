@@ -16,7 +16,10 @@
 //! 5. tower's `Retry` with [`TransientErrors`](crate::retry::TransientErrors):
 //!    conflicts, 429s, 5xx and connection errors are retried a few times
 //!    (default 3) within the reconcile, after a short jittered backoff, before
-//!    the queue's longer backoff takes over.
+//!    the queue's longer backoff takes over;
+//! 6. [`Refresh`]: each attempt reads the object again from the controller's
+//!    watch just before the reconciler is called, so a retry after a
+//!    conflict works on the version that caused it.
 //!
 //! The controller's name is given once, to `Controller::named`: the request
 //! carries it to the span and the metrics. Concurrency and rate limits are not
@@ -51,5 +54,7 @@
 //! [`ObjectRequest<K>`]: kube_fleet::ObjectRequest
 
 mod layer;
+mod refresh;
 
 pub use layer::{RecommendedLayer, RecommendedService};
+pub use refresh::{Refresh, RefreshLayer};

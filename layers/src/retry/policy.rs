@@ -1,6 +1,5 @@
 use std::{error::Error, time::Duration};
 
-use crate::AsMcRequest;
 use tokio::time::Sleep;
 use tower::{
     BoxError,
@@ -134,16 +133,11 @@ fn classify_kube(error: &kube::Error) -> Option<Retry> {
     }
 }
 
-/// The request a retry sends is read again first where it can be (an
-/// `ObjectRequest`'s object, from the controller's watch), so that a retry
-/// after a conflict works on the newer version.
-impl<Req: Clone + AsMcRequest, Res> Policy<Req, Res, BoxError> for TransientErrors {
+impl<Req: Clone, Res> Policy<Req, Res, BoxError> for TransientErrors {
     type Future = Sleep;
 
-    fn retry(&mut self, request: &mut Req, result: &mut Result<Res, BoxError>) -> Option<Sleep> {
-        let wait = self.wait(&**result.as_ref().err()?)?;
-        request.refresh();
-        Some(wait)
+    fn retry(&mut self, _: &mut Req, result: &mut Result<Res, BoxError>) -> Option<Sleep> {
+        self.wait(&**result.as_ref().err()?)
     }
 
     fn clone_request(&mut self, request: &Req) -> Option<Req> {
@@ -151,13 +145,11 @@ impl<Req: Clone + AsMcRequest, Res> Policy<Req, Res, BoxError> for TransientErro
     }
 }
 
-impl<Req: Clone + AsMcRequest, Res> Policy<Req, Res, kube::Error> for TransientErrors {
+impl<Req: Clone, Res> Policy<Req, Res, kube::Error> for TransientErrors {
     type Future = Sleep;
 
-    fn retry(&mut self, request: &mut Req, result: &mut Result<Res, kube::Error>) -> Option<Sleep> {
-        let wait = self.wait(result.as_ref().err()?)?;
-        request.refresh();
-        Some(wait)
+    fn retry(&mut self, _: &mut Req, result: &mut Result<Res, kube::Error>) -> Option<Sleep> {
+        self.wait(result.as_ref().err()?)
     }
 
     fn clone_request(&mut self, request: &Req) -> Option<Req> {
