@@ -166,7 +166,10 @@ impl Fleet {
     /// `futures::stream::select`). Each engage and disengage takes effect
     /// at once and in the order it is made, whichever provider makes it.
     /// Names are the providers' to keep apart: an engage under a name
-    /// already engaged replaces that cluster. The usual pair is the local
+    /// already engaged replaces that cluster. Providers whose names may
+    /// collide (two kubeconfig directories, say) should be given distinct
+    /// prefixes; the local cluster's name, [`ClusterName::local`], is the
+    /// empty name and collides with no provider's. The usual pair is the local
     /// cluster, under [`ClusterName::local`], beside a provider's clusters,
     /// which a controller then tells apart with
     /// [`Clusters::Local`](crate::controller::Clusters::Local) and
