@@ -571,20 +571,6 @@ async fn a_cluster_with_only_related_watches_takes_no_share_of_the_slots() {
     );
 }
 
-/// How many LIST requests for `resource` the API server has answered since
-/// it started, from its own `apiserver_request_total` metric.
-async fn lists_served(client: &kube::Client, resource: &str) -> u64 {
-    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
-    let metrics = client.request_text(request).await.expect("GET /metrics");
-    let resource = format!("resource=\"{resource}\"");
-    metrics
-        .lines()
-        .filter(|line| line.starts_with("apiserver_request_total{"))
-        .filter(|line| line.contains(&resource) && line.contains("verb=\"LIST\""))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
-}
-
 #[tokio::test]
 async fn an_object_recreated_while_the_connection_was_cut_is_reconciled_after_a_relist() {
     let env = Envtest::start(1).await.unwrap();

@@ -116,13 +116,28 @@ pub fn request(cluster: &str, name: &str) -> McRequest {
 /// How many watches of `resource` the API server is serving now, from its
 /// own `apiserver_longrunning_requests` metric.
 pub async fn watches_served(client: &Client, resource: &str) -> u64 {
+    api_server_count(client, "apiserver_longrunning_requests", resource, "WATCH").await
+}
+
+/// How many LIST requests for `resource` the API server has answered since
+/// it started, from its own `apiserver_request_total` metric.
+pub async fn lists_served(client: &Client, resource: &str) -> u64 {
+    api_server_count(client, "apiserver_request_total", resource, "LIST").await
+}
+
+/// The sum of the API server's `metric` series for `resource` and `verb`.
+async fn api_server_count(client: &Client, metric: &str, resource: &str, verb: &str) -> u64 {
     let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
     let metrics = client.request_text(request).await.expect("GET /metrics");
-    let resource = format!("resource=\"{resource}\"");
+    let (series, resource, verb) = (
+        format!("{metric}{{"),
+        format!("resource=\"{resource}\""),
+        format!("verb=\"{verb}\""),
+    );
     metrics
         .lines()
-        .filter(|line| line.starts_with("apiserver_longrunning_requests{"))
-        .filter(|line| line.contains(&resource) && line.contains("verb=\"WATCH\""))
+        .filter(|line| line.starts_with(&series))
+        .filter(|line| line.contains(&resource) && line.contains(&verb))
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
 }
