@@ -1,0 +1,236 @@
+//! End to end: a controller that labels every ConfigMap of a fleet once.
+//!
+//! ```text
+//! cargo bench --bench end_to_end                 # 10 clusters x 1,000 ConfigMaps
+//! cargo bench --bench end_to_end -- 4 500        # other sizes: clusters, objects each
+//! cargo bench --bench end_to_end -- 10 1000 16    # at most 16 reconciles at once
+//! ```
+//!
+//! N envtest API servers (one etcd) each hold M ConfigMaps with one data key.
+//! One controller watches ConfigMaps in every cluster; its reconciler patches
+//! a label onto each ConfigMap that lacks it, and does nothing once it is
+//! there. Measured from the OS (`/proc`), from the first engage until every
+//! ConfigMap has been patched:
+//!
+//! - wall time;
+//! - this process's CPU seconds, and per reconcile;
+//! - this process's peak resident memory (`VmHWM`, reset after the set-up),
+//!   and its resident memory above the level before the fleet was engaged,
+//!   per cached object and per engaged cluster;
+//! - the CPU the API servers and etcd spent meanwhile, and per patched
+//!   object.
+//!
+//! The controller reaches the API servers past envtest's in-process fault
+//! proxy, so that the proxy's work is not counted as ours.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ObjectMeta, Patch, PatchParams, PostParams},
+    runtime::watcher,
+};
+use kube_fleet::{Action, Controller, Fleet, ObjectRequest, provider::ProgrammaticProvider};
+use kube_fleet_envtest::Envtest;
+use tower::{BoxError, service_fn};
+
+const LABEL: &str = "bench.kube-fleet.dev/seen";
+
+/// Clock ticks per second in `/proc/<pid>/stat` (USER_HZ, 100 on Linux).
+const TICKS: f64 = 100.0;
+
+fn status_kib(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// User and system CPU seconds of process `pid` so far.
+fn cpu_seconds(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name, which is in parentheses.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 here.
+    (ticks(11) + ticks(12)) / TICKS
+}
+
+fn servers_cpu(pids: &[u32]) -> f64 {
+    pids.iter().map(|pid| cpu_seconds(&pid.to_string())).sum()
+}
+
+async fn direct_client(cluster: &kube_fleet_envtest::TestCluster) -> Result<Client, BoxError> {
+    let config =
+        kube::Config::from_custom_kubeconfig(cluster.direct_kubeconfig(), &Default::default())
+            .await?;
+    Ok(Client::try_from(config)?)
+}
+
+async fn fill(client: Client, objects: usize) -> Result<(), BoxError> {
+    let api = Api::<ConfigMap>::default_namespaced(client);
+    let created = stream::iter(0..objects)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                let config_map = ConfigMap {
+                    metadata: ObjectMeta {
+                        name: Some(format!("cm-{i:05}")),
+                        ..ObjectMeta::default()
+                    },
+                    data: Some([("key".to_owned(), format!("value-{i}"))].into()),
+                    ..ConfigMap::default()
+                };
+                api.create(&PostParams::default(), &config_map).await
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    for result in created {
+        result?;
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let clusters = args.first().copied().unwrap_or(10);
+    let objects = args.get(1).copied().unwrap_or(1_000);
+    // No limit by default, as `controller::Config` has none.
+    let concurrency = args.get(2).copied();
+    let total = clusters * objects;
+
+    let env = Envtest::start(clusters).await?;
+    let mut direct = Vec::new();
+    for cluster in env.clusters() {
+        direct.push(direct_client(cluster).await?);
+    }
+    for client in &direct {
+        fill(client.clone(), objects).await?;
+    }
+
+    let patched = Arc::new(AtomicUsize::new(0));
+    let reconciles = Arc::new(AtomicUsize::new(0));
+    let reconcile = service_fn({
+        let (patched, reconciles) = (patched.clone(), reconciles.clone());
+        move |request: ObjectRequest<ConfigMap>| {
+            let (patched, reconciles) = (patched.clone(), reconciles.clone());
+            async move {
+                reconciles.fetch_add(1, Ordering::Relaxed);
+                let Some(config_map) = request.object else {
+                    return Ok::<_, BoxError>(Action::await_change());
+                };
+                if config_map.labels().contains_key(LABEL) {
+                    return Ok(Action::await_change());
+                }
+                let patch = serde_json::json!({ "metadata": { "labels": { LABEL: "yes" } } });
+                Api::<ConfigMap>::default_namespaced(request.cluster.client())
+                    .patch(
+                        &config_map.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await?;
+                patched.fetch_add(1, Ordering::Relaxed);
+                Ok(Action::await_change())
+            }
+        }
+    });
+
+    let fleet = Fleet::new();
+    let (provider, handle) = ProgrammaticProvider::new();
+    tokio::spawn({
+        let fleet = fleet.clone();
+        async move { fleet.run(provider).await }
+    });
+    let mut config = kube_fleet::controller::Config::default();
+    if let Some(limit) = concurrency {
+        config = config.concurrency(limit);
+    }
+    let controller = tokio::spawn(
+        Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
+            .with_config(config)
+            .run(reconcile),
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // The set-up is done: measure from here.
+    let _ = std::fs::write("/proc/self/clear_refs", "5"); // resets VmHWM
+    let pids = env.pids();
+    let (rss_before, cpu_before, servers_before) = (
+        status_kib("VmRSS:"),
+        cpu_seconds("self"),
+        servers_cpu(&pids),
+    );
+    let began = Instant::now();
+    for (cluster, client) in env.clusters().iter().zip(&direct) {
+        handle.add(cluster.name(), client.clone());
+    }
+    while patched.load(Ordering::Relaxed) < total {
+        assert!(
+            began.elapsed() < Duration::from_secs(600),
+            "stalled: {} of {total} patched",
+            patched.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let wall = began.elapsed();
+    let (cpu, servers) = (
+        cpu_seconds("self") - cpu_before,
+        servers_cpu(&pids) - servers_before,
+    );
+    // The watches deliver the patched versions a little later.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (rss_after, peak) = (status_kib("VmRSS:"), status_kib("VmHWM:"));
+    let held = rss_after.saturating_sub(rss_before) * 1024;
+
+    let limit = concurrency.map_or("no limit".to_owned(), |l| format!("at most {l} at once"));
+    println!("{clusters} clusters x {objects} ConfigMaps ({total} patched, {limit})");
+    println!("  wall time            {wall:.2?}");
+    println!(
+        "  controller CPU       {cpu:.2} s ({:.0} us per patched object, {} reconciles)",
+        cpu * 1e6 / total as f64,
+        reconciles.load(Ordering::Relaxed)
+    );
+    println!(
+        "  peak RSS             {:.1} MiB (set-up included up to its level: {:.1} MiB)",
+        peak as f64 / 1024.0,
+        rss_before as f64 / 1024.0
+    );
+    println!(
+        "  RSS held             {:.1} MiB: {:.0} B per cached object, {:.0} KiB per cluster",
+        held as f64 / (1024.0 * 1024.0),
+        held as f64 / total as f64,
+        held as f64 / 1024.0 / clusters as f64
+    );
+    println!(
+        "  API servers + etcd   {servers:.2} s CPU ({:.0} us per patched object)",
+        servers * 1e6 / total as f64
+    );
+    controller.abort();
+    Ok(())
+}
