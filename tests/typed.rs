@@ -642,3 +642,42 @@ async fn an_object_recreated_while_the_connection_was_cut_is_reconciled_after_a_
         "the controller listed again ({lists_before} LISTs before, {lists_after} after)"
     );
 }
+
+#[tokio::test]
+async fn cached_objects_drop_their_managed_fields_unless_a_watch_keeps_them() {
+    use kube_fleet::controller::Watch;
+
+    let env = Envtest::start(1).await.unwrap();
+    let client = env.clusters()[0].client();
+    let created = create_config_map(client, "fields").await;
+    assert!(
+        created.metadata.managed_fields.is_some(),
+        "the API server records them"
+    );
+    let mut running = Running::new();
+    let mut seen = Vec::new();
+    for watch in [Watch::default(), Watch::default().keep_managed_fields()] {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let service = tower::service_fn(move |request: ObjectRequest<ConfigMap>| {
+            if let Some(object) = &request.object
+                && request.request.name == "fields"
+            {
+                let _ = tx.send(object.metadata.managed_fields.is_some());
+            }
+            async { Ok::<_, BoxError>(Action::await_change()) }
+        });
+        running.spawn(Controller::<ConfigMap>::new(&running.fleet, watch), service);
+        seen.push(rx);
+    }
+    running.add_all(&env);
+    let mut kept = Vec::new();
+    for rx in &mut seen {
+        kept.push(
+            tokio::time::timeout(PATIENCE, rx.recv())
+                .await
+                .expect("reconciled")
+                .unwrap(),
+        );
+    }
+    assert_eq!(kept, [false, true], "dropped by default, kept when asked");
+}

@@ -153,6 +153,8 @@ pub fn is_namespaced<K: Resource>() -> bool {
 struct WatchKey {
     type_id: TypeId,
     metadata_only: bool,
+    /// Whether objects keep their `managedFields`.
+    keep_managed_fields: bool,
     /// The type information of a dynamic type (its `ApiResource`).
     dynamic: String,
     /// The namespace the watch is limited to; `None` for all.
@@ -247,21 +249,43 @@ impl ClusterCache {
         namespace: Option<&str>,
         config: &watcher::Config,
     ) -> Arc<SharedWatch<K>> {
+        self.watch_fields(dyntype, namespace, false, config)
+    }
+
+    /// [`watch_with`](Self::watch_with), keeping each object's
+    /// `managedFields` if `keep_managed_fields` (a separate watch from one
+    /// that drops them).
+    pub(crate) fn watch_fields<K: Watchable>(
+        &self,
+        dyntype: &K::DynamicType,
+        namespace: Option<&str>,
+        keep_managed_fields: bool,
+        config: &watcher::Config,
+    ) -> Arc<SharedWatch<K>> {
         let namespace = scope::<K>(namespace);
-        self.shared(false, dyntype, namespace, config, || {
-            let (client, config) = (self.client.clone(), config.clone());
-            let namespace = namespace.map(str::to_owned);
-            let events = move |dyntype: &K::DynamicType| match &namespace {
-                Some(namespace) => {
-                    scoped::objects::<K>(client.clone(), dyntype, namespace, config.clone()).boxed()
-                }
-                None => {
-                    watcher::watcher(Api::<K>::all_with(client.clone(), dyntype), config.clone())
-                        .boxed()
-                }
-            };
-            self.discovering(dyntype, events)
-        })
+        self.shared(
+            false,
+            keep_managed_fields,
+            dyntype,
+            namespace,
+            config,
+            || {
+                let (client, config) = (self.client.clone(), config.clone());
+                let namespace = namespace.map(str::to_owned);
+                let events = move |dyntype: &K::DynamicType| match &namespace {
+                    Some(namespace) => {
+                        scoped::objects::<K>(client.clone(), dyntype, namespace, config.clone())
+                            .boxed()
+                    }
+                    None => watcher::watcher(
+                        Api::<K>::all_with(client.clone(), dyntype),
+                        config.clone(),
+                    )
+                    .boxed(),
+                };
+                self.discovering(dyntype, events)
+            },
+        )
     }
 
     /// The shared watch of `K`'s metadata only, in all namespaces, started
@@ -298,23 +322,42 @@ impl ClusterCache {
         namespace: Option<&str>,
         config: &watcher::Config,
     ) -> Arc<SharedWatch<PartialObjectMeta<K>>> {
+        self.watch_metadata_fields(dyntype, namespace, false, config)
+    }
+
+    /// [`watch_metadata_with`](Self::watch_metadata_with), keeping
+    /// `managedFields` if `keep_managed_fields`.
+    pub(crate) fn watch_metadata_fields<K: Watchable>(
+        &self,
+        dyntype: &K::DynamicType,
+        namespace: Option<&str>,
+        keep_managed_fields: bool,
+        config: &watcher::Config,
+    ) -> Arc<SharedWatch<PartialObjectMeta<K>>> {
         let namespace = scope::<K>(namespace);
-        self.shared(true, dyntype, namespace, config, || {
-            let (client, config) = (self.client.clone(), config.clone());
-            let namespace = namespace.map(str::to_owned);
-            let events = move |dyntype: &K::DynamicType| match &namespace {
-                Some(namespace) => {
-                    scoped::metadata::<K>(client.clone(), dyntype, namespace, config.clone())
-                        .boxed()
-                }
-                None => watcher::watcher(
-                    Api::<PartialObjectMeta<K>>::all_with(client.clone(), dyntype),
-                    config.clone(),
-                )
-                .boxed(),
-            };
-            self.discovering(dyntype, events)
-        })
+        self.shared(
+            true,
+            keep_managed_fields,
+            dyntype,
+            namespace,
+            config,
+            || {
+                let (client, config) = (self.client.clone(), config.clone());
+                let namespace = namespace.map(str::to_owned);
+                let events = move |dyntype: &K::DynamicType| match &namespace {
+                    Some(namespace) => {
+                        scoped::metadata::<K>(client.clone(), dyntype, namespace, config.clone())
+                            .boxed()
+                    }
+                    None => watcher::watcher(
+                        Api::<PartialObjectMeta<K>>::all_with(client.clone(), dyntype),
+                        config.clone(),
+                    )
+                    .boxed(),
+                };
+                self.discovering(dyntype, events)
+            },
+        )
     }
 
     /// The watch of `K` objects in all namespaces with this configuration,
@@ -347,7 +390,7 @@ impl ClusterCache {
         namespace: Option<&str>,
         config: &watcher::Config,
     ) -> Option<Arc<SharedWatch<K>>> {
-        let key = watch_key::<K>(false, dyntype, scope::<K>(namespace), config);
+        let key = watch_key::<K>(false, false, dyntype, scope::<K>(namespace), config);
         let watch = self.watches().get(&key)?.upgrade()?;
         watch.downcast::<SharedWatch<K>>().ok()
     }
@@ -394,6 +437,7 @@ impl ClusterCache {
     fn shared<T, S>(
         &self,
         metadata_only: bool,
+        keep_managed_fields: bool,
         dyntype: &T::DynamicType,
         namespace: Option<&str>,
         config: &watcher::Config,
@@ -405,7 +449,13 @@ impl ClusterCache {
     {
         // Keyed by the watched type `K`; for metadata watches `T` is
         // `PartialObjectMeta<K>`, a type of its own, so the keys never clash.
-        let key = watch_key::<T>(metadata_only, dyntype, namespace, config);
+        let key = watch_key::<T>(
+            metadata_only,
+            keep_managed_fields,
+            dyntype,
+            namespace,
+            config,
+        );
         let mut watches = self.watches();
         if let Some(existing) = watches.get(&key).and_then(Weak::upgrade)
             && let Ok(existing) = existing.downcast::<SharedWatch<T>>()
@@ -418,7 +468,7 @@ impl ClusterCache {
             self.cluster.clone(),
             metadata_only,
             dyntype.clone(),
-            stream(),
+            lean(stream(), keep_managed_fields),
         ));
         let weak: Weak<dyn Any + Send + Sync> = Arc::downgrade(&watch) as _;
         watches.insert(key, weak);
@@ -426,14 +476,34 @@ impl ClusterCache {
     }
 }
 
+/// `events` with each object's `managedFields` dropped unless `keep`: few
+/// controllers read them, and they are often the larger part of a small
+/// object's metadata.
+fn lean<T: Resource, S>(events: S, keep: bool) -> impl Stream<Item = S::Item> + Send + 'static
+where
+    S: Stream<Item = watcher::Result<watcher::Event<T>>> + Send + 'static,
+{
+    events.map(move |event| {
+        event.map(|event| {
+            if keep {
+                event
+            } else {
+                event.modify(|object| object.meta_mut().managed_fields = None)
+            }
+        })
+    })
+}
+
 fn watch_key<T: Resource<DynamicType: TypeInfo> + 'static>(
     metadata_only: bool,
+    keep_managed_fields: bool,
     dyntype: &T::DynamicType,
     namespace: Option<&str>,
     config: &watcher::Config,
 ) -> WatchKey {
     WatchKey {
         type_id: TypeId::of::<T>(),
+        keep_managed_fields,
         dynamic: format!("{dyntype:?}"),
         metadata_only,
         namespace: namespace.map(str::to_owned),

@@ -97,6 +97,7 @@ struct Resolved<T: Watchable> {
     clusters: Option<Clusters>,
     namespace: Option<String>,
     namespaced: bool,
+    keep_managed_fields: bool,
 }
 
 impl<T: Watchable> Resolved<T> {
@@ -106,6 +107,7 @@ impl<T: Watchable> Resolved<T> {
             clusters,
             namespace,
             resource,
+            keep_managed_fields,
         } = watch;
         let dyntype =
             T::DynamicType::from_watch(resource.as_ref().map(|(r, _)| r)).ok_or_else(|| {
@@ -137,6 +139,7 @@ impl<T: Watchable> Resolved<T> {
             config,
             clusters,
             namespaced,
+            keep_managed_fields,
         })
     }
 
@@ -296,10 +299,11 @@ impl<K: Watchable> Controller<K> {
                     namespaced: watch.namespaced,
                 };
                 let trigger = WatchTrigger {
-                    source: ClusterCache::watch_with::<K>,
+                    source: ClusterCache::watch_fields::<K>,
                     dyntype: watch.dyntype,
                     config: watch.config,
                     namespace: watch.namespace,
+                    keep_managed_fields: watch.keep_managed_fields,
                     clusters: None,
                     mapper: Arc::new(trigger::for_self::<K>),
                     filters: Vec::new(),
@@ -363,6 +367,7 @@ impl<K: Watchable> Controller<K> {
                     dyntype: watch.dyntype,
                     config: watch.config,
                     namespace: watch.namespace,
+                    keep_managed_fields: watch.keep_managed_fields,
                     clusters: watch.clusters,
                     mapper: Arc::new(mapper(&self.owner)),
                     filters: Vec::new(),
@@ -422,7 +427,7 @@ impl<K: Watchable> Controller<K> {
     /// Also reconciles the owner of every `Child` (by owner reference, same
     /// cluster) when the child changes.
     pub fn owns<Child: Watchable>(self, watch: impl Into<Watch>) -> Self {
-        self.add_trigger(watch.into(), ClusterCache::watch_with::<Child>, |owner| {
+        self.add_trigger(watch.into(), ClusterCache::watch_fields::<Child>, |owner| {
             trigger::for_owners::<Child>(
                 owner.kind.clone(),
                 owner.api_version.clone(),
@@ -435,7 +440,7 @@ impl<K: Watchable> Controller<K> {
     pub fn owns_metadata<Child: Watchable>(self, watch: impl Into<Watch>) -> Self {
         self.add_trigger(
             watch.into(),
-            ClusterCache::watch_metadata_with::<Child>,
+            ClusterCache::watch_metadata_fields::<Child>,
             |owner| {
                 trigger::for_owners::<PartialObjectMeta<Child>>(
                     owner.kind.clone(),
@@ -478,7 +483,7 @@ impl<K: Watchable> Controller<K> {
         Other: Watchable,
         I: IntoIterator<Item = McRequest>,
     {
-        self.add_trigger(watch.into(), ClusterCache::watch_with::<Other>, |_| {
+        self.add_trigger(watch.into(), ClusterCache::watch_fields::<Other>, |_| {
             move |cluster: &ClusterName, change: &Change<Other>| {
                 mapper(cluster, change.object()).into_iter().collect()
             }
@@ -497,7 +502,7 @@ impl<K: Watchable> Controller<K> {
     {
         self.add_trigger(
             watch.into(),
-            ClusterCache::watch_metadata_with::<Other>,
+            ClusterCache::watch_metadata_fields::<Other>,
             |_| {
                 move |cluster: &ClusterName, change: &Change<PartialObjectMeta<Other>>| {
                     mapper(cluster, change.object()).into_iter().collect()

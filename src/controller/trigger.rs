@@ -55,6 +55,7 @@ pub(crate) type Source<T> = fn(
     &ClusterCache,
     &<T as Resource>::DynamicType,
     Option<&str>,
+    bool,
     &watcher::Config,
 ) -> Arc<SharedWatch<T>>;
 type Mapper<T> = Arc<dyn Fn(&ClusterName, &Change<T>) -> Vec<McRequest> + Send + Sync>;
@@ -69,6 +70,8 @@ pub(crate) struct WatchTrigger<T: Resource<DynamicType: TypeInfo> + 'static> {
     pub(crate) dyntype: T::DynamicType,
     pub(crate) config: watcher::Config,
     pub(crate) namespace: Option<String>,
+    /// Cached objects keep their `managedFields`.
+    pub(crate) keep_managed_fields: bool,
     pub(crate) clusters: Option<Clusters>,
     pub(crate) mapper: Mapper<T>,
     /// A change passes only if every filter passes it.
@@ -87,6 +90,7 @@ where
             cluster.cache(),
             &self.dyntype,
             self.namespace.as_deref(),
+            self.keep_managed_fields,
             &self.config,
         );
         let subscribe = {
@@ -111,6 +115,7 @@ where
             cluster.cache(),
             &self.dyntype,
             self.namespace.as_deref(),
+            self.keep_managed_fields,
             &self.config,
         );
         let name = cluster.name();

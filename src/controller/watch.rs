@@ -43,6 +43,7 @@ pub struct Watch {
     pub(crate) clusters: Option<Clusters>,
     pub(crate) namespace: Option<String>,
     pub(crate) resource: Option<(ApiResource, Scope)>,
+    pub(crate) keep_managed_fields: bool,
 }
 
 impl Watch {
@@ -53,6 +54,7 @@ impl Watch {
             clusters: None,
             namespace: None,
             resource: None,
+            keep_managed_fields: false,
         }
     }
 
@@ -131,6 +133,16 @@ impl Watch {
     pub fn discover(self, group: &str, kind: &str, scope: Scope) -> Self {
         let resource = crate::cache::discovery::any_version(group, kind, &scope);
         self.resource(resource, scope)
+    }
+
+    /// Keeps each cached object's `metadata.managedFields`, which the
+    /// cache drops by default: few controllers read them, and for small
+    /// objects they are much of what the cache holds. A watch that keeps
+    /// them is a separate watch from one that does not.
+    #[must_use]
+    pub fn keep_managed_fields(mut self) -> Self {
+        self.keep_managed_fields = true;
+        self
     }
 
     /// The watch configuration.
