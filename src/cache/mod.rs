@@ -8,6 +8,9 @@
 //! reader costs memory in proportion to the objects, never to the versions
 //! it missed. A watch lives as long as someone holds it (a controller, a
 //! subscription): the last one to let go stops it at the API server.
+//! Cached objects carry no `metadata.managedFields` (a controller's
+//! [`Watch::keep_managed_fields`](crate::controller::Watch::keep_managed_fields)
+//! keeps them).
 //!
 //! ```no_run
 //! # async fn example(cluster: kube_fleet::Cluster) {
