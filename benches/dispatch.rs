@@ -15,7 +15,10 @@
 //! own watch), the raw path with the layers that resolve the cluster and load
 //! the object, and the typed path in the recommended stack
 //! (`RecommendedLayer`: trace, metrics following the fleet, panic catch,
-//! timeout, retry).
+//! timeout, retry). Last, kube-runtime's own `applier` runs the same keys in
+//! the same process as the baseline (a no-op reconciler over a store holding
+//! their objects, unbounded concurrency as ours), and each stack's
+//! throughput is printed as a ratio of it.
 //!
 //! - throughput: 200,000 requests queued at once, reconciles per second;
 //! - latency: 20,000 requests fed at 10,000 per second, enqueue-to-start
@@ -29,8 +32,13 @@ use std::{
     time::{Duration, Instant},
 };
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::runtime::watcher;
+use kube::runtime::{
+    controller::{Action as KubeAction, Config as ApplierConfig, applier},
+    reflector::{ObjectRef, store::Writer},
+    watcher,
+};
 use kube_fleet::{
     Action, Controller, Fleet, McRequest, ObjectRequest, TokenBucket, controller::Config,
 };
@@ -40,6 +48,7 @@ use kube_fleet_layers::{
     resolve_cluster::ResolveClusterLayer,
 };
 use prometheus_client::registry::Registry;
+use std::convert::Infallible;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tower::{BoxError, ServiceBuilder, service_fn};
@@ -69,7 +78,11 @@ impl Clock {
     }
 
     fn start(&self, request: &McRequest) {
-        let i: usize = request.name[4..].parse().expect("obj-<n>");
+        self.start_named(&request.name);
+    }
+
+    fn start_named(&self, name: &str) {
+        let i: usize = name[4..].parse().expect("obj-<n>");
         let waited = self.now() - self.sent[i].load(Ordering::Relaxed);
         self.latency[i].store(waited, Ordering::Relaxed);
         self.started.fetch_add(1, Ordering::Relaxed);
@@ -83,12 +96,73 @@ enum Stack {
     Typed,
     RawLayers,
     Recommended,
+    /// kube-runtime's own `applier`, fed the same keys, over a store that
+    /// holds their objects.
+    KubeRuntime,
+}
+
+/// Where the requests go: a controller's `reconcile_on`, or the applier's
+/// queue.
+enum Feed {
+    Keys(mpsc::UnboundedSender<McRequest>),
+    Refs(mpsc::UnboundedSender<Result<ObjectRef<ConfigMap>, Infallible>>),
+}
+
+impl Feed {
+    fn send(&self, i: usize) {
+        let name = format!("obj-{i}");
+        let sent = match self {
+            Self::Keys(tx) => tx
+                .send(McRequest::new(CLUSTER, Some("default"), name))
+                .is_ok(),
+            Self::Refs(tx) => tx.send(Ok(ObjectRef::new(&name).within("default"))).is_ok(),
+        };
+        assert!(sent, "the consumer is gone");
+    }
+}
+
+/// kube-runtime's applier with a no-op reconciler over a store of the `n`
+/// objects the requests name.
+fn kube_runtime_applier(n: usize, clock: Arc<Clock>) -> (tokio::task::JoinHandle<()>, Feed) {
+    let mut writer = Writer::<ConfigMap>::default();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for i in 0..n {
+        let object = ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some(format!("obj-{i}")),
+                namespace: Some("default".into()),
+                ..Default::default()
+            },
+            ..ConfigMap::default()
+        };
+        writer.apply_watcher_event(&watcher::Event::InitApply(object));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let applier = applier(
+        move |object: Arc<ConfigMap>, _: Arc<()>| {
+            let name = object.metadata.name.as_deref().unwrap_or_default();
+            clock.start_named(name);
+            futures::future::ready(Ok::<_, std::io::Error>(KubeAction::await_change()))
+        },
+        |_, _, _| KubeAction::await_change(),
+        Arc::new(()),
+        writer.as_reader(),
+        UnboundedReceiverStream::new(rx),
+        ApplierConfig::default(),
+    );
+    let task = tokio::spawn(applier.for_each(|_| async {}));
+    (task, Feed::Refs(tx))
 }
 
 /// Runs one controller over `n` requests fed by `feed`; returns the wall time
 /// until all have started and the clock.
 async fn run(fleet: &Fleet, stack: Stack, n: usize, paced: bool) -> (Duration, Arc<Clock>) {
     let clock = Clock::new(n);
+    if let Stack::KubeRuntime = stack {
+        let (task, feed) = kube_runtime_applier(n, clock.clone());
+        return feed_all(task, feed, clock, n, paced).await;
+    }
     let (tx, rx) = mpsc::unbounded_channel();
     // Only the in-memory requests, none from the cluster's own ConfigMaps.
     let controller = Controller::<ConfigMap>::new(fleet, watcher::Config::default())
@@ -135,6 +209,7 @@ async fn run(fleet: &Fleet, stack: Stack, n: usize, paced: bool) -> (Duration, A
                 }));
             tokio::spawn(controller.run_raw(service))
         }
+        Stack::KubeRuntime => unreachable!("run above"),
         Stack::Recommended => {
             let clock = clock.clone();
             let service = ServiceBuilder::new()
@@ -149,18 +224,29 @@ async fn run(fleet: &Fleet, stack: Stack, n: usize, paced: bool) -> (Duration, A
             tokio::spawn(controller.run(service))
         }
     };
+    feed_all(task, Feed::Keys(tx), clock, n, paced).await
+}
+
+/// Sends the `n` requests (in batches of 100 every 10 ms if `paced`) and
+/// waits until all have started; returns how long that took.
+async fn feed_all(
+    task: tokio::task::JoinHandle<impl std::fmt::Debug + Send + 'static>,
+    feed: Feed,
+    clock: Arc<Clock>,
+    n: usize,
+    paced: bool,
+) -> (Duration, Arc<Clock>) {
     let began = Instant::now();
     for i in 0..n {
         if paced && i % 100 == 0 && i > 0 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         clock.sent[i].store(clock.now(), Ordering::Relaxed);
-        tx.send(McRequest::new(CLUSTER, Some("default"), format!("obj-{i}")))
-            .unwrap();
+        feed.send(i);
     }
     while clock.started.load(Ordering::Relaxed) < n {
         if task.is_finished() {
-            panic!("the controller ended early: {:?}", task.await);
+            panic!("the consumer ended early: {:?}", task.await);
         }
         assert!(
             began.elapsed() < Duration::from_secs(120),
@@ -195,19 +281,20 @@ async fn main() -> Result<(), BoxError> {
 
     // In the order of earlier runs (`docs/benchmarks.md`), new ones last,
     // so that each runs after the same work as there.
+    let mut rates = Vec::new();
     for stack in [
         Stack::Bare,
         Stack::RawLayers,
         Stack::Recommended,
         Stack::Admission,
         Stack::Typed,
+        Stack::KubeRuntime,
     ] {
         let n = 200_000;
         let (took, _) = run(&fleet, stack, n, false).await;
-        println!(
-            "{stack:?}: throughput {:.0} reconciles/s ({n} in {took:.2?})",
-            n as f64 / took.as_secs_f64()
-        );
+        let rate = n as f64 / took.as_secs_f64();
+        rates.push((stack, rate));
+        println!("{stack:?}: throughput {rate:.0} reconciles/s ({n} in {took:.2?})");
         let n = 20_000;
         let (_, clock) = run(&fleet, stack, n, true).await;
         let mut latency: Vec<u64> = clock
@@ -222,6 +309,13 @@ async fn main() -> Result<(), BoxError> {
             percentile(&latency, 0.99),
             percentile(&latency, 1.0)
         );
+    }
+    let baseline = rates
+        .iter()
+        .find(|(stack, _)| matches!(stack, Stack::KubeRuntime))
+        .map_or(f64::NAN, |(_, rate)| *rate);
+    for (stack, rate) in &rates {
+        println!("{stack:?}: {:.2}x kube-runtime's applier", rate / baseline);
     }
     Ok(())
 }
