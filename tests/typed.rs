@@ -681,3 +681,46 @@ async fn cached_objects_drop_their_managed_fields_unless_a_watch_keeps_them() {
     }
     assert_eq!(kept, [false, true], "dropped by default, kept when asked");
 }
+
+#[tokio::test]
+async fn a_controller_can_watch_only_the_metadata_of_its_type() {
+    use kube::core::PartialObjectMeta;
+
+    let env = Envtest::start(1).await.unwrap();
+    let client = env.clusters()[0].client();
+    let mut full = config_map("big");
+    full.data = Some([("payload".to_owned(), "x".repeat(10_000))].into());
+    Api::<ConfigMap>::default_namespaced(client)
+        .create(&PostParams::default(), &full)
+        .await
+        .unwrap();
+    let mut running = Running::new();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let service = tower::service_fn(
+        move |request: ObjectRequest<PartialObjectMeta<ConfigMap>>| {
+            if let Some(meta) = &request.object {
+                let _ = tx.send((meta.metadata.name.clone(), meta.metadata.uid.is_some()));
+            }
+            async { Ok::<_, BoxError>(Action::await_change()) }
+        },
+    );
+    let controller =
+        Controller::<PartialObjectMeta<ConfigMap>>::new(&running.fleet, watcher::Config::default());
+    let status = controller.status();
+    running.spawn(controller, service);
+    running.add_all(&env);
+    let seen = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let (name, has_uid) = rx.recv().await.unwrap();
+            if name.as_deref() == Some("big") {
+                return has_uid;
+            }
+        }
+    })
+    .await
+    .expect("reconciled from metadata alone");
+    assert!(seen, "the metadata is there");
+    let cluster = status.cluster("cluster-0").unwrap();
+    assert_eq!(cluster.watches[0].kind, "ConfigMap", "{cluster}");
+    assert!(cluster.watches[0].metadata_only, "{cluster}");
+}

@@ -469,7 +469,7 @@ impl ClusterCache {
         watches.retain(|_, w| w.strong_count() > 0);
         let watch = Arc::new(SharedWatch::start(
             self.cluster.clone(),
-            metadata_only,
+            metadata_only || T::metadata_api(),
             dyntype.clone(),
             lean(stream(), keep_managed_fields),
         ));

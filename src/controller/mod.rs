@@ -289,7 +289,9 @@ impl<K: Watchable> Controller<K> {
     /// the namespace), in every cluster of `fleet` unless the `Watch` or
     /// [`clusters`](Self::clusters) selects fewer. This is the only place
     /// the type and its watch are named: each reconcile gets its object from
-    /// this watch.
+    /// this watch. A controller of `PartialObjectMeta<K>` watches only the
+    /// metadata of `K` (the API server sends nothing else), for controllers
+    /// that act on names, labels or owners alone.
     pub fn new(fleet: &Fleet, watch: impl Into<Watch>) -> Self {
         let (for_trigger, owner, clusters, problems) = match Resolved::<K>::from(watch.into()) {
             Ok(watch) => {
