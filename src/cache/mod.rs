@@ -154,8 +154,8 @@ pub fn is_namespaced<K: Resource>() -> bool {
 
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 struct WatchKey {
+    /// The watched type (`PartialObjectMeta<K>` for a metadata watch).
     type_id: TypeId,
-    metadata_only: bool,
     /// Whether objects keep their `managedFields`.
     keep_managed_fields: bool,
     /// The type information of a dynamic type (its `ApiResource`).
@@ -266,29 +266,20 @@ impl ClusterCache {
         config: &watcher::Config,
     ) -> Arc<SharedWatch<K>> {
         let namespace = scope::<K>(namespace);
-        self.shared(
-            false,
-            keep_managed_fields,
-            dyntype,
-            namespace,
-            config,
-            || {
-                let (client, config) = (self.client.clone(), config.clone());
-                let namespace = namespace.map(str::to_owned);
-                let events = move |dyntype: &K::DynamicType| match &namespace {
-                    Some(namespace) => {
-                        scoped::objects::<K>(client.clone(), dyntype, namespace, config.clone())
-                            .boxed()
-                    }
-                    None => watcher::watcher(
-                        Api::<K>::all_with(client.clone(), dyntype),
-                        config.clone(),
-                    )
-                    .boxed(),
-                };
-                self.discovering(dyntype, events)
-            },
-        )
+        self.shared(keep_managed_fields, dyntype, namespace, config, || {
+            let (client, config) = (self.client.clone(), config.clone());
+            let namespace = namespace.map(str::to_owned);
+            let events = move |dyntype: &K::DynamicType| match &namespace {
+                Some(namespace) => {
+                    scoped::objects::<K>(client.clone(), dyntype, namespace, config.clone()).boxed()
+                }
+                None => {
+                    watcher::watcher(Api::<K>::all_with(client.clone(), dyntype), config.clone())
+                        .boxed()
+                }
+            };
+            self.discovering(dyntype, events)
+        })
     }
 
     /// The shared watch of `K`'s metadata only, in all namespaces, started
@@ -325,42 +316,7 @@ impl ClusterCache {
         namespace: Option<&str>,
         config: &watcher::Config,
     ) -> Arc<SharedWatch<PartialObjectMeta<K>>> {
-        self.watch_metadata_fields(dyntype, namespace, false, config)
-    }
-
-    /// [`watch_metadata_with`](Self::watch_metadata_with), keeping
-    /// `managedFields` if `keep_managed_fields`.
-    pub(crate) fn watch_metadata_fields<K: Watchable>(
-        &self,
-        dyntype: &K::DynamicType,
-        namespace: Option<&str>,
-        keep_managed_fields: bool,
-        config: &watcher::Config,
-    ) -> Arc<SharedWatch<PartialObjectMeta<K>>> {
-        let namespace = scope::<K>(namespace);
-        self.shared(
-            true,
-            keep_managed_fields,
-            dyntype,
-            namespace,
-            config,
-            || {
-                let (client, config) = (self.client.clone(), config.clone());
-                let namespace = namespace.map(str::to_owned);
-                let events = move |dyntype: &K::DynamicType| match &namespace {
-                    Some(namespace) => {
-                        scoped::metadata::<K>(client.clone(), dyntype, namespace, config.clone())
-                            .boxed()
-                    }
-                    None => watcher::watcher(
-                        Api::<PartialObjectMeta<K>>::all_with(client.clone(), dyntype),
-                        config.clone(),
-                    )
-                    .boxed(),
-                };
-                self.discovering(dyntype, events)
-            },
-        )
+        self.watch_with::<PartialObjectMeta<K>>(dyntype, namespace, config)
     }
 
     /// The watch of `K` objects in all namespaces with this configuration,
@@ -393,7 +349,7 @@ impl ClusterCache {
         namespace: Option<&str>,
         config: &watcher::Config,
     ) -> Option<Arc<SharedWatch<K>>> {
-        let key = watch_key::<K>(false, false, dyntype, scope::<K>(namespace), config);
+        let key = watch_key::<K>(false, dyntype, scope::<K>(namespace), config);
         let watch = self.watches().get(&key)?.upgrade()?;
         watch.downcast::<SharedWatch<K>>().ok()
     }
@@ -439,7 +395,6 @@ impl ClusterCache {
 
     fn shared<T, S>(
         &self,
-        metadata_only: bool,
         keep_managed_fields: bool,
         dyntype: &T::DynamicType,
         namespace: Option<&str>,
@@ -450,15 +405,9 @@ impl ClusterCache {
         T: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
         S: Stream<Item = watcher::Result<watcher::Event<T>>> + Send + 'static,
     {
-        // Keyed by the watched type `K`; for metadata watches `T` is
+        // Keyed by the watched type: for metadata watches it is
         // `PartialObjectMeta<K>`, a type of its own, so the keys never clash.
-        let key = watch_key::<T>(
-            metadata_only,
-            keep_managed_fields,
-            dyntype,
-            namespace,
-            config,
-        );
+        let key = watch_key::<T>(keep_managed_fields, dyntype, namespace, config);
         let mut watches = self.watches();
         if let Some(existing) = watches.get(&key).and_then(Weak::upgrade)
             && let Ok(existing) = existing.downcast::<SharedWatch<T>>()
@@ -469,7 +418,6 @@ impl ClusterCache {
         watches.retain(|_, w| w.strong_count() > 0);
         let watch = Arc::new(SharedWatch::start(
             self.cluster.clone(),
-            metadata_only || T::metadata_api(),
             dyntype.clone(),
             lean(stream(), keep_managed_fields),
         ));
@@ -498,7 +446,6 @@ where
 }
 
 fn watch_key<T: Resource<DynamicType: TypeInfo> + 'static>(
-    metadata_only: bool,
     keep_managed_fields: bool,
     dyntype: &T::DynamicType,
     namespace: Option<&str>,
@@ -508,7 +455,6 @@ fn watch_key<T: Resource<DynamicType: TypeInfo> + 'static>(
         type_id: TypeId::of::<T>(),
         keep_managed_fields,
         dynamic: format!("{dyntype:?}"),
-        metadata_only,
         namespace: namespace.map(str::to_owned),
         config: format!("{config:?}"),
     }

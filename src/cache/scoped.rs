@@ -8,12 +8,7 @@
 use std::borrow::Cow;
 
 use futures::{Stream, StreamExt};
-use kube::{
-    Api, Client, Resource,
-    api::ObjectMeta,
-    core::{DynamicResourceScope, PartialObjectMeta},
-    runtime::watcher,
-};
+use kube::{Api, Client, Resource, api::ObjectMeta, core::DynamicResourceScope, runtime::watcher};
 use serde::{Deserialize, Deserializer};
 
 use super::Watchable;
@@ -79,7 +74,8 @@ fn unwrap_event<T, U>(event: watcher::Event<T>, f: impl Fn(T) -> U) -> watcher::
     }
 }
 
-/// A watch of `K` objects in `namespace` only.
+/// A watch of `K` objects in `namespace` only (of their metadata only, for
+/// `K = PartialObjectMeta<_>`).
 pub(super) fn objects<K: Watchable>(
     client: Client,
     dyntype: &K::DynamicType,
@@ -88,23 +84,4 @@ pub(super) fn objects<K: Watchable>(
 ) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static {
     let api = Api::<InNamespace<K>>::namespaced_with(client, namespace, dyntype);
     watcher::watcher(api, config).map(|event| event.map(|e| unwrap_event(e, |o| o.0)))
-}
-
-/// A watch of `K`'s metadata in `namespace` only.
-pub(super) fn metadata<K: Watchable>(
-    client: Client,
-    dyntype: &K::DynamicType,
-    namespace: &str,
-    config: watcher::Config,
-) -> impl Stream<Item = watcher::Result<watcher::Event<PartialObjectMeta<K>>>> + Send + 'static {
-    let api = Api::<PartialObjectMeta<InNamespace<K>>>::namespaced_with(client, namespace, dyntype);
-    watcher::watcher(api, config).map(|event| {
-        event.map(|e| {
-            unwrap_event(e, |o| PartialObjectMeta {
-                types: o.types,
-                metadata: o.metadata,
-                _phantom: std::marker::PhantomData,
-            })
-        })
-    })
 }

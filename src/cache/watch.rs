@@ -74,7 +74,6 @@ impl<K: Resource<DynamicType: TypeInfo>> Hub<K> {
 pub struct SharedWatch<K: Resource<DynamicType: TypeInfo> + 'static> {
     store: Store<K>,
     hub: Arc<Hub<K>>,
-    metadata_only: bool,
     dyntype: K::DynamicType,
     task: AbortHandle,
 }
@@ -83,7 +82,7 @@ impl<K: Resource<DynamicType: TypeInfo> + Clone> fmt::Debug for SharedWatch<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SharedWatch")
             .field("kind", &K::kind(&self.dyntype))
-            .field("metadata_only", &self.metadata_only)
+            .field("metadata_only", &K::metadata_api())
             .field("objects", &self.store.len())
             .field("state", &self.hub.health.borrow().state)
             .finish_non_exhaustive()
@@ -100,12 +99,7 @@ impl<K> SharedWatch<K>
 where
     K: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
 {
-    pub(super) fn start<S>(
-        cluster: ClusterName,
-        metadata_only: bool,
-        dyntype: K::DynamicType,
-        events: S,
-    ) -> Self
+    pub(super) fn start<S>(cluster: ClusterName, dyntype: K::DynamicType, events: S) -> Self
     where
         S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
     {
@@ -132,7 +126,6 @@ where
         Self {
             store,
             hub,
-            metadata_only,
             dyntype,
             task: task.abort_handle(),
         }
@@ -188,7 +181,7 @@ where
 
     /// Whether this watch reads only metadata.
     pub fn is_metadata_only(&self) -> bool {
-        self.metadata_only
+        K::metadata_api()
     }
 }
 
@@ -218,7 +211,7 @@ where
         WatchStatus {
             kind: K::kind(&self.dyntype).into_owned(),
             api_version: K::api_version(&self.dyntype).into_owned(),
-            metadata_only: self.metadata_only,
+            metadata_only: K::metadata_api(),
             state: self.state(),
         }
     }
@@ -393,7 +386,7 @@ mod tests {
     /// A watch fed from a channel instead of an API server.
     fn fed_watch() -> (Arc<SharedWatch<ConfigMap>>, Events) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let watch = SharedWatch::start("test".into(), false, (), UnboundedReceiverStream::new(rx));
+        let watch = SharedWatch::start("test".into(), (), UnboundedReceiverStream::new(rx));
         (Arc::new(watch), tx)
     }
 

@@ -442,7 +442,7 @@ impl<K: Watchable> Controller<K> {
     pub fn owns_metadata<Child: Watchable>(self, watch: impl Into<Watch>) -> Self {
         self.add_trigger(
             watch.into(),
-            ClusterCache::watch_metadata_fields::<Child>,
+            ClusterCache::watch_fields::<PartialObjectMeta<Child>>,
             |owner| {
                 trigger::for_owners::<PartialObjectMeta<Child>>(
                     owner.kind.clone(),
@@ -504,7 +504,7 @@ impl<K: Watchable> Controller<K> {
     {
         self.add_trigger(
             watch.into(),
-            ClusterCache::watch_metadata_fields::<Other>,
+            ClusterCache::watch_fields::<PartialObjectMeta<Other>>,
             |_| {
                 move |cluster: &ClusterName, change: &Change<PartialObjectMeta<Other>>| {
                     mapper(cluster, change.object()).into_iter().collect()

@@ -81,18 +81,28 @@ pub(crate) struct WatchTrigger<T: Resource<DynamicType: TypeInfo> + 'static> {
     pub(crate) related: Option<Arc<str>>,
 }
 
-impl<T> Trigger for WatchTrigger<T>
+impl<T> WatchTrigger<T>
 where
     T: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
 {
-    fn start(&self, cluster: &Cluster) -> Started {
-        let watch = (self.source)(
+    /// The watch in `cluster`, started now if none runs there.
+    fn watch(&self, cluster: &Cluster) -> Arc<SharedWatch<T>> {
+        (self.source)(
             cluster.cache(),
             &self.dyntype,
             self.namespace.as_deref(),
             self.keep_managed_fields,
             &self.config,
-        );
+        )
+    }
+}
+
+impl<T> Trigger for WatchTrigger<T>
+where
+    T: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
+{
+    fn start(&self, cluster: &Cluster) -> Started {
+        let watch = self.watch(cluster);
         let subscribe = {
             let (watch, name) = (watch.clone(), cluster.name().clone());
             let (mapper, filters) = (self.mapper.clone(), self.filters.clone());
@@ -111,13 +121,7 @@ where
     }
 
     fn known(&self, cluster: &Cluster) -> Vec<McRequest> {
-        let watch = (self.source)(
-            cluster.cache(),
-            &self.dyntype,
-            self.namespace.as_deref(),
-            self.keep_managed_fields,
-            &self.config,
-        );
+        let watch = self.watch(cluster);
         let name = cluster.name();
         watch
             .store()
