@@ -42,38 +42,11 @@ use kube_fleet::{Action, Controller, Fleet, ObjectRequest, provider::Programmati
 use kube_fleet_envtest::Envtest;
 use tower::{BoxError, service_fn};
 
+mod os;
+
+use os::{cpu_seconds, reset_peak, status_kib};
+
 const LABEL: &str = "bench.kube-fleet.dev/seen";
-
-/// Clock ticks per second in `/proc/<pid>/stat` (USER_HZ, 100 on Linux).
-const TICKS: f64 = 100.0;
-
-fn status_kib(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
-/// User and system CPU seconds of process `pid` so far.
-fn cpu_seconds(pid: &str) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The fields after the command name, which is in parentheses.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 here.
-    (ticks(11) + ticks(12)) / TICKS
-}
 
 fn servers_cpu(pids: &[u32]) -> f64 {
     pids.iter().map(|pid| cpu_seconds(&pid.to_string())).sum()
@@ -179,7 +152,7 @@ async fn main() -> Result<(), BoxError> {
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     // The set-up is done: measure from here.
-    let _ = std::fs::write("/proc/self/clear_refs", "5"); // resets VmHWM
+    reset_peak();
     let pids = env.pids();
     let (rss_before, cpu_before, servers_before) = (
         status_kib("VmRSS:"),

@@ -26,14 +26,9 @@ use kube_fleet::Cluster;
 use kube_fleet_envtest::Envtest;
 use tower::BoxError;
 
-fn status_kib(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
+mod os;
+
+use os::status_kib;
 
 fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0

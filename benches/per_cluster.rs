@@ -26,14 +26,9 @@ use kube_fleet::{Action, Controller, Fleet, McRequest, provider::ProgrammaticPro
 use kube_fleet_envtest::Envtest;
 use tower::{BoxError, service_fn};
 
-fn resident_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
-}
+mod os;
+
+use os::resident_bytes;
 
 fn alive_tasks() -> usize {
     tokio::runtime::Handle::current()
