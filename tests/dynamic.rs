@@ -95,19 +95,12 @@ async fn a_dynamic_controller_reconciles_where_its_crd_exists_and_starts_where_i
         HashSet::from(["cluster-0".into(), "cluster-1".into()])
     );
     // The third cluster waits for its watch, which says why.
-    tokio::time::timeout(PATIENCE, async {
-        loop {
-            if let Some(cluster) = status.cluster(without.name())
-                && let Some(failing) = cluster.failing().next()
-            {
-                assert_eq!(failing.kind, "Gadget", "{cluster}");
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("the cluster without the CRD is reported");
+    let cluster = failing(&status, without.name(), PATIENCE).await;
+    assert_eq!(
+        cluster.failing().next().map(|w| w.kind.as_str()),
+        Some("Gadget"),
+        "{cluster}"
+    );
 
     // The CRD appears there: the controller starts there, no restart.
     without.install_crds([Gadget::crd()]).await.unwrap();
@@ -244,19 +237,7 @@ async fn a_kind_found_by_discovery_is_watched_at_the_version_each_cluster_serves
         ])
     );
     // Where the kind is not served, the watch says so.
-    let reason = tokio::time::timeout(PATIENCE, async {
-        loop {
-            if let Some(cluster) = status.cluster(later.name())
-                && let Some(failing) = cluster.failing().next()
-                && let kube_fleet::cache::WatchState::Failing { reason } = &failing.state
-            {
-                return reason.clone();
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("the cluster without the kind is reported");
+    let reason = failing_reason(&status, later.name()).await;
     assert!(reason.contains("Gadget"), "{reason}");
 
     later.install_crds([Gadget::crd()]).await.unwrap();
@@ -425,19 +406,7 @@ async fn a_scope_that_contradicts_discovery_is_reported() {
     let status = controller.status();
     running.spawn(controller, service);
     running.add_all(&env);
-    let reason = tokio::time::timeout(PATIENCE, async {
-        loop {
-            if let Some(cluster) = status.cluster("cluster-0")
-                && let Some(failing) = cluster.failing().next()
-                && let kube_fleet::cache::WatchState::Failing { reason } = &failing.state
-            {
-                return reason.clone();
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("the watch reports the mismatch");
+    let reason = failing_reason(&status, "cluster-0").await;
     assert!(
         reason.contains("cluster-scoped") && reason.contains("Scope::Namespaced"),
         "{reason}"

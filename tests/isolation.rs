@@ -20,9 +20,7 @@ use kube::{
     runtime::watcher,
 };
 use kube_fleet::{
-    Action, Controller, McRequest, ObjectRequest,
-    cache::WatchState,
-    controller::{ClusterStatus, Config, ControllerStatus},
+    Action, Controller, McRequest, ObjectRequest, cache::WatchState, controller::Config,
 };
 use kube_fleet_envtest::Envtest;
 use schemars::JsonSchema;
@@ -46,22 +44,6 @@ fn widget(name: &str) -> Widget {
     let mut widget = Widget::new(name, WidgetSpec { size: 1 });
     widget.metadata.namespace = Some("default".into());
     widget
-}
-
-/// Waits until `status` shows the cluster `name` failing, and returns it.
-async fn failing(status: &ControllerStatus, name: &str, patience: Duration) -> ClusterStatus {
-    tokio::time::timeout(patience, async {
-        loop {
-            if let Some(cluster) = status.cluster(name)
-                && cluster.failing().next().is_some()
-            {
-                return cluster;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{name} never reported failing: {:?}", status.cluster(name)))
 }
 
 #[tokio::test]

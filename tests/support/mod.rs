@@ -13,7 +13,8 @@ use kube::{
 };
 use kube_fleet::{
     Action, Controller, Fleet, McRequest,
-    controller::ControllerStatus,
+    cache::WatchState,
+    controller::{ClusterStatus, ControllerStatus},
     provider::{ProgrammaticHandle, ProgrammaticProvider},
 };
 use kube_fleet_envtest::Envtest;
@@ -140,6 +141,32 @@ async fn api_server_count(client: &Client, metric: &str, resource: &str, verb: &
         .filter(|line| line.contains(&resource) && line.contains(&verb))
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
+}
+
+/// Waits until `status` shows the cluster `name` failing, and returns it.
+pub async fn failing(status: &ControllerStatus, name: &str, patience: Duration) -> ClusterStatus {
+    tokio::time::timeout(patience, async {
+        loop {
+            if let Some(cluster) = status.cluster(name)
+                && cluster.failing().next().is_some()
+            {
+                return cluster;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{name} never reported failing: {:?}", status.cluster(name)))
+}
+
+/// The reason the first failing watch of cluster `name` gives, once one
+/// fails.
+pub async fn failing_reason(status: &ControllerStatus, name: &str) -> String {
+    let cluster = failing(status, name, PATIENCE).await;
+    match &cluster.failing().next().expect("a failing watch").state {
+        WatchState::Failing { reason } => reason.clone(),
+        state => unreachable!("a failing watch in state {state:?}"),
+    }
 }
 
 /// A fleet fed by a programmatic provider, with its task.
