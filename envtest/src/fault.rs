@@ -7,6 +7,10 @@
 use std::{
     io,
     net::{Ipv4Addr, SocketAddr},
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
@@ -38,7 +42,32 @@ pub(crate) struct FaultProxy {
     addr: SocketAddr,
     traffic: watch::Sender<Traffic>,
     upstream: watch::Sender<SocketAddr>,
+    counts: Arc<Counts>,
     task: JoinHandle<()>,
+}
+
+/// How many connections a proxy has accepted, and how many of them are open.
+#[derive(Debug, Default)]
+struct Counts {
+    accepted: AtomicUsize,
+    open: AtomicUsize,
+}
+
+/// Counts one connection as open while it lives.
+struct Open(Arc<Counts>);
+
+impl Open {
+    fn new(counts: &Arc<Counts>) -> Self {
+        counts.accepted.fetch_add(1, Ordering::Relaxed);
+        counts.open.fetch_add(1, Ordering::Relaxed);
+        Self(counts.clone())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl FaultProxy {
@@ -51,11 +80,18 @@ impl FaultProxy {
         let addr = listener.local_addr()?;
         let (traffic, _) = watch::channel(Traffic::Flowing);
         let (upstream, _) = watch::channel(upstream);
-        let task = tokio::spawn(accept(listener, upstream.subscribe(), traffic.subscribe()));
+        let counts = Arc::<Counts>::default();
+        let task = tokio::spawn(accept(
+            listener,
+            upstream.subscribe(),
+            traffic.subscribe(),
+            counts.clone(),
+        ));
         Ok(Self {
             addr,
             traffic,
             upstream,
+            counts,
             task,
         })
     }
@@ -73,6 +109,16 @@ impl FaultProxy {
     /// Forwards new connections to `upstream`; open ones stay where they are.
     pub(crate) fn set_upstream(&self, upstream: SocketAddr) {
         self.upstream.send_replace(upstream);
+    }
+
+    /// How many client connections are open through the proxy now.
+    pub(crate) fn open_connections(&self) -> usize {
+        self.counts.open.load(Ordering::Relaxed)
+    }
+
+    /// How many client connections the proxy has accepted since it started.
+    pub(crate) fn accepted_connections(&self) -> usize {
+        self.counts.accepted.load(Ordering::Relaxed)
     }
 
     /// Hangs, cuts off or restores the traffic of every connection, open or new.
@@ -93,6 +139,7 @@ async fn accept(
     listener: TcpListener,
     upstream: watch::Receiver<SocketAddr>,
     traffic: watch::Receiver<Traffic>,
+    counts: Arc<Counts>,
 ) {
     let mut connections = JoinSet::new();
     loop {
@@ -100,7 +147,12 @@ async fn accept(
             accepted = listener.accept() => match accepted {
                 Ok((client, _)) => {
                     let upstream = *upstream.borrow();
-                    connections.spawn(forward(client, upstream, traffic.clone()));
+                    let open = Open::new(&counts);
+                    let traffic = traffic.clone();
+                    connections.spawn(async move {
+                        forward(client, upstream, traffic).await;
+                        drop(open);
+                    });
                 }
                 // Out of file descriptors, say: wait rather than spin.
                 Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,

@@ -91,6 +91,20 @@ impl FaultyLink {
         kubeconfig::server(&self.kubeconfig)
     }
 
+    /// How many connections the link's clients hold open to the cluster now.
+    ///
+    /// A connection counts from when the link accepts it until either side
+    /// closes it (or the link cuts it off).
+    pub fn open_connections(&self) -> usize {
+        self.proxy.open_connections()
+    }
+
+    /// How many connections the link's clients have made since it was
+    /// created, open or closed.
+    pub fn connections_made(&self) -> usize {
+        self.proxy.accepted_connections()
+    }
+
     /// Makes the cluster hang for the clients of this link, as
     /// [`TestCluster::hang`](crate::TestCluster::hang) does for all of its
     /// clients.
