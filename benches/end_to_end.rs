@@ -4,6 +4,8 @@
 //! cargo bench --bench end_to_end                 # 10 clusters x 1,000 ConfigMaps
 //! cargo bench --bench end_to_end -- 4 500        # other sizes: clusters, objects each
 //! cargo bench --bench end_to_end -- 10 1000 16    # at most 16 reconciles at once
+//! cargo bench --bench end_to_end -- 10 1000 0     # no limit (the default is 1,024)
+//! cargo bench --bench end_to_end -- --http1       # kube's own client, HTTP/1.1
 //! ```
 //!
 //! N envtest API servers (one etcd) each hold M ConfigMaps with one data key.
@@ -21,7 +23,9 @@
 //!   object.
 //!
 //! The controller reaches the API servers past envtest's in-process fault
-//! proxy, so that the proxy's work is not counted as ours.
+//! proxy, so that the proxy's work is not counted as ours, with clients from
+//! `kube_fleet::client` (one HTTP/2 connection per cluster) unless `--http1`
+//! asks for kube's own.
 
 use std::{
     sync::{
@@ -38,7 +42,10 @@ use kube::{
     api::{ObjectMeta, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
-use kube_fleet::{Action, Controller, Fleet, ObjectRequest, provider::ProgrammaticProvider};
+use kube_fleet::{
+    Action, Controller, Fleet, ObjectRequest, controller::DEFAULT_CONCURRENCY,
+    provider::ProgrammaticProvider,
+};
 use kube_fleet_envtest::Envtest;
 use tower::{BoxError, service_fn};
 
@@ -52,11 +59,18 @@ fn servers_cpu(pids: &[u32]) -> f64 {
     pids.iter().map(|pid| cpu_seconds(&pid.to_string())).sum()
 }
 
-async fn direct_client(cluster: &kube_fleet_envtest::TestCluster) -> Result<Client, BoxError> {
+async fn direct_client(
+    cluster: &kube_fleet_envtest::TestCluster,
+    http1: bool,
+) -> Result<Client, BoxError> {
     let config =
         kube::Config::from_custom_kubeconfig(cluster.direct_kubeconfig(), &Default::default())
             .await?;
-    Ok(Client::try_from(config)?)
+    if http1 {
+        Ok(Client::try_from(config)?)
+    } else {
+        Ok(kube_fleet::client::client(config)?)
+    }
 }
 
 async fn fill(client: Client, objects: usize) -> Result<(), BoxError> {
@@ -93,14 +107,15 @@ async fn main() -> Result<(), BoxError> {
         .collect();
     let clusters = args.first().copied().unwrap_or(10);
     let objects = args.get(1).copied().unwrap_or(1_000);
-    // No limit by default, as `controller::Config` has none.
+    // The controller's default limit unless given; 0 for none.
     let concurrency = args.get(2).copied();
     let total = clusters * objects;
+    let http1 = std::env::args().any(|a| a == "--http1");
 
     let env = Envtest::start(clusters).await?;
     let mut direct = Vec::new();
     for cluster in env.clusters() {
-        direct.push(direct_client(cluster).await?);
+        direct.push(direct_client(cluster, http1).await?);
     }
     for client in &direct {
         fill(client.clone(), objects).await?;
@@ -181,8 +196,12 @@ async fn main() -> Result<(), BoxError> {
     let (rss_after, peak) = (status_kib("VmRSS:"), status_kib("VmHWM:"));
     let held = rss_after.saturating_sub(rss_before) * 1024;
 
-    let limit = concurrency.map_or("no limit".to_owned(), |l| format!("at most {l} at once"));
-    println!("{clusters} clusters x {objects} ConfigMaps ({total} patched, {limit})");
+    let limit = match concurrency.unwrap_or(DEFAULT_CONCURRENCY) {
+        0 => "no limit".to_owned(),
+        limit => format!("at most {limit} at once"),
+    };
+    let protocol = if http1 { "HTTP/1.1" } else { "HTTP/2" };
+    println!("{clusters} clusters x {objects} ConfigMaps ({total} patched, {limit}, {protocol})");
     println!("  wall time            {wall:.2?}");
     println!(
         "  controller CPU       {cpu:.2} s ({:.0} us per patched object, {} reconciles)",

@@ -78,6 +78,7 @@
 mod action;
 mod backoff;
 pub mod cache;
+pub mod client;
 mod cluster;
 mod cluster_name;
 pub mod controller;

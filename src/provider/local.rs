@@ -42,9 +42,13 @@ impl LocalProvider {
     }
 
     /// The local cluster from the in-cluster configuration or the default
-    /// kubeconfig, as [`Client::try_default`] finds it.
+    /// kubeconfig, as [`kube::Config::infer`] finds it, reached over one
+    /// HTTP/2 connection ([`crate::client::client`]).
     pub async fn try_default() -> Result<Self, kube::Error> {
-        Ok(Self::new(Client::try_default().await?))
+        let config = kube::Config::infer()
+            .await
+            .map_err(kube::Error::InferConfig)?;
+        Ok(Self::new(crate::client::client(config)?))
     }
 }
 

@@ -17,7 +17,7 @@ use kube_fleet::{
     controller::{ClusterStatus, ControllerStatus},
     provider::{ProgrammaticHandle, ProgrammaticProvider},
 };
-use kube_fleet_envtest::Envtest;
+use kube_fleet_envtest::{Envtest, TestCluster};
 use tokio::{sync::mpsc, task::JoinHandle};
 use tower::{BoxError, Service, service_fn};
 
@@ -169,6 +169,13 @@ pub async fn failing_reason(status: &ControllerStatus, name: &str) -> String {
     }
 }
 
+/// A client for `cluster` from its kubeconfig, as `kube_fleet::client`
+/// builds them: one HTTP/2 connection, through the cluster's fault proxy.
+pub fn http2_client(cluster: &TestCluster) -> Client {
+    let config = kube::Config::try_from(cluster.kubeconfig().clone()).expect("a valid kubeconfig");
+    kube_fleet::client::client(config).expect("a client")
+}
+
 /// A fleet fed by a programmatic provider, with its task.
 pub struct Running {
     pub fleet: Fleet,
@@ -202,9 +209,11 @@ impl Running {
         }
     }
 
+    /// Engages every cluster of `env`, each through a client of its own
+    /// that speaks HTTP/2, as providers build them.
     pub fn add_all(&self, env: &Envtest) {
         for cluster in env.clusters() {
-            self.provider.add(cluster.name(), cluster.client());
+            self.provider.add(cluster.name(), http2_client(cluster));
         }
     }
 

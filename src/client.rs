@@ -1,0 +1,179 @@
+//! Clients that reach each cluster over one HTTP/2 connection.
+//!
+//! kube's own [`Client::try_from`] speaks HTTP/1.1, where every watch holds a
+//! TLS connection of its own and every request in flight another one. A
+//! controller of one type with a few related types then keeps several
+//! connections open per cluster, and a burst of reconciles opens one per
+//! concurrent request. [`client`] builds a [`Client`] from the same
+//! [`Config`] that instead offers HTTP/2 in the TLS handshake: where the API
+//! server accepts it (every Kubernetes API server does over TLS), all of the
+//! cluster's watches and requests share one connection, and HTTP/2 `PING`s
+//! find a connection that has silently died, so its watches restart on a new
+//! one. A server that answers with HTTP/1.1 is spoken to in HTTP/1.1.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), kube::Error> {
+//! let config = kube::Config::infer().await.map_err(kube::Error::InferConfig)?;
+//! let client = kube_fleet::client::client(config)?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The client keeps what kube's builder sets up from the [`Config`]: the
+//! cluster URL and its path, the TLS settings (root certificates, client
+//! certificates, `insecure-skip-tls-verify`, `tls-server-name`), the
+//! credentials (tokens, basic auth, exec and auth-provider plugins, refreshed
+//! as kube refreshes them), impersonation and extra headers, the connect,
+//! read and write timeouts, and kube's retry of `429`/`503`/`504` when
+//! [`Config::default_retry`] is set.
+//!
+//! HTTP/2 needs rustls (the default features `rustls-tls` and `ring`, or
+//! `aws-lc-rs`). Where it is not available the client is kube's own, over
+//! HTTP/1.1: built with only `openssl-tls`, for a plain `http://` URL, or
+//! through a proxy ([`Config::proxy_url`]). [`ClientOptions::http1_only`]
+//! asks for HTTP/1.1 everywhere. Unlike kube's builder, the client does not
+//! set [`Client::valid_until`] for client certificates issued by an exec
+//! plugin.
+
+use std::time::Duration;
+
+use kube::{Client, Config};
+
+/// How often an idle HTTP/2 connection is pinged: when nothing has been read
+/// from it for this long (client-go's `ReadIdleTimeout`).
+pub const DEFAULT_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
+
+/// How long a `PING` may go unanswered before the connection is closed and
+/// every watch and request on it fails over to a new one (client-go's
+/// `PingTimeout`).
+pub const DEFAULT_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A client for one cluster from its `config`, with the default
+/// [`ClientOptions`]: HTTP/2 where the server offers it.
+///
+/// # Errors
+///
+/// What kube's `Client::try_from(config)` fails with: TLS material that cannot
+/// be read, or credentials that cannot be turned into a request header.
+pub fn client(config: Config) -> Result<Client, kube::Error> {
+    ClientOptions::default().client(config)
+}
+
+/// How [`client`](ClientOptions::client) connects to a cluster.
+///
+/// ```
+/// use std::time::Duration;
+/// use kube_fleet::client::ClientOptions;
+///
+/// let options = ClientOptions::default().keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+/// ```
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    http2: bool,
+    keep_alive_interval: Duration,
+    keep_alive_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            http2: true,
+            keep_alive_interval: DEFAULT_KEEP_ALIVE_INTERVAL,
+            keep_alive_timeout: DEFAULT_KEEP_ALIVE_TIMEOUT,
+        }
+    }
+}
+
+impl ClientOptions {
+    /// Pings an HTTP/2 connection from which nothing has been read for
+    /// `interval`, and closes it when the answer takes longer than `timeout`
+    /// (defaults [`DEFAULT_KEEP_ALIVE_INTERVAL`] and
+    /// [`DEFAULT_KEEP_ALIVE_TIMEOUT`]). A closed connection fails the watches
+    /// and requests on it, and they go on over a new one.
+    ///
+    /// # Panics
+    ///
+    /// If `interval` is zero.
+    pub fn keep_alive(mut self, interval: Duration, timeout: Duration) -> Self {
+        assert!(!interval.is_zero(), "a keep-alive interval of zero");
+        self.keep_alive_interval = interval;
+        self.keep_alive_timeout = timeout;
+        self
+    }
+
+    /// Speaks HTTP/1.1 only, as kube's own client does: a connection per
+    /// watch and per request in flight.
+    pub fn http1_only(mut self) -> Self {
+        self.http2 = false;
+        self
+    }
+
+    /// A client for one cluster from its `config`.
+    ///
+    /// # Errors
+    ///
+    /// As [`client`](fn@client).
+    pub fn client(&self, config: Config) -> Result<Client, kube::Error> {
+        let plain = config.cluster_url.scheme() != Some(&http::uri::Scheme::HTTPS);
+        if !self.http2 || plain || config.proxy_url.is_some() {
+            return Client::try_from(config);
+        }
+        self.multiplexed(config)
+    }
+
+    #[cfg(not(feature = "rustls-tls"))]
+    fn multiplexed(&self, config: Config) -> Result<Client, kube::Error> {
+        Client::try_from(config)
+    }
+
+    #[cfg(feature = "rustls-tls")]
+    fn multiplexed(&self, config: Config) -> Result<Client, kube::Error> {
+        use hyper_util::{
+            client::legacy::{self, connect::HttpConnector},
+            rt::{TokioExecutor, TokioTimer},
+        };
+        use kube::client::{Body, ConfigExt, retry::RetryPolicy};
+        use tower::{BoxError, ServiceBuilder, retry::RetryLayer};
+
+        let mut tcp = HttpConnector::new();
+        tcp.enforce_http(false);
+        tcp.set_nodelay(true);
+        let tls = config.rustls_client_config()?;
+        let mut https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_only();
+        if let Some(name) = &config.tls_server_name {
+            let name = rustls_pki_types::ServerName::try_from(name.clone())
+                .map_err(kube::client::RustlsTlsError::InvalidServerName)
+                .map_err(kube::Error::RustlsTls)?;
+            https =
+                https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
+        }
+        let https = https.enable_all_versions().wrap_connector(tcp);
+        let mut connector = hyper_timeout::TimeoutConnector::new(https);
+        connector.set_connect_timeout(config.connect_timeout);
+        connector.set_read_timeout(config.read_timeout);
+        connector.set_write_timeout(config.write_timeout);
+        connector.set_reset_reader_on_write(config.reset_reader_on_write);
+
+        let http = legacy::Client::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            .http2_keep_alive_interval(self.keep_alive_interval)
+            .http2_keep_alive_timeout(self.keep_alive_timeout)
+            .http2_keep_alive_while_idle(true)
+            .build::<_, Body>(connector);
+
+        let retry = config
+            .default_retry
+            .then(|| RetryLayer::new(RetryPolicy::server_retry()));
+        let service = ServiceBuilder::new()
+            .layer(config.base_uri_layer())
+            .option_layer(retry)
+            .option_layer(config.auth_layer()?)
+            .layer(config.extra_headers_layer()?)
+            .map_err(BoxError::from)
+            .service(http);
+        Ok(Client::new(service, config.default_namespace))
+    }
+}
