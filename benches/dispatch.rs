@@ -17,7 +17,7 @@
 //! (`RecommendedLayer`: trace, metrics following the fleet, panic catch,
 //! timeout, retry). Last, kube-runtime's own `applier` runs the same keys in
 //! the same process as the baseline (a no-op reconciler over a store holding
-//! their objects, unbounded concurrency as ours), and each stack's
+//! their objects, at most 1,024 reconciles at once as ours by default), and each stack's
 //! throughput is printed as a ratio of it.
 //!
 //! - throughput: 200,000 requests queued at once, reconciles per second;
@@ -40,7 +40,8 @@ use kube::runtime::{
     watcher,
 };
 use kube_fleet::{
-    Action, Controller, Fleet, McRequest, ObjectRequest, TokenBucket, controller::Config,
+    Action, Controller, Fleet, McRequest, ObjectRequest, TokenBucket,
+    controller::{Config, DEFAULT_CONCURRENCY},
 };
 use kube_fleet_envtest::Envtest;
 use kube_fleet_layers::{
@@ -149,7 +150,7 @@ fn kube_runtime_applier(n: usize, clock: Arc<Clock>) -> (tokio::task::JoinHandle
         Arc::new(()),
         writer.as_reader(),
         UnboundedReceiverStream::new(rx),
-        ApplierConfig::default(),
+        ApplierConfig::default().concurrency(DEFAULT_CONCURRENCY as u16),
     );
     let task = tokio::spawn(applier.for_each(|_| async {}));
     (task, Feed::Refs(tx))
