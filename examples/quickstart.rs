@@ -126,18 +126,22 @@ async fn local_fleet(
     for cluster in envtest.clusters() {
         create_marked(cluster.client(), 3).await?;
         tracing::info!(cluster = cluster.name(), kubeconfig = %cluster.kubeconfig_path().display(), "cluster ready");
-        clusters.add(cluster.name(), cluster.client());
+        clusters.add(cluster.name(), fleet_client(cluster.kubeconfig())?);
     }
     Ok(tokio::spawn(async move {
         tokio::time::sleep(Duration::from_secs(4)).await;
         match envtest.add_cluster("cluster-3").await {
             Ok(late) => {
-                let client = late.client();
-                if let Err(error) = create_marked(client.clone(), 2).await {
+                if let Err(error) = create_marked(late.client(), 2).await {
                     tracing::error!(%error, "creating ConfigMaps in cluster-3");
                 }
-                tracing::info!("a fourth cluster joins: cluster-3");
-                clusters.add("cluster-3", client);
+                match fleet_client(late.kubeconfig()) {
+                    Ok(client) => {
+                        tracing::info!("a fourth cluster joins: cluster-3");
+                        clusters.add("cluster-3", client);
+                    }
+                    Err(error) => tracing::error!(%error, "a client for cluster-3"),
+                }
             }
             Err(error) => tracing::error!(%error, "starting cluster-3"),
         }
@@ -147,6 +151,14 @@ async fn local_fleet(
         // The fleet lives in this task until the program ends.
         std::future::pending::<()>().await;
     }))
+}
+
+/// A client for a local cluster from its kubeconfig, as for any other: one
+/// HTTP/2 connection for all its watches and requests.
+fn fleet_client(kubeconfig: &Kubeconfig) -> Result<Client, Box<dyn Error>> {
+    Ok(kube_fleet::client::client(Config::try_from(
+        kubeconfig.clone(),
+    )?)?)
 }
 
 /// Engages one cluster per context; a context that cannot be used is
@@ -165,7 +177,8 @@ async fn engage_contexts(
         let client = Config::from_custom_kubeconfig(kubeconfig.clone(), &options)
             .await
             .map_err(BoxError::from)
-            .and_then(|config| Client::try_from(config).map_err(BoxError::from));
+            // One HTTP/2 connection per cluster for all its watches and requests.
+            .and_then(|config| kube_fleet::client::client(config).map_err(BoxError::from));
         match client {
             Ok(client) => {
                 clusters.add(context.as_str(), client);

@@ -138,7 +138,10 @@ impl ClientOptions {
         let mut tcp = HttpConnector::new();
         tcp.enforce_http(false);
         tcp.set_nodelay(true);
-        let tls = config.rustls_client_config()?;
+        let mut tls = config.rustls_client_config()?;
+        // A client talks to one server: room for its sessions, not rustls's
+        // default of 256 servers' (5 KiB per client, measured).
+        tls.resumption = rustls::client::Resumption::in_memory_sessions(4);
         let mut https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_only();

@@ -65,13 +65,18 @@
 //! Tests and examples run against real API servers started by the
 //! `kube-fleet-envtest` crate.
 //!
-//! # TLS
+//! # Clients and TLS
+//!
+//! Build each cluster's client with [`client::client`] from its
+//! `kube::Config`: one HTTP/2 connection carries all of the cluster's
+//! watches and requests, where kube's own client opens an HTTP/1.1
+//! connection per watch and per request in flight.
 //!
 //! The clusters' clients use the TLS backend you pick, through kube's own
 //! features: by default rustls with ring (the features `rustls-tls` and
 //! `ring`); `aws-lc-rs` instead of `ring`; or OpenSSL with
-//! `default-features = false, features = ["openssl-tls"]`.
-//! `kube-fleet-layers` imposes none.
+//! `default-features = false, features = ["openssl-tls"]`, whose clients
+//! speak HTTP/1.1 only. `kube-fleet-layers` imposes none.
 
 #![forbid(unsafe_code)]
 

@@ -44,3 +44,15 @@ pub(crate) fn cpu_seconds(pid: &str) -> f64 {
     // utime and stime are fields 14 and 15 of the whole line: 11 and 12 here.
     (ticks(11) + ticks(12)) / TICKS
 }
+
+/// How many sockets this process has open (TCP connections and listeners,
+/// Unix sockets), from the links in `/proc/self/fd`.
+pub(crate) fn open_sockets() -> usize {
+    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
+        return 0;
+    };
+    fds.filter_map(Result::ok)
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter(|target| target.to_string_lossy().starts_with("socket:"))
+        .count()
+}
