@@ -17,7 +17,7 @@
 //! (`RecommendedLayer`: trace, metrics following the fleet, panic catch,
 //! timeout, retry). Last, kube-runtime's own `applier` runs the same keys in
 //! the same process as the baseline (a no-op reconciler over a store holding
-//! their objects, at most 1,024 reconciles at once as ours by default), and each stack's
+//! their objects, at most 100 reconciles at once as ours by default in one cluster), and each stack's
 //! throughput is printed as a ratio of it.
 //!
 //! - throughput: 200,000 requests queued at once, reconciles per second;
@@ -41,7 +41,7 @@ use kube::runtime::{
 };
 use kube_fleet::{
     Action, Controller, Fleet, McRequest, ObjectRequest, TokenBucket,
-    controller::{Config, DEFAULT_CONCURRENCY},
+    controller::{Config, DEFAULT_CLUSTER_CONCURRENCY},
 };
 use kube_fleet_envtest::Envtest;
 use kube_fleet_layers::{
@@ -150,7 +150,7 @@ fn kube_runtime_applier(n: usize, clock: Arc<Clock>) -> (tokio::task::JoinHandle
         Arc::new(()),
         writer.as_reader(),
         UnboundedReceiverStream::new(rx),
-        ApplierConfig::default().concurrency(DEFAULT_CONCURRENCY as u16),
+        ApplierConfig::default().concurrency(DEFAULT_CLUSTER_CONCURRENCY as u16),
     );
     let task = tokio::spawn(applier.for_each(|_| async {}));
     (task, Feed::Refs(tx))

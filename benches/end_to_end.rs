@@ -4,7 +4,7 @@
 //! cargo bench --bench end_to_end                 # 10 clusters x 1,000 ConfigMaps
 //! cargo bench --bench end_to_end -- 4 500        # other sizes: clusters, objects each
 //! cargo bench --bench end_to_end -- 10 1000 16    # at most 16 reconciles at once
-//! cargo bench --bench end_to_end -- 10 1000 0     # no limit (the default is 1,024)
+//! cargo bench --bench end_to_end -- 10 1000 0     # no limit (the default is 100 per cluster)
 //! cargo bench --bench end_to_end -- --http1       # kube's own client, HTTP/1.1
 //! ```
 //!
@@ -45,7 +45,7 @@ use kube::{
     runtime::watcher,
 };
 use kube_fleet::{
-    Action, Controller, Fleet, ObjectRequest, controller::DEFAULT_CONCURRENCY,
+    Action, Controller, Fleet, ObjectRequest, controller::DEFAULT_CLUSTER_CONCURRENCY,
     provider::ProgrammaticProvider,
 };
 use kube_fleet_envtest::Envtest;
@@ -158,8 +158,10 @@ async fn main() -> Result<(), BoxError> {
         async move { fleet.run(provider).await }
     });
     let mut config = kube_fleet::controller::Config::default();
-    if let Some(limit) = concurrency {
-        config = config.concurrency(limit);
+    match concurrency {
+        None => {}
+        Some(0) => config = config.cluster_concurrency(usize::MAX),
+        Some(limit) => config = config.concurrency(limit),
     }
     let controller = tokio::spawn(
         Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
@@ -204,9 +206,10 @@ async fn main() -> Result<(), BoxError> {
     let (rss_after, peak) = (status_kib("VmRSS:"), status_kib("VmHWM:"));
     let held = rss_after.saturating_sub(rss_before) * 1024;
 
-    let limit = match concurrency.unwrap_or(DEFAULT_CONCURRENCY) {
-        0 => "no limit".to_owned(),
-        limit => format!("at most {limit} at once"),
+    let limit = match concurrency {
+        None => format!("at most {DEFAULT_CLUSTER_CONCURRENCY} at once per cluster"),
+        Some(0) => "no limit".to_owned(),
+        Some(limit) => format!("at most {limit} at once"),
     };
     let protocol = if http1 { "HTTP/1.1" } else { "HTTP/2" };
     println!("{clusters} clusters x {objects} ConfigMaps ({total} patched, {limit}, {protocol})");

@@ -135,6 +135,14 @@ impl ClientOptions {
         use kube::client::{Body, ConfigExt, retry::RetryPolicy};
         use tower::{BoxError, ServiceBuilder, retry::RetryLayer};
 
+        // As kube's own builder: with aws-lc-rs chosen, it is the process's
+        // provider unless one is installed already (with both backends
+        // compiled in, rustls cannot pick one by itself).
+        #[cfg(feature = "aws-lc-rs")]
+        if rustls::crypto::CryptoProvider::get_default().is_none() {
+            let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        }
+
         let mut tcp = HttpConnector::new();
         tcp.enforce_http(false);
         tcp.set_nodelay(true);

@@ -99,6 +99,9 @@ pub(crate) struct Limits {
     pub(crate) concurrency: Option<usize>,
     /// Reconciles at once in one cluster; `None` for the fair share.
     pub(crate) cluster_concurrency: Option<usize>,
+    /// Reconciles at once in one cluster when neither limit above is set;
+    /// `None` for no limit.
+    pub(crate) default_cluster_concurrency: Option<usize>,
     /// One bucket for all clusters (and every controller it is given to).
     pub(crate) rate_limit: Option<TokenBucket>,
     /// A bucket of this rate and burst for each cluster.
@@ -359,7 +362,10 @@ impl Queue {
             return cap.max(1);
         }
         let Some(global) = self.limits.concurrency else {
-            return usize::MAX;
+            return self
+                .limits
+                .default_cluster_concurrency
+                .unwrap_or(usize::MAX);
         };
         let floor = if self.clusters.len() - self.held_clusters > 1 {
             2
@@ -1104,6 +1110,31 @@ mod tests {
         });
         let counts = admitted(&mut queue, &["a", "b"]);
         assert_eq!((counts["a"], counts["b"]), (3, 3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn by_default_each_cluster_has_slots_of_its_own() {
+        let mut queue = queue_with(Limits {
+            default_cluster_concurrency: Some(4),
+            ..Limits::default()
+        });
+        // The first cluster fills its slots and never finishes them...
+        let first = admitted(&mut queue, &["first"]);
+        assert_eq!(first["first"], 4);
+        // ...and the others that come later still get all of theirs.
+        let later = admitted(&mut queue, &["second", "third"]);
+        assert_eq!((later["second"], later["third"]), (4, 4), "{later:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_controller_limit_replaces_the_default_cluster_slots_with_the_fair_share() {
+        let mut queue = queue_with(Limits {
+            concurrency: Some(16),
+            default_cluster_concurrency: Some(4),
+            ..Limits::default()
+        });
+        let counts = admitted(&mut queue, &["a", "b"]);
+        assert_eq!((counts["a"], counts["b"]), (8, 8));
     }
 
     #[tokio::test(start_paused = true)]

@@ -2,16 +2,17 @@ use std::time::Duration;
 
 use crate::{Backoff, TokenBucket, queue::Limits};
 
-/// How many reconciles a controller runs at once by default, in all clusters
-/// together.
+/// How many reconciles a controller runs at once in one cluster by default,
+/// when no [`Config::concurrency`] limit is set.
 ///
-/// Beyond what the clusters' API servers serve at once, more reconciles in
+/// Each cluster has its own slots, so a cluster whose reconciles hang holds
+/// only its own. Beyond what an API server serves at once, more reconciles in
 /// flight only wait in memory: labelling 10,000 ConfigMaps in 10 clusters
-/// with no limit peaked at 145–167 MiB of memory and took 5.1–6.9 s; with
-/// this limit, 64 MiB and 5.8 s (`docs/benchmarks.md`). In a fleet the
-/// limit also gives each cluster a fair share, so that one cluster whose
-/// reconciles hang holds at most half of the slots.
-pub const DEFAULT_CONCURRENCY: usize = 1024;
+/// with no limit at all peaked at 143–167 MiB of memory; at about a hundred
+/// per cluster, at 60–64 MiB in the same time (`docs/benchmarks.md`). A
+/// hundred is also how many requests a Kubernetes API server takes at once
+/// on one HTTP/2 connection by default.
+pub const DEFAULT_CLUSTER_CONCURRENCY: usize = 100;
 
 /// How long a graceful shutdown waits for running reconciles by default.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -43,6 +44,10 @@ pub const DEFAULT_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 ///
 /// # Concurrency across clusters
 ///
+/// By default each cluster has slots of its own: at most
+/// [`DEFAULT_CLUSTER_CONCURRENCY`] reconciles at once in each, and no limit
+/// on all of them together, so no cluster can take another's slots.
+///
 /// With a [`concurrency`](Self::concurrency) limit `G` and no explicit
 /// [`cluster_concurrency`](Self::cluster_concurrency), a cluster may run at
 /// most `max(1, ⌈G / max(k, m)⌉)` reconciles at once, where `k` is the
@@ -50,8 +55,12 @@ pub const DEFAULT_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 /// and `m` is 2 once the controller knows more than one cluster (1
 /// otherwise). A controller of a single cluster uses all `G` slots; in a
 /// fleet, no cluster holds more than half of them, and when several
-/// clusters have work each gets at most its fair share. A cluster whose
-/// reconciles hang therefore cannot take the slots the others need.
+/// clusters have work each gets at most its fair share, so a cluster whose
+/// reconciles hang holds at most half of the slots. Slots are counted when a
+/// reconcile starts and are not taken back: a cluster that started its
+/// reconciles while it was the only one with work (the first to sync, say)
+/// keeps those slots until they end. Bound how long a reconcile may take
+/// (a timeout layer) when one cluster must never wait on another's.
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct Config {
@@ -65,7 +74,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             limits: Limits {
-                concurrency: Some(DEFAULT_CONCURRENCY),
+                default_cluster_concurrency: Some(DEFAULT_CLUSTER_CONCURRENCY),
                 ..Limits::default()
             },
             backoff: Backoff::default(),
@@ -77,15 +86,21 @@ impl Default for Config {
 
 impl Config {
     /// At most `limit` reconciles at once, in all clusters together
-    /// (default [`DEFAULT_CONCURRENCY`]; 0 means no limit).
+    /// (default: none, but at most [`DEFAULT_CLUSTER_CONCURRENCY`] in each
+    /// cluster; 0 means none). With this limit set, each cluster gets the
+    /// fair share described [above](Self#concurrency-across-clusters)
+    /// instead of the default per-cluster one.
     pub fn concurrency(mut self, limit: usize) -> Self {
         self.limits.concurrency = (limit > 0).then_some(limit);
         self
     }
 
-    /// At most `limit` reconciles at once in any one cluster (default: the
-    /// fair share described [above](Self#concurrency-across-clusters); at
-    /// least 1).
+    /// At most `limit` reconciles at once in any one cluster (at least 1).
+    /// The default is [`DEFAULT_CLUSTER_CONCURRENCY`] without a
+    /// [`concurrency`](Self::concurrency) limit, and the fair share described
+    /// [above](Self#concurrency-across-clusters) with one.
+    /// `cluster_concurrency(usize::MAX)` without a `concurrency` limit
+    /// removes every limit.
     pub fn cluster_concurrency(mut self, limit: usize) -> Self {
         self.limits.cluster_concurrency = Some(limit.max(1));
         self
@@ -126,17 +141,6 @@ impl Config {
         self.sync_timeout = timeout.max(Duration::from_millis(1));
         self
     }
-
-    /// How many reconciles a controller runs at once by default, in all clusters
-    /// together.
-    ///
-    /// Beyond what the clusters' API servers serve at once, more reconciles in
-    /// flight only wait in memory: labelling 10,000 ConfigMaps in 10 clusters
-    /// with no limit peaked at 145–167 MiB of memory and took 5.1–6.9 s; with
-    /// this limit, 64 MiB and 5.8 s (`docs/benchmarks.md`). In a fleet the
-    /// limit also gives each cluster a fair share, so that one cluster whose
-    /// reconciles hang holds at most half of the slots.
-    pub const DEFAULT_CONCURRENCY: usize = 1024;
 
     /// How long a graceful shutdown waits for running reconciles (default
     /// [`DEFAULT_SHUTDOWN_TIMEOUT`]); those still running then are cancelled.

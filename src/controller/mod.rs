@@ -53,7 +53,9 @@ use futures::{FutureExt, Stream, StreamExt, future::BoxFuture, stream::BoxStream
 use kube::{core::PartialObjectMeta, runtime::watcher};
 use tower::{BoxError, Service};
 
-pub use config::{Config, DEFAULT_CONCURRENCY, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_SYNC_TIMEOUT};
+pub use config::{
+    Config, DEFAULT_CLUSTER_CONCURRENCY, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_SYNC_TIMEOUT,
+};
 pub use status::{ClusterStatus, ControllerStatus};
 pub use watch::Watch;
 
