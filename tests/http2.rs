@@ -5,10 +5,11 @@ mod support;
 
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::{
     Api, Client, Config,
-    api::{Patch, PatchParams},
+    api::{ListParams, Patch, PatchParams, WatchParams},
     runtime::watcher,
 };
 use kube_fleet::{
@@ -166,4 +167,112 @@ async fn a_connection_that_stops_answering_is_found_by_ping_and_replaced() {
         link.open_connections() == 1
     })
     .await;
+}
+
+#[tokio::test]
+async fn watches_beyond_what_one_connection_carries_leave_room_for_requests() {
+    let env = Envtest::start(1).await.unwrap();
+    let link = env.clusters()[0].link().unwrap();
+    let api: Api<ConfigMap> = Api::default_namespaced(client::client(config(&link)).unwrap());
+
+    // The API server takes 100 streams per connection; a watch holds one
+    // for as long as it runs.
+    let (all, every) = (ListParams::default(), WatchParams::default());
+    let mut watches = Vec::new();
+    for _ in 0..120 {
+        let watch = tokio::time::timeout(PATIENCE, api.watch(&every, "0"));
+        watches.push(watch.await.expect("a watch starts").unwrap().boxed());
+    }
+    let list = tokio::time::timeout(Duration::from_secs(10), api.list(&all));
+    list.await.expect("a request is answered").unwrap();
+    // The HTTP/2 connection, and one HTTP/1.1 connection for each watch and
+    // request it could not carry.
+    let open = link.open_connections();
+    assert!((2..=40).contains(&open), "{open} connections");
+
+    // Once the watches end, requests share the one connection again (the
+    // list's HTTP/1.1 connection may wait in the pool, idle).
+    drop(watches);
+    until("the watches' connections close", || {
+        link.open_connections() <= 2
+    })
+    .await;
+    let made = link.connections_made();
+    futures::future::try_join_all((0..20).map(|_| api.list(&all)))
+        .await
+        .unwrap();
+    assert_eq!(link.connections_made(), made);
+}
+
+#[tokio::test]
+async fn an_upgrade_goes_over_http1() {
+    let env = Envtest::start(1).await.unwrap();
+    let link = env.clusters()[0].link().unwrap();
+    let client = client::client(config(&link)).unwrap();
+
+    // A watch over a WebSocket, as exec, attach and port-forward upgrade.
+    let request = http::Request::get("/api/v1/namespaces/default/configmaps?watch=true")
+        .header(http::header::CONNECTION, "Upgrade")
+        .header(http::header::UPGRADE, "websocket")
+        .header(http::header::ORIGIN, "http://localhost")
+        .header(http::header::SEC_WEBSOCKET_VERSION, "13")
+        .header(http::header::SEC_WEBSOCKET_KEY, "dGhlIHNhbXBsZSBub25jZQ==")
+        .body(Vec::new())
+        .unwrap();
+    let response = client.send(request.map(Into::into)).await.unwrap();
+    let status = response.status();
+    let body = response.into_body().collect_bytes().await;
+    assert_eq!(status, http::StatusCode::SWITCHING_PROTOCOLS, "{body:?}");
+}
+
+#[tokio::test]
+async fn requests_refused_as_the_server_closes_the_connection_are_sent_again() {
+    // The API server sends GOAWAY after 2 % of requests, as in front of a
+    // load balancer: requests on their way when it does are refused.
+    let env = Envtest::builder()
+        .clusters(["going-away"])
+        .apiserver_arg("--goaway-chance=0.02")
+        .start()
+        .await
+        .unwrap();
+    let link = env.clusters()[0].link().unwrap();
+    let api: Api<ConfigMap> = Api::default_namespaced(client::client(config(&link)).unwrap());
+
+    let all = ListParams::default();
+    let lists = futures::stream::iter(0..2_000)
+        .map(|_| api.list(&all))
+        .buffer_unordered(50)
+        .collect::<Vec<_>>()
+        .await;
+    let failed: Vec<_> = lists.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(
+        failed.is_empty(),
+        "{} failed: {:?}",
+        failed.len(),
+        failed.first()
+    );
+    // A new connection after each GOAWAY, which the requests waiting then
+    // share, rather than one each.
+    let made = link.connections_made();
+    eprintln!("{made} connections made");
+    assert!((5..=100).contains(&made), "{made} connections made");
+}
+
+#[tokio::test]
+async fn a_server_without_http2_is_spoken_to_in_http1() {
+    let env = Envtest::builder()
+        .clusters(["http1"])
+        .apiserver_arg("--disable-http2-serving=true")
+        .start()
+        .await
+        .unwrap();
+    let cluster = &env.clusters()[0];
+    let link = cluster.link().unwrap();
+    let mut running = Running::new();
+    let mut reconciled = labelling(&mut running);
+    running
+        .provider
+        .add("http1", client::client(config(&link)).unwrap());
+    create_config_map(cluster.client(), "over-http1").await;
+    expect_all(&mut reconciled, [request("http1", "over-http1")]).await;
 }

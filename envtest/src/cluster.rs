@@ -92,6 +92,8 @@ pub(crate) struct Placement<'a> {
     pub(crate) etcd_prefix: String,
     pub(crate) dir: PathBuf,
     pub(crate) timeout: Duration,
+    /// Flags of the fleet's own, after the ones set here.
+    pub(crate) extra_args: &'a [String],
 }
 
 impl TestCluster {
@@ -102,6 +104,7 @@ impl TestCluster {
             etcd_prefix,
             dir,
             timeout,
+            extra_args,
         } = placement;
         fs::create_dir_all(&dir)
             .map_err(|e| Error::io(format!("creating directory {}", dir.display()), e))?;
@@ -139,7 +142,10 @@ impl TestCluster {
             "--disable-admission-plugins=ServiceAccount".to_owned(),
             "--allow-privileged=true".to_owned(),
             "--profiling=false".to_owned(),
-        ];
+        ]
+        .into_iter()
+        .chain(extra_args.iter().cloned())
+        .collect::<Vec<_>>();
         let admin = format!("{name}-admin");
         let kubeconfig = kubeconfig::kubeconfig(name, &server, &pki.ca, &admin, &pki.admin);
         let kubeconfig_path = dir.join("kubeconfig");

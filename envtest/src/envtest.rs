@@ -43,6 +43,7 @@ pub struct Envtest {
     binaries: Binaries,
     started: usize,
     start_timeout: Duration,
+    apiserver_args: Vec<String>,
     dir: TempDir,
 }
 
@@ -67,6 +68,7 @@ pub struct EnvtestBuilder {
     names: Vec<String>,
     start_timeout: Duration,
     binaries: Option<Binaries>,
+    apiserver_args: Vec<String>,
 }
 
 impl Envtest {
@@ -85,6 +87,7 @@ impl Envtest {
             names: Vec::new(),
             start_timeout: DEFAULT_START_TIMEOUT,
             binaries: None,
+            apiserver_args: Vec::new(),
         }
     }
 
@@ -147,6 +150,7 @@ impl Envtest {
             etcd_prefix: format!("/envtest/{index}-{name}"),
             dir: self.dir.path().join(format!("{index}-{name}")),
             timeout: self.start_timeout,
+            extra_args: &self.apiserver_args,
         }
     }
 }
@@ -166,6 +170,25 @@ impl EnvtestBuilder {
     /// (default [`DEFAULT_START_TIMEOUT`]).
     pub fn start_timeout(mut self, timeout: Duration) -> Self {
         self.start_timeout = timeout;
+        self
+    }
+
+    /// Passes `arg` (`--flag=value`) to every API server of the fleet, those
+    /// added later included, after the flags envtest sets; a flag given
+    /// twice takes the later value.
+    ///
+    /// ```no_run
+    /// # async fn example() -> kube_fleet_envtest::Result<()> {
+    /// let fleet = kube_fleet_envtest::Envtest::builder()
+    ///     .clusters(["plain"])
+    ///     .apiserver_arg("--feature-gates=WatchList=false")
+    ///     .start()
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn apiserver_arg(mut self, arg: impl Into<String>) -> Self {
+        self.apiserver_args.push(arg.into());
         self
     }
 
@@ -197,6 +220,7 @@ impl EnvtestBuilder {
             binaries,
             started: 0,
             start_timeout: self.start_timeout,
+            apiserver_args: self.apiserver_args,
             dir,
         };
         let starting = self

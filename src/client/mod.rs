@@ -5,11 +5,23 @@
 //! controller of one type with a few related types then keeps several
 //! connections open per cluster, and a burst of reconciles opens one per
 //! concurrent request. [`client`] builds a [`Client`] from the same
-//! [`Config`] that instead offers HTTP/2 in the TLS handshake: where the API
-//! server accepts it (every Kubernetes API server does over TLS), all of the
-//! cluster's watches and requests share one connection, and HTTP/2 `PING`s
-//! find a connection that has silently died, so its watches restart on a new
-//! one. A server that answers with HTTP/1.1 is spoken to in HTTP/1.1.
+//! [`Config`] whose watches and requests share one HTTP/2 connection to the
+//! cluster instead:
+//!
+//! - requests made together wait for that one connection rather than each
+//!   dialing its own, also after it was replaced;
+//! - HTTP/2 `PING`s find a connection that has silently died, so that its
+//!   watches restart on a new one ([`ClientOptions::keep_alive`]);
+//! - a request the server refused unprocessed as it closed the connection
+//!   (`GOAWAY`, as API servers behind a load balancer do with
+//!   `--goaway-chance`) is sent again;
+//! - what HTTP/2 cannot carry goes over HTTP/1.1 connections: upgrades
+//!   (exec, attach, port-forward), and any request or watch beyond
+//!   [`DEFAULT_MAX_STREAMS`] open at once (an API server takes 100 streams
+//!   per connection; a watch holds its stream as long as it runs);
+//! - a server that does not agree to HTTP/2 in the TLS handshake (an API
+//!   server with `--disable-http2-serving`, or something in between) is
+//!   spoken to in HTTP/1.1.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), kube::Error> {
@@ -25,19 +37,31 @@
 //! credentials (tokens, basic auth, exec and auth-provider plugins, refreshed
 //! as kube refreshes them), impersonation and extra headers, the connect,
 //! read and write timeouts, and kube's retry of `429`/`503`/`504` when
-//! [`Config::default_retry`] is set.
+//! [`Config::default_retry`] is set. It leaves out kube's `tracing` spans of
+//! each HTTP request, gzip decompression (kube's `gzip` feature), and
+//! [`Client::valid_until`] for client certificates issued by an exec plugin.
 //!
 //! HTTP/2 needs rustls (the default features `rustls-tls` and `ring`, or
 //! `aws-lc-rs`). Where it is not available the client is kube's own, over
 //! HTTP/1.1: built with only `openssl-tls`, for a plain `http://` URL, or
 //! through a proxy ([`Config::proxy_url`]). [`ClientOptions::http1_only`]
-//! asks for HTTP/1.1 everywhere. Unlike kube's builder, the client does not
-//! set [`Client::valid_until`] for client certificates issued by an exec
-//! plugin.
+//! asks for HTTP/1.1 everywhere.
 
 use std::time::Duration;
 
 use kube::{Client, Config};
+
+#[cfg(feature = "rustls-tls")]
+mod route;
+
+/// How many requests and watches the HTTP/2 connection carries at once
+/// before the next one goes over HTTP/1.1 instead.
+///
+/// A Kubernetes API server takes 100 streams per HTTP/2 connection unless
+/// configured otherwise; beyond that a request would wait for a stream, and
+/// watches, which hold theirs for as long as they run, could keep it waiting
+/// for ever.
+pub const DEFAULT_MAX_STREAMS: usize = 90;
 
 /// How often an idle HTTP/2 connection is pinged: when nothing has been read
 /// from it for this long (client-go's `ReadIdleTimeout`).
@@ -70,6 +94,7 @@ pub fn client(config: Config) -> Result<Client, kube::Error> {
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
     http2: bool,
+    max_streams: usize,
     keep_alive_interval: Duration,
     keep_alive_timeout: Duration,
 }
@@ -78,6 +103,7 @@ impl Default for ClientOptions {
     fn default() -> Self {
         Self {
             http2: true,
+            max_streams: DEFAULT_MAX_STREAMS,
             keep_alive_interval: DEFAULT_KEEP_ALIVE_INTERVAL,
             keep_alive_timeout: DEFAULT_KEEP_ALIVE_TIMEOUT,
         }
@@ -98,6 +124,20 @@ impl ClientOptions {
         assert!(!interval.is_zero(), "a keep-alive interval of zero");
         self.keep_alive_interval = interval;
         self.keep_alive_timeout = timeout;
+        self
+    }
+
+    /// How many requests and watches may share the HTTP/2 connection at once
+    /// (default [`DEFAULT_MAX_STREAMS`]); the next go over HTTP/1.1
+    /// connections until some of them end. Keep it below the server's
+    /// `--http2-max-streams-per-connection`.
+    ///
+    /// # Panics
+    ///
+    /// If `max` is zero.
+    pub fn max_streams(mut self, max: usize) -> Self {
+        assert!(max > 0, "at most zero streams");
+        self.max_streams = max;
         self
     }
 
@@ -133,7 +173,7 @@ impl ClientOptions {
             rt::{TokioExecutor, TokioTimer},
         };
         use kube::client::{Body, ConfigExt, retry::RetryPolicy};
-        use tower::{BoxError, ServiceBuilder, retry::RetryLayer};
+        use tower::{ServiceBuilder, retry::RetryLayer};
 
         // As kube's own builder: with aws-lc-rs chosen, it is the process's
         // provider unless one is installed already (with both backends
@@ -150,30 +190,50 @@ impl ClientOptions {
         // A client talks to one server: room for its sessions, not rustls's
         // default of 256 servers' (5 KiB per client, measured).
         tls.resumption = rustls::client::Resumption::in_memory_sessions(4);
-        let mut https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_only();
-        if let Some(name) = &config.tls_server_name {
-            let name = rustls_pki_types::ServerName::try_from(name.clone())
-                .map_err(kube::client::RustlsTlsError::InvalidServerName)
-                .map_err(kube::Error::RustlsTls)?;
-            https =
-                https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
-        }
-        let https = https.enable_all_versions().wrap_connector(tcp);
-        let mut connector = hyper_timeout::TimeoutConnector::new(https);
-        connector.set_connect_timeout(config.connect_timeout);
-        connector.set_read_timeout(config.read_timeout);
-        connector.set_write_timeout(config.write_timeout);
-        connector.set_reset_reader_on_write(config.reset_reader_on_write);
-
-        let http = legacy::Client::builder(TokioExecutor::new())
+        let server_name = match &config.tls_server_name {
+            Some(name) => Some(
+                rustls_pki_types::ServerName::try_from(name.clone())
+                    .map_err(kube::client::RustlsTlsError::InvalidServerName)
+                    .map_err(kube::Error::RustlsTls)?,
+            ),
+            None => None,
+        };
+        let https = || {
+            let https = hyper_rustls::HttpsConnectorBuilder::new()
+                .with_tls_config(tls.clone())
+                .https_only();
+            match &server_name {
+                Some(name) => https.with_server_name_resolver(
+                    hyper_rustls::FixedServerNameResolver::new(name.clone()),
+                ),
+                None => https,
+            }
+        };
+        let timeouts = |connector| {
+            let mut connector = hyper_timeout::TimeoutConnector::new(connector);
+            connector.set_connect_timeout(config.connect_timeout);
+            connector.set_read_timeout(config.read_timeout);
+            connector.set_write_timeout(config.write_timeout);
+            connector.set_reset_reader_on_write(config.reset_reader_on_write);
+            connector
+        };
+        // Two pools: HTTP/2 only, so that requests made together wait for
+        // one connection instead of each dialing its own; and HTTP/1.1 for
+        // what HTTP/2 cannot carry.
+        let http2 = https().enable_http2().wrap_connector(tcp.clone());
+        let http2 = legacy::Client::builder(TokioExecutor::new())
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
+            .http2_only(true)
             .http2_keep_alive_interval(self.keep_alive_interval)
             .http2_keep_alive_timeout(self.keep_alive_timeout)
             .http2_keep_alive_while_idle(true)
-            .build::<_, Body>(connector);
+            .build::<_, Body>(route::RequireHttp2(timeouts(http2)));
+        let http1 = https().enable_http1().wrap_connector(tcp);
+        let http1 = legacy::Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .build::<_, Body>(timeouts(http1));
+        let http = route::Route::new(http2, http1, self.max_streams);
 
         let retry = config
             .default_retry
@@ -183,7 +243,6 @@ impl ClientOptions {
             .option_layer(retry)
             .option_layer(config.auth_layer()?)
             .layer(config.extra_headers_layer()?)
-            .map_err(BoxError::from)
             .service(http);
         Ok(Client::new(service, config.default_namespace))
     }
