@@ -17,7 +17,7 @@
 //! (`RecommendedLayer`: trace, metrics following the fleet, panic catch,
 //! timeout, retry). Last, kube-runtime's own `applier` runs the same keys in
 //! the same process as the baseline (a no-op reconciler over a store holding
-//! their objects, at most 100 reconciles at once as ours by default in one cluster), and each stack's
+//! their objects, at most 64 reconciles at once as ours by default in one cluster), and each stack's
 //! throughput is printed as a ratio of it.
 //!
 //! - throughput: 200,000 requests queued at once, reconciles per second;

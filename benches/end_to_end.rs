@@ -4,7 +4,7 @@
 //! cargo bench --bench end_to_end                 # 10 clusters x 1,000 ConfigMaps
 //! cargo bench --bench end_to_end -- 4 500        # other sizes: clusters, objects each
 //! cargo bench --bench end_to_end -- 10 1000 16    # at most 16 reconciles at once
-//! cargo bench --bench end_to_end -- 10 1000 0     # no limit (the default is 100 per cluster)
+//! cargo bench --bench end_to_end -- 10 1000 0     # no limit (the default is 64 per cluster)
 //! cargo bench --bench end_to_end -- --http1       # kube's own client, HTTP/1.1
 //! ```
 //!

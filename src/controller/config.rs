@@ -8,11 +8,11 @@ use crate::{Backoff, TokenBucket, queue::Limits};
 /// Each cluster has its own slots, so a cluster whose reconciles hang holds
 /// only its own. Beyond what an API server serves at once, more reconciles in
 /// flight only wait in memory: labelling 10,000 ConfigMaps in 10 clusters
-/// with no limit at all peaked at 143–167 MiB of memory; at about a hundred
-/// per cluster, at 60–64 MiB in the same time (`docs/benchmarks.md`). A
-/// hundred is also how many requests a Kubernetes API server takes at once
-/// on one HTTP/2 connection by default.
-pub const DEFAULT_CLUSTER_CONCURRENCY: usize = 100;
+/// with no limit at all peaked at 143–167 MiB of memory, with this limit at
+/// about 60 MiB, in no more time (`docs/benchmarks.md`). It leaves room for
+/// the cluster's watches among the requests one HTTP/2 connection carries
+/// at once ([`crate::client::DEFAULT_MAX_STREAMS`]).
+pub const DEFAULT_CLUSTER_CONCURRENCY: usize = 64;
 
 /// How long a graceful shutdown waits for running reconciles by default.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
