@@ -276,3 +276,33 @@ async fn a_server_without_http2_is_spoken_to_in_http1() {
     create_config_map(cluster.client(), "over-http1").await;
     expect_all(&mut reconciled, [request("http1", "over-http1")]).await;
 }
+
+#[tokio::test]
+async fn a_cluster_briefly_unreachable_is_spoken_to_in_http2_again() {
+    let env = Envtest::start(1).await.unwrap();
+    let link = env.clusters()[0].link().unwrap();
+    let mut config = config(&link);
+    config.connect_timeout = Some(Duration::from_secs(1));
+    let api: Api<ConfigMap> = Api::default_namespaced(client::client(config).unwrap());
+    let all = ListParams::default();
+
+    // The first connection stalls past its timeout, and the cluster comes
+    // back soon after.
+    link.hang();
+    let first = tokio::spawn({
+        let api = api.clone();
+        async move { api.list(&ListParams::default()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    link.restore();
+    let _ = first.await.unwrap();
+
+    // Nothing said the server lacks HTTP/2: requests made together share
+    // one new connection.
+    let made = link.connections_made();
+    futures::future::try_join_all((0..30).map(|_| api.list(&all)))
+        .await
+        .unwrap();
+    let new = link.connections_made() - made;
+    assert!(new <= 1, "{new} connections for 30 requests");
+}

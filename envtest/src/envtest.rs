@@ -174,8 +174,9 @@ impl EnvtestBuilder {
     }
 
     /// Passes `arg` (`--flag=value`) to every API server of the fleet, those
-    /// added later included, after the flags envtest sets; a flag given
-    /// twice takes the later value.
+    /// added later included, after the flags envtest sets. Given twice, most
+    /// flags take the later value; list and map flags (`--feature-gates`,
+    /// `--disable-admission-plugins`, which envtest sets) add up.
     ///
     /// ```no_run
     /// # async fn example() -> kube_fleet_envtest::Result<()> {

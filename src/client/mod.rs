@@ -220,7 +220,10 @@ impl ClientOptions {
         // Two pools: HTTP/2 only, so that requests made together wait for
         // one connection instead of each dialing its own; and HTTP/1.1 for
         // what HTTP/2 cannot carry.
-        let http2 = https().enable_http2().wrap_connector(tcp.clone());
+        // Offering HTTP/1.1 too lets a server without HTTP/2 complete the
+        // handshake, which `RequireHttp2` then turns into an error that
+        // sends the request over HTTP/1.1.
+        let http2 = https().enable_all_versions().wrap_connector(tcp.clone());
         let http2 = legacy::Client::builder(TokioExecutor::new())
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())

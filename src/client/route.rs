@@ -20,9 +20,12 @@ use hyper_util::client::legacy::{self, connect::Connection};
 use kube::client::Body;
 use tower::{BoxError, Service, ServiceExt};
 
-/// How long a client speaks HTTP/1.1 only after its server would not take
-/// an HTTP/2 connection and took an HTTP/1.1 one.
+/// How long a client speaks HTTP/1.1 only after a connection to its server
+/// did not agree to HTTP/2.
 const HTTP2_OFF_FOR: Duration = Duration::from_secs(300);
+
+/// How many times a request the server refused unprocessed is sent again.
+const UNPROCESSED_RETRIES: usize = 3;
 
 /// What the router of one client knows.
 #[derive(Debug, Default)]
@@ -119,11 +122,13 @@ impl HttpBody for Counted {
 /// - when `max_streams` requests and watches are open on it already, the
 ///   next goes over HTTP/1.1 rather than wait for one of them to end (a
 ///   watch may never end);
-/// - when the server would not take an HTTP/2 connection but takes an
-///   HTTP/1.1 one, every request goes over HTTP/1.1 for a while.
+/// - when a connection to the server did not agree to HTTP/2 in the TLS
+///   handshake, every request goes over HTTP/1.1 for a while. Other
+///   connection errors (a cluster that cannot be reached) are returned as
+///   they are, with no second attempt.
 ///
 /// A request that the server refused unprocessed as it closed the
-/// connection (`GOAWAY`, `REFUSED_STREAM`) is sent once more.
+/// connection (`GOAWAY`, `REFUSED_STREAM`) is sent again, up to three times.
 #[derive(Debug, Clone)]
 pub(super) struct Route<H2, H1> {
     http2: H2,
@@ -186,21 +191,36 @@ where
             let Some(spare) = spare else {
                 return Err(error.into());
             };
-            if unprocessed(&error) {
-                // The connection is going away; the next request opens another.
-                return counted(http2.oneshot(spare).await, Some(stream));
+            let mut error = error;
+            let mut spare = spare;
+            for _ in 0..UNPROCESSED_RETRIES {
+                if !unprocessed(&error) {
+                    break;
+                }
+                // The connection is going away; the next request opens
+                // another, which may go away in turn.
+                let again = try_clone(&spare);
+                match http2.clone().oneshot(spare).await {
+                    Ok(response) => return counted(Ok(response), Some(stream)),
+                    Err(next) => error = next,
+                }
+                match again {
+                    Some(again) => spare = again,
+                    None => return Err(error.into()),
+                }
             }
-            if error.is_connect() {
+            if error.is_connect() && (refuses_http2(&error) || !state.http2_on()) {
+                // The server (or what is in between) did not agree to
+                // HTTP/2, as this request or another found meanwhile.
                 drop(stream);
-                // No HTTP/2 connection could be made. If HTTP/1.1 works,
-                // the server does not speak HTTP/2 (or not through what is
-                // in between); if not, its error is as good as the first.
-                let sent = http1.oneshot(spare).await;
-                if sent.is_ok() {
-                    tracing::debug!(%error, "no HTTP/2 connection; speaking HTTP/1.1 for a while");
+                if state.http2_on() {
+                    tracing::debug!(
+                        error = %ErrorChain(&error),
+                        "no HTTP/2 from the server; speaking HTTP/1.1 for a while"
+                    );
                     state.http2_off();
                 }
-                return counted(sent, None);
+                return counted(http1.oneshot(spare).await, None);
             }
             Err(error.into())
         })
@@ -237,6 +257,33 @@ fn unprocessed(error: &legacy::Error) -> bool {
         source = error.source();
     }
     false
+}
+
+/// Whether `error` is a connection that did not agree to HTTP/2.
+fn refuses_http2(error: &legacy::Error) -> bool {
+    let mut source: Option<&(dyn StdError + 'static)> = Some(error);
+    while let Some(error) = source {
+        if error.is::<NoHttp2>() {
+            return true;
+        }
+        source = error.source();
+    }
+    false
+}
+
+/// An error with its sources, for the log.
+struct ErrorChain<'a>(&'a (dyn StdError + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(error) = source {
+            write!(f, ": {error}")?;
+            source = error.source();
+        }
+        Ok(())
+    }
 }
 
 /// A connector whose connections must have agreed on HTTP/2 in the TLS

@@ -5,13 +5,15 @@ use crate::{Backoff, TokenBucket, queue::Limits};
 /// How many reconciles a controller runs at once in one cluster by default,
 /// when no [`Config::concurrency`] limit is set.
 ///
-/// Each cluster has its own slots, so a cluster whose reconciles hang holds
-/// only its own. Beyond what an API server serves at once, more reconciles in
-/// flight only wait in memory: labelling 10,000 ConfigMaps in 10 clusters
-/// with no limit at all peaked at 143–167 MiB of memory, with this limit at
-/// about 60 MiB, in no more time (`docs/benchmarks.md`). It leaves room for
-/// the cluster's watches among the requests one HTTP/2 connection carries
-/// at once ([`crate::client::DEFAULT_MAX_STREAMS`]).
+/// Each cluster has slots of its own, so a cluster whose reconciles hang holds
+/// only its own; in all, a controller runs at most this many times the number
+/// of clusters with work. Beyond what an API server serves at once, more
+/// reconciles in flight only wait in memory: labelling 10,000 ConfigMaps in
+/// 10 clusters with no limit peaked at 143–167 MiB, with this default at
+/// 57–59 MiB (`docs/benchmarks.md`). One controller's reconciles in a cluster
+/// then stay within what one HTTP/2 connection carries
+/// ([`crate::client::DEFAULT_MAX_STREAMS`]); with several controllers on one
+/// cluster, requests beyond it take HTTP/1.1 connections.
 pub const DEFAULT_CLUSTER_CONCURRENCY: usize = 64;
 
 /// How long a graceful shutdown waits for running reconciles by default.
@@ -86,10 +88,14 @@ impl Default for Config {
 
 impl Config {
     /// At most `limit` reconciles at once, in all clusters together
-    /// (default: none, but at most [`DEFAULT_CLUSTER_CONCURRENCY`] in each
-    /// cluster; 0 means none). With this limit set, each cluster gets the
-    /// fair share described [above](Self#concurrency-across-clusters)
-    /// instead of the default per-cluster one.
+    /// (default: none, with at most [`DEFAULT_CLUSTER_CONCURRENCY`] in each
+    /// cluster; 0 means none, and keeps that per-cluster default).
+    ///
+    /// With this limit set, each cluster gets the fair share described
+    /// [above](Self#concurrency-across-clusters) instead of the default
+    /// per-cluster slots, which may be more than those in one cluster (a
+    /// lone cluster may use all `limit`); add
+    /// [`cluster_concurrency`](Self::cluster_concurrency) to cap it as well.
     pub fn concurrency(mut self, limit: usize) -> Self {
         self.limits.concurrency = (limit > 0).then_some(limit);
         self
