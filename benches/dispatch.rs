@@ -54,6 +54,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tower::{BoxError, ServiceBuilder, service_fn};
 
+mod setup;
+
 const CLUSTER: &str = "bench";
 
 /// When each request was sent and how many started, shared with the reconciler.
@@ -270,9 +272,7 @@ fn percentile(sorted: &[u64], p: f64) -> Duration {
 async fn main() -> Result<(), BoxError> {
     let env = Envtest::start(1).await?;
     let fleet = Fleet::new();
-    // Past envtest's fault proxy, which would add its own work here.
-    let direct = env.clusters()[0].direct_kubeconfig();
-    let config = kube::Config::from_custom_kubeconfig(direct, &Default::default()).await?;
+    let config = setup::direct_config(&env.clusters()[0]).await?;
     let cluster = fleet.engage(CLUSTER, kube::Client::try_from(config)?);
     // The cache the object-loading layer reads from.
     let watch = cluster

@@ -37,11 +37,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
-    Api, Client, ResourceExt,
-    api::{ObjectMeta, Patch, PatchParams, PostParams},
+    Api, ResourceExt,
+    api::{Patch, PatchParams},
     runtime::watcher,
 };
 use kube_fleet::{
@@ -52,6 +51,7 @@ use kube_fleet_envtest::Envtest;
 use tower::{BoxError, service_fn};
 
 mod os;
+mod setup;
 
 use os::{cpu_seconds, reset_peak, status_kib};
 
@@ -59,46 +59,6 @@ const LABEL: &str = "bench.kube-fleet.dev/seen";
 
 fn servers_cpu(pids: &[u32]) -> f64 {
     pids.iter().map(|pid| cpu_seconds(&pid.to_string())).sum()
-}
-
-async fn direct_client(
-    cluster: &kube_fleet_envtest::TestCluster,
-    http1: bool,
-) -> Result<Client, BoxError> {
-    let config =
-        kube::Config::from_custom_kubeconfig(cluster.direct_kubeconfig(), &Default::default())
-            .await?;
-    if http1 {
-        Ok(Client::try_from(config)?)
-    } else {
-        Ok(kube_fleet::client::client(config)?)
-    }
-}
-
-async fn fill(client: Client, objects: usize) -> Result<(), BoxError> {
-    let api = Api::<ConfigMap>::default_namespaced(client);
-    let created = stream::iter(0..objects)
-        .map(|i| {
-            let api = api.clone();
-            async move {
-                let config_map = ConfigMap {
-                    metadata: ObjectMeta {
-                        name: Some(format!("cm-{i:05}")),
-                        ..ObjectMeta::default()
-                    },
-                    data: Some([("key".to_owned(), format!("value-{i}"))].into()),
-                    ..ConfigMap::default()
-                };
-                api.create(&PostParams::default(), &config_map).await
-            }
-        })
-        .buffer_unordered(16)
-        .collect::<Vec<_>>()
-        .await;
-    for result in created {
-        result?;
-    }
-    Ok(())
 }
 
 #[tokio::main]
@@ -117,10 +77,10 @@ async fn main() -> Result<(), BoxError> {
     let env = Envtest::start(clusters).await?;
     let mut direct = Vec::new();
     for cluster in env.clusters() {
-        direct.push(direct_client(cluster, http1).await?);
+        direct.push(setup::client(setup::direct_config(cluster).await?, http1)?);
     }
     for client in &direct {
-        fill(client.clone(), objects).await?;
+        setup::fill(client.clone(), objects).await?;
     }
 
     let patched = Arc::new(AtomicUsize::new(0));

@@ -27,6 +27,7 @@ use kube_fleet_envtest::Envtest;
 use tower::BoxError;
 
 mod os;
+mod setup;
 
 use os::status_kib;
 
@@ -41,10 +42,7 @@ async fn main() -> Result<(), BoxError> {
         .find_map(|a| a.parse().ok())
         .unwrap_or(100_000);
     let env = Envtest::start(1).await?;
-    // Past envtest's fault proxy, which would count its own buffers here.
-    let direct = env.clusters()[0].direct_kubeconfig();
-    let config = kube::Config::from_custom_kubeconfig(direct, &Default::default()).await?;
-    let client = kube::Client::try_from(config)?;
+    let client = kube::Client::try_from(setup::direct_config(&env.clusters()[0]).await?)?;
     let api = Api::<ConfigMap>::namespaced(client.clone(), "default");
 
     let began = Instant::now();

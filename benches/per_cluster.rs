@@ -27,7 +27,6 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
     Api, Client, Config,
     api::{ObjectMeta, PostParams},
-    config::KubeConfigOptions,
     runtime::watcher,
 };
 use kube_fleet::{
@@ -37,6 +36,7 @@ use kube_fleet_envtest::Envtest;
 use tower::{BoxError, service_fn};
 
 mod os;
+mod setup;
 
 use os::{open_sockets, resident_bytes};
 
@@ -71,11 +71,7 @@ struct Options {
 
 impl Options {
     fn client(&self, config: &Config) -> Result<Client, BoxError> {
-        Ok(if self.http1 {
-            Client::try_from(config.clone())?
-        } else {
-            kube_fleet::client::client(config.clone())?
-        })
+        setup::client(config.clone(), self.http1)
     }
 }
 
@@ -169,10 +165,7 @@ async fn main() -> Result<(), BoxError> {
         };
         api.create(&PostParams::default(), &config_map).await?;
     }
-    let config =
-        // Past envtest's fault proxy, which would count its own tasks and buffers here.
-        Config::from_custom_kubeconfig(cluster.direct_kubeconfig(), &KubeConfigOptions::default())
-            .await?;
+    let config = setup::direct_config(cluster).await?;
     for clusters in counts {
         measure(&config, clusters, &options).await?;
     }

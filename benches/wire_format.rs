@@ -17,14 +17,12 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::{
-    Api, Client,
-    api::{ObjectList, ObjectMeta, PostParams},
-};
+use kube::{Client, api::ObjectList};
 use kube_fleet_envtest::Envtest;
 use tower::BoxError;
 
 mod os;
+mod setup;
 
 use os::cpu_seconds;
 
@@ -52,22 +50,8 @@ async fn main() -> Result<(), BoxError> {
 
     let env = Envtest::start(1).await?;
     let cluster = &env.clusters()[0];
-    let config =
-        kube::Config::from_custom_kubeconfig(cluster.direct_kubeconfig(), &Default::default())
-            .await?;
-    let client = kube_fleet::client::client(config)?;
-    let api = Api::<ConfigMap>::default_namespaced(client.clone());
-    for i in 0..objects {
-        let config_map = ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(format!("cm-{i:05}")),
-                ..ObjectMeta::default()
-            },
-            data: Some([("key".to_owned(), format!("value-{i}"))].into()),
-            ..ConfigMap::default()
-        };
-        api.create(&PostParams::default(), &config_map).await?;
-    }
+    let client = kube_fleet::client::client(setup::direct_config(cluster).await?)?;
+    setup::fill(client.clone(), objects).await?;
     // Warm both paths (and the watch cache) up.
     for accept in [JSON, PROTOBUF] {
         list(&client, accept).await?;

@@ -1,0 +1,61 @@
+//! Setting up what the benchmarks measure: clients that reach an envtest
+//! API server past its fault proxy, and ConfigMaps to list and patch.
+
+#![allow(dead_code)]
+
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api, Client,
+    api::{ObjectMeta, PostParams},
+};
+use kube_fleet_envtest::TestCluster;
+use tower::BoxError;
+
+/// The admin configuration of `cluster`, pointed at its API server itself:
+/// envtest's fault proxy runs in the benchmark's own process and would add
+/// its tasks, buffers and CPU to what is measured.
+pub(crate) async fn direct_config(cluster: &TestCluster) -> Result<kube::Config, BoxError> {
+    Ok(
+        kube::Config::from_custom_kubeconfig(cluster.direct_kubeconfig(), &Default::default())
+            .await?,
+    )
+}
+
+/// A client from `config`: kube's own over HTTP/1.1 if `http1`, else
+/// `kube_fleet::client`'s.
+pub(crate) fn client(config: kube::Config, http1: bool) -> Result<Client, BoxError> {
+    Ok(if http1 {
+        Client::try_from(config)?
+    } else {
+        kube_fleet::client::client(config)?
+    })
+}
+
+/// Creates `objects` ConfigMaps `cm-00000`, `cm-00001`, ... in the default
+/// namespace, each with one data key, 16 at a time.
+pub(crate) async fn fill(client: Client, objects: usize) -> Result<(), BoxError> {
+    let api = Api::<ConfigMap>::default_namespaced(client);
+    let created = stream::iter(0..objects)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                let config_map = ConfigMap {
+                    metadata: ObjectMeta {
+                        name: Some(format!("cm-{i:05}")),
+                        ..ObjectMeta::default()
+                    },
+                    data: Some([("key".to_owned(), format!("value-{i}"))].into()),
+                    ..ConfigMap::default()
+                };
+                api.create(&PostParams::default(), &config_map).await
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    for result in created {
+        result?;
+    }
+    Ok(())
+}
