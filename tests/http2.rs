@@ -51,6 +51,16 @@ fn labelling(running: &mut Running) -> mpsc::UnboundedReceiver<McRequest> {
     rx
 }
 
+/// One cluster, `name`, whose API server runs with `flag` too.
+async fn one_cluster_with(name: &str, flag: &str) -> Envtest {
+    Envtest::builder()
+        .clusters([name])
+        .apiserver_arg(flag)
+        .start()
+        .await
+        .unwrap()
+}
+
 async fn until(what: &str, mut done: impl FnMut() -> bool) {
     tokio::time::timeout(PATIENCE, async {
         while !done() {
@@ -229,12 +239,7 @@ async fn an_upgrade_goes_over_http1() {
 async fn requests_refused_as_the_server_closes_the_connection_are_sent_again() {
     // The API server sends GOAWAY after 2 % of requests, as in front of a
     // load balancer: requests on their way when it does are refused.
-    let env = Envtest::builder()
-        .clusters(["going-away"])
-        .apiserver_arg("--goaway-chance=0.02")
-        .start()
-        .await
-        .unwrap();
+    let env = one_cluster_with("going-away", "--goaway-chance=0.02").await;
     let link = env.clusters()[0].link().unwrap();
     let api: Api<ConfigMap> = Api::default_namespaced(client::client(config(&link)).unwrap());
 
@@ -260,12 +265,7 @@ async fn requests_refused_as_the_server_closes_the_connection_are_sent_again() {
 
 #[tokio::test]
 async fn a_server_without_http2_is_spoken_to_in_http1() {
-    let env = Envtest::builder()
-        .clusters(["http1"])
-        .apiserver_arg("--disable-http2-serving=true")
-        .start()
-        .await
-        .unwrap();
+    let env = one_cluster_with("http1", "--disable-http2-serving=true").await;
     let cluster = &env.clusters()[0];
     let link = cluster.link().unwrap();
     let mut running = Running::new();

@@ -183,46 +183,37 @@ where
             let Some(stream) = stream else {
                 return counted(http1.oneshot(request).await, None);
             };
-            let spare = try_clone(&request);
-            let error = match http2.clone().oneshot(request).await {
-                Ok(response) => return counted(Ok(response), Some(stream)),
-                Err(error) => error,
-            };
-            let Some(spare) = spare else {
-                return Err(error.into());
-            };
-            let mut error = error;
-            let mut spare = spare;
-            for _ in 0..UNPROCESSED_RETRIES {
-                if !unprocessed(&error) {
-                    break;
-                }
-                // The connection is going away; the next request opens
-                // another, which may go away in turn.
-                let again = try_clone(&spare);
-                match http2.clone().oneshot(spare).await {
+            let (mut request, mut retries) = (request, 0);
+            loop {
+                let spare = try_clone(&request);
+                let error = match http2.clone().oneshot(request).await {
                     Ok(response) => return counted(Ok(response), Some(stream)),
-                    Err(next) => error = next,
+                    Err(error) => error,
+                };
+                let Some(spare) = spare else {
+                    return Err(error.into());
+                };
+                if unprocessed(&error) && retries < UNPROCESSED_RETRIES {
+                    // The connection is going away; the next request opens
+                    // another, which may go away in turn.
+                    (request, retries) = (spare, retries + 1);
+                    continue;
                 }
-                match again {
-                    Some(again) => spare = again,
-                    None => return Err(error.into()),
+                if error.is_connect() && (refuses_http2(&error) || !state.http2_on()) {
+                    // The server (or what is in between) did not agree to
+                    // HTTP/2, as this request or another found meanwhile.
+                    drop(stream);
+                    if state.http2_on() {
+                        tracing::debug!(
+                            error = %crate::cache::error_chain(&error),
+                            "no HTTP/2 from the server; speaking HTTP/1.1 for a while"
+                        );
+                        state.http2_off();
+                    }
+                    return counted(http1.oneshot(spare).await, None);
                 }
+                return Err(error.into());
             }
-            if error.is_connect() && (refuses_http2(&error) || !state.http2_on()) {
-                // The server (or what is in between) did not agree to
-                // HTTP/2, as this request or another found meanwhile.
-                drop(stream);
-                if state.http2_on() {
-                    tracing::debug!(
-                        error = %ErrorChain(&error),
-                        "no HTTP/2 from the server; speaking HTTP/1.1 for a while"
-                    );
-                    state.http2_off();
-                }
-                return counted(http1.oneshot(spare).await, None);
-            }
-            Err(error.into())
         })
     }
 }
@@ -247,43 +238,25 @@ fn try_clone(request: &Request<Body>) -> Option<Request<Body>> {
 /// stream came after the last one the server took before it closed the
 /// connection, or the stream was refused.
 fn unprocessed(error: &legacy::Error) -> bool {
-    let mut source: Option<&(dyn StdError + 'static)> = Some(error);
-    while let Some(error) = source {
-        if let Some(h2) = error.downcast_ref::<h2::Error>() {
+    causes(error)
+        .find_map(|cause| cause.downcast_ref::<h2::Error>())
+        .is_some_and(|h2| {
             let going_away = h2.is_go_away() && h2.is_remote();
-            return (going_away && h2.reason() == Some(h2::Reason::NO_ERROR))
-                || h2.reason() == Some(h2::Reason::REFUSED_STREAM);
-        }
-        source = error.source();
-    }
-    false
+            (going_away && h2.reason() == Some(h2::Reason::NO_ERROR))
+                || h2.reason() == Some(h2::Reason::REFUSED_STREAM)
+        })
 }
 
 /// Whether `error` is a connection that did not agree to HTTP/2.
 fn refuses_http2(error: &legacy::Error) -> bool {
-    let mut source: Option<&(dyn StdError + 'static)> = Some(error);
-    while let Some(error) = source {
-        if error.is::<NoHttp2>() {
-            return true;
-        }
-        source = error.source();
-    }
-    false
+    causes(error).any(|cause| cause.is::<NoHttp2>())
 }
 
-/// An error with its sources, for the log.
-struct ErrorChain<'a>(&'a (dyn StdError + 'static));
-
-impl std::fmt::Display for ErrorChain<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut source = self.0.source();
-        while let Some(error) = source {
-            write!(f, ": {error}")?;
-            source = error.source();
-        }
-        Ok(())
-    }
+/// `error` and its sources, outermost first.
+fn causes<'a>(
+    error: &'a (dyn StdError + 'static),
+) -> impl Iterator<Item = &'a (dyn StdError + 'static)> {
+    std::iter::successors(Some(error), |&error| error.source())
 }
 
 /// A connector whose connections must have agreed on HTTP/2 in the TLS
