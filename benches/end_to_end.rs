@@ -6,6 +6,7 @@
 //! cargo bench --bench end_to_end -- 10 1000 16    # at most 16 reconciles at once
 //! cargo bench --bench end_to_end -- 10 1000 0     # no limit (the default is 64 per cluster)
 //! cargo bench --bench end_to_end -- --http1       # kube's own client, HTTP/1.1
+//! cargo bench --bench end_to_end -- --paged       # API servers that refuse streaming lists
 //! ```
 //!
 //! N envtest API servers (one etcd) each hold M ConfigMaps with one data key.
@@ -73,8 +74,13 @@ async fn main() -> Result<(), BoxError> {
     let concurrency = args.get(2).copied();
     let total = clusters * objects;
     let http1 = std::env::args().any(|a| a == "--http1");
+    let paged = std::env::args().any(|a| a == "--paged");
 
-    let env = Envtest::start(clusters).await?;
+    let mut env = Envtest::builder().clusters((0..clusters).map(|i| format!("cluster-{i}")));
+    if paged {
+        env = env.apiserver_arg("--feature-gates=WatchList=false");
+    }
+    let env = env.start().await?;
     let mut direct = Vec::new();
     for cluster in env.clusters() {
         direct.push(setup::client(setup::direct_config(cluster).await?, http1)?);
@@ -172,7 +178,14 @@ async fn main() -> Result<(), BoxError> {
         Some(limit) => format!("at most {limit} at once"),
     };
     let protocol = if http1 { "HTTP/1.1" } else { "HTTP/2" };
-    println!("{clusters} clusters x {objects} ConfigMaps ({total} patched, {limit}, {protocol})");
+    let lists = if paged {
+        "paged lists"
+    } else {
+        "streaming lists"
+    };
+    println!(
+        "{clusters} clusters x {objects} ConfigMaps ({total} patched, {limit}, {protocol}, {lists})"
+    );
     println!("  wall time            {wall:.2?}");
     println!(
         "  controller CPU       {cpu:.2} s ({:.0} us per patched object, {} reconciles)",

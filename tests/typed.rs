@@ -630,16 +630,16 @@ async fn an_object_recreated_while_the_connection_was_cut_is_reconciled_after_a_
     assert_ne!(first.metadata.uid, second.metadata.uid);
     cluster.stop();
     cluster.restart().await.unwrap();
-    let lists_before = lists_served(&direct, "configmaps").await;
+    let lists_before = all_lists_served(&direct, "configmaps").await;
     cluster.restore();
 
     wait(&mut rx, &reconciled_as(second.metadata.uid.clone()))
         .await
         .expect("the recreated object is reconciled once the connection is back");
-    let lists_after = lists_served(&direct, "configmaps").await;
+    let lists_after = all_lists_served(&direct, "configmaps").await;
     assert!(
         lists_after > lists_before,
-        "the controller listed again ({lists_before} LISTs before, {lists_after} after)"
+        "the controller listed again ({lists_before} lists before, {lists_after} after)"
     );
 }
 

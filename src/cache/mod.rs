@@ -12,6 +12,22 @@
 //! [`Watch::keep_managed_fields`](crate::controller::Watch::keep_managed_fields)
 //! keeps them).
 //!
+//! A watch lists what is there by a *streaming list* (the API server sends
+//! the objects as events on the watch, `sendInitialEvents=true`) where the
+//! API server allows it, whatever `initial_list_strategy` the
+//! `watcher::Config` names. An API server whose `WatchList` feature is off
+//! refuses that with `422 Invalid`, as do API servers before Kubernetes 1.27:
+//! the watch then lists in pages of the configuration's `page_size`, and so
+//! does every later watch in that cluster. A configuration without bookmarks
+//! (`disable_bookmarks`) always lists in pages: bookmarks mark where a
+//! streaming list ends.
+//!
+//! While a watch lists again (after its watch expired, say), at most two
+//! full copies of its objects are alive: the store as it was, which readers
+//! go on reading, and the new list, which replaces it at once when complete.
+//! Paged lists add one page (500 objects by default) being decoded.
+//! Subscribers hold no copies: they read the store's `Arc`s.
+//!
 //! ```no_run
 //! # async fn example(cluster: kube_fleet::Cluster) {
 //! use futures::StreamExt;
@@ -33,6 +49,7 @@
 //! ```
 
 pub(crate) mod discovery;
+mod initial_list;
 pub(crate) use sealed::Sealed;
 mod scoped;
 mod state;
@@ -162,8 +179,8 @@ struct WatchKey {
     dynamic: String,
     /// The namespace the watch is limited to; `None` for all.
     namespace: Option<String>,
-    /// The whole `watcher::Config`, so that watches with different selectors
-    /// or list semantics are different watches.
+    /// The `watcher::Config` but its initial list strategy, so that watches
+    /// with different selectors or list semantics are different watches.
     config: String,
 }
 
@@ -180,6 +197,7 @@ pub struct ClusterCache {
     cluster: ClusterName,
     client: Client,
     watches: Mutex<Watches>,
+    lists: Arc<initial_list::ListMode>,
 }
 
 impl fmt::Debug for ClusterCache {
@@ -197,6 +215,7 @@ impl ClusterCache {
             cluster,
             client,
             watches: Mutex::new(HashMap::new()),
+            lists: Arc::default(),
         }
     }
 
@@ -268,15 +287,28 @@ impl ClusterCache {
         let namespace = scope::<K>(namespace);
         self.shared(keep_managed_fields, dyntype, namespace, config, || {
             let (client, config) = (self.client.clone(), config.clone());
+            let (lists, cluster) = (self.lists.clone(), self.cluster.clone());
             let namespace = namespace.map(str::to_owned);
-            let events = move |dyntype: &K::DynamicType| match &namespace {
-                Some(namespace) => {
-                    scoped::objects::<K>(client.clone(), dyntype, namespace, config.clone()).boxed()
-                }
-                None => {
-                    watcher::watcher(Api::<K>::all_with(client.clone(), dyntype), config.clone())
-                        .boxed()
-                }
+            let events = move |dyntype: &K::DynamicType| {
+                let (client, dyntype) = (client.clone(), dyntype.clone());
+                let namespace = namespace.clone();
+                let kind = K::kind(&dyntype).into_owned();
+                initial_list::streamed_or_paged(
+                    lists.clone(),
+                    cluster.clone(),
+                    kind,
+                    config.clone(),
+                    move |config| match &namespace {
+                        Some(namespace) => {
+                            scoped::objects::<K>(client.clone(), &dyntype, namespace, config)
+                                .boxed()
+                        }
+                        None => {
+                            let api = Api::<K>::all_with(client.clone(), &dyntype);
+                            watcher::watcher(api, config).boxed()
+                        }
+                    },
+                )
             };
             self.discovering(dyntype, events)
         })
@@ -456,7 +488,15 @@ fn watch_key<T: Resource<DynamicType: TypeInfo> + 'static>(
         keep_managed_fields,
         dynamic: format!("{dyntype:?}"),
         namespace: namespace.map(str::to_owned),
-        config: format!("{config:?}"),
+        // Every watch lists the same way (streamed where the cluster allows
+        // it), so the strategy a caller named makes no other watch.
+        config: format!(
+            "{:?}",
+            watcher::Config {
+                initial_list_strategy: watcher::InitialListStrategy::ListWatch,
+                ..config.clone()
+            }
+        ),
     }
 }
 

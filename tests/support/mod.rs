@@ -126,14 +126,26 @@ pub async fn lists_served(client: &Client, resource: &str) -> u64 {
     api_server_count(client, "apiserver_request_total", resource, "LIST").await
 }
 
-/// The sum of the API server's `metric` series for `resource` and `verb`.
+/// How many streaming lists (watches with `sendInitialEvents`) of
+/// `resource` the API server has completed since it started.
+pub async fn streaming_lists_served(client: &Client, resource: &str) -> u64 {
+    api_server_count(client, "apiserver_watch_list_duration_seconds_count", resource, "").await
+}
+
+/// How many times `resource` has been listed, in pages or by streaming.
+pub async fn all_lists_served(client: &Client, resource: &str) -> u64 {
+    lists_served(client, resource).await + streaming_lists_served(client, resource).await
+}
+
+/// The sum of the API server's `metric` series for `resource` and `verb`
+/// (any verb for `""`).
 async fn api_server_count(client: &Client, metric: &str, resource: &str, verb: &str) -> u64 {
     let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
     let metrics = client.request_text(request).await.expect("GET /metrics");
     let (series, resource, verb) = (
         format!("{metric}{{"),
         format!("resource=\"{resource}\""),
-        format!("verb=\"{verb}\""),
+        if verb.is_empty() { String::new() } else { format!("verb=\"{verb}\"") },
     );
     metrics
         .lines()
