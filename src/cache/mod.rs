@@ -10,7 +10,8 @@
 //! subscription): the last one to let go stops it at the API server.
 //! Cached objects carry no `metadata.managedFields` (a controller's
 //! [`Watch::keep_managed_fields`](crate::controller::Watch::keep_managed_fields)
-//! keeps them).
+//! keeps them), and a [`Transform`] given to a controller's watch
+//! ([`Watch::transform`](crate::controller::Watch::transform)) drops more.
 //!
 //! A watch lists what is there by a *streaming list* (the API server sends
 //! the objects as events on the watch, `sendInitialEvents=true`) where the
@@ -54,6 +55,7 @@ pub(crate) use sealed::Sealed;
 mod scoped;
 mod state;
 mod subscription;
+mod transform;
 mod watch;
 
 use std::{
@@ -73,6 +75,8 @@ use serde::de::DeserializeOwned;
 
 pub use state::{WatchState, WatchStatus};
 pub use subscription::{Change, Subscription};
+pub(crate) use transform::Shape;
+pub use transform::Transform;
 pub use watch::SharedWatch;
 pub(crate) use watch::WatchProbe;
 
@@ -173,8 +177,9 @@ pub fn is_namespaced<K: Resource>() -> bool {
 struct WatchKey {
     /// The watched type (`PartialObjectMeta<K>` for a metadata watch).
     type_id: TypeId,
-    /// Whether objects keep their `managedFields`.
-    keep_managed_fields: bool,
+    /// Whether objects keep their `managedFields`, and the identity of the
+    /// transform they go through.
+    shape: (bool, Option<usize>),
     /// The type information of a dynamic type (its `ApiResource`).
     dynamic: String,
     /// The namespace the watch is limited to; `None` for all.
@@ -271,21 +276,20 @@ impl ClusterCache {
         namespace: Option<&str>,
         config: &watcher::Config,
     ) -> Arc<SharedWatch<K>> {
-        self.watch_fields(dyntype, namespace, false, config)
+        self.watch_shaped(dyntype, namespace, &Shape::default(), config)
     }
 
-    /// [`watch_with`](Self::watch_with), keeping each object's
-    /// `managedFields` if `keep_managed_fields` (a separate watch from one
-    /// that drops them).
-    pub(crate) fn watch_fields<K: Watchable>(
+    /// [`watch_with`](Self::watch_with), with objects shaped as `shape`
+    /// says (a separate watch from one shaped otherwise).
+    pub(crate) fn watch_shaped<K: Watchable>(
         &self,
         dyntype: &K::DynamicType,
         namespace: Option<&str>,
-        keep_managed_fields: bool,
+        shape: &Shape,
         config: &watcher::Config,
     ) -> Arc<SharedWatch<K>> {
         let namespace = scope::<K>(namespace);
-        self.shared(keep_managed_fields, dyntype, namespace, config, || {
+        self.shared(shape, dyntype, namespace, config, || {
             let (client, config) = (self.client.clone(), config.clone());
             let (lists, cluster) = (self.lists.clone(), self.cluster.clone());
             let namespace = namespace.map(str::to_owned);
@@ -381,7 +385,7 @@ impl ClusterCache {
         namespace: Option<&str>,
         config: &watcher::Config,
     ) -> Option<Arc<SharedWatch<K>>> {
-        let key = watch_key::<K>(false, dyntype, scope::<K>(namespace), config);
+        let key = watch_key::<K>(&Shape::default(), dyntype, scope::<K>(namespace), config);
         let watch = self.watches().get(&key)?.upgrade()?;
         watch.downcast::<SharedWatch<K>>().ok()
     }
@@ -427,7 +431,7 @@ impl ClusterCache {
 
     fn shared<T, S>(
         &self,
-        keep_managed_fields: bool,
+        shape: &Shape,
         dyntype: &T::DynamicType,
         namespace: Option<&str>,
         config: &watcher::Config,
@@ -439,7 +443,7 @@ impl ClusterCache {
     {
         // Keyed by the watched type: for metadata watches it is
         // `PartialObjectMeta<K>`, a type of its own, so the keys never clash.
-        let key = watch_key::<T>(keep_managed_fields, dyntype, namespace, config);
+        let key = watch_key::<T>(shape, dyntype, namespace, config);
         let mut watches = self.watches();
         if let Some(existing) = watches.get(&key).and_then(Weak::upgrade)
             && let Ok(existing) = existing.downcast::<SharedWatch<T>>()
@@ -451,7 +455,7 @@ impl ClusterCache {
         let watch = Arc::new(SharedWatch::start(
             self.cluster.clone(),
             dyntype.clone(),
-            lean(stream(), keep_managed_fields),
+            shaped(stream(), shape.clone()),
         ));
         let weak: Weak<dyn Any + Send + Sync> = Arc::downgrade(&watch) as _;
         watches.insert(key, weak);
@@ -459,33 +463,28 @@ impl ClusterCache {
     }
 }
 
-/// `events` with each object's `managedFields` dropped unless `keep`: few
-/// controllers read them, and they are often the larger part of a small
-/// object's metadata.
-fn lean<T: Resource, S>(events: S, keep: bool) -> impl Stream<Item = S::Item> + Send + 'static
+/// `events` with each object shaped as `shape` says: its `managedFields`
+/// dropped unless kept (few controllers read them, and they are often the
+/// larger part of a small object's metadata), then the user's transform.
+fn shaped<T: Resource + 'static, S>(
+    events: S,
+    shape: Shape,
+) -> impl Stream<Item = S::Item> + Send + 'static
 where
     S: Stream<Item = watcher::Result<watcher::Event<T>>> + Send + 'static,
 {
-    events.map(move |event| {
-        event.map(|event| {
-            if keep {
-                event
-            } else {
-                event.modify(|object| object.meta_mut().managed_fields = None)
-            }
-        })
-    })
+    events.map(move |event| event.map(|event| event.modify(|object| shape.apply(object))))
 }
 
 fn watch_key<T: Resource<DynamicType: TypeInfo> + 'static>(
-    keep_managed_fields: bool,
+    shape: &Shape,
     dyntype: &T::DynamicType,
     namespace: Option<&str>,
     config: &watcher::Config,
 ) -> WatchKey {
     WatchKey {
         type_id: TypeId::of::<T>(),
-        keep_managed_fields,
+        shape: shape.key(),
         dynamic: format!("{dyntype:?}"),
         namespace: namespace.map(str::to_owned),
         // Every watch lists the same way (streamed where the cluster allows

@@ -61,7 +61,7 @@ pub use watch::Watch;
 
 use crate::{
     Action, ClusterName, Fleet, McRequest, ObjectRequest,
-    cache::{Change, ClusterCache, TypeInfo, Watchable},
+    cache::{Change, ClusterCache, Shape, TypeInfo, Watchable},
 };
 pub(crate) use deliver::read;
 use deliver::{Deliver, Keys, Objects};
@@ -99,7 +99,7 @@ struct Resolved<T: Watchable> {
     clusters: Option<Clusters>,
     namespace: Option<String>,
     namespaced: bool,
-    keep_managed_fields: bool,
+    shape: Shape,
 }
 
 impl<T: Watchable> Resolved<T> {
@@ -110,6 +110,7 @@ impl<T: Watchable> Resolved<T> {
             namespace,
             resource,
             keep_managed_fields,
+            transform,
         } = watch;
         let dyntype =
             T::DynamicType::from_watch(resource.as_ref().map(|(r, _)| r)).ok_or_else(|| {
@@ -118,6 +119,15 @@ impl<T: Watchable> Resolved<T> {
                     std::any::type_name::<T>()
                 )
             })?;
+        if let Some(transform) = &transform
+            && !transform.applies_to::<T>()
+        {
+            return Err(format!(
+                "a watch of {} was given a transform of {}",
+                std::any::type_name::<T>(),
+                transform.type_name().unwrap_or("metadata"),
+            ));
+        }
         if namespace.as_deref() == Some("") {
             return Err(format!(
                 "a watch of {} names an empty namespace",
@@ -141,7 +151,10 @@ impl<T: Watchable> Resolved<T> {
             config,
             clusters,
             namespaced,
-            keep_managed_fields,
+            shape: Shape {
+                keep_managed_fields,
+                transform,
+            },
         })
     }
 
@@ -303,11 +316,11 @@ impl<K: Watchable> Controller<K> {
                     namespaced: watch.namespaced,
                 };
                 let trigger = WatchTrigger {
-                    source: ClusterCache::watch_fields::<K>,
+                    source: ClusterCache::watch_shaped::<K>,
                     dyntype: watch.dyntype,
                     config: watch.config,
                     namespace: watch.namespace,
-                    keep_managed_fields: watch.keep_managed_fields,
+                    shape: watch.shape,
                     clusters: None,
                     mapper: Arc::new(trigger::for_self::<K>),
                     filters: Vec::new(),
@@ -371,7 +384,7 @@ impl<K: Watchable> Controller<K> {
                     dyntype: watch.dyntype,
                     config: watch.config,
                     namespace: watch.namespace,
-                    keep_managed_fields: watch.keep_managed_fields,
+                    shape: watch.shape,
                     clusters: watch.clusters,
                     mapper: Arc::new(mapper(&self.owner)),
                     filters: Vec::new(),
@@ -431,7 +444,7 @@ impl<K: Watchable> Controller<K> {
     /// Also reconciles the owner of every `Child` (by owner reference, same
     /// cluster) when the child changes.
     pub fn owns<Child: Watchable>(self, watch: impl Into<Watch>) -> Self {
-        self.add_trigger(watch.into(), ClusterCache::watch_fields::<Child>, |owner| {
+        self.add_trigger(watch.into(), ClusterCache::watch_shaped::<Child>, |owner| {
             trigger::for_owners::<Child>(
                 owner.kind.clone(),
                 owner.api_version.clone(),
@@ -444,7 +457,7 @@ impl<K: Watchable> Controller<K> {
     pub fn owns_metadata<Child: Watchable>(self, watch: impl Into<Watch>) -> Self {
         self.add_trigger(
             watch.into(),
-            ClusterCache::watch_fields::<PartialObjectMeta<Child>>,
+            ClusterCache::watch_shaped::<PartialObjectMeta<Child>>,
             |owner| {
                 trigger::for_owners::<PartialObjectMeta<Child>>(
                     owner.kind.clone(),
@@ -487,7 +500,7 @@ impl<K: Watchable> Controller<K> {
         Other: Watchable,
         I: IntoIterator<Item = McRequest>,
     {
-        self.add_trigger(watch.into(), ClusterCache::watch_fields::<Other>, |_| {
+        self.add_trigger(watch.into(), ClusterCache::watch_shaped::<Other>, |_| {
             move |cluster: &ClusterName, change: &Change<Other>| {
                 mapper(cluster, change.object()).into_iter().collect()
             }
@@ -506,7 +519,7 @@ impl<K: Watchable> Controller<K> {
     {
         self.add_trigger(
             watch.into(),
-            ClusterCache::watch_fields::<PartialObjectMeta<Other>>,
+            ClusterCache::watch_shaped::<PartialObjectMeta<Other>>,
             |_| {
                 move |cluster: &ClusterName, change: &Change<PartialObjectMeta<Other>>| {
                     mapper(cluster, change.object()).into_iter().collect()

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::Clusters;
 use crate::{
     Cluster, ClusterName, McRequest, ReconcileReason,
-    cache::{Change, ClusterCache, SharedWatch, TypeInfo, WatchProbe},
+    cache::{Change, ClusterCache, Shape, SharedWatch, TypeInfo, WatchProbe},
     queue::Lane,
 };
 
@@ -55,7 +55,7 @@ pub(crate) type Source<T> = fn(
     &ClusterCache,
     &<T as Resource>::DynamicType,
     Option<&str>,
-    bool,
+    &Shape,
     &watcher::Config,
 ) -> Arc<SharedWatch<T>>;
 type Mapper<T> = Arc<dyn Fn(&ClusterName, &Change<T>) -> Vec<McRequest> + Send + Sync>;
@@ -70,8 +70,8 @@ pub(crate) struct WatchTrigger<T: Resource<DynamicType: TypeInfo> + 'static> {
     pub(crate) dyntype: T::DynamicType,
     pub(crate) config: watcher::Config,
     pub(crate) namespace: Option<String>,
-    /// Cached objects keep their `managedFields`.
-    pub(crate) keep_managed_fields: bool,
+    /// How the watch shapes the objects it caches.
+    pub(crate) shape: Shape,
     pub(crate) clusters: Option<Clusters>,
     pub(crate) mapper: Mapper<T>,
     /// A change passes only if every filter passes it.
@@ -91,7 +91,7 @@ where
             cluster.cache(),
             &self.dyntype,
             self.namespace.as_deref(),
-            self.keep_managed_fields,
+            &self.shape,
             &self.config,
         )
     }

@@ -4,6 +4,7 @@ use kube::{
 };
 
 use super::Clusters;
+use crate::cache::Transform;
 
 /// How a controller watches one type: the watch configuration (selectors,
 /// list semantics), and optionally the clusters and the namespace the watch
@@ -44,6 +45,7 @@ pub struct Watch {
     pub(crate) namespace: Option<String>,
     pub(crate) resource: Option<(ApiResource, Scope)>,
     pub(crate) keep_managed_fields: bool,
+    pub(crate) transform: Option<Transform>,
 }
 
 impl Watch {
@@ -55,6 +57,7 @@ impl Watch {
             namespace: None,
             resource: None,
             keep_managed_fields: false,
+            transform: None,
         }
     }
 
@@ -142,6 +145,32 @@ impl Watch {
     #[must_use]
     pub fn keep_managed_fields(mut self) -> Self {
         self.keep_managed_fields = true;
+        self
+    }
+
+    /// Changes every object the watch receives before it is cached: to
+    /// drop what the controller does not read, and so hold less. One
+    /// transform per watch (a second replaces the first); see [`Transform`]
+    /// for what it may change, and how watches with transforms are shared.
+    /// A transform of one type on a watch of another is refused when the
+    /// controller runs, with an error naming both.
+    ///
+    /// ```
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube_fleet::{cache::Transform, controller::Watch};
+    ///
+    /// // Only the keys matter to this controller, not the values.
+    /// let keys_only = Transform::object(|cm: &mut ConfigMap| {
+    ///     for value in cm.data.iter_mut().flat_map(|data| data.values_mut()) {
+    ///         value.clear();
+    ///     }
+    ///     cm.binary_data = None;
+    /// });
+    /// let watch = Watch::default().transform(keys_only);
+    /// ```
+    #[must_use]
+    pub fn transform(mut self, transform: Transform) -> Self {
+        self.transform = Some(transform);
         self
     }
 

@@ -129,7 +129,13 @@ pub async fn lists_served(client: &Client, resource: &str) -> u64 {
 /// How many streaming lists (watches with `sendInitialEvents`) of
 /// `resource` the API server has completed since it started.
 pub async fn streaming_lists_served(client: &Client, resource: &str) -> u64 {
-    api_server_count(client, "apiserver_watch_list_duration_seconds_count", resource, "").await
+    api_server_count(
+        client,
+        "apiserver_watch_list_duration_seconds_count",
+        resource,
+        "",
+    )
+    .await
 }
 
 /// How many times `resource` has been listed, in pages or by streaming.
@@ -145,7 +151,11 @@ async fn api_server_count(client: &Client, metric: &str, resource: &str, verb: &
     let (series, resource, verb) = (
         format!("{metric}{{"),
         format!("resource=\"{resource}\""),
-        if verb.is_empty() { String::new() } else { format!("verb=\"{verb}\"") },
+        if verb.is_empty() {
+            String::new()
+        } else {
+            format!("verb=\"{verb}\"")
+        },
     );
     metrics
         .lines()
