@@ -6,6 +6,7 @@
 //! cargo bench --bench per_cluster -- 250       # other counts
 //! cargo bench --bench per_cluster -- --empty   # watch a namespace with no objects
 //! cargo bench --bench per_cluster -- --http1   # kube's own client, HTTP/1.1
+//! cargo bench --bench per_cluster -- --bare    # no fleet: a client and a bare kube watcher each
 //! ```
 //!
 //! Every cluster has a distinct name and its own `kube::Client` (from
@@ -20,8 +21,19 @@
 //! the first cluster sets up once (TLS provider, runtime) is not counted.
 //! Also the time from the first of the N − 1 engages until the controller
 //! serves them all.
+//!
+//! `--bare` measures what the same watch costs with no fleet and no
+//! controller: per cluster, a client and kube's own `watcher` feeding a
+//! `reflector` store, as a kube-runtime program would hold them. The
+//! difference to the default is what kube-fleet itself adds.
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
@@ -66,6 +78,7 @@ impl Sample {
 
 struct Options {
     http1: bool,
+    bare: bool,
     namespace: &'static str,
 }
 
@@ -75,7 +88,72 @@ impl Options {
     }
 }
 
+/// Per cluster, a client and a bare kube watcher filling a store.
+async fn measure_bare(config: &Config, clusters: usize, options: &Options) -> Result<(), BoxError> {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, reflector};
+
+    let synced = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    let mut watch = |client: Client| {
+        let (store, writer) = reflector::store::<ConfigMap>();
+        let api = Api::<ConfigMap>::namespaced(client, options.namespace);
+        let events = kube::runtime::watcher(api, watcher::Config::default().streaming_lists())
+            .default_backoff()
+            .reflect(writer);
+        let synced = synced.clone();
+        tasks.push(tokio::spawn(async move {
+            let _store = store;
+            let mut events = std::pin::pin!(events);
+            while let Some(event) = events.next().await {
+                if matches!(event, Ok(watcher::Event::InitDone)) {
+                    synced.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    };
+    let served = async |n: usize| {
+        while synced.load(Ordering::Relaxed) < n {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
+    watch(options.client(config)?);
+    served(1).await;
+    let one = Sample::now();
+    let began = Instant::now();
+    for _ in 1..clusters {
+        watch(options.client(config)?);
+    }
+    served(clusters).await;
+    let synced = began.elapsed() - Duration::from_secs(2);
+    let all = Sample::now();
+    report(clusters, synced, one, all);
+    for task in tasks {
+        task.abort();
+    }
+    Ok(())
+}
+
+fn report(clusters: usize, synced: Duration, one: Sample, all: Sample) {
+    let added = (clusters - 1).max(1) as f64;
+    println!(
+        "{clusters} clusters: the other {} synced in {synced:.2?}; memory +{:.1} MiB ({:.1} KiB per cluster); \
+         tokio tasks +{} ({:.2} per cluster); sockets +{} ({:.2} per cluster)",
+        clusters - 1,
+        (all.memory as f64 - one.memory as f64) / 1048576.0,
+        (all.memory as f64 - one.memory as f64) / added / 1024.0,
+        all.tasks as i64 - one.tasks as i64,
+        (all.tasks as f64 - one.tasks as f64) / added,
+        all.sockets as i64 - one.sockets as i64,
+        (all.sockets as f64 - one.sockets as f64) / added,
+    );
+}
+
 async fn measure(config: &Config, clusters: usize, options: &Options) -> Result<(), BoxError> {
+    if options.bare {
+        return measure_bare(config, clusters, options).await;
+    }
     let fleet = Fleet::new();
     let (provider, handle) = ProgrammaticProvider::new();
     let provider_task = tokio::spawn({
@@ -108,18 +186,7 @@ async fn measure(config: &Config, clusters: usize, options: &Options) -> Result<
     let synced = began.elapsed() - Duration::from_secs(2);
     let all = Sample::now();
 
-    let added = (clusters - 1).max(1) as f64;
-    println!(
-        "{clusters} clusters: the other {} synced in {synced:.2?}; memory +{:.1} MiB ({:.1} KiB per cluster); \
-         tokio tasks +{} ({:.2} per cluster); sockets +{} ({:.2} per cluster)",
-        clusters - 1,
-        (all.memory as f64 - one.memory as f64) / 1048576.0,
-        (all.memory as f64 - one.memory as f64) / added / 1024.0,
-        all.tasks as i64 - one.tasks as i64,
-        (all.tasks as f64 - one.tasks as f64) / added,
-        all.sockets as i64 - one.sockets as i64,
-        (all.sockets as f64 - one.sockets as f64) / added,
-    );
+    report(clusters, synced, one, all);
     controller.abort();
     provider_task.abort();
     Ok(())
@@ -136,6 +203,7 @@ async fn main() -> Result<(), BoxError> {
     };
     let options = Options {
         http1: args.iter().any(|a| a == "--http1"),
+        bare: args.iter().any(|a| a == "--bare"),
         namespace: if args.iter().any(|a| a == "--empty") {
             "empty"
         } else {
@@ -144,10 +212,11 @@ async fn main() -> Result<(), BoxError> {
     };
     println!(
         "client: {}; watching ConfigMaps in namespace {:?}",
-        if options.http1 {
-            "kube's, HTTP/1.1"
-        } else {
-            "kube_fleet::client, HTTP/2"
+        match (options.http1, options.bare) {
+            (true, false) => "kube's, HTTP/1.1",
+            (false, false) => "kube_fleet::client, HTTP/2",
+            (true, true) => "kube's, HTTP/1.1, bare kube watchers (no fleet)",
+            (false, true) => "kube_fleet::client, HTTP/2, bare kube watchers (no fleet)",
         },
         options.namespace
     );
