@@ -6,7 +6,8 @@
 //! cargo bench --bench end_to_end -- 10 1000 16    # at most 16 reconciles at once
 //! cargo bench --bench end_to_end -- 10 1000 0     # no limit (the default is 64 per cluster)
 //! cargo bench --bench end_to_end -- --http1       # kube's own client, HTTP/1.1
-//! cargo bench --bench end_to_end -- --paged       # API servers that refuse streaming lists
+//! cargo bench --bench end_to_end -- --any         # lists from the API servers' caches, streamed
+//! cargo bench --bench end_to_end -- --any --paged # the same, but API servers that refuse streaming
 //! ```
 //!
 //! N envtest API servers (one etcd) each hold M ConfigMaps with one data key.
@@ -75,6 +76,7 @@ async fn main() -> Result<(), BoxError> {
     let total = clusters * objects;
     let http1 = std::env::args().any(|a| a == "--http1");
     let paged = std::env::args().any(|a| a == "--paged");
+    let any = std::env::args().any(|a| a == "--any");
 
     let mut env = Envtest::builder().clusters((0..clusters).map(|i| format!("cluster-{i}")));
     if paged {
@@ -129,8 +131,13 @@ async fn main() -> Result<(), BoxError> {
         Some(0) => config = config.cluster_concurrency(usize::MAX),
         Some(limit) => config = config.concurrency(limit),
     }
+    let watch = if any {
+        watcher::Config::default().any_semantic()
+    } else {
+        watcher::Config::default()
+    };
     let controller = tokio::spawn(
-        Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
+        Controller::<ConfigMap>::new(&fleet, watch)
             .with_config(config)
             .run(reconcile),
     );

@@ -7,6 +7,7 @@
 //! cargo bench --bench per_cluster -- --empty   # watch a namespace with no objects
 //! cargo bench --bench per_cluster -- --http1   # kube's own client, HTTP/1.1
 //! cargo bench --bench per_cluster -- --bare    # no fleet: a client and a bare kube watcher each
+//! cargo bench --bench per_cluster -- --any     # lists from the cache (streamed), not consistent
 //! ```
 //!
 //! Every cluster has a distinct name and its own `kube::Client` (from
@@ -79,12 +80,22 @@ impl Sample {
 struct Options {
     http1: bool,
     bare: bool,
+    /// Watch with `any_semantic()`, which streams the initial list.
+    any: bool,
     namespace: &'static str,
 }
 
 impl Options {
     fn client(&self, config: &Config) -> Result<Client, BoxError> {
         setup::client(config.clone(), self.http1)
+    }
+
+    fn watcher(&self) -> watcher::Config {
+        if self.any {
+            watcher::Config::default().any_semantic()
+        } else {
+            watcher::Config::default()
+        }
     }
 }
 
@@ -98,7 +109,7 @@ async fn measure_bare(config: &Config, clusters: usize, options: &Options) -> Re
     let mut watch = |client: Client| {
         let (store, writer) = reflector::store::<ConfigMap>();
         let api = Api::<ConfigMap>::namespaced(client, options.namespace);
-        let events = kube::runtime::watcher(api, watcher::Config::default().streaming_lists())
+        let events = kube::runtime::watcher(api, options.watcher())
             .default_backoff()
             .reflect(writer);
         let synced = synced.clone();
@@ -160,7 +171,7 @@ async fn measure(config: &Config, clusters: usize, options: &Options) -> Result<
         let fleet = fleet.clone();
         async move { fleet.run(provider).await }
     });
-    let watch = Watch::new(watcher::Config::default()).in_namespace(options.namespace);
+    let watch = Watch::new(options.watcher()).in_namespace(options.namespace);
     let controller = Controller::<ConfigMap>::new(&fleet, watch);
     let status = controller.status();
     let controller = tokio::spawn(controller.run_raw(service_fn(|_: McRequest| async {
@@ -204,6 +215,7 @@ async fn main() -> Result<(), BoxError> {
     let options = Options {
         http1: args.iter().any(|a| a == "--http1"),
         bare: args.iter().any(|a| a == "--bare"),
+        any: args.iter().any(|a| a == "--any"),
         namespace: if args.iter().any(|a| a == "--empty") {
             "empty"
         } else {
@@ -220,6 +232,9 @@ async fn main() -> Result<(), BoxError> {
         },
         options.namespace
     );
+    if options.any {
+        println!("lists from the API server's cache: streamed");
+    }
 
     let env = Envtest::start(1).await?;
     let cluster = &env.clusters()[0];

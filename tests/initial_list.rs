@@ -1,13 +1,16 @@
-//! A watch lists by streaming where the API server allows it, and in pages
-//! where it does not, with nothing lost either way.
+//! A watch that accepts a list from the API server's cache lists by
+//! streaming where the API server allows it, and in pages where it does not,
+//! with nothing lost either way.
 
 mod support;
 
-use kube::Client;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{Client, runtime::watcher};
+use kube_fleet::Controller;
 use kube_fleet_envtest::Envtest;
 use support::{
-    Running, create_config_map, expect_all, lists_served, request, streaming_lists_served,
-    watches_served,
+    Running, create_config_map, expect_all, lists_served, recorder, request,
+    streaming_lists_served, watches_served,
 };
 
 async fn create(client: &Client, names: &[&str]) {
@@ -38,7 +41,12 @@ async fn streaming_lists_where_allowed_and_pages_where_refused_reconcile_everyth
     let pages_watches = watches_served(&pages_admin, "configmaps").await;
 
     let mut running = Running::new();
-    let mut reconciled = running.config_maps();
+    let (service, mut reconciled) = recorder();
+    let config = watcher::Config::default().any_semantic();
+    running.spawn(
+        Controller::<ConfigMap>::new(&running.fleet, config),
+        service,
+    );
     running.add_all(&streams);
     running.add_all(&pages);
     let everything_before = ["streams", "pages"]
@@ -81,4 +89,53 @@ async fn streaming_lists_where_allowed_and_pages_where_refused_reconcile_everyth
             "one watch each, the refused one not retried"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streaming_list_longer_than_its_watch_timeout_falls_back_to_pages() {
+    use std::time::Duration;
+
+    use kube::api::{ObjectMeta, PostParams};
+    use kube_fleet::{cache::Transform, controller::Watch};
+
+    let env = Envtest::start(1).await.unwrap();
+    let cluster = env.clusters()[0].name().to_owned();
+    let api = kube::Api::<ConfigMap>::default_namespaced(env.clusters()[0].client());
+    // 20 MB in all: more than the HTTP/2 windows hold while the watch takes
+    // the objects in slowly, so the API server cannot send them all before
+    // the watch's timeout.
+    let big = "x".repeat(100_000);
+    let names: Vec<String> = (0..200).map(|i| format!("big-{i:03}")).collect();
+    futures::future::join_all(names.iter().map(|name| {
+        let (api, big) = (api.clone(), big.clone());
+        async move {
+            let config_map = ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    ..ObjectMeta::default()
+                },
+                data: Some([("value".to_owned(), big)].into()),
+                ..ConfigMap::default()
+            };
+            api.create(&PostParams::default(), &config_map)
+                .await
+                .unwrap();
+        }
+    }))
+    .await;
+
+    // 200 objects at 20 ms each take 4 s; the watch times out after 2 s.
+    let slow = Transform::metadata(|_: &mut ObjectMeta| {
+        std::thread::sleep(Duration::from_millis(20));
+    });
+    let watch = Watch::new(watcher::Config::default().any_semantic().timeout(2)).transform(slow);
+    let mut running = Running::new();
+    let (service, mut reconciled) = recorder();
+    running.spawn(Controller::<ConfigMap>::new(&running.fleet, watch), service);
+    running.add_all(&env);
+    expect_all(
+        &mut reconciled,
+        names.iter().map(|name| request(&cluster, name)),
+    )
+    .await;
 }

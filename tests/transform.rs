@@ -11,7 +11,9 @@ use kube::{
 };
 use kube_fleet::{Action, Controller, ObjectRequest, cache::Transform, controller::Watch};
 use kube_fleet_envtest::Envtest;
-use support::{PATIENCE, Running, config_map, watches_served};
+use support::{
+    PATIENCE, Running, config_map, create_config_map, expect_all, recorder, request, watches_served,
+};
 use tokio::sync::mpsc;
 use tower::BoxError;
 
@@ -119,4 +121,32 @@ async fn a_transform_of_another_type_is_refused_by_name() {
         error.contains("ConfigMap") && error.contains("Secret") && error.contains("transform"),
         "{error}"
     );
+}
+
+#[tokio::test]
+async fn a_transform_that_panics_loses_neither_the_object_nor_the_watch() {
+    let env = Envtest::start(1).await.unwrap();
+    let cluster = env.clusters()[0].name().to_owned();
+    let admin = env.clusters()[0].client();
+    create_config_map(admin.clone(), "before").await;
+    let fragile = Transform::metadata(|meta: &mut ObjectMeta| {
+        if meta.name.as_deref() == Some("boom") {
+            panic!("a transform that cannot take this object");
+        }
+    });
+    let mut running = Running::new();
+    let (service, mut reconciled) = recorder();
+    running.spawn(
+        Controller::<ConfigMap>::new(&running.fleet, Watch::default().transform(fragile)),
+        service,
+    );
+    running.add_all(&env);
+    expect_all(&mut reconciled, [request(&cluster, "before")]).await;
+    create_config_map(admin.clone(), "boom").await;
+    create_config_map(admin, "after").await;
+    expect_all(
+        &mut reconciled,
+        [request(&cluster, "boom"), request(&cluster, "after")],
+    )
+    .await;
 }

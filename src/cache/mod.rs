@@ -13,15 +13,22 @@
 //! keeps them), and a [`Transform`] given to a controller's watch
 //! ([`Watch::transform`](crate::controller::Watch::transform)) drops more.
 //!
-//! A watch lists what is there by a *streaming list* (the API server sends
-//! the objects as events on the watch, `sendInitialEvents=true`) where the
-//! API server allows it, whatever `initial_list_strategy` the
-//! `watcher::Config` names. An API server whose `WatchList` feature is off
-//! refuses that with `422 Invalid`, as do API servers before Kubernetes 1.27:
-//! the watch then lists in pages of the configuration's `page_size`, and so
-//! does every later watch in that cluster. A configuration without bookmarks
-//! (`disable_bookmarks`) always lists in pages: bookmarks mark where a
-//! streaming list ends.
+//! A watch whose `watcher::Config` accepts a list from the API server's
+//! cache (`any_semantic()`, or `streaming_lists()`) lists what is there by a
+//! *streaming list*: the API server sends the objects as events on the watch
+//! itself (`sendInitialEvents=true`), with no LIST request and no page held
+//! on either side. kube's default, `ListSemantic::MostRecent`, is a
+//! consistent read, which kube's streaming list is not (it reads at resource
+//! version `0`, which may be older than what was seen before, and after a
+//! relist a store could go back in time), so such watches list in pages of
+//! the configuration's `page_size`, as before. An API server whose
+//! `WatchList` feature is off refuses a streaming list with `422 Invalid`, as
+//! do API servers before Kubernetes 1.27: the watch then lists in pages, and
+//! so does every later watch in that cluster. A streaming list that ends
+//! before it is complete (its watch timed out, say, for a large list over a
+//! slow link) makes that watch list in pages too, rather than start from
+//! nothing again. A configuration without bookmarks (`disable_bookmarks`)
+//! always lists in pages: bookmarks mark where a streaming list ends.
 //!
 //! While a watch lists again (after its watch expired, say), at most two
 //! full copies of its objects are alive: the store as it was, which readers
@@ -179,13 +186,14 @@ struct WatchKey {
     type_id: TypeId,
     /// Whether objects keep their `managedFields`, and the identity of the
     /// transform they go through.
-    shape: (bool, Option<usize>),
+    shape: (bool, Option<u64>),
     /// The type information of a dynamic type (its `ApiResource`).
     dynamic: String,
     /// The namespace the watch is limited to; `None` for all.
     namespace: Option<String>,
-    /// The `watcher::Config` but its initial list strategy, so that watches
-    /// with different selectors or list semantics are different watches.
+    /// The `watcher::Config`, so that watches with different selectors or
+    /// list semantics are different watches; its initial list strategy only
+    /// as far as it changes how the watch lists.
     config: String,
 }
 
@@ -357,6 +365,9 @@ impl ClusterCache {
 
     /// The watch of `K` objects in all namespaces with this configuration,
     /// if one runs here; unlike [`watch`](Self::watch), never starts one.
+    /// Finds only watches whose objects are cached as [`watch`](Self::watch)
+    /// caches them: not a controller's watch given a
+    /// [`Transform`] or told to keep `managedFields`.
     pub fn find<K>(&self, config: &watcher::Config) -> Option<Arc<SharedWatch<K>>>
     where
         K: Watchable<DynamicType = ()>,
@@ -391,7 +402,8 @@ impl ClusterCache {
     }
 
     /// The store of `K` objects watched with the default configuration, if a
-    /// controller watches them in this cluster.
+    /// controller watches them in this cluster (with neither a [`Transform`]
+    /// nor `managedFields` kept, as [`find`](Self::find) says).
     pub fn store<K: Watchable<DynamicType = ()>>(&self) -> Option<Store<K>> {
         self.find::<K>(&watcher::Config::default())
             .map(|w| w.store())
@@ -455,7 +467,12 @@ impl ClusterCache {
         let watch = Arc::new(SharedWatch::start(
             self.cluster.clone(),
             dyntype.clone(),
-            shaped(stream(), shape.clone()),
+            shaped(
+                stream(),
+                shape.clone(),
+                self.cluster.clone(),
+                T::kind(dyntype).into_owned(),
+            ),
         ));
         let weak: Weak<dyn Any + Send + Sync> = Arc::downgrade(&watch) as _;
         watches.insert(key, weak);
@@ -465,15 +482,38 @@ impl ClusterCache {
 
 /// `events` with each object shaped as `shape` says: its `managedFields`
 /// dropped unless kept (few controllers read them, and they are often the
-/// larger part of a small object's metadata), then the user's transform.
+/// larger part of a small object's metadata), then the user's transform. A
+/// transform that panics is contained: the object is cached as it left it.
 fn shaped<T: Resource + 'static, S>(
     events: S,
     shape: Shape,
+    cluster: ClusterName,
+    kind: String,
 ) -> impl Stream<Item = S::Item> + Send + 'static
 where
     S: Stream<Item = watcher::Result<watcher::Event<T>>> + Send + 'static,
 {
-    events.map(move |event| event.map(|event| event.modify(|object| shape.apply(object))))
+    events.map(move |event| {
+        event.map(|event| {
+            event.modify(|object| {
+                let shaping = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    shape.apply(object);
+                }));
+                if let Err(panic) = shaping {
+                    let message = crate::controller::panic_message(panic.as_ref());
+                    let meta = object.meta();
+                    tracing::error!(
+                        %cluster,
+                        %kind,
+                        namespace = meta.namespace.as_deref().unwrap_or_default(),
+                        name = meta.name.as_deref().unwrap_or_default(),
+                        %message,
+                        "a watch's transform panicked; the object is cached as the transform left it"
+                    );
+                }
+            })
+        })
+    })
 }
 
 fn watch_key<T: Resource<DynamicType: TypeInfo> + 'static>(
@@ -487,12 +527,16 @@ fn watch_key<T: Resource<DynamicType: TypeInfo> + 'static>(
         shape: shape.key(),
         dynamic: format!("{dyntype:?}"),
         namespace: namespace.map(str::to_owned),
-        // Every watch lists the same way (streamed where the cluster allows
-        // it), so the strategy a caller named makes no other watch.
+        // Watches that list the same way (streamed or paged) share, whichever
+        // way their configuration asked for it.
         config: format!(
             "{:?}",
             watcher::Config {
-                initial_list_strategy: watcher::InitialListStrategy::ListWatch,
+                initial_list_strategy: if initial_list::wants_streaming(config) {
+                    watcher::InitialListStrategy::StreamingList
+                } else {
+                    watcher::InitialListStrategy::ListWatch
+                },
                 ..config.clone()
             }
         ),

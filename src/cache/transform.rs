@@ -3,7 +3,10 @@
 use std::{
     any::{Any, TypeId},
     fmt,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
 };
 
 use kube::{Resource, api::ObjectMeta};
@@ -18,7 +21,11 @@ use kube::{Resource, api::ObjectMeta};
 /// objects alike, on the watch's task: keep it quick, and do not block.
 /// What it removes is gone for every reader of that watch, the reconciler
 /// included; it must leave the name, namespace, UID and resource version,
-/// which the cache keys and compares on.
+/// which the cache keys and compares on, and the owner references where the
+/// watch serves [`Controller::owns`](crate::Controller::owns), which maps
+/// by them. A transform that panics does not stop the watch: the panic is
+/// logged with the cluster, kind and object, and the object is cached as
+/// the transform left it.
 ///
 /// Watches are shared by everyone who watches the same type the same way. A
 /// watch with a transform is shared only by watches given the same
@@ -48,7 +55,11 @@ use kube::{Resource, api::ObjectMeta};
 /// # }
 /// ```
 #[derive(Clone)]
-pub struct Transform(Hook);
+pub struct Transform {
+    hook: Hook,
+    /// What tells this transform (and its clones) from any other.
+    identity: u64,
+}
 
 /// A change to an object of one type, handed any object (it changes only
 /// its own type).
@@ -68,7 +79,15 @@ impl Transform {
     /// Changes the metadata of every object, of whatever type the watch
     /// watches (metadata-only watches too).
     pub fn metadata(change: impl Fn(&mut ObjectMeta) + Send + Sync + 'static) -> Self {
-        Self(Hook::Metadata(Arc::new(change)))
+        Self::new(Hook::Metadata(Arc::new(change)))
+    }
+
+    fn new(hook: Hook) -> Self {
+        static BUILT: AtomicU64 = AtomicU64::new(0);
+        Self {
+            hook,
+            identity: BUILT.fetch_add(1, Ordering::Relaxed),
+        }
     }
 
     /// Changes every object of type `K`: only for a watch of `K` (a
@@ -80,7 +99,7 @@ impl Transform {
                 change(object);
             }
         };
-        Self(Hook::Object {
+        Self::new(Hook::Object {
             type_id: TypeId::of::<K>(),
             type_name: std::any::type_name::<K>(),
             change: Arc::new(change),
@@ -89,7 +108,7 @@ impl Transform {
 
     /// Whether this transform can change objects of type `T`.
     pub fn applies_to<T: Any>(&self) -> bool {
-        match &self.0 {
+        match &self.hook {
             Hook::Metadata(_) => true,
             Hook::Object { type_id, .. } => *type_id == TypeId::of::<T>(),
         }
@@ -97,7 +116,7 @@ impl Transform {
 
     /// Changes `object`, if this transform is for its type.
     pub fn apply<T: Resource + Any>(&self, object: &mut T) {
-        match &self.0 {
+        match &self.hook {
             Hook::Metadata(change) => change(object.meta_mut()),
             Hook::Object { change, .. } => change(object),
         }
@@ -105,18 +124,15 @@ impl Transform {
 
     /// The type this transform is for; `None` for a metadata transform.
     pub(crate) fn type_name(&self) -> Option<&'static str> {
-        match &self.0 {
+        match &self.hook {
             Hook::Metadata(_) => None,
             Hook::Object { type_name, .. } => Some(type_name),
         }
     }
 
     /// What tells this transform (and its clones) from any other.
-    pub(crate) fn identity(&self) -> usize {
-        match &self.0 {
-            Hook::Metadata(change) => Arc::as_ptr(change).cast::<()>() as usize,
-            Hook::Object { change, .. } => Arc::as_ptr(change).cast::<()>() as usize,
-        }
+    pub(crate) fn identity(&self) -> u64 {
+        self.identity
     }
 }
 
@@ -148,7 +164,7 @@ impl Shape {
     }
 
     /// What tells watches shaped differently apart.
-    pub(crate) fn key(&self) -> (bool, Option<usize>) {
+    pub(crate) fn key(&self) -> (bool, Option<u64>) {
         (
             self.keep_managed_fields,
             self.transform.as_ref().map(Transform::identity),

@@ -65,6 +65,7 @@ use crate::{
 };
 pub(crate) use deliver::read;
 use deliver::{Deliver, Keys, Objects};
+pub(crate) use trigger::panic_message;
 use trigger::{FilterFactory, Trigger, WatchTrigger};
 
 /// Why a controller stopped other than by a graceful shutdown.

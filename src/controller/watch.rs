@@ -162,7 +162,7 @@ impl Watch {
     /// // Only the keys matter to this controller, not the values.
     /// let keys_only = Transform::object(|cm: &mut ConfigMap| {
     ///     for value in cm.data.iter_mut().flat_map(|data| data.values_mut()) {
-    ///         value.clear();
+    ///         drop(std::mem::take(value));
     ///     }
     ///     cm.binary_data = None;
     /// });
