@@ -96,8 +96,15 @@ async fn transforms_shape_what_reconcilers_see_and_share_watches_only_when_the_s
         [(true, true), (false, true), (false, true), (true, false)],
         "each controller sees its own watch's objects"
     );
+    // A paged watch starts watching after its list: wait for all three.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let mut watches = watches_served(&admin, "configmaps").await;
+    while watches < watches_before + 3 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        watches = watches_served(&admin, "configmaps").await;
+    }
     assert_eq!(
-        watches_served(&admin, "configmaps").await,
+        watches,
         watches_before + 3,
         "four controllers, three different watches"
     );

@@ -18,9 +18,12 @@
 //! then retry the same request for ever. Here the first refusal switches the
 //! watch to paged lists, and the cluster remembers it so that its later
 //! watches page from the start. A streaming list that ends before it is
-//! complete (its watch timed out or was cut: a large list over a slow link)
-//! would start again from nothing each time; the watch switches to paged
-//! lists then too, which resume page by page.
+//! complete starts again from nothing, so one too large to be sent within its
+//! watch's timeout (a large list over a slow link) would never complete: a
+//! streaming list that ran until its watch timed out, or two in a row cut
+//! short, switch the watch to consistent paged lists for the rest of its
+//! life, each page a request of its own, served from etcd (pages from the
+//! API server's cache can come in one piece).
 
 use std::{
     pin::Pin,
@@ -29,10 +32,12 @@ use std::{
         atomic::{AtomicBool, Ordering},
     },
     task::{Context, Poll, ready},
+    time::Duration,
 };
 
 use futures::{Stream, StreamExt, stream::BoxStream};
 use kube::runtime::watcher::{self, Event, InitialListStrategy, ListSemantic};
+use tokio::time::Instant;
 
 use crate::ClusterName;
 
@@ -82,14 +87,17 @@ where
     if !streaming || mode.refused() {
         return events(paged);
     }
+    let timeout = Duration::from_secs(paged.timeout.unwrap_or(DEFAULT_TIMEOUT).into());
     let streaming = events(watcher::Config {
         initial_list_strategy: InitialListStrategy::StreamingList,
         ..paged.clone()
     });
     Fallback {
         current: streaming,
-        paged: Some(Box::new(move || events(paged))),
-        listing: false,
+        paged: Some((Box::new(events), paged)),
+        listing: None,
+        unfinished: 0,
+        timeout,
         mode,
         cluster,
         kind,
@@ -97,27 +105,51 @@ where
     .boxed()
 }
 
-type Later<T> = Box<dyn FnOnce() -> BoxStream<'static, watcher::Result<Event<T>>> + Send>;
+/// The server-side timeout of kube's watches when the configuration gives
+/// none, in seconds.
+const DEFAULT_TIMEOUT: u32 = 290;
+
+type Events<T> =
+    Box<dyn Fn(watcher::Config) -> BoxStream<'static, watcher::Result<Event<T>>> + Send>;
 
 /// A streaming watch that turns into a paged one at its first refusal, or
-/// when a streaming list starts again before it finished.
+/// when its streaming list keeps ending before it is complete.
 struct Fallback<T> {
     current: BoxStream<'static, watcher::Result<Event<T>>>,
-    /// The paged watch, until it replaces the streaming one.
-    paged: Option<Later<T>>,
-    /// Whether a streaming list has begun and not finished.
-    listing: bool,
+    /// What makes the paged watch, and its configuration, until it
+    /// replaces the streaming one.
+    paged: Option<(Events<T>, watcher::Config)>,
+    /// When the streaming list under way began.
+    listing: Option<Instant>,
+    /// How many streaming lists in a row ended before they were complete.
+    unfinished: u32,
+    /// The watch's server-side timeout.
+    timeout: Duration,
     mode: Arc<ListMode>,
     cluster: ClusterName,
     kind: String,
 }
 
 impl<T> Fallback<T> {
-    fn page(&mut self, why: &str) {
-        if let Some(paged) = self.paged.take() {
+    /// Replaces the streaming watch by a paged one; with consistent pages
+    /// if `consistent`.
+    fn page(&mut self, why: &str, consistent: bool) {
+        if let Some((events, mut config)) = self.paged.take() {
             tracing::info!(cluster = %self.cluster, kind = %self.kind, "{why}; listing in pages");
-            self.current = paged();
+            if consistent {
+                config.list_semantic = ListSemantic::MostRecent;
+            }
+            self.current = events(config);
         }
+    }
+
+    /// Whether a streaming list that began at `began` and ended before it
+    /// was complete means the list cannot be streamed: it ran until its
+    /// watch timed out, or it is the second in a row to end unfinished. One
+    /// cut short (an API server restart, a lost connection) is retried.
+    fn gives_up(&mut self, began: Instant) -> bool {
+        self.unfinished += 1;
+        self.unfinished >= 2 || began.elapsed() >= self.timeout.mul_f32(0.9)
     }
 }
 
@@ -138,17 +170,25 @@ impl<T> Stream for Fallback<T> {
                     } else {
                         "the API server refused a streaming list"
                     };
-                    self.page(why);
+                    self.page(why, false);
                     continue;
                 }
                 // The stream ended before the list did, and starts again
-                // from nothing: it may never get to the end.
-                Some(Ok(Event::Init)) if self.listing => {
-                    self.page("a streaming list ended before it was complete");
-                    continue;
+                // from nothing: it may never get to the end. Pages from the
+                // cache would come in one piece, so they come from etcd.
+                Some(Ok(Event::Init)) => {
+                    if let Some(began) = self.listing
+                        && self.gives_up(began)
+                    {
+                        self.page("a streaming list ended before it was complete", true);
+                        continue;
+                    }
+                    self.listing = Some(Instant::now());
                 }
-                Some(Ok(Event::Init)) => self.listing = true,
-                Some(Ok(Event::InitDone)) => self.listing = false,
+                Some(Ok(Event::InitDone)) => {
+                    self.listing = None;
+                    self.unfinished = 0;
+                }
                 _ => {}
             }
             return Poll::Ready(next);
@@ -175,7 +215,7 @@ fn refuses_streaming(error: &watcher::Error) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
+    use std::{sync::Mutex, time::Duration};
 
     use kube::core::{
         Status,
@@ -269,62 +309,118 @@ mod tests {
         ));
     }
 
-    #[tokio::test]
-    async fn a_streaming_list_that_starts_again_unfinished_turns_into_paged_lists() {
-        let mode = Arc::new(ListMode::default());
-        let asked = Arc::new(Mutex::new(Vec::new()));
+    type Asked = Arc<Mutex<Vec<(InitialListStrategy, ListSemantic)>>>;
+
+    /// A source whose streaming watch yields `streaming` (with a pause of
+    /// `pause` before each `Init` but the first) and whose paged watch lists
+    /// one object; it records the configuration of each watch asked for.
+    fn scripted(
+        asked: Asked,
+        streaming: Vec<Event<()>>,
+        pause: Duration,
+    ) -> impl Fn(watcher::Config) -> BoxStream<'static, watcher::Result<Event<()>>> + Send + 'static
+    {
+        move |config: watcher::Config| {
+            asked.lock().unwrap().push((
+                config.initial_list_strategy.clone(),
+                config.list_semantic.clone(),
+            ));
+            match config.initial_list_strategy {
+                InitialListStrategy::StreamingList => {
+                    let events = streaming.clone().into_iter().enumerate();
+                    futures::stream::iter(events)
+                        .then(move |(i, event)| async move {
+                            if i > 0 && matches!(event, Event::Init) {
+                                tokio::time::sleep(pause).await;
+                            }
+                            Ok(event)
+                        })
+                        .boxed()
+                }
+                InitialListStrategy::ListWatch => {
+                    let events = [Event::Init, Event::InitApply(()), Event::InitDone];
+                    futures::stream::iter(events.map(Ok)).boxed()
+                }
+            }
+        }
+    }
+
+    fn kinds(events: &[watcher::Result<Event<()>>]) -> Vec<&'static str> {
+        events
+            .iter()
+            .map(|event| match event {
+                Ok(Event::Init) => "init",
+                Ok(Event::InitApply(())) => "object",
+                Ok(Event::InitDone) => "done",
+                Ok(Event::Apply(())) => "apply",
+                Ok(Event::Delete(())) => "delete",
+                Err(_) => "error",
+            })
+            .collect()
+    }
+
+    async fn run(streaming: Vec<Event<()>>, pause: Duration) -> (Vec<&'static str>, Asked) {
+        let asked = Asked::default();
         let events = streamed_or_paged(
-            mode.clone(),
+            Arc::default(),
             "a".into(),
             "ConfigMap".into(),
-            watcher::Config::default().any_semantic(),
-            {
-                let asked = asked.clone();
-                move |config: watcher::Config| {
-                    asked
-                        .lock()
-                        .unwrap()
-                        .push(config.initial_list_strategy.clone());
-                    let events: Vec<watcher::Result<Event<()>>> = match config.initial_list_strategy
-                    {
-                        // Timed out half-way, and starting over.
-                        InitialListStrategy::StreamingList => {
-                            vec![Ok(Event::Init), Ok(Event::InitApply(())), Ok(Event::Init)]
-                        }
-                        InitialListStrategy::ListWatch => {
-                            vec![
-                                Ok(Event::Init),
-                                Ok(Event::InitApply(())),
-                                Ok(Event::InitDone),
-                            ]
-                        }
-                    };
-                    futures::stream::iter(events).boxed()
-                }
-            },
+            watcher::Config::default().any_semantic().timeout(2),
+            scripted(asked.clone(), streaming, pause),
         );
         let events: Vec<_> = events.collect().await;
-        assert!(
-            matches!(
-                events[..],
-                [
-                    Ok(Event::Init),
-                    Ok(Event::InitApply(())),
-                    Ok(Event::Init),
-                    Ok(Event::InitApply(())),
-                    Ok(Event::InitDone)
-                ]
-            ),
-            "the paged list starts afresh and completes: {events:?}"
+        (kinds(&events), asked)
+    }
+
+    use Event::{Init, InitApply, InitDone};
+
+    #[tokio::test(start_paused = true)]
+    async fn a_streaming_list_cut_short_twice_turns_into_consistent_pages() {
+        let streaming = vec![Init, InitApply(()), Init, InitApply(()), Init];
+        let (events, asked) = run(streaming, Duration::from_millis(100)).await;
+        assert_eq!(
+            events,
+            ["init", "object", "init", "object", "init", "object", "done"],
+            "one retry, then the paged list starts afresh and completes"
         );
         assert_eq!(
             *asked.lock().unwrap(),
             [
-                InitialListStrategy::StreamingList,
-                InitialListStrategy::ListWatch
+                (InitialListStrategy::StreamingList, ListSemantic::Any),
+                (InitialListStrategy::ListWatch, ListSemantic::MostRecent),
             ]
         );
-        assert!(!mode.refused(), "the cluster's other watches still stream");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_streaming_list_that_ran_until_its_timeout_turns_into_pages_at_once() {
+        // The watch times out after 2 s.
+        let streaming = vec![Init, InitApply(()), Init];
+        let (events, asked) = run(streaming, Duration::from_secs(2)).await;
+        assert_eq!(events, ["init", "object", "init", "object", "done"]);
+        assert_eq!(asked.lock().unwrap().len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn complete_streaming_lists_and_one_cut_short_go_on_streaming() {
+        let streaming = vec![
+            Init,
+            InitApply(()),
+            InitDone,
+            // A relist (after 410 Gone) cut short once, then complete.
+            Init,
+            InitApply(()),
+            Init,
+            InitApply(()),
+            InitDone,
+            // Another relist, cut short once: the count started over.
+            Init,
+            Init,
+            InitDone,
+        ];
+        let (events, asked) = run(streaming.clone(), Duration::from_millis(100)).await;
+        assert_eq!(events.len(), streaming.len(), "all passed on: {events:?}");
+        assert_eq!(asked.lock().unwrap().len(), 1, "never paged");
     }
 
     #[tokio::test]

@@ -25,9 +25,9 @@
 //! `WatchList` feature is off refuses a streaming list with `422 Invalid`, as
 //! do API servers before Kubernetes 1.27: the watch then lists in pages, and
 //! so does every later watch in that cluster. A streaming list that ends
-//! before it is complete (its watch timed out, say, for a large list over a
-//! slow link) makes that watch list in pages too, rather than start from
-//! nothing again. A configuration without bookmarks (`disable_bookmarks`)
+//! before it is complete starts again from nothing: one that ran until its
+//! watch timed out (a large list over a slow link), or two in a row cut
+//! short, make that watch list in consistent pages for the rest of its life. A configuration without bookmarks (`disable_bookmarks`)
 //! always lists in pages: bookmarks mark where a streaming list ends.
 //!
 //! While a watch lists again (after its watch expired, say), at most two
@@ -484,6 +484,8 @@ impl ClusterCache {
 /// dropped unless kept (few controllers read them, and they are often the
 /// larger part of a small object's metadata), then the user's transform. A
 /// transform that panics is contained: the object is cached as it left it.
+/// The first panic of a watch is logged as an error, later ones at debug
+/// level (a transform may fail on every object).
 fn shaped<T: Resource + 'static, S>(
     events: S,
     shape: Shape,
@@ -493,22 +495,32 @@ fn shaped<T: Resource + 'static, S>(
 where
     S: Stream<Item = watcher::Result<watcher::Event<T>>> + Send + 'static,
 {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+
+    let mut panics = 0_u64;
     events.map(move |event| {
         event.map(|event| {
             event.modify(|object| {
-                let shaping = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    shape.apply(object);
-                }));
-                if let Err(panic) = shaping {
-                    let message = crate::controller::panic_message(panic.as_ref());
-                    let meta = object.meta();
+                let Err(panic) = catch_unwind(AssertUnwindSafe(|| shape.apply(object))) else {
+                    return;
+                };
+                panics += 1;
+                let message = crate::controller::panic_message(panic.as_ref());
+                // A payload whose drop panics in turn is contained too.
+                let _ = catch_unwind(AssertUnwindSafe(move || drop(panic)));
+                let meta = object.meta();
+                let namespace = meta.namespace.as_deref().unwrap_or_default();
+                let name = meta.name.as_deref().unwrap_or_default();
+                if panics == 1 {
                     tracing::error!(
-                        %cluster,
-                        %kind,
-                        namespace = meta.namespace.as_deref().unwrap_or_default(),
-                        name = meta.name.as_deref().unwrap_or_default(),
-                        %message,
-                        "a watch's transform panicked; the object is cached as the transform left it"
+                        %cluster, %kind, namespace, name, %message,
+                        "a watch's transform panicked; the object is cached as the transform left it \
+                         (later panics of this watch are logged at debug level)"
+                    );
+                } else {
+                    tracing::debug!(
+                        %cluster, %kind, namespace, name, %message, panics,
+                        "a watch's transform panicked again"
                     );
                 }
             })

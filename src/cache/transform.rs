@@ -24,8 +24,10 @@ use kube::{Resource, api::ObjectMeta};
 /// which the cache keys and compares on, and the owner references where the
 /// watch serves [`Controller::owns`](crate::Controller::owns), which maps
 /// by them. A transform that panics does not stop the watch: the panic is
-/// logged with the cluster, kind and object, and the object is cached as
-/// the transform left it.
+/// logged with the cluster, kind and object (the first one of a watch as an
+/// error, later ones at debug level), and the object is cached as the
+/// transform left it, so what it would have saved is not saved. A program
+/// built with `panic = "abort"` ends at the panic instead.
 ///
 /// Watches are shared by everyone who watches the same type the same way. A
 /// watch with a transform is shared only by watches given the same
