@@ -185,10 +185,10 @@ async fn main() -> Result<(), BoxError> {
         Some(limit) => format!("at most {limit} at once"),
     };
     let protocol = if http1 { "HTTP/1.1" } else { "HTTP/2" };
-    let lists = if paged {
-        "paged lists"
-    } else {
-        "streaming lists"
+    let lists = match (any, paged) {
+        (false, _) => "consistent paged lists",
+        (true, false) => "streaming lists",
+        (true, true) => "paged lists from the cache (streaming refused)",
     };
     println!(
         "{clusters} clusters x {objects} ConfigMaps ({total} patched, {limit}, {protocol}, {lists})"
