@@ -262,18 +262,25 @@ mod tests {
         }
     }
 
+    /// Every event of a watch of cluster "a" with `config`, from `events`.
+    async fn listed(
+        mode: Arc<ListMode>,
+        config: watcher::Config,
+        events: impl Fn(watcher::Config) -> BoxStream<'static, watcher::Result<Event<()>>>
+        + Send
+        + 'static,
+    ) -> Vec<watcher::Result<Event<()>>> {
+        streamed_or_paged(mode, "a".into(), "ConfigMap".into(), config, events)
+            .collect()
+            .await
+    }
+
     #[tokio::test]
     async fn a_refused_streaming_list_turns_into_paged_lists_for_the_cluster() {
         let mode = Arc::new(ListMode::default());
         let asked = Arc::new(Mutex::new(Vec::new()));
-        let events = streamed_or_paged(
-            mode.clone(),
-            "a".into(),
-            "ConfigMap".into(),
-            watcher::Config::default().streaming_lists(),
-            source(asked.clone(), refusal),
-        );
-        let events: Vec<_> = events.collect().await;
+        let config = watcher::Config::default().streaming_lists();
+        let events = listed(mode.clone(), config, source(asked.clone(), refusal)).await;
         assert!(
             matches!(events[..], [Ok(Event::Init), Ok(Event::InitDone)]),
             "the refusal is not passed on: {events:?}"
@@ -361,14 +368,13 @@ mod tests {
 
     async fn run(streaming: Vec<Event<()>>, pause: Duration) -> (Vec<&'static str>, Asked) {
         let asked = Asked::default();
-        let events = streamed_or_paged(
+        let config = watcher::Config::default().any_semantic().timeout(2);
+        let events = listed(
             Arc::default(),
-            "a".into(),
-            "ConfigMap".into(),
-            watcher::Config::default().any_semantic().timeout(2),
+            config,
             scripted(asked.clone(), streaming, pause),
-        );
-        let events: Vec<_> = events.collect().await;
+        )
+        .await;
         (kinds(&events), asked)
     }
 
@@ -442,14 +448,8 @@ mod tests {
     async fn other_errors_are_passed_on_and_change_nothing() {
         let mode = Arc::new(ListMode::default());
         let asked = Arc::new(Mutex::new(Vec::new()));
-        let events = streamed_or_paged(
-            mode.clone(),
-            "a".into(),
-            "ConfigMap".into(),
-            watcher::Config::default().streaming_lists(),
-            source(asked.clone(), forbidden),
-        );
-        let events: Vec<_> = events.collect().await;
+        let config = watcher::Config::default().streaming_lists();
+        let events = listed(mode.clone(), config, source(asked.clone(), forbidden)).await;
         assert!(matches!(
             events[..],
             [Err(watcher::Error::WatchStartFailed(_))]
