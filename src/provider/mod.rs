@@ -4,8 +4,10 @@
 //! with a client, or disengage a name. [`Fleet::run`](crate::Fleet::run)
 //! applies them. Providers never touch controllers. Two are built in:
 //! [`ProgrammaticProvider`], driven from code, and [`LocalProvider`], the
-//! process's own cluster. Others live in crates of their own.
+//! process's own cluster. Others live in crates of their own; those that read
+//! kubeconfigs share [`kubeconfig`]'s checks.
 
+pub mod kubeconfig;
 mod local;
 mod programmatic;
 

@@ -1,0 +1,416 @@
+//! Kubeconfigs from sources a provider does not control: parsed, checked
+//! against a [`KubeconfigPolicy`], and turned into one `kube::Config` per
+//! context, with errors that name where the kubeconfig came from.
+//!
+//! A kubeconfig can make the process that loads it run a command (an `exec`
+//! credential plugin), call an `auth-provider` plugin, trust any server
+//! (`insecure-skip-tls-verify`) or read files on the machine it runs on
+//! (`certificate-authority`, `client-key`, `tokenFile`, ...). From a file
+//! you wrote, that is what you want; from a Secret, or a directory another
+//! party writes to, it hands whoever writes there a way in. So the default
+//! policy refuses all four, and a provider that reads such sources asks its
+//! user to allow each one that is needed.
+//!
+//! Errors name the source and the context, and the command, plugin or file
+//! that was refused, never a token, a key or a command's arguments.
+//!
+//! ```
+//! use kube_fleet::provider::kubeconfig::{self, KubeconfigPolicy};
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let yaml = r#"
+//! apiVersion: v1
+//! kind: Config
+//! clusters:
+//! - name: east
+//!   cluster: { server: "https://east.example.com:6443" }
+//! users:
+//! - name: robot
+//!   user: { token: "not-logged" }
+//! contexts:
+//! - name: east
+//!   context: { cluster: east, user: robot }
+//! "#;
+//! let parsed = kubeconfig::parse(yaml, "Secret fleet/east")?;
+//! for (context, config) in kubeconfig::configs(&parsed, "Secret fleet/east", &KubeconfigPolicy::default()).await {
+//!     let config = config?;
+//!     assert_eq!(context, "east");
+//!     assert_eq!(config.cluster_url.host(), Some("east.example.com"));
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+/// What a kubeconfig may ask for beyond a server, its CA and credentials
+/// given inline. The default refuses everything below; each `allow_`
+/// method allows one thing.
+///
+/// ```
+/// use kube_fleet::provider::kubeconfig::KubeconfigPolicy;
+///
+/// // Clusters whose kubeconfigs log in through `aws eks get-token`.
+/// let policy = KubeconfigPolicy::default().allow_exec();
+/// assert_ne!(policy, KubeconfigPolicy::default());
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KubeconfigPolicy {
+    exec: bool,
+    auth_provider: bool,
+    insecure_tls: bool,
+    local_files: bool,
+}
+
+impl KubeconfigPolicy {
+    /// Everything allowed: for kubeconfigs only you write, such as your own
+    /// `~/.kube/config`.
+    pub fn trusted() -> Self {
+        Self {
+            exec: true,
+            auth_provider: true,
+            insecure_tls: true,
+            local_files: true,
+        }
+    }
+
+    /// Allows `exec` credential plugins: the process runs the command the
+    /// kubeconfig names, with the process's rights.
+    #[must_use]
+    pub fn allow_exec(mut self) -> Self {
+        self.exec = true;
+        self
+    }
+
+    /// Allows `auth-provider` plugins (`oidc`, `gcp`, `azure`).
+    #[must_use]
+    pub fn allow_auth_provider(mut self) -> Self {
+        self.auth_provider = true;
+        self
+    }
+
+    /// Allows `insecure-skip-tls-verify`: the server's certificate is not
+    /// checked, so anyone on the way can read and change the traffic.
+    #[must_use]
+    pub fn allow_insecure_skip_tls_verify(mut self) -> Self {
+        self.insecure_tls = true;
+        self
+    }
+
+    /// Allows references to files on this machine: `certificate-authority`,
+    /// `client-certificate`, `client-key` and `tokenFile`.
+    #[must_use]
+    pub fn allow_local_files(mut self) -> Self {
+        self.local_files = true;
+        self
+    }
+}
+
+/// Why a kubeconfig, or one of its contexts, gives no cluster. Each names
+/// the kubeconfig's source (a file, a Secret) as the provider gave it.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeconfigError {
+    /// The text is not a kubeconfig.
+    #[error("{origin}: not a kubeconfig: {reason}")]
+    Malformed {
+        /// Where the kubeconfig came from.
+        origin: String,
+        /// What the parser said.
+        reason: String,
+    },
+    /// A context names a cluster or user the kubeconfig does not define.
+    #[error("{origin}: context {context:?} names {entry}, which the kubeconfig does not define")]
+    Missing {
+        /// Where the kubeconfig came from.
+        origin: String,
+        /// The context.
+        context: String,
+        /// What it names: `cluster "x"`, `user "y"`.
+        entry: String,
+    },
+    /// The policy refuses what a context asks for.
+    #[error(
+        "{origin}: context {context:?} refused: it asks for {what}, which this provider does not allow \
+         (KubeconfigPolicy::{allow})"
+    )]
+    Refused {
+        /// Where the kubeconfig came from.
+        origin: String,
+        /// The context.
+        context: String,
+        /// What it asks for.
+        what: String,
+        /// The policy method that would allow it.
+        allow: &'static str,
+    },
+    /// kube could not build a configuration from the context.
+    #[error("{origin}: context {context:?}: {reason}")]
+    Invalid {
+        /// Where the kubeconfig came from.
+        origin: String,
+        /// The context.
+        context: String,
+        /// What kube said.
+        reason: String,
+    },
+}
+
+/// Parses `yaml` (one or more documents, merged as kubectl does), read from
+/// `origin`.
+///
+/// # Errors
+///
+/// [`KubeconfigError::Malformed`] if it is not a kubeconfig.
+pub fn parse(yaml: &str, origin: &str) -> Result<Kubeconfig, KubeconfigError> {
+    Kubeconfig::from_yaml(yaml).map_err(|error| KubeconfigError::Malformed {
+        origin: origin.to_owned(),
+        reason: crate::cache::error_chain(&error),
+    })
+}
+
+/// Checks the context `context` of `kubeconfig` against `policy`.
+///
+/// # Errors
+///
+/// [`KubeconfigError::Missing`] if the context, or the cluster or user it
+/// names, is not there; [`KubeconfigError::Refused`] for the first thing it
+/// asks for that the policy does not allow.
+pub fn check(
+    kubeconfig: &Kubeconfig,
+    context: &str,
+    origin: &str,
+    policy: &KubeconfigPolicy,
+) -> Result<(), KubeconfigError> {
+    let missing = |entry: String| KubeconfigError::Missing {
+        origin: origin.to_owned(),
+        context: context.to_owned(),
+        entry,
+    };
+    let refused = |what: String, allow: &'static str| KubeconfigError::Refused {
+        origin: origin.to_owned(),
+        context: context.to_owned(),
+        what,
+        allow,
+    };
+    let named = kubeconfig
+        .contexts
+        .iter()
+        .find(|c| c.name == context)
+        .and_then(|c| c.context.as_ref())
+        .ok_or_else(|| missing(format!("context {context:?}")))?;
+    let cluster = kubeconfig
+        .clusters
+        .iter()
+        .find(|c| c.name == named.cluster)
+        .and_then(|c| c.cluster.as_ref())
+        .ok_or_else(|| missing(format!("cluster {:?}", named.cluster)))?;
+    let user = match &named.user {
+        Some(user) => Some(
+            kubeconfig
+                .auth_infos
+                .iter()
+                .find(|a| &a.name == user)
+                .and_then(|a| a.auth_info.as_ref())
+                .ok_or_else(|| missing(format!("user {user:?}")))?,
+        ),
+        None => None,
+    };
+    if cluster.insecure_skip_tls_verify == Some(true) && !policy.insecure_tls {
+        return Err(refused(
+            "insecure-skip-tls-verify".to_owned(),
+            "allow_insecure_skip_tls_verify",
+        ));
+    }
+    if let Some(user) = user {
+        if let Some(exec) = &user.exec
+            && !policy.exec
+        {
+            // The command only: its arguments may carry secrets.
+            let command = exec.command.as_deref().unwrap_or("(none)");
+            return Err(refused(
+                format!("an exec credential plugin (command {command:?})"),
+                "allow_exec",
+            ));
+        }
+        if let Some(provider) = &user.auth_provider
+            && !policy.auth_provider
+        {
+            return Err(refused(
+                format!("an auth-provider plugin ({:?})", provider.name),
+                "allow_auth_provider",
+            ));
+        }
+    }
+    if !policy.local_files {
+        let files = [
+            (
+                "certificate-authority",
+                cluster.certificate_authority.as_ref(),
+            ),
+            (
+                "client-certificate",
+                user.and_then(|u| u.client_certificate.as_ref()),
+            ),
+            ("client-key", user.and_then(|u| u.client_key.as_ref())),
+            ("tokenFile", user.and_then(|u| u.token_file.as_ref())),
+        ];
+        if let Some((field, path)) = files.iter().find_map(|(f, p)| Some((f, (*p)?))) {
+            return Err(refused(
+                format!("a file on this machine ({field} {path:?})"),
+                "allow_local_files",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A `kube::Config` for each context of `kubeconfig` that `policy` allows,
+/// or why there is none, by context name, in the kubeconfig's order. One
+/// bad context does not keep the others from loading.
+pub async fn configs(
+    kubeconfig: &Kubeconfig,
+    origin: &str,
+    policy: &KubeconfigPolicy,
+) -> Vec<(String, Result<kube::Config, KubeconfigError>)> {
+    let mut configs = Vec::new();
+    for context in &kubeconfig.contexts {
+        let name = context.name.clone();
+        let config = match check(kubeconfig, &name, origin, policy) {
+            Ok(()) => load(kubeconfig, &name, origin).await,
+            Err(error) => Err(error),
+        };
+        configs.push((name, config));
+    }
+    configs
+}
+
+async fn load(
+    kubeconfig: &Kubeconfig,
+    context: &str,
+    origin: &str,
+) -> Result<kube::Config, KubeconfigError> {
+    let options = KubeConfigOptions {
+        context: Some(context.to_owned()),
+        ..KubeConfigOptions::default()
+    };
+    kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &options)
+        .await
+        .map_err(|error| KubeconfigError::Invalid {
+            origin: origin.to_owned(),
+            context: context.to_owned(),
+            reason: crate::cache::error_chain(&error),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &str = "s3cr3t-t0ken";
+
+    /// A kubeconfig with contexts `good`, `exec`, `insecure`, `files`,
+    /// `no-cluster` and `no-user`.
+    fn kubeconfig() -> String {
+        format!(
+            r#"
+apiVersion: v1
+kind: Config
+clusters:
+- name: a
+  cluster: {{ server: "https://a.example.com:6443" }}
+- name: insecure
+  cluster: {{ server: "https://b.example.com", insecure-skip-tls-verify: true }}
+- name: ca-file
+  cluster: {{ server: "https://c.example.com", certificate-authority: /etc/ca.pem }}
+users:
+- name: token
+  user: {{ token: {TOKEN} }}
+- name: exec
+  user:
+    exec:
+      apiVersion: client.authentication.k8s.io/v1
+      command: get-token
+      args: ["--token={TOKEN}"]
+contexts:
+- {{ name: good, context: {{ cluster: a, user: token }} }}
+- {{ name: exec, context: {{ cluster: a, user: exec }} }}
+- {{ name: insecure, context: {{ cluster: insecure, user: token }} }}
+- {{ name: files, context: {{ cluster: ca-file, user: token }} }}
+- {{ name: no-cluster, context: {{ cluster: gone, user: token }} }}
+- {{ name: no-user, context: {{ cluster: a, user: gone }} }}
+"#
+        )
+    }
+
+    async fn outcomes(policy: &KubeconfigPolicy) -> Vec<(String, Result<String, String>)> {
+        let parsed = parse(&kubeconfig(), "Secret fleet/edge").unwrap();
+        configs(&parsed, "Secret fleet/edge", policy)
+            .await
+            .into_iter()
+            .map(|(context, config)| {
+                let config = config
+                    .map(|c| c.cluster_url.to_string())
+                    .map_err(|e| format!("{e} / {e:?}"));
+                (context, config)
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn by_default_only_plain_contexts_load_and_each_refusal_names_its_source() {
+        let outcomes = outcomes(&KubeconfigPolicy::default()).await;
+        let error = |context: &str| {
+            outcomes
+                .iter()
+                .find(|(c, _)| c == context)
+                .and_then(|(_, r)| r.clone().err())
+                .unwrap_or_else(|| panic!("{context} should fail"))
+        };
+        assert_eq!(outcomes[0].0, "good");
+        assert!(
+            outcomes[0]
+                .1
+                .as_ref()
+                .is_ok_and(|url| url.contains("a.example.com"))
+        );
+        for (context, says) in [
+            ("exec", "exec credential plugin (command \"get-token\")"),
+            ("exec", "allow_exec"),
+            ("insecure", "insecure-skip-tls-verify"),
+            ("files", "certificate-authority \"/etc/ca.pem\""),
+            ("no-cluster", "cluster \"gone\""),
+            ("no-user", "user \"gone\""),
+        ] {
+            let error = error(context);
+            assert!(error.starts_with("Secret fleet/edge: context"), "{error}");
+            assert!(error.contains(says), "{context}: {error}");
+        }
+        for (_, outcome) in &outcomes {
+            let text = format!("{outcome:?}");
+            assert!(!text.contains(TOKEN), "a secret leaked: {text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn each_allowance_lets_its_context_through() {
+        let policy = KubeconfigPolicy::default()
+            .allow_exec()
+            .allow_insecure_skip_tls_verify();
+        let outcomes = outcomes(&policy).await;
+        let ok = |context: &str| outcomes.iter().any(|(c, r)| c == context && r.is_ok());
+        assert!(ok("good") && ok("exec") && ok("insecure"));
+        assert!(!ok("files"), "local files are still refused");
+        assert!(!ok("no-cluster") && !ok("no-user"));
+    }
+
+    #[test]
+    fn malformed_text_is_reported_with_its_source() {
+        let error = parse("clusters: [ {", "file /tmp/broken.yaml").unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("file /tmp/broken.yaml: not a kubeconfig:"),
+            "{error}"
+        );
+    }
+}
