@@ -5,11 +5,14 @@
 //! A kubeconfig can make the process that loads it run a command (an `exec`
 //! credential plugin), call an `auth-provider` plugin, trust any server
 //! (`insecure-skip-tls-verify`) or read files on the machine it runs on
-//! (`certificate-authority`, `client-key`, `tokenFile`, ...). From a file
-//! you wrote, that is what you want; from a Secret, or a directory another
-//! party writes to, it hands whoever writes there a way in. So the default
-//! policy refuses all four, and a provider that reads such sources asks its
-//! user to allow each one that is needed.
+//! (`certificate-authority`, `client-key`, `tokenFile`, ...), and it can
+//! send credentials to a server over plain `http://`. From a file you wrote,
+//! that is what you want; from a Secret, or a directory another party writes
+//! to, it hands whoever writes there a way in. So the default policy refuses
+//! all five, and a provider that reads such sources asks its user to allow
+//! each one that is needed. This is stricter than kube in two ways: a context
+//! that names a user the kubeconfig does not define is refused, and so is a
+//! `certificate-authority` file next to `certificate-authority-data`.
 //!
 //! Errors name the source and the context, and the command, plugin or file
 //! that was refused, never a token, a key or a command's arguments.
@@ -17,7 +20,8 @@
 //! ```
 //! use kube_fleet::provider::kubeconfig::{self, KubeconfigPolicy};
 //!
-//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let yaml = r#"
 //! apiVersion: v1
 //! kind: Config
@@ -59,6 +63,7 @@ pub struct KubeconfigPolicy {
     exec: bool,
     auth_provider: bool,
     insecure_tls: bool,
+    plain_http: bool,
     local_files: bool,
 }
 
@@ -70,6 +75,7 @@ impl KubeconfigPolicy {
             exec: true,
             auth_provider: true,
             insecure_tls: true,
+            plain_http: true,
             local_files: true,
         }
     }
@@ -82,7 +88,9 @@ impl KubeconfigPolicy {
         self
     }
 
-    /// Allows `auth-provider` plugins (`oidc`, `gcp`, `azure`).
+    /// Allows `auth-provider` plugins (`oidc`, `gcp`, `azure`). As strong
+    /// as [`allow_exec`](Self::allow_exec): the `gcp` provider runs the
+    /// command its `cmd-path` names.
     #[must_use]
     pub fn allow_auth_provider(mut self) -> Self {
         self.auth_provider = true;
@@ -94,6 +102,14 @@ impl KubeconfigPolicy {
     #[must_use]
     pub fn allow_insecure_skip_tls_verify(mut self) -> Self {
         self.insecure_tls = true;
+        self
+    }
+
+    /// Allows servers reached over plain `http://`, where credentials and
+    /// objects cross the network in the clear.
+    #[must_use]
+    pub fn allow_plain_http(mut self) -> Self {
+        self.plain_http = true;
         self
     }
 
@@ -160,12 +176,26 @@ pub enum KubeconfigError {
 ///
 /// # Errors
 ///
-/// [`KubeconfigError::Malformed`] if it is not a kubeconfig.
+/// [`KubeconfigError::Malformed`] if it is not YAML of a kubeconfig, or
+/// defines no context. The error gives the line and column of a syntax or
+/// type error, never the text there, which may be a secret.
 pub fn parse(yaml: &str, origin: &str) -> Result<Kubeconfig, KubeconfigError> {
-    Kubeconfig::from_yaml(yaml).map_err(|error| KubeconfigError::Malformed {
+    let malformed = |reason: String| KubeconfigError::Malformed {
         origin: origin.to_owned(),
-        reason: crate::cache::error_chain(&error),
-    })
+        reason,
+    };
+    let kubeconfig = Kubeconfig::from_yaml(yaml).map_err(|error| match error {
+        kube::config::KubeconfigError::Parse(error) => malformed(match error.location() {
+            Some(at) => format!("invalid at line {}, column {}", at.line(), at.column()),
+            None => "invalid YAML".to_owned(),
+        }),
+        // The other errors are fixed texts (a wrong kind or apiVersion).
+        other => malformed(crate::cache::error_chain(&other)),
+    })?;
+    if kubeconfig.contexts.is_empty() {
+        return Err(malformed("it defines no context".to_owned()));
+    }
+    Ok(kubeconfig)
 }
 
 /// Checks the context `context` of `kubeconfig` against `policy`.
@@ -181,6 +211,17 @@ pub fn check(
     origin: &str,
     policy: &KubeconfigPolicy,
 ) -> Result<(), KubeconfigError> {
+    checked(kubeconfig, context, origin, policy).map(drop)
+}
+
+/// The kubeconfig of the context `context` alone (its context, cluster and
+/// user), once checked: what kube then loads is exactly what was checked.
+fn checked(
+    kubeconfig: &Kubeconfig,
+    context: &str,
+    origin: &str,
+    policy: &KubeconfigPolicy,
+) -> Result<Kubeconfig, KubeconfigError> {
     let missing = |entry: String| KubeconfigError::Missing {
         origin: origin.to_owned(),
         context: context.to_owned(),
@@ -192,29 +233,48 @@ pub fn check(
         what,
         allow,
     };
-    let named = kubeconfig
+    let named_context = kubeconfig
         .contexts
         .iter()
         .find(|c| c.name == context)
-        .and_then(|c| c.context.as_ref())
         .ok_or_else(|| missing(format!("context {context:?}")))?;
-    let cluster = kubeconfig
+    let named = named_context
+        .context
+        .as_ref()
+        .ok_or_else(|| KubeconfigError::Invalid {
+            origin: origin.to_owned(),
+            context: context.to_owned(),
+            reason: "the context names no cluster".to_owned(),
+        })?;
+    let named_cluster = kubeconfig
         .clusters
         .iter()
         .find(|c| c.name == named.cluster)
-        .and_then(|c| c.cluster.as_ref())
+        .filter(|c| c.cluster.is_some())
         .ok_or_else(|| missing(format!("cluster {:?}", named.cluster)))?;
-    let user = match &named.user {
+    let cluster = named_cluster.cluster.as_ref().expect("filtered above");
+    let named_user = match &named.user {
         Some(user) => Some(
             kubeconfig
                 .auth_infos
                 .iter()
                 .find(|a| &a.name == user)
-                .and_then(|a| a.auth_info.as_ref())
+                .filter(|a| a.auth_info.is_some())
                 .ok_or_else(|| missing(format!("user {user:?}")))?,
         ),
         None => None,
     };
+    let user = named_user.and_then(|u| u.auth_info.as_ref());
+    let server = cluster.server.as_deref().unwrap_or_default();
+    if !policy.plain_http && !server.to_ascii_lowercase().starts_with("https://") {
+        let scheme = server
+            .split_once("://")
+            .map_or("no scheme", |(scheme, _)| scheme);
+        return Err(refused(
+            format!("a server that is not https ({scheme})"),
+            "allow_plain_http",
+        ));
+    }
     if cluster.insecure_skip_tls_verify == Some(true) && !policy.insecure_tls {
         return Err(refused(
             "insecure-skip-tls-verify".to_owned(),
@@ -261,23 +321,41 @@ pub fn check(
             ));
         }
     }
-    Ok(())
+    Ok(Kubeconfig {
+        clusters: vec![named_cluster.clone()],
+        auth_infos: named_user.into_iter().cloned().collect(),
+        contexts: vec![named_context.clone()],
+        current_context: Some(context.to_owned()),
+        ..Kubeconfig::default()
+    })
 }
 
 /// A `kube::Config` for each context of `kubeconfig` that `policy` allows,
 /// or why there is none, by context name, in the kubeconfig's order. One
-/// bad context does not keep the others from loading.
+/// bad context does not keep the others from loading; a context whose name
+/// an earlier one has is an error of its own.
+///
+/// A `kube::Config`'s `Debug` output shows an allowed exec plugin's
+/// arguments and an auth-provider's tokens: do not log it.
 pub async fn configs(
     kubeconfig: &Kubeconfig,
     origin: &str,
     policy: &KubeconfigPolicy,
 ) -> Vec<(String, Result<kube::Config, KubeconfigError>)> {
-    let mut configs = Vec::new();
+    let mut configs: Vec<(String, Result<kube::Config, KubeconfigError>)> = Vec::new();
     for context in &kubeconfig.contexts {
         let name = context.name.clone();
-        let config = match check(kubeconfig, &name, origin, policy) {
-            Ok(()) => load(kubeconfig, &name, origin).await,
-            Err(error) => Err(error),
+        let config = if configs.iter().any(|(seen, _)| *seen == name) {
+            Err(KubeconfigError::Invalid {
+                origin: origin.to_owned(),
+                context: name.clone(),
+                reason: "another context of that name comes first".to_owned(),
+            })
+        } else {
+            match checked(kubeconfig, &name, origin, policy) {
+                Ok(alone) => load(alone, &name, origin).await,
+                Err(error) => Err(error),
+            }
         };
         configs.push((name, config));
     }
@@ -285,7 +363,7 @@ pub async fn configs(
 }
 
 async fn load(
-    kubeconfig: &Kubeconfig,
+    kubeconfig: Kubeconfig,
     context: &str,
     origin: &str,
 ) -> Result<kube::Config, KubeconfigError> {
@@ -293,7 +371,7 @@ async fn load(
         context: Some(context.to_owned()),
         ..KubeConfigOptions::default()
     };
-    kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &options)
+    kube::Config::from_custom_kubeconfig(kubeconfig, &options)
         .await
         .map_err(|error| KubeconfigError::Invalid {
             origin: origin.to_owned(),
@@ -309,7 +387,7 @@ mod tests {
     const TOKEN: &str = "s3cr3t-t0ken";
 
     /// A kubeconfig with contexts `good`, `exec`, `insecure`, `files`,
-    /// `no-cluster` and `no-user`.
+    /// `no-cluster`, `no-user`, `plain` and a second `good`.
     fn kubeconfig() -> String {
         format!(
             r#"
@@ -322,6 +400,8 @@ clusters:
   cluster: {{ server: "https://b.example.com", insecure-skip-tls-verify: true }}
 - name: ca-file
   cluster: {{ server: "https://c.example.com", certificate-authority: /etc/ca.pem }}
+- name: plain
+  cluster: {{ server: "http://d.example.com" }}
 users:
 - name: token
   user: {{ token: {TOKEN} }}
@@ -338,6 +418,8 @@ contexts:
 - {{ name: files, context: {{ cluster: ca-file, user: token }} }}
 - {{ name: no-cluster, context: {{ cluster: gone, user: token }} }}
 - {{ name: no-user, context: {{ cluster: a, user: gone }} }}
+- {{ name: plain, context: {{ cluster: plain, user: token }} }}
+- {{ name: good, context: {{ cluster: insecure, user: token }} }}
 "#
         )
     }
@@ -380,11 +462,17 @@ contexts:
             ("files", "certificate-authority \"/etc/ca.pem\""),
             ("no-cluster", "cluster \"gone\""),
             ("no-user", "user \"gone\""),
+            ("plain", "a server that is not https (http)"),
         ] {
             let error = error(context);
             assert!(error.starts_with("Secret fleet/edge: context"), "{error}");
             assert!(error.contains(says), "{context}: {error}");
         }
+        let goods: Vec<_> = outcomes.iter().filter(|(c, _)| c == "good").collect();
+        assert!(
+            matches!(&goods[..], [(_, Ok(_)), (_, Err(e))] if e.contains("another context of that name comes first")),
+            "{goods:?}"
+        );
         for (_, outcome) in &outcomes {
             let text = format!("{outcome:?}");
             assert!(!text.contains(TOKEN), "a secret leaked: {text}");
@@ -400,7 +488,32 @@ contexts:
         let ok = |context: &str| outcomes.iter().any(|(c, r)| c == context && r.is_ok());
         assert!(ok("good") && ok("exec") && ok("insecure"));
         assert!(!ok("files"), "local files are still refused");
+        assert!(!ok("plain"), "plain HTTP is still refused");
         assert!(!ok("no-cluster") && !ok("no-user"));
+    }
+
+    #[test]
+    fn a_parse_error_gives_where_never_what() {
+        for yaml in [
+            format!("users:\n- name: u\n  user:\n    token: \"{TOKEN}\n"),
+            format!("users:\n- name: u\n  user:\n    token: [{TOKEN}]\n"),
+            format!(
+                "users:\n- name: u\n  user:\n    exec:\n      command: x\n      interactiveMode: {TOKEN}\n"
+            ),
+        ] {
+            let error = parse(&yaml, "Secret fleet/edge").unwrap_err();
+            let text = format!("{error} / {error:?}");
+            assert!(!text.contains(TOKEN), "a secret leaked: {text}");
+            assert!(text.contains("line"), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_kubeconfig_without_contexts_is_malformed() {
+        for yaml in ["", "hello: world", "current-context: x"] {
+            let error = parse(yaml, "Secret fleet/edge").unwrap_err().to_string();
+            assert!(error.ends_with("defines no context"), "{yaml:?}: {error}");
+        }
     }
 
     #[test]
