@@ -73,9 +73,14 @@ pub enum MultiError {
 }
 
 enum Command {
-    Add(String, BoxStream<'static, ClusterEvent>),
-    Remove(String),
+    Add(String, u64, BoxStream<'static, Option<ClusterEvent>>),
+    Remove(String, u64),
 }
+
+/// A provider in the map: its prefix and the number its handle gave it, so
+/// that a removed provider and one added later under the same prefix are
+/// never confused.
+type Key = (String, u64);
 
 /// Providers combined into one stream of [`ClusterEvent`]s, for
 /// [`Fleet::run`](kube_fleet::Fleet::run). Providers come and go through
@@ -83,9 +88,10 @@ enum Command {
 /// every provider's stream has ended.
 pub struct MultiProvider {
     commands: Option<mpsc::UnboundedReceiver<Command>>,
-    providers: StreamMap<String, BoxStream<'static, ClusterEvent>>,
+    /// Each provider's events, then `None` once when its stream ends.
+    providers: StreamMap<Key, BoxStream<'static, Option<ClusterEvent>>>,
     /// The clusters each provider has engaged, by their own names.
-    engaged: HashMap<String, HashSet<ClusterName>>,
+    engaged: HashMap<Key, HashSet<ClusterName>>,
     /// Events to hand on before any other.
     ready: VecDeque<ClusterEvent>,
 }
@@ -93,7 +99,10 @@ pub struct MultiProvider {
 impl fmt::Debug for MultiProvider {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MultiProvider")
-            .field("providers", &self.engaged.keys().collect::<Vec<_>>())
+            .field(
+                "providers",
+                &self.engaged.keys().map(|(p, _)| p).collect::<Vec<_>>(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -102,7 +111,14 @@ impl fmt::Debug for MultiProvider {
 #[derive(Clone)]
 pub struct MultiHandle {
     commands: mpsc::UnboundedSender<Command>,
-    prefixes: Arc<Mutex<HashSet<String>>>,
+    prefixes: Arc<Mutex<Prefixes>>,
+}
+
+#[derive(Default)]
+struct Prefixes {
+    /// The providers in it now, with their numbers.
+    live: HashMap<String, u64>,
+    next: u64,
 }
 
 impl fmt::Debug for MultiHandle {
@@ -115,7 +131,6 @@ impl MultiProvider {
     /// A provider with no providers in it yet, and its handle.
     pub fn new() -> (Self, MultiHandle) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let prefixes = Arc::new(Mutex::new(HashSet::new()));
         let provider = Self {
             commands: Some(rx),
             providers: StreamMap::new(),
@@ -126,32 +141,36 @@ impl MultiProvider {
             provider,
             MultiHandle {
                 commands: tx,
-                prefixes,
+                prefixes: Arc::default(),
             },
         )
     }
 
     fn apply(&mut self, command: Command) {
         match command {
-            Command::Add(prefix, provider) => {
-                self.engaged.entry(prefix.clone()).or_default();
-                self.providers.insert(prefix, provider);
+            Command::Add(prefix, number, provider) => {
+                let key = (prefix, number);
+                self.engaged.entry(key.clone()).or_default();
+                self.providers.insert(key, provider);
             }
-            Command::Remove(prefix) => {
-                self.providers.remove(&prefix);
-                let engaged = self.engaged.remove(&prefix).unwrap_or_default();
+            Command::Remove(prefix, number) => {
+                let key = (prefix, number);
+                self.providers.remove(&key);
+                let engaged = self.engaged.remove(&key).unwrap_or_default();
                 self.ready
                     .extend(engaged.into_iter().map(|name| ClusterEvent::Disengage {
-                        name: prefixed(&prefix, &name),
+                        name: prefixed(&key.0, &name),
                     }));
             }
         }
     }
 
-    /// `event` of the provider `prefix`, renamed, and remembered.
-    fn renamed(&mut self, prefix: &str, event: ClusterEvent) -> ClusterEvent {
-        let engaged = self.engaged.entry(prefix.to_owned()).or_default();
-        match event {
+    /// `event` of the provider `key`, renamed, and remembered; `None` if that
+    /// provider is no longer in it.
+    fn renamed(&mut self, key: &Key, event: ClusterEvent) -> Option<ClusterEvent> {
+        let engaged = self.engaged.get_mut(key)?;
+        let prefix = &key.0;
+        Some(match event {
             ClusterEvent::Engage { name, client } => {
                 let renamed = prefixed(prefix, &name);
                 engaged.insert(name);
@@ -165,7 +184,7 @@ impl MultiProvider {
                 engaged.remove(&name);
                 ClusterEvent::Disengage { name: renamed }
             }
-        }
+        })
     }
 }
 
@@ -182,26 +201,37 @@ impl Stream for MultiProvider {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<ClusterEvent>> {
         let this = &mut *self;
-        // Commands first, so that a removal is seen before its provider's
-        // later events.
-        while let Some(commands) = &mut this.commands {
-            match commands.poll_recv(cx) {
-                Poll::Ready(Some(command)) => this.apply(command),
-                Poll::Ready(None) => this.commands = None,
-                Poll::Pending => break,
+        loop {
+            // Commands first, so that a removal is seen before its provider's
+            // later events.
+            while let Some(commands) = &mut this.commands {
+                match commands.poll_recv(cx) {
+                    Poll::Ready(Some(command)) => this.apply(command),
+                    Poll::Ready(None) => this.commands = None,
+                    Poll::Pending => break,
+                }
             }
-        }
-        if let Some(event) = this.ready.pop_front() {
-            return Poll::Ready(Some(event));
-        }
-        match this.providers.poll_next_unpin(cx) {
-            Poll::Ready(Some((prefix, event))) => {
-                let event = this.renamed(&prefix, event);
-                Poll::Ready(Some(event))
+            if let Some(event) = this.ready.pop_front() {
+                return Poll::Ready(Some(event));
             }
-            // No provider left: the end, unless more may be added.
-            Poll::Ready(None) if this.commands.is_none() => Poll::Ready(None),
-            Poll::Ready(None) | Poll::Pending => Poll::Pending,
+            match this.providers.poll_next_unpin(cx) {
+                Poll::Ready(Some((key, Some(event)))) => {
+                    if let Some(event) = this.renamed(&key, event) {
+                        return Poll::Ready(Some(event));
+                    }
+                }
+                Poll::Ready(Some((key, None))) => {
+                    let engaged = this.engaged.get(&key).map_or(0, HashSet::len);
+                    tracing::info!(
+                        prefix = %key.0,
+                        engaged,
+                        "a provider's stream ended; its clusters stay engaged until it is removed"
+                    );
+                }
+                // No provider left: the end, unless more may be added.
+                Poll::Ready(None) if this.commands.is_none() => return Poll::Ready(None),
+                Poll::Ready(None) | Poll::Pending => return Poll::Pending,
+            }
         }
     }
 }
@@ -223,32 +253,58 @@ impl MultiHandle {
             return Err(MultiError::BadPrefix(prefix));
         }
         let mut prefixes = lock(&self.prefixes);
-        if prefixes.contains(&prefix) {
+        if self.commands.is_closed() {
+            return Err(MultiError::Gone);
+        }
+        if prefixes.live.contains_key(&prefix) {
             return Err(MultiError::Taken(prefix));
         }
+        let number = prefixes.next;
+        prefixes.next += 1;
+        // The lock is held through the send, so that commands reach the
+        // provider in the order the prefixes changed.
+        let provider = provider
+            .map(Some)
+            .chain(futures::stream::once(async { None }))
+            .boxed();
         self.commands
-            .send(Command::Add(prefix.clone(), provider.boxed()))
+            .send(Command::Add(prefix.clone(), number, provider))
             .map_err(|_| MultiError::Gone)?;
-        prefixes.insert(prefix);
+        prefixes.live.insert(prefix, number);
         Ok(())
     }
 
     /// Removes the provider `prefix` and disengages every cluster it
-    /// engaged. Returns `false` if there is no such provider.
+    /// engaged. Returns `false` if there is no such provider or the
+    /// [`MultiProvider`] is gone.
+    ///
+    /// A provider whose stream has ended is still there, its clusters
+    /// engaged, until it is removed.
     pub fn remove(&self, prefix: &str) -> bool {
-        // Free at once: an `add` of the same prefix now comes after the
-        // removal.
-        if !lock(&self.prefixes).remove(prefix) {
+        let mut prefixes = lock(&self.prefixes);
+        let Some(&number) = prefixes.live.get(prefix) else {
+            return false;
+        };
+        if self
+            .commands
+            .send(Command::Remove(prefix.to_owned(), number))
+            .is_err()
+        {
+            prefixes.live.clear();
             return false;
         }
-        self.commands
-            .send(Command::Remove(prefix.to_owned()))
-            .is_ok()
+        prefixes.live.remove(prefix);
+        true
     }
 
-    /// The prefixes of the providers in it now.
+    /// The prefixes of the providers in it now, sorted; none once the
+    /// [`MultiProvider`] is gone.
     pub fn prefixes(&self) -> Vec<String> {
-        let mut prefixes: Vec<_> = lock(&self.prefixes).iter().cloned().collect();
+        let prefixes = lock(&self.prefixes);
+        if self.commands.is_closed() {
+            return Vec::new();
+        }
+        let mut prefixes: Vec<_> = prefixes.live.keys().cloned().collect();
         prefixes.sort();
         prefixes
     }
@@ -319,6 +375,47 @@ mod tests {
         handle.add("prod", c).unwrap();
         assert_eq!(handle.add("prod", d), Err(MultiError::Taken("prod".into())));
         assert!(!handle.remove("nothing"));
+    }
+
+    #[tokio::test]
+    async fn once_the_provider_is_gone_the_handle_says_so() {
+        let (multi, handle) = MultiProvider::new();
+        let (a, _) = ProgrammaticProvider::new();
+        let (b, _) = ProgrammaticProvider::new();
+        handle.add("prod", a).unwrap();
+        drop(multi);
+        assert!(handle.prefixes().is_empty());
+        assert!(!handle.remove("prod"));
+        assert_eq!(handle.add("test", b), Err(MultiError::Gone));
+    }
+
+    #[tokio::test]
+    async fn a_prefix_removed_and_added_again_at_once_keeps_the_new_provider() {
+        let (mut multi, handle) = MultiProvider::new();
+        let (old, old_clusters) = ProgrammaticProvider::new();
+        handle.add("prod", old).unwrap();
+        old_clusters.add("east", client());
+        assert_eq!(now(&mut multi), ["+prod#east"]);
+        let (new, new_clusters) = ProgrammaticProvider::new();
+        assert!(handle.remove("prod"));
+        handle.add("prod", new).unwrap();
+        new_clusters.add("west", client());
+        old_clusters.add("late", client());
+        assert_eq!(now(&mut multi), ["-prod#east", "+prod#west"]);
+        assert_eq!(handle.prefixes(), ["prod"]);
+    }
+
+    #[tokio::test]
+    async fn a_provider_whose_stream_ends_keeps_its_clusters_until_removed() {
+        let (mut multi, handle) = MultiProvider::new();
+        let (prod, prod_clusters) = ProgrammaticProvider::new();
+        handle.add("prod", prod).unwrap();
+        prod_clusters.add("east", client());
+        drop(prod_clusters);
+        assert_eq!(now(&mut multi), ["+prod#east"]);
+        assert_eq!(handle.prefixes(), ["prod"]);
+        assert!(handle.remove("prod"));
+        assert_eq!(now(&mut multi), ["-prod#east"]);
     }
 
     #[tokio::test]
