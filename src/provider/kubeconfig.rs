@@ -45,6 +45,12 @@
 //! # }
 //! ```
 
+use std::{
+    hash::{BuildHasher, Hash, Hasher},
+    path::Path,
+    sync::OnceLock,
+};
+
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 /// What a kubeconfig may ask for beyond a server, its CA and credentials
@@ -159,6 +165,14 @@ pub enum KubeconfigError {
         /// The policy method that would allow it.
         allow: &'static str,
     },
+    /// The kubeconfig could not be read.
+    #[error("{origin}: cannot be read: {reason}")]
+    Unreadable {
+        /// Where the kubeconfig came from.
+        origin: String,
+        /// What the system said.
+        reason: String,
+    },
     /// kube could not build a configuration from the context.
     #[error("{origin}: context {context:?}: {reason}")]
     Invalid {
@@ -196,6 +210,119 @@ pub fn parse(yaml: &str, origin: &str) -> Result<Kubeconfig, KubeconfigError> {
         return Err(malformed("it defines no context".to_owned()));
     }
     Ok(kubeconfig)
+}
+
+/// Reads and [`parse`]s the kubeconfig file at `path`, whose display is its
+/// origin in errors. Relative paths in it (`certificate-authority`,
+/// `client-certificate`, `client-key`, `tokenFile`, and an exec command
+/// with a path separator) are taken from the file's directory, as kubectl
+/// takes them; a policy that refuses local files still refuses them.
+///
+/// # Errors
+///
+/// [`KubeconfigError::Unreadable`] if the file cannot be read or is not
+/// UTF-8, else as [`parse`].
+pub fn read_file(path: &Path) -> Result<Kubeconfig, KubeconfigError> {
+    let origin = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|error| KubeconfigError::Unreadable {
+        origin: origin.clone(),
+        reason: error.to_string(),
+    })?;
+    let mut kubeconfig = parse(&text, &origin)?;
+    if let Some(dir) = path.parent() {
+        let absolute = |file: &mut Option<String>| {
+            if let Some(name) = file
+                && Path::new(name.as_str()).is_relative()
+                && let Some(joined) = dir.join(name.as_str()).to_str()
+            {
+                *name = joined.to_owned();
+            }
+        };
+        for cluster in kubeconfig
+            .clusters
+            .iter_mut()
+            .filter_map(|c| c.cluster.as_mut())
+        {
+            absolute(&mut cluster.certificate_authority);
+        }
+        for user in kubeconfig
+            .auth_infos
+            .iter_mut()
+            .filter_map(|u| u.auth_info.as_mut())
+        {
+            absolute(&mut user.client_certificate);
+            absolute(&mut user.client_key);
+            absolute(&mut user.token_file);
+            if let Some(exec) = &mut user.exec
+                && exec
+                    .command
+                    .as_deref()
+                    .is_some_and(|command| command.contains(std::path::MAIN_SEPARATOR))
+            {
+                absolute(&mut exec.command);
+            }
+        }
+    }
+    Ok(kubeconfig)
+}
+
+/// The context a kubeconfig that stands for one cluster (one held in a
+/// Secret, say) means: its `current-context`, or its only context.
+///
+/// # Errors
+///
+/// [`KubeconfigError::Invalid`] if it has no `current-context` and more
+/// than one context, or names a `current-context` it does not define.
+pub fn current_context(kubeconfig: &Kubeconfig, origin: &str) -> Result<String, KubeconfigError> {
+    let invalid = |context: &str, reason: String| KubeconfigError::Invalid {
+        origin: origin.to_owned(),
+        context: context.to_owned(),
+        reason,
+    };
+    match (&kubeconfig.current_context, kubeconfig.contexts.as_slice()) {
+        (Some(current), contexts) if !current.is_empty() => {
+            if contexts.iter().any(|c| &c.name == current) {
+                Ok(current.clone())
+            } else {
+                Err(invalid(
+                    current,
+                    "it is the current-context, and the kubeconfig does not define it".to_owned(),
+                ))
+            }
+        }
+        (_, [only]) => Ok(only.name.clone()),
+        (_, contexts) => Err(invalid(
+            "",
+            format!(
+                "no current-context, and {} contexts to choose from",
+                contexts.len()
+            ),
+        )),
+    }
+}
+
+/// A number that changes when anything a context's cluster is built from
+/// changes: the context and the cluster and user entries it names, as
+/// written (the contents of files they name are not read). `None` if the
+/// context is not there. The numbers are of this process alone: they come
+/// from a hash keyed at random when the process first asks.
+pub fn fingerprint(kubeconfig: &Kubeconfig, context: &str) -> Option<u64> {
+    static KEYS: OnceLock<std::collections::hash_map::RandomState> = OnceLock::new();
+    let named = kubeconfig.contexts.iter().find(|c| c.name == context)?;
+    let entries = named.context.as_ref();
+    let cluster = entries.and_then(|e| kubeconfig.clusters.iter().find(|c| c.name == e.cluster));
+    let user = entries
+        .and_then(|e| e.user.as_ref())
+        .and_then(|user| kubeconfig.auth_infos.iter().find(|a| &a.name == user));
+    let mut hasher = KEYS.get_or_init(Default::default).build_hasher();
+    for part in [
+        serde_json::to_vec(named),
+        serde_json::to_vec(&cluster),
+        serde_json::to_vec(&user),
+    ] {
+        part.unwrap_or_default().hash(&mut hasher);
+    }
+    Some(hasher.finish())
 }
 
 /// Checks the context `context` of `kubeconfig` against `policy`.
@@ -525,5 +652,71 @@ contexts:
                 .starts_with("file /tmp/broken.yaml: not a kubeconfig:"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn a_file_s_relative_paths_are_taken_from_its_directory() {
+        let dir = std::env::temp_dir().join(format!("kubeconfig-read-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("fleet.kubeconfig");
+        std::fs::write(
+            &path,
+            r#"
+clusters:
+- name: a
+  cluster: { server: "https://a.example.com", certificate-authority: ca.crt }
+users:
+- name: u
+  user: { tokenFile: /abs/token, exec: { command: ./bin/login, apiVersion: client.authentication.k8s.io/v1 } }
+contexts:
+- name: a
+  context: { cluster: a, user: u }
+"#,
+        )
+        .unwrap();
+        let read = read_file(&path).unwrap();
+        let cluster = read.clusters[0].cluster.as_ref().unwrap();
+        assert_eq!(
+            cluster.certificate_authority.as_deref(),
+            dir.join("ca.crt").to_str()
+        );
+        let user = read.auth_infos[0].auth_info.as_ref().unwrap();
+        assert_eq!(user.token_file.as_deref(), Some("/abs/token"));
+        assert_eq!(
+            user.exec.as_ref().unwrap().command.as_deref(),
+            dir.join("./bin/login").to_str()
+        );
+        let missing = read_file(&dir.join("nothing")).unwrap_err();
+        assert!(matches!(missing, KubeconfigError::Unreadable { .. }));
+        assert!(missing.to_string().contains("nothing"), "{missing}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_current_context_is_the_named_one_or_the_only_one() {
+        let mut parsed = parse(&kubeconfig(), "test").unwrap();
+        let many = current_context(&parsed, "test").unwrap_err();
+        assert!(many.to_string().contains("no current-context"), "{many}");
+        parsed.current_context = Some("exec".into());
+        assert_eq!(current_context(&parsed, "test").unwrap(), "exec");
+        parsed.current_context = Some("gone".into());
+        assert!(current_context(&parsed, "test").is_err());
+        parsed.current_context = None;
+        parsed.contexts.truncate(1);
+        assert_eq!(current_context(&parsed, "test").unwrap(), "good");
+    }
+
+    #[test]
+    fn a_fingerprint_changes_with_the_entries_a_context_uses_only() {
+        let parsed = parse(&kubeconfig(), "test").unwrap();
+        let before = fingerprint(&parsed, "good").unwrap();
+        assert_eq!(fingerprint(&parsed, "good"), Some(before));
+        assert_eq!(fingerprint(&parsed, "nothing"), None);
+        let mut other_changed = parsed.clone();
+        other_changed.clusters[1].cluster.as_mut().unwrap().server = Some("https://c".into());
+        assert_eq!(fingerprint(&other_changed, "good"), Some(before));
+        let mut own_changed = parsed.clone();
+        own_changed.clusters[0].cluster.as_mut().unwrap().server = Some("https://c".into());
+        assert_ne!(fingerprint(&own_changed, "good"), Some(before));
     }
 }

@@ -9,9 +9,11 @@
 
 pub mod kubeconfig;
 mod local;
+mod problems;
 mod programmatic;
 
 pub use local::LocalProvider;
+pub use problems::Problems;
 pub use programmatic::{ProgrammaticHandle, ProgrammaticProvider};
 
 use kube::Client;

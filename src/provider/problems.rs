@@ -1,0 +1,136 @@
+use std::{collections::BTreeMap, fmt, sync::Arc};
+
+use tokio::sync::watch;
+
+/// What keeps a provider from engaging clusters from its sources now: one
+/// message for each source (a file, a Secret, a context) that gives no
+/// cluster, by the source's name.
+///
+/// Providers that read sources they do not control report each problem here
+/// as well as in their logs, and clear it once the source is fixed or gone.
+/// A program can show them (on a health endpoint, say) or wait on them in a
+/// test. Cloneable; the clones share one set.
+///
+/// ```
+/// use kube_fleet::provider::Problems;
+///
+/// let problems = Problems::new();
+/// problems.report("Secret fleet/east", "no key \"kubeconfig\"");
+/// assert_eq!(problems.get("Secret fleet/east").as_deref(), Some("no key \"kubeconfig\""));
+/// problems.clear("Secret fleet/east");
+/// assert!(problems.current().is_empty());
+/// ```
+#[derive(Clone)]
+pub struct Problems {
+    set: Arc<watch::Sender<BTreeMap<String, String>>>,
+}
+
+impl Default for Problems {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for Problems {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.set.borrow().iter()).finish()
+    }
+}
+
+impl Problems {
+    /// An empty set.
+    pub fn new() -> Self {
+        Self {
+            set: Arc::new(watch::channel(BTreeMap::new()).0),
+        }
+    }
+
+    /// Records that `source` gives no cluster, and why. A message that
+    /// differs from the one already there is logged as a warning; the same
+    /// one again is not, so a provider may report on every pass.
+    pub fn report(&self, source: impl Into<String>, message: impl fmt::Display) {
+        let source = source.into();
+        let message = message.to_string();
+        self.set.send_if_modified(|set| {
+            if set.get(&source) == Some(&message) {
+                return false;
+            }
+            tracing::warn!(source = %source, "{message}");
+            set.insert(source, message);
+            true
+        });
+    }
+
+    /// Forgets the problem of `source`, if there was one.
+    pub fn clear(&self, source: &str) {
+        self.set.send_if_modified(|set| {
+            let cleared = set.remove(source).is_some();
+            if cleared {
+                tracing::info!(source = %source, "no longer a problem");
+            }
+            cleared
+        });
+    }
+
+    /// Forgets the problems of every source `keep` says no to.
+    pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) {
+        self.set.send_if_modified(|set| {
+            let before = set.len();
+            set.retain(|source, _| keep(source));
+            before != set.len()
+        });
+    }
+
+    /// The problem of `source`, if it has one.
+    pub fn get(&self, source: &str) -> Option<String> {
+        self.set.borrow().get(source).cloned()
+    }
+
+    /// Every problem now, by source.
+    pub fn current(&self) -> BTreeMap<String, String> {
+        self.set.borrow().clone()
+    }
+
+    /// Waits until `ready` holds for the problems, checking now and after
+    /// each change, and returns them.
+    ///
+    /// ```no_run
+    /// # async fn example(problems: kube_fleet::provider::Problems) {
+    /// let problems = problems
+    ///     .wait_for(|set| set.keys().any(|source| source.contains("east")))
+    ///     .await;
+    /// # }
+    /// ```
+    pub async fn wait_for(
+        &self,
+        mut ready: impl FnMut(&BTreeMap<String, String>) -> bool,
+    ) -> BTreeMap<String, String> {
+        let mut changes = self.set.subscribe();
+        let set = changes
+            .wait_for(|set| ready(set))
+            .await
+            .expect("the sender lives as long as self");
+        set.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_waiter_sees_a_problem_reported_later() {
+        let problems = Problems::new();
+        let waiter = tokio::spawn({
+            let problems = problems.clone();
+            async move { problems.wait_for(|set| set.contains_key("file a")).await }
+        });
+        tokio::task::yield_now().await;
+        problems.report("file a", "bad");
+        let seen = waiter.await.unwrap();
+        assert_eq!(seen.get("file a").map(String::as_str), Some("bad"));
+        problems.report("file b", "bad too");
+        problems.retain(|source| source != "file a");
+        assert_eq!(problems.current().keys().collect::<Vec<_>>(), ["file b"]);
+    }
+}
