@@ -1,0 +1,384 @@
+//! Kubeconfig Secrets created, changed, repointed, broken and deleted in a
+//! hub API server while the fleet runs, engaging workload API servers.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use k8s_openapi::{
+    ByteString,
+    api::core::v1::{ConfigMap, Secret},
+};
+use kube::{
+    Api,
+    api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
+    config::Kubeconfig,
+    runtime::watcher,
+};
+use kube_fleet::{
+    Action, Controller, Fleet, FleetEvent, McRequest, ObjectRequest, controller::ControllerStatus,
+    provider::Problems,
+};
+use kube_fleet_envtest::{Envtest, TestCluster};
+use kube_fleet_provider_secret::{DEFAULT_LABEL, SecretProvider};
+use tokio::sync::mpsc;
+use tower::BoxError;
+
+const PATIENCE: Duration = Duration::from_secs(30);
+const NAMESPACE: &str = "default";
+
+fn secrets(hub: &TestCluster) -> Api<Secret> {
+    Api::namespaced(hub.client(), NAMESPACE)
+}
+
+fn text(kubeconfig: &Kubeconfig) -> String {
+    serde_json::to_string(kubeconfig).unwrap()
+}
+
+/// A Secret `name`, labelled to be read, holding `data`.
+fn secret(name: &str, data: &[(&str, &str)]) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some(BTreeMap::from([(
+                DEFAULT_LABEL.to_owned(),
+                "true".to_owned(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        data: Some(
+            data.iter()
+                .map(|(k, v)| ((*k).to_owned(), ByteString(v.as_bytes().to_vec())))
+                .collect(),
+        ),
+        ..Secret::default()
+    }
+}
+
+async fn put(hub: &TestCluster, secret: Secret) {
+    let name = secret.metadata.name.clone().unwrap();
+    let api = secrets(hub);
+    if api.get_opt(&name).await.unwrap().is_some() {
+        api.patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "data": secret.data })),
+        )
+        .await
+        .unwrap();
+    } else {
+        api.create(&PostParams::default(), &secret).await.unwrap();
+    }
+}
+
+async fn create(cluster: &TestCluster, name: &str) {
+    let config_map = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    };
+    Api::<ConfigMap>::default_namespaced(cluster.client())
+        .create(&PostParams::default(), &config_map)
+        .await
+        .unwrap();
+}
+
+struct Running {
+    fleet: Fleet,
+    reconciles: mpsc::UnboundedReceiver<McRequest>,
+    status: ControllerStatus,
+    problems: Problems,
+    engaged: mpsc::UnboundedReceiver<FleetEvent>,
+}
+
+fn run(provider: SecretProvider) -> Running {
+    let problems = provider.problems();
+    let fleet = Fleet::new();
+    let engaged = fleet.subscribe().events;
+    let (tx, reconciles) = mpsc::unbounded_channel();
+    let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default());
+    let status = controller.status();
+    tokio::spawn(controller.run(tower::service_fn(
+        move |request: ObjectRequest<ConfigMap>| {
+            let _ = tx.send(request.request);
+            async { Ok::<_, BoxError>(Action::await_change()) }
+        },
+    )));
+    tokio::spawn({
+        let fleet = fleet.clone();
+        async move { fleet.run(provider).await }
+    });
+    Running {
+        fleet,
+        reconciles,
+        status,
+        problems,
+        engaged,
+    }
+}
+
+impl Running {
+    async fn reconciled(&mut self, cluster: &str, name: &str) {
+        tokio::time::timeout(PATIENCE, async {
+            while let Some(request) = self.reconciles.recv().await {
+                if request.cluster.as_ref() == cluster && request.name == name {
+                    return;
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{cluster}/{name} not reconciled within {PATIENCE:?}"));
+    }
+
+    fn drain(&mut self) {
+        while self.reconciles.try_recv().is_ok() {}
+    }
+
+    /// The names the fleet engaged since last asked, in order.
+    fn engagements(&mut self) -> Vec<String> {
+        let mut names = Vec::new();
+        while let Ok(event) = self.engaged.try_recv() {
+            if let FleetEvent::Engaged(cluster) = event {
+                names.push(cluster.name().to_string());
+            }
+        }
+        names
+    }
+
+    async fn until(&self, what: &str, done: impl Fn(&Fleet) -> bool) {
+        tokio::time::timeout(PATIENCE, async {
+            while !done(&self.fleet) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("not {what} within {PATIENCE:?}"));
+    }
+
+    async fn problem_of(&self, source: &str) -> String {
+        tokio::time::timeout(
+            PATIENCE,
+            self.problems.wait_for(|set| set.contains_key(source)),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("no problem of {source} in {:?}", self.problems.current()))
+        .remove(source)
+        .unwrap()
+    }
+}
+
+#[tokio::test]
+async fn a_secret_engages_re_engages_when_repointed_and_ignores_metadata_changes() {
+    let env = Envtest::start(3).await.unwrap();
+    let (hub, east, west) = (&env.clusters()[0], &env.clusters()[1], &env.clusters()[2]);
+    create(east, "on-east").await;
+    create(west, "on-west").await;
+    // Every request of the first kubeconfig goes through this link.
+    let old = east.link().unwrap();
+    put(
+        hub,
+        secret("edge", &[("kubeconfig", &text(old.kubeconfig()))]),
+    )
+    .await;
+
+    let mut running = run(SecretProvider::new(hub.client(), NAMESPACE));
+    running.reconciled("edge", "on-east").await;
+    assert_eq!(running.engagements(), ["edge"]);
+
+    // Labels, annotations and other keys change nothing. A second Secret
+    // created after the change is engaged after it is seen.
+    secrets(hub)
+        .patch(
+            "edge",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "metadata": { "annotations": { "owner": "platform" } },
+                "stringData": { "notes": "the edge cluster" },
+            })),
+        )
+        .await
+        .unwrap();
+    put(
+        hub,
+        secret("marker", &[("kubeconfig", &text(west.kubeconfig()))]),
+    )
+    .await;
+    running.reconciled("marker", "on-west").await;
+    assert_eq!(running.engagements(), ["marker"], "edge engaged again");
+
+    // Repointed: engaged again, objects there reconciled, and the old
+    // kubeconfig's connections closed for good.
+    running.drain();
+    put(
+        hub,
+        secret("edge", &[("kubeconfig", &text(west.kubeconfig()))]),
+    )
+    .await;
+    running.reconciled("edge", "on-west").await;
+    assert_eq!(running.engagements(), ["edge"]);
+    tokio::time::timeout(PATIENCE, async {
+        while old.open_connections() > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the old kubeconfig's connections closed");
+    let made = old.connections_made();
+    create(west, "later").await;
+    running.reconciled("edge", "later").await;
+    assert_eq!(old.connections_made(), made, "the old kubeconfig was used");
+    assert_eq!(old.open_connections(), 0);
+
+    // Deleted: the count drops.
+    secrets(hub)
+        .delete("marker", &DeleteParams::default())
+        .await
+        .unwrap();
+    running
+        .until("marker disengaged", |fleet| fleet.clusters().len() == 1)
+        .await;
+    assert!(running.fleet.get("edge").is_some());
+
+    // No longer labelled: disengaged.
+    secrets(hub)
+        .patch(
+            "edge",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "metadata": { "labels": { DEFAULT_LABEL: null } },
+            })),
+        )
+        .await
+        .unwrap();
+    running
+        .until("edge disengaged", |fleet| fleet.clusters().is_empty())
+        .await;
+}
+
+#[tokio::test]
+async fn a_secret_being_deleted_disengages_at_once() {
+    let env = Envtest::start(2).await.unwrap();
+    let (hub, east) = (&env.clusters()[0], &env.clusters()[1]);
+    create(east, "on-east").await;
+    let mut held = secret("edge", &[("kubeconfig", &text(east.kubeconfig()))]);
+    held.metadata.finalizers = Some(vec!["example.com/hold".to_owned()]);
+    put(hub, held).await;
+    let mut running = run(SecretProvider::new(hub.client(), NAMESPACE));
+    running.reconciled("edge", "on-east").await;
+    secrets(hub)
+        .delete("edge", &DeleteParams::default())
+        .await
+        .unwrap();
+    running
+        .until("edge disengaged", |fleet| fleet.clusters().is_empty())
+        .await;
+    // Still there, held by its finalizer.
+    let left = secrets(hub).get("edge").await.unwrap();
+    assert!(left.metadata.deletion_timestamp.is_some());
+    secrets(hub)
+        .patch(
+            "edge",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "metadata": { "finalizers": null } })),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn bad_secrets_are_reported_by_name_and_others_keep_working() {
+    let env = Envtest::start(2).await.unwrap();
+    let (hub, east) = (&env.clusters()[0], &env.clusters()[1]);
+    create(east, "on-east").await;
+    let good = text(east.kubeconfig());
+    put(hub, secret("good", &[("kubeconfig", &good)])).await;
+    // No such key.
+    put(hub, secret("no-key", &[("config", &good)])).await;
+    // Not YAML.
+    put(
+        hub,
+        secret("malformed", &[("kubeconfig", "clusters: [ {name: ")]),
+    )
+    .await;
+    // An exec plugin, refused by default.
+    let mut exec: serde_json::Value = serde_json::from_str(&good).unwrap();
+    exec["users"][0]["user"] = serde_json::json!({
+        "exec": { "apiVersion": "client.authentication.k8s.io/v1", "command": "get-token" }
+    });
+    put(hub, secret("exec", &[("kubeconfig", &exec.to_string())])).await;
+    // A context naming a cluster the kubeconfig lacks.
+    let mut dangling: serde_json::Value = serde_json::from_str(&good).unwrap();
+    dangling["contexts"][0]["context"]["cluster"] = "nowhere".into();
+    put(
+        hub,
+        secret("dangling", &[("kubeconfig", &dangling.to_string())]),
+    )
+    .await;
+    // A server nothing listens on.
+    let mut down: serde_json::Value = serde_json::from_str(&good).unwrap();
+    down["clusters"][0]["cluster"]["server"] = "https://127.0.0.1:1".into();
+    put(hub, secret("down", &[("kubeconfig", &down.to_string())])).await;
+
+    let mut running = run(SecretProvider::new(hub.client(), NAMESPACE));
+    running.reconciled("good", "on-east").await;
+    let no_key = running.problem_of("Secret default/no-key").await;
+    assert!(no_key.contains("no key \"kubeconfig\""), "{no_key}");
+    let malformed = running.problem_of("Secret default/malformed").await;
+    assert!(
+        malformed.contains("Secret default/malformed") && malformed.contains("not a kubeconfig"),
+        "{malformed}"
+    );
+    let exec = running.problem_of("Secret default/exec").await;
+    assert!(
+        exec.contains("exec credential plugin") && exec.contains("allow_exec"),
+        "{exec}"
+    );
+    let dangling = running.problem_of("Secret default/dangling").await;
+    assert!(dangling.contains("cluster \"nowhere\""), "{dangling}");
+
+    // The unreachable one is engaged, and its controller says why it
+    // cannot serve it, by name.
+    let failing = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Some(down) = running.status.cluster("down")
+                && down.failing().next().is_some()
+            {
+                return down.to_string();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the unreachable cluster is reported failing");
+    assert!(failing.contains("\"down\""), "{failing}");
+    let mut names: Vec<String> = running
+        .fleet
+        .clusters()
+        .iter()
+        .map(|c| c.name().to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["down", "good"]);
+
+    // The others keep working.
+    create(east, "later").await;
+    running.reconciled("good", "later").await;
+
+    // Fixed: engaged, and the problem gone.
+    put(hub, secret("exec", &[("kubeconfig", &good)])).await;
+    running.reconciled("exec", "on-east").await;
+    assert!(running.problems.get("Secret default/exec").is_none());
+    // Deleted: its problem goes with it.
+    secrets(hub)
+        .delete("no-key", &DeleteParams::default())
+        .await
+        .unwrap();
+    tokio::time::timeout(
+        PATIENCE,
+        running
+            .problems
+            .wait_for(|set| !set.contains_key("Secret default/no-key")),
+    )
+    .await
+    .expect("the deleted Secret's problem cleared");
+}
