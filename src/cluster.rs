@@ -9,7 +9,10 @@ use std::{
 use kube::{Client, runtime::reflector::Store};
 use tokio::sync::Notify;
 
-use crate::{ClusterName, cache::ClusterCache, cache::Watchable};
+use crate::{
+    ClusterName,
+    cache::{ClusterCache, NamespaceView, Watchable},
+};
 
 /// One engaged cluster: its name, a client, and its shared cache.
 ///
@@ -62,6 +65,22 @@ impl Cluster {
                 cache: ClusterCache::new(name.clone(), client.clone()),
                 name,
                 client,
+                left: AtomicBool::new(false),
+                leaving: Notify::new(),
+            }),
+        }
+    }
+
+    /// The cluster that is `view`'s namespace of its host: its client
+    /// defaults to that namespace, and its cache reads that namespace's part
+    /// of the host's watches (see [`HostCache`](crate::cache::HostCache)).
+    pub fn of_view(name: impl Into<ClusterName>, view: &NamespaceView) -> Self {
+        let name = name.into();
+        Self {
+            inner: Arc::new(Inner {
+                cache: ClusterCache::of_view(name.clone(), view),
+                name,
+                client: view.client(),
                 left: AtomicBool::new(false),
                 leaving: Notify::new(),
             }),

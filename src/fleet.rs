@@ -12,7 +12,7 @@ use futures::{Stream, StreamExt};
 use kube::Client;
 use tokio::sync::mpsc;
 
-use crate::{Cluster, ClusterName, provider::ClusterEvent};
+use crate::{Cluster, ClusterName, cache::NamespaceView, provider::ClusterEvent};
 
 /// A change in the fleet, as controllers see it.
 #[derive(Debug, Clone)]
@@ -128,8 +128,17 @@ impl Fleet {
     /// let go of them) and controllers start over with the new one.
     /// Call it inside the tokio runtime that will use the client.
     pub fn engage(&self, name: impl Into<ClusterName>, client: Client) -> Cluster {
-        let name = name.into();
-        let cluster = Cluster::new(name.clone(), client);
+        self.insert(Cluster::new(name, client))
+    }
+
+    /// Engages (or replaces) the cluster `name` that is a namespace of a
+    /// host: see [`HostCache`](crate::cache::HostCache).
+    pub fn engage_view(&self, name: impl Into<ClusterName>, view: NamespaceView) -> Cluster {
+        self.insert(Cluster::of_view(name, &view))
+    }
+
+    fn insert(&self, cluster: Cluster) -> Cluster {
+        let name = cluster.name().clone();
         let mut state = self.state();
         if let Some(replaced) = state.clusters.insert(name.clone(), cluster.clone()) {
             replaced.leave();
@@ -196,6 +205,9 @@ impl Fleet {
             match event {
                 ClusterEvent::Engage { name, client } => {
                     self.engage(name, client);
+                }
+                ClusterEvent::EngageView { name, view } => {
+                    self.engage_view(name, view);
                 }
                 ClusterEvent::Disengage { name } => {
                     self.disengage(&name);

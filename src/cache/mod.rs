@@ -57,6 +57,7 @@
 //! ```
 
 pub(crate) mod discovery;
+mod host;
 mod initial_list;
 pub(crate) use sealed::Sealed;
 mod scoped;
@@ -80,6 +81,7 @@ use kube::{
 };
 use serde::de::DeserializeOwned;
 
+pub use host::{HostCache, NamespaceView};
 pub use state::{WatchState, WatchStatus};
 pub use subscription::{Change, Subscription};
 pub(crate) use transform::Shape;
@@ -211,6 +213,9 @@ pub struct ClusterCache {
     client: Client,
     watches: Mutex<Watches>,
     lists: Arc<initial_list::ListMode>,
+    /// For a namespace of a host engaged as a cluster: the host, whose
+    /// watches it reads its part of, and the namespace.
+    view: Option<(HostCache, String)>,
 }
 
 impl fmt::Debug for ClusterCache {
@@ -229,7 +234,21 @@ impl ClusterCache {
             client,
             watches: Mutex::new(HashMap::new()),
             lists: Arc::default(),
+            view: None,
         }
+    }
+
+    /// The cache of the cluster that is `view`'s namespace of its host.
+    pub(crate) fn of_view(cluster: ClusterName, view: &NamespaceView) -> Self {
+        Self {
+            view: Some((view.host().clone(), view.namespace().to_owned())),
+            ..Self::new(cluster, view.client())
+        }
+    }
+
+    /// The namespace of its host this cluster is, if it is one.
+    pub fn view_namespace(&self) -> Option<&str> {
+        self.view.as_ref().map(|(_, namespace)| namespace.as_str())
     }
 
     fn watches(&self) -> MutexGuard<'_, Watches> {
@@ -297,33 +316,75 @@ impl ClusterCache {
         config: &watcher::Config,
     ) -> Arc<SharedWatch<K>> {
         let namespace = scope::<K>(namespace);
-        self.shared(shape, dyntype, namespace, config, || {
-            let (client, config) = (self.client.clone(), config.clone());
-            let (lists, cluster) = (self.lists.clone(), self.cluster.clone());
-            let namespace = namespace.map(str::to_owned);
-            let events = move |dyntype: &K::DynamicType| {
-                let (client, dyntype) = (client.clone(), dyntype.clone());
-                let namespace = namespace.clone();
-                let kind = K::kind(&dyntype).into_owned();
-                initial_list::streamed_or_paged(
-                    lists.clone(),
-                    cluster.clone(),
-                    kind,
-                    config.clone(),
-                    move |config| match &namespace {
-                        Some(namespace) => {
-                            scoped::objects::<K>(client.clone(), &dyntype, namespace, config)
-                                .boxed()
-                        }
-                        None => {
-                            let api = Api::<K>::all_with(client.clone(), &dyntype);
-                            watcher::watcher(api, config).boxed()
-                        }
-                    },
+        let Some((host, own)) = &self.view else {
+            return self.shared(shape, dyntype, namespace, config, || {
+                SharedWatch::start(
+                    self.cluster.clone(),
+                    dyntype.clone(),
+                    self.events::<K>(dyntype, namespace, shape, config),
                 )
-            };
-            self.discovering(dyntype, events)
-        })
+            });
+        };
+        if !is_namespaced::<K>() {
+            // Not split by namespace: the host's own.
+            return host.cache().watch_shaped(dyntype, None, shape, config);
+        }
+        match namespace {
+            Some(other) if other != own => {
+                // Another namespace, which this cluster does not see.
+                self.shared(shape, dyntype, namespace, config, || {
+                    let nothing = futures::stream::iter([
+                        Ok(watcher::Event::Init),
+                        Ok(watcher::Event::InitDone),
+                    ])
+                    .chain(futures::stream::pending());
+                    SharedWatch::start(self.cluster.clone(), dyntype.clone(), nothing)
+                })
+            }
+            _ => self.shared(shape, dyntype, Some(own), config, || {
+                host.part::<K>(dyntype, own, shape, config, &self.cluster)
+            }),
+        }
+    }
+
+    /// The events of a watch of `K` in `namespace` (all for `None`) with
+    /// `config`, listed as this cluster lists, each object shaped.
+    fn events<K: Watchable>(
+        &self,
+        dyntype: &K::DynamicType,
+        namespace: Option<&str>,
+        shape: &Shape,
+        config: &watcher::Config,
+    ) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static {
+        let (client, config) = (self.client.clone(), config.clone());
+        let (lists, cluster) = (self.lists.clone(), self.cluster.clone());
+        let namespace = namespace.map(str::to_owned);
+        let events = move |dyntype: &K::DynamicType| {
+            let (client, dyntype) = (client.clone(), dyntype.clone());
+            let namespace = namespace.clone();
+            let kind = K::kind(&dyntype).into_owned();
+            initial_list::streamed_or_paged(
+                lists.clone(),
+                cluster.clone(),
+                kind,
+                config.clone(),
+                move |config| match &namespace {
+                    Some(namespace) => {
+                        scoped::objects::<K>(client.clone(), &dyntype, namespace, config).boxed()
+                    }
+                    None => {
+                        let api = Api::<K>::all_with(client.clone(), &dyntype);
+                        watcher::watcher(api, config).boxed()
+                    }
+                },
+            )
+        };
+        shaped(
+            self.discovering(dyntype, events),
+            shape.clone(),
+            self.cluster.clone(),
+            K::kind(dyntype).into_owned(),
+        )
     }
 
     /// The shared watch of `K`'s metadata only, in all namespaces, started
@@ -396,7 +457,15 @@ impl ClusterCache {
         namespace: Option<&str>,
         config: &watcher::Config,
     ) -> Option<Arc<SharedWatch<K>>> {
-        let key = watch_key::<K>(&Shape::default(), dyntype, scope::<K>(namespace), config);
+        let namespace = match &self.view {
+            Some((host, _)) if !is_namespaced::<K>() => {
+                return host.cache().find_with(dyntype, None, config);
+            }
+            // Its own namespace, whether named or not.
+            Some((_, own)) if namespace.is_none() => Some(own.as_str()),
+            _ => scope::<K>(namespace),
+        };
+        let key = watch_key::<K>(&Shape::default(), dyntype, namespace, config);
         let watch = self.watches().get(&key)?.upgrade()?;
         watch.downcast::<SharedWatch<K>>().ok()
     }
@@ -441,17 +510,16 @@ impl ClusterCache {
         }
     }
 
-    fn shared<T, S>(
+    fn shared<T>(
         &self,
         shape: &Shape,
         dyntype: &T::DynamicType,
         namespace: Option<&str>,
         config: &watcher::Config,
-        stream: impl FnOnce() -> S,
+        start: impl FnOnce() -> SharedWatch<T>,
     ) -> Arc<SharedWatch<T>>
     where
         T: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
-        S: Stream<Item = watcher::Result<watcher::Event<T>>> + Send + 'static,
     {
         // Keyed by the watched type: for metadata watches it is
         // `PartialObjectMeta<K>`, a type of its own, so the keys never clash.
@@ -464,16 +532,7 @@ impl ClusterCache {
         }
         // Forget watches that nobody holds any more.
         watches.retain(|_, w| w.strong_count() > 0);
-        let watch = Arc::new(SharedWatch::start(
-            self.cluster.clone(),
-            dyntype.clone(),
-            shaped(
-                stream(),
-                shape.clone(),
-                self.cluster.clone(),
-                T::kind(dyntype).into_owned(),
-            ),
-        ));
+        let watch = Arc::new(start());
         let weak: Weak<dyn Any + Send + Sync> = Arc::downgrade(&watch) as _;
         watches.insert(key, weak);
         watch

@@ -44,7 +44,7 @@ impl fmt::Display for WatchState {
 }
 
 /// A watch's state and whether it has ever completed a list.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Health {
     pub(crate) state: WatchState,
     pub(crate) has_synced: bool,

@@ -27,25 +27,47 @@ use crate::ClusterName;
 
 /// The subscribers of a watch, and whether it has listed yet (a subscriber
 /// that comes later is told of the objects already there).
-struct Subscribers<K: Resource<DynamicType: TypeInfo>> {
+pub(super) struct Subscribers<K: Resource<DynamicType: TypeInfo>> {
     inboxes: Vec<Weak<Inbox<K>>>,
     listed: bool,
 }
 
 /// What the watch task and the [`SharedWatch`] handle share.
-struct Hub<K: Resource<DynamicType: TypeInfo>> {
+pub(super) struct Hub<K: Resource<DynamicType: TypeInfo>> {
     subscribers: Mutex<Subscribers<K>>,
     health: watch::Sender<Health>,
 }
 
 impl<K: Resource<DynamicType: TypeInfo>> Hub<K> {
+    /// A hub in the state `health`, which has `listed` already or not.
+    pub(super) fn new(health: Health, listed: bool) -> Self {
+        Self {
+            subscribers: Mutex::new(Subscribers {
+                inboxes: Vec::new(),
+                listed,
+            }),
+            health: watch::Sender::new(health),
+        }
+    }
+
     fn subscribers(&self) -> MutexGuard<'_, Subscribers<K>> {
         self.subscribers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Sets where the watch stands, telling those who wait if it changed.
+    pub(super) fn set_health(&self, health: &Health) {
+        self.health.send_if_modified(|now| {
+            let changed = now != health;
+            if changed {
+                *now = health.clone();
+            }
+            changed
+        });
+    }
+
     /// Hands `notes` to every subscriber. The list of subscribers is locked
     /// only to copy it; each inbox merges on its own.
-    fn notify(&self, notes: &[Note<K>], listed: bool) {
+    pub(super) fn notify(&self, notes: &[Note<K>], listed: bool) {
         if notes.is_empty() && !listed {
             return;
         }
@@ -75,7 +97,14 @@ pub struct SharedWatch<K: Resource<DynamicType: TypeInfo> + 'static> {
     store: Store<K>,
     hub: Arc<Hub<K>>,
     dyntype: K::DynamicType,
-    task: AbortHandle,
+    task: Task,
+}
+
+/// What runs a watch: its own task, stopped when the watch is dropped, or a
+/// task that feeds many watches (one per namespace), kept alive by each.
+enum Task {
+    Own(AbortHandle),
+    Shared(#[allow(dead_code)] Arc<dyn std::any::Any + Send + Sync>),
 }
 
 impl<K: Resource<DynamicType: TypeInfo> + Clone> fmt::Debug for SharedWatch<K> {
@@ -91,7 +120,9 @@ impl<K: Resource<DynamicType: TypeInfo> + Clone> fmt::Debug for SharedWatch<K> {
 
 impl<K: Resource<DynamicType: TypeInfo>> Drop for SharedWatch<K> {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Task::Own(task) = &self.task {
+            task.abort();
+        }
     }
 }
 
@@ -105,16 +136,13 @@ where
     {
         let writer = Writer::new(dyntype.clone());
         let store = writer.as_reader();
-        let hub = Arc::new(Hub {
-            subscribers: Mutex::new(Subscribers {
-                inboxes: Vec::new(),
-                listed: false,
-            }),
-            health: watch::Sender::new(Health {
+        let hub = Arc::new(Hub::new(
+            Health {
                 state: WatchState::Syncing,
                 has_synced: false,
-            }),
-        });
+            },
+            false,
+        ));
         let task = tokio::spawn(run(
             cluster,
             events,
@@ -127,7 +155,24 @@ where
             store,
             hub,
             dyntype,
-            task: task.abort_handle(),
+            task: Task::Own(task.abort_handle()),
+        }
+    }
+
+    /// A watch of part of what another task watches: its objects are in
+    /// `store`, its subscribers and health in `hub`, both kept up by that
+    /// task, which `feeder` keeps running.
+    pub(super) fn part(
+        store: Store<K>,
+        hub: Arc<Hub<K>>,
+        dyntype: K::DynamicType,
+        feeder: Arc<dyn std::any::Any + Send + Sync>,
+    ) -> Self {
+        Self {
+            store,
+            hub,
+            dyntype,
+            task: Task::Shared(feeder),
         }
     }
 
@@ -294,7 +339,7 @@ async fn run<K, S>(
 }
 
 /// Applies one event to the store and says which objects it changed.
-fn apply<K>(
+pub(super) fn apply<K>(
     writer: &mut Writer<K>,
     reader: &Store<K>,
     event: Event<K>,

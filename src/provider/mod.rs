@@ -18,7 +18,7 @@ pub use programmatic::{ProgrammaticHandle, ProgrammaticProvider};
 
 use kube::Client;
 
-use crate::ClusterName;
+use crate::{ClusterName, cache::NamespaceView};
 
 /// A change in the set of clusters a provider knows.
 #[derive(Clone)]
@@ -30,6 +30,15 @@ pub enum ClusterEvent {
         name: ClusterName,
         /// A client for it, built inside the tokio runtime.
         client: Client,
+    },
+    /// Engage the cluster `name` that is one namespace of a host, read
+    /// through the host's shared watches (see
+    /// [`HostCache`](crate::cache::HostCache)). Replaces as `Engage` does.
+    EngageView {
+        /// The cluster's name in the fleet.
+        name: ClusterName,
+        /// The namespace and its host.
+        view: NamespaceView,
     },
     /// The cluster `name` has left: stop its watches and forget its work.
     Disengage {
@@ -45,6 +54,11 @@ impl std::fmt::Debug for ClusterEvent {
                 .debug_struct("Engage")
                 .field("name", name)
                 .finish_non_exhaustive(),
+            Self::EngageView { name, view } => f
+                .debug_struct("EngageView")
+                .field("name", name)
+                .field("view", view)
+                .finish(),
             Self::Disengage { name } => f.debug_struct("Disengage").field("name", name).finish(),
         }
     }

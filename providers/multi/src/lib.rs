@@ -179,6 +179,14 @@ impl MultiProvider {
                     client,
                 }
             }
+            ClusterEvent::EngageView { name, view } => {
+                let renamed = prefixed(prefix, &name);
+                engaged.insert(name);
+                ClusterEvent::EngageView {
+                    name: renamed,
+                    view,
+                }
+            }
             ClusterEvent::Disengage { name } => {
                 let renamed = prefixed(prefix, &name);
                 engaged.remove(&name);
@@ -327,7 +335,9 @@ mod tests {
         let mut seen = Vec::new();
         while let Some(Some(event)) = multi.next().now_or_never() {
             seen.push(match event {
-                ClusterEvent::Engage { name, .. } => format!("+{name}"),
+                ClusterEvent::Engage { name, .. } | ClusterEvent::EngageView { name, .. } => {
+                    format!("+{name}")
+                }
                 ClusterEvent::Disengage { name } => format!("-{name}"),
             });
         }

@@ -1,0 +1,418 @@
+//! One cluster whose namespaces are clusters of their own: one watch per type
+//! at the API server for all of them, its objects kept once, in a part per
+//! namespace, each part read as the watch of one namespace's cluster.
+
+use std::{
+    any::Any,
+    collections::HashMap,
+    fmt,
+    sync::{Arc, Mutex, MutexGuard, Weak},
+};
+
+use futures::{Stream, StreamExt};
+use http::Request;
+use kube::{
+    Client, Resource,
+    client::Body,
+    runtime::{
+        WatchStreamExt,
+        reflector::store::Writer,
+        watcher::{self, Event},
+    },
+};
+use tokio::task::AbortHandle;
+use tower::BoxError;
+
+use super::{
+    ClusterCache, Shape, SharedWatch, TypeInfo, Watchable, error_chain,
+    state::{Health, WatchState},
+    watch::{Hub, apply},
+    watch_key,
+};
+use crate::ClusterName;
+
+/// The cache of a cluster whose namespaces are engaged as clusters of their
+/// own, each through a [`NamespaceView`]: what a namespace provider builds
+/// its clusters on.
+///
+/// However many namespaces are engaged, each type (and watch configuration)
+/// is watched once at the API server, across all namespaces, and each object
+/// is cached once, in the part of the cache that belongs to its namespace. A
+/// namespace's cluster reads its part only: its stores and subscriptions see
+/// the objects of its namespace and of no other. The watch starts when the
+/// first namespace's controller asks for the type, and stops when the last
+/// one lets go.
+///
+/// Cluster-scoped types (`Namespace`, `Node`, ...) are not split: each
+/// namespace's cluster reads the host's one watch of them, all of it.
+/// `DynamicObject`s are split by namespace whatever their scope, so watch a
+/// cluster-scoped kind of a namespace's cluster by a static type.
+///
+/// Cheap to clone; clones share the cache.
+///
+/// ```no_run
+/// # async fn example(client: kube::Client) {
+/// use kube_fleet::{Fleet, cache::HostCache};
+///
+/// let host = HostCache::new("host", client);
+/// let fleet = Fleet::new();
+/// // Two clusters, one watch per type between them.
+/// fleet.engage_view("team-a", host.view("team-a"));
+/// fleet.engage_view("team-b", host.view("team-b"));
+/// assert_eq!(fleet.get("team-a").unwrap().client().default_namespace(), "team-a");
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct HostCache {
+    inner: Arc<HostInner>,
+}
+
+struct HostInner {
+    /// The host's own cache: its client, its list mode, and the watches of
+    /// cluster-scoped types.
+    cache: ClusterCache,
+    /// The split watches, by their key in all namespaces.
+    split: Mutex<HashMap<super::WatchKey, Weak<dyn Any + Send + Sync>>>,
+}
+
+impl fmt::Debug for HostCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostCache")
+            .field("host", &self.inner.cache.cluster)
+            .field("watches", &self.watch_count())
+            .finish()
+    }
+}
+
+/// One namespace of a [`HostCache`], to be engaged as a cluster of its own
+/// ([`Fleet::engage_view`](crate::Fleet::engage_view),
+/// [`ClusterEvent::EngageView`](crate::provider::ClusterEvent::EngageView)).
+#[derive(Clone)]
+pub struct NamespaceView {
+    host: HostCache,
+    namespace: String,
+    client: Client,
+}
+
+impl fmt::Debug for NamespaceView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NamespaceView")
+            .field("host", &self.host.inner.cache.cluster)
+            .field("namespace", &self.namespace)
+            .finish()
+    }
+}
+
+impl NamespaceView {
+    /// The namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// A client of the host whose default namespace is this one. It sends
+    /// its requests through the host's client: one connection for all.
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    pub(crate) fn host(&self) -> &HostCache {
+        &self.host
+    }
+}
+
+impl HostCache {
+    /// The cache of the cluster `client` reaches, named `host` in logs.
+    pub fn new(host: impl Into<ClusterName>, client: Client) -> Self {
+        Self {
+            inner: Arc::new(HostInner {
+                cache: ClusterCache::new(host.into(), client),
+                split: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The namespace `namespace` of the host, to be engaged as a cluster.
+    pub fn view(&self, namespace: impl Into<String>) -> NamespaceView {
+        let namespace = namespace.into();
+        let host = self.inner.cache.client.clone();
+        let send = tower::service_fn(move |request: Request<Body>| {
+            let host = host.clone();
+            async move { host.send(request).await.map_err(BoxError::from) }
+        });
+        NamespaceView {
+            host: self.clone(),
+            client: Client::new(send, namespace.clone()),
+            namespace,
+        }
+    }
+
+    /// A client of the host, in its kubeconfig's default namespace.
+    pub fn client(&self) -> Client {
+        self.inner.cache.client.clone()
+    }
+
+    /// How many watches of the host run now, split by namespace or not:
+    /// what the API server serves, whatever the number of namespaces.
+    pub fn watch_count(&self) -> usize {
+        let split = self
+            .split()
+            .values()
+            .filter(|w| w.strong_count() > 0)
+            .count();
+        split + self.inner.cache.watch_count()
+    }
+
+    /// The host's own cache, for cluster-scoped types.
+    pub(super) fn cache(&self) -> &ClusterCache {
+        &self.inner.cache
+    }
+
+    fn split(&self) -> MutexGuard<'_, HashMap<super::WatchKey, Weak<dyn Any + Send + Sync>>> {
+        self.inner.split.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The watch of `K` objects in `namespace`: its part of the host's
+    /// one watch of them in all namespaces, started now if it does not run.
+    pub(super) fn part<K: Watchable>(
+        &self,
+        dyntype: &K::DynamicType,
+        namespace: &str,
+        shape: &Shape,
+        config: &watcher::Config,
+        cluster: &ClusterName,
+    ) -> SharedWatch<K> {
+        let key = watch_key::<K>(shape, dyntype, None, config);
+        let split = {
+            let mut watches = self.split();
+            let running = watches
+                .get(&key)
+                .and_then(Weak::upgrade)
+                .and_then(|w| w.downcast::<Split<K>>().ok());
+            match running {
+                Some(split) => split,
+                None => {
+                    watches.retain(|_, w| w.strong_count() > 0);
+                    let events = self.inner.cache.events::<K>(dyntype, None, shape, config);
+                    let split = Arc::new(Split::start(
+                        self.inner.cache.cluster.clone(),
+                        dyntype.clone(),
+                        events,
+                    ));
+                    let weak: Weak<dyn Any + Send + Sync> = Arc::downgrade(&split) as _;
+                    watches.insert(key, weak);
+                    split
+                }
+            }
+        };
+        tracing::debug!(%cluster, namespace, kind = %K::kind(dyntype), "reading a part of the host's watch");
+        split.part(namespace)
+    }
+}
+
+/// One watch of the host, split by namespace.
+struct Split<K: Resource<DynamicType: TypeInfo> + Clone + 'static> {
+    parts: Arc<Mutex<Parts<K>>>,
+    task: AbortHandle,
+}
+
+impl<K: Resource<DynamicType: TypeInfo> + Clone> Drop for Split<K> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct Parts<K: Resource<DynamicType: TypeInfo> + Clone + 'static> {
+    by_namespace: HashMap<String, Part<K>>,
+    dyntype: K::DynamicType,
+    /// Whether a list is under way (between `Init` and `InitDone`).
+    listing: bool,
+    /// Whether a list has completed.
+    listed: bool,
+    health: Health,
+}
+
+struct Part<K: Resource<DynamicType: TypeInfo> + Clone + 'static> {
+    writer: Writer<K>,
+    hub: Arc<Hub<K>>,
+}
+
+impl<K: Resource<DynamicType: TypeInfo> + Clone + 'static> Parts<K> {
+    /// The part of `namespace`, made empty now if there is none.
+    fn part(&mut self, namespace: &str) -> &mut Part<K> {
+        if !self.by_namespace.contains_key(namespace) {
+            let mut writer = Writer::new(self.dyntype.clone());
+            if self.listing {
+                // It takes part in the list under way.
+                writer.apply_watcher_event(&Event::Init);
+            }
+            let hub = Arc::new(Hub::new(self.health.clone(), self.listed));
+            self.by_namespace
+                .insert(namespace.to_owned(), Part { writer, hub });
+        }
+        self.by_namespace
+            .get_mut(namespace)
+            .expect("inserted above")
+    }
+
+    /// Forgets the parts that hold nothing and that no watch reads.
+    fn forget_unread(&mut self) {
+        self.by_namespace.retain(|_, part| {
+            Arc::strong_count(&part.hub) > 1 || !part.writer.as_reader().is_empty()
+        });
+    }
+}
+
+impl<K> Split<K>
+where
+    K: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
+{
+    fn start<S>(host: ClusterName, dyntype: K::DynamicType, events: S) -> Self
+    where
+        S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
+    {
+        let parts = Arc::new(Mutex::new(Parts {
+            by_namespace: HashMap::new(),
+            dyntype: dyntype.clone(),
+            listing: false,
+            listed: false,
+            health: Health {
+                state: WatchState::Syncing,
+                has_synced: false,
+            },
+        }));
+        let task = tokio::spawn(feed(host, events, parts.clone(), dyntype));
+        Self {
+            parts,
+            task: task.abort_handle(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Parts<K>> {
+        lock(&self.parts)
+    }
+
+    /// The watch of one namespace: its part, read.
+    fn part(self: Arc<Self>, namespace: &str) -> SharedWatch<K> {
+        let (store, hub, dyntype) = {
+            let mut parts = self.lock();
+            let dyntype = parts.dyntype.clone();
+            let part = parts.part(namespace);
+            (part.writer.as_reader(), part.hub.clone(), dyntype)
+        };
+        SharedWatch::part(store, hub, dyntype, self)
+    }
+}
+
+fn lock<K: Resource<DynamicType: TypeInfo> + Clone>(
+    parts: &Mutex<Parts<K>>,
+) -> MutexGuard<'_, Parts<K>> {
+    parts.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A part's subscribers, and what to tell them.
+type Told<K> = (Arc<Hub<K>>, Vec<super::subscription::Note<K>>);
+
+/// Runs the host's watch, and hands each event to the part of its object's
+/// namespace: the list's start and end to every part.
+async fn feed<K, S>(
+    host: ClusterName,
+    events: S,
+    parts: Arc<Mutex<Parts<K>>>,
+    dyntype: K::DynamicType,
+) where
+    K: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
+    S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
+{
+    let mut events = std::pin::pin!(events.default_backoff());
+    let mut last_reason = None;
+    let kind = K::kind(&dyntype).into_owned();
+    while let Some(event) = events.next().await {
+        let event = match event {
+            Ok(event) => event,
+            Err(error) => {
+                let reason = error_chain(&error);
+                if last_reason.as_ref() != Some(&reason) {
+                    tracing::warn!(cluster = %host, %kind, %reason, "watch of every namespace failed; retrying with backoff");
+                } else {
+                    tracing::debug!(cluster = %host, %kind, %reason, "watch of every namespace failed again");
+                }
+                let mut parts = lock(&parts);
+                parts.health.state = WatchState::Failing {
+                    reason: reason.clone(),
+                };
+                let health = parts.health.clone();
+                for part in parts.by_namespace.values() {
+                    part.hub.set_health(&health);
+                }
+                last_reason = Some(reason);
+                continue;
+            }
+        };
+        let listed = matches!(event, Event::InitDone);
+        let healthy = !matches!(event, Event::Init);
+        // What to tell each part's subscribers, told once the lock is let go.
+        let mut told: Vec<Told<K>> = Vec::new();
+        let mut parts = lock(&parts);
+        match event {
+            Event::Init => {
+                parts.listing = true;
+                for part in parts.by_namespace.values_mut() {
+                    part.writer.apply_watcher_event(&Event::Init);
+                }
+            }
+            Event::InitApply(object) => {
+                let namespace = object.meta().namespace.clone().unwrap_or_default();
+                let part = parts.part(&namespace);
+                part.writer.apply_watcher_event(&Event::InitApply(object));
+            }
+            Event::InitDone => {
+                parts.listing = false;
+                parts.listed = true;
+                for part in parts.by_namespace.values_mut() {
+                    let reader = part.writer.as_reader();
+                    let notes = apply(&mut part.writer, &reader, Event::InitDone, &dyntype);
+                    told.push((part.hub.clone(), notes));
+                }
+            }
+            event @ (Event::Apply(_) | Event::Delete(_)) => {
+                let (Event::Apply(object) | Event::Delete(object)) = &event else {
+                    unreachable!("matched above");
+                };
+                let namespace = object.meta().namespace.clone().unwrap_or_default();
+                let part = parts.part(&namespace);
+                let reader = part.writer.as_reader();
+                let notes = apply(&mut part.writer, &reader, event, &dyntype);
+                if Arc::strong_count(&part.hub) == 1 && reader.is_empty() {
+                    // Its namespace's last object is gone, and nobody reads it.
+                    parts.by_namespace.remove(&namespace);
+                } else {
+                    told.push((part.hub.clone(), notes));
+                }
+            }
+        }
+        if healthy {
+            last_reason = None;
+            let health = Health {
+                has_synced: parts.health.has_synced || listed,
+                state: if parts.health.has_synced || listed {
+                    WatchState::Synced
+                } else {
+                    WatchState::Syncing
+                },
+            };
+            if health != parts.health {
+                parts.health = health.clone();
+                for part in parts.by_namespace.values() {
+                    part.hub.set_health(&health);
+                }
+            }
+        }
+        if listed {
+            parts.forget_unread();
+        }
+        drop(parts);
+        for (hub, notes) in told {
+            hub.notify(&notes, listed);
+        }
+    }
+}
