@@ -146,6 +146,11 @@ impl HostCache {
         }
     }
 
+    /// The host's name, as given.
+    pub fn name(&self) -> &ClusterName {
+        &self.inner.cache.cluster
+    }
+
     /// A client of the host, in its kubeconfig's default namespace.
     pub fn client(&self) -> Client {
         self.inner.cache.client.clone()

@@ -1,0 +1,224 @@
+//! A cluster provider for the [kind](https://kind.sigs.k8s.io) clusters on
+//! this machine: every cluster `kind get clusters` lists is engaged, and
+//! clusters come and go as they are created and deleted.
+//!
+//! # What it discovers
+//!
+//! Every [`interval`](KindProvider::interval) (2 s unless set), and at once
+//! when first polled, [`KindProvider`] runs `kind get clusters`, then
+//! `kind get kubeconfig --name <cluster>` for each cluster listed. It only
+//! shells out to the `kind` program ([`executable`](KindProvider::executable),
+//! `kind` on `PATH` unless set), which asks the container runtime; it reads
+//! no files of its own. Each command is killed if it takes more than 30 s.
+//!
+//! - A cluster listed for the first time is engaged through its kubeconfig's
+//!   current context.
+//! - A cluster whose kubeconfig changed (deleted and created again under the
+//!   same name, with new certificates and port) is engaged again, with a new
+//!   client; one whose kubeconfig is the same is left alone.
+//! - A cluster no longer listed is disengaged.
+//!
+//! [`prefix`](KindProvider::prefix) limits it to the clusters whose names
+//! start with a prefix, so that a fleet leaves out the clusters made for
+//! other work.
+//!
+//! # Naming
+//!
+//! A cluster is engaged under its kind name, as `kind create cluster --name`
+//! gave it (`fleet-east`, not its context's `kind-fleet-east`), prefix
+//! included.
+//!
+//! # Security
+//!
+//! The kubeconfigs are checked against a
+//! [`KubeconfigPolicy`], [`KubeconfigPolicy::default`] unless
+//! [`policy`](KindProvider::policy) says otherwise. kind's kubeconfigs point
+//! at an `https` server with the CA and client certificate inline, so the
+//! strict default, which refuses exec and auth-provider plugins,
+//! `insecure-skip-tls-verify`, plain `http` and files named by the
+//! kubeconfig, lets them all through; a `kind` that prints anything else is
+//! refused. Tokens and keys are never logged nor put in problems: of what
+//! `kind` prints, only the first line of its stderr is quoted.
+//!
+//! # Errors
+//!
+//! Nothing stops the provider, and no cluster's trouble touches another's.
+//! Each problem is logged once and kept in [`KindProvider::problems`] until
+//! it is fixed or gone:
+//!
+//! - If `kind get clusters` fails (no `kind`, no container runtime, a
+//!   timeout), it is reported under the source `kind get clusters`, with the
+//!   command, its exit status and its stderr's first line. The clusters
+//!   engaged stay engaged until it works again: a failure for a moment does
+//!   not empty the fleet.
+//! - A cluster whose kubeconfig cannot be fetched or parsed is reported under
+//!   the source `kind cluster "<name>"` and not engaged; if it was engaged,
+//!   it stays, with the kubeconfig it had. A kubeconfig that is refused by the
+//!   policy or cannot be loaded is reported the same way, and disengages the
+//!   cluster if it was engaged.
+//! - A cluster that is gone takes its problem with it.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use kube_fleet::Fleet;
+//! use kube_fleet_provider_kind::KindProvider;
+//!
+//! # async fn example() {
+//! let provider = KindProvider::new()
+//!     .prefix("fleet-")
+//!     .interval(Duration::from_secs(5));
+//! let problems = provider.problems();
+//! let fleet = Fleet::new();
+//! tokio::spawn({
+//!     let fleet = fleet.clone();
+//!     async move { fleet.run(provider).await }
+//! });
+//! // `kind create cluster --name fleet-east` engages "fleet-east";
+//! // `kind delete cluster --name fleet-east` disengages it.
+//! for (source, problem) in problems.current() {
+//!     eprintln!("{source}: {problem}");
+//! }
+//! # }
+//! ```
+
+#![forbid(unsafe_code)]
+
+mod command;
+mod state;
+
+use std::{
+    fmt,
+    path::PathBuf,
+    pin::Pin,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use futures::{Stream, StreamExt, stream::BoxStream};
+use kube_fleet::provider::{ClusterEvent, Problems, kubeconfig::KubeconfigPolicy};
+
+/// How often `kind` is asked for its clusters unless
+/// [`KindProvider::interval`] says otherwise.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(2);
+
+/// The kind clusters on this machine: a stream of [`ClusterEvent`]s for
+/// [`Fleet::run`](kube_fleet::Fleet::run). See the [crate docs](crate) for
+/// what it discovers and how it names clusters.
+///
+/// The stream never ends. It does its work as it is polled, inside the
+/// tokio runtime that polls it (which needs its IO and time drivers, as
+/// `#[tokio::main]` gives): nothing runs before it is first polled, and
+/// nothing after it is dropped. Set its options before then; later changes
+/// do not reach a stream that has started.
+///
+/// ```
+/// use kube_fleet_provider_kind::KindProvider;
+///
+/// // No runtime is needed to make one.
+/// let provider = KindProvider::new()
+///     .executable("/usr/local/bin/kind")
+///     .prefix("fleet-");
+/// assert!(provider.problems().current().is_empty());
+/// ```
+#[must_use = "a provider does nothing unless its stream is polled, as by Fleet::run"]
+pub struct KindProvider {
+    options: state::Options,
+    problems: Problems,
+    stream: Option<BoxStream<'static, ClusterEvent>>,
+}
+
+impl fmt::Debug for KindProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KindProvider")
+            .field("executable", &self.options.executable)
+            .field("interval", &self.options.interval)
+            .field("prefix", &self.options.prefix)
+            .field("policy", &self.options.policy)
+            .field("problems", &self.problems)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for KindProvider {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl KindProvider {
+    /// A provider that runs `kind` from `PATH` every [`DEFAULT_INTERVAL`],
+    /// for every kind cluster, with the strict [`KubeconfigPolicy::default`].
+    pub fn new() -> Self {
+        Self {
+            options: state::Options {
+                executable: PathBuf::from("kind"),
+                interval: DEFAULT_INTERVAL,
+                prefix: String::new(),
+                policy: KubeconfigPolicy::default(),
+            },
+            problems: Problems::new(),
+            stream: None,
+        }
+    }
+
+    /// The `kind` program to run: a path, or a name looked up on `PATH`.
+    pub fn executable(mut self, executable: impl Into<PathBuf>) -> Self {
+        self.options.executable = executable.into();
+        self
+    }
+
+    /// How long to wait between two listings of kind's clusters;
+    /// [`DEFAULT_INTERVAL`] unless set. A listing that takes longer delays
+    /// the next one rather than starting it at once.
+    ///
+    /// # Panics
+    ///
+    /// If `every` is zero.
+    pub fn interval(mut self, every: Duration) -> Self {
+        assert!(
+            !every.is_zero(),
+            "a KindProvider's interval must not be zero"
+        );
+        self.options.interval = every;
+        self
+    }
+
+    /// Engages only the kind clusters whose names start with `prefix`; the
+    /// others are neither engaged nor asked for their kubeconfigs. The
+    /// clusters keep their whole names.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.options.prefix = prefix.into();
+        self
+    }
+
+    /// What the clusters' kubeconfigs may ask for;
+    /// [`KubeconfigPolicy::default`], which kind's own kubeconfigs pass,
+    /// unless set.
+    pub fn policy(mut self, policy: KubeconfigPolicy) -> Self {
+        self.options.policy = policy;
+        self
+    }
+
+    /// What keeps the provider from engaging clusters now: a failing
+    /// `kind get clusters` under the source `kind get clusters`, and a
+    /// cluster's kubeconfig that cannot be fetched or is refused under
+    /// `kind cluster "<name>"`. The set is shared: the clone returned stays
+    /// current while the provider runs.
+    pub fn problems(&self) -> Problems {
+        self.problems.clone()
+    }
+}
+
+impl Stream for KindProvider {
+    type Item = ClusterEvent;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<ClusterEvent>> {
+        let this = &mut *self;
+        this.stream
+            .get_or_insert_with(|| state::events(this.options.clone(), this.problems.clone()))
+            .poll_next_unpin(cx)
+    }
+}
