@@ -12,7 +12,8 @@
 //! With no arguments it starts three clusters (real `kube-apiserver`s on one
 //! etcd), creates some marked ConfigMaps in each, and, while it runs, adds a
 //! fourth cluster and removes the first. With `--kubeconfig` it engages one
-//! cluster per context and touches only ConfigMaps you mark:
+//! cluster per context, named `path+context`, follows the file as it changes
+//! (contexts added, removed or changed), and touches only ConfigMaps you mark:
 //! `kubectl label configmap NAME kube-fleet.dev/quickstart=true`.
 //! Ctrl-C shuts it down gracefully.
 
@@ -22,15 +23,16 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
     Api, Client, Config,
     api::{ObjectMeta, Patch, PatchParams, PostParams},
-    config::{KubeConfigOptions, Kubeconfig},
+    config::Kubeconfig,
     runtime::watcher,
 };
 use kube_fleet::{
     Action, Controller, Fleet, ObjectRequest, controller,
-    provider::{ProgrammaticHandle, ProgrammaticProvider},
+    provider::{ProgrammaticHandle, ProgrammaticProvider, kubeconfig::KubeconfigPolicy},
 };
 use kube_fleet_envtest::Envtest;
 use kube_fleet_layers::recommended::RecommendedLayer;
+use kube_fleet_provider_file::FileProvider;
 use tower::{BoxError, ServiceBuilder, service_fn};
 
 const MARK: &str = "kube-fleet.dev/quickstart";
@@ -78,11 +80,36 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let args = Args::parse()?;
 
     let fleet = Fleet::new();
-    let (provider, clusters) = ProgrammaticProvider::new();
-    tokio::spawn({
-        let fleet = fleet.clone();
-        async move { fleet.run(provider).await }
-    });
+    // Either every context of a kubeconfig file, named `path+context` and
+    // followed as the file changes (yours, so trusted as kubectl trusts it:
+    // exec plugins and all), or a local fleet driven from code.
+    let clusters = match &args.kubeconfig {
+        Some(path) => {
+            let files = FileProvider::new([path]).policy(KubeconfigPolicy::trusted());
+            let problems = files.problems();
+            tokio::spawn({
+                let fleet = fleet.clone();
+                async move { fleet.run(files).await }
+            });
+            // Contexts that cannot be used are logged as they are found;
+            // this says once which ones they were.
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                for (source, problem) in problems.current() {
+                    tracing::warn!(%source, %problem, "not engaged");
+                }
+            });
+            None
+        }
+        None => {
+            let (provider, clusters) = ProgrammaticProvider::new();
+            tokio::spawn({
+                let fleet = fleet.clone();
+                async move { fleet.run(provider).await }
+            });
+            Some(clusters)
+        }
+    };
 
     // In each cluster the controller starts its watch and serves the
     // cluster once it has synced, so a reconcile never reads a half-filled
@@ -104,12 +131,9 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .run(stack);
 
     // The local fleet, if any, runs until the controller stops.
-    let _local_fleet = match args.kubeconfig {
-        Some(path) => {
-            engage_contexts(&path, &clusters).await?;
-            None
-        }
-        None => Some(local_fleet(clusters).await?),
+    let _local_fleet = match clusters {
+        Some(clusters) => Some(local_fleet(clusters).await?),
+        None => None,
     };
     controller.await?;
     tracing::info!("stopped");
@@ -159,36 +183,6 @@ fn fleet_client(kubeconfig: &Kubeconfig) -> Result<Client, Box<dyn Error>> {
     Ok(kube_fleet::client::client(Config::try_from(
         kubeconfig.clone(),
     )?)?)
-}
-
-/// Engages one cluster per context; a context that cannot be used is
-/// reported and skipped.
-async fn engage_contexts(
-    path: &PathBuf,
-    clusters: &ProgrammaticHandle,
-) -> Result<(), Box<dyn Error>> {
-    let kubeconfig = Kubeconfig::read_from(path)
-        .map_err(|e| format!("reading kubeconfig {}: {e}", path.display()))?;
-    for context in kubeconfig.contexts.iter().map(|c| c.name.clone()) {
-        let options = KubeConfigOptions {
-            context: Some(context.clone()),
-            ..KubeConfigOptions::default()
-        };
-        let client = Config::from_custom_kubeconfig(kubeconfig.clone(), &options)
-            .await
-            .map_err(BoxError::from)
-            // One HTTP/2 connection per cluster for all its watches and requests.
-            .and_then(|config| kube_fleet::client::client(config).map_err(BoxError::from));
-        match client {
-            Ok(client) => {
-                clusters.add(context.as_str(), client);
-            }
-            Err(error) => {
-                tracing::error!(%context, kubeconfig = %path.display(), %error, "skipping context")
-            }
-        }
-    }
-    Ok(())
 }
 
 async fn create_marked(client: Client, count: usize) -> Result<(), kube::Error> {
