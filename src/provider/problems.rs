@@ -55,7 +55,11 @@ impl Problems {
             if set.get(&source) == Some(&message) {
                 return false;
             }
-            tracing::warn!(source = %source, "{message}");
+            if message.contains(source.as_str()) {
+                tracing::warn!(source = %source, "{message}");
+            } else {
+                tracing::warn!(source = %source, "{source}: {message}");
+            }
             set.insert(source, message);
             true
         });
