@@ -113,3 +113,8 @@ pub use token_bucket::TokenBucket;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// The providers guide's code, compiled with the doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/providers.md")]
+struct ProvidersDoctests;
