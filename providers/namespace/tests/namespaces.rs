@@ -217,10 +217,21 @@ async fn namespaces_come_and_go_as_clusters_each_seeing_only_its_own() {
 
 #[tokio::test]
 async fn many_namespaces_share_one_watch_at_the_api_server() {
-    const NAMESPACES: usize = 60;
+    namespaces_share_one_watch(60).await;
+}
+
+/// The same with a thousand namespaces; on demand:
+/// `cargo test -p kube-fleet-provider-namespace -- --ignored`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a thousand namespaces: run on demand"]
+async fn a_thousand_namespaces_share_one_watch_at_the_api_server() {
+    namespaces_share_one_watch(1000).await;
+}
+
+async fn namespaces_share_one_watch(namespaces: usize) {
     let env = Envtest::start(1).await.unwrap();
     let admin = env.clusters()[0].client();
-    for i in 0..NAMESPACES {
+    for i in 0..namespaces {
         let ns = format!("tenant-{i}");
         namespace(&admin, &ns).await;
         config_map(&admin, &ns, "settings").await;
@@ -231,7 +242,7 @@ async fn many_namespaces_share_one_watch_at_the_api_server() {
     let (fleet, mut reconciles) = run(provider);
     let mut seen = std::collections::HashSet::new();
     tokio::time::timeout(PATIENCE, async {
-        while seen.len() < NAMESPACES {
+        while seen.len() < namespaces {
             let request = reconciles.recv().await.unwrap();
             assert_eq!(request.namespace.as_deref(), Some(request.cluster.as_str()));
             if request.cluster.as_str().starts_with("tenant-") {
@@ -242,7 +253,7 @@ async fn many_namespaces_share_one_watch_at_the_api_server() {
     .await
     .expect("every namespace reconciled");
     // Plus default, kube-system, kube-public and kube-node-lease.
-    assert!(fleet.clusters().len() >= NAMESPACES);
+    assert!(fleet.clusters().len() >= namespaces);
     assert_eq!(host.watch_count(), 1);
     tokio::time::timeout(PATIENCE, async {
         while config_map_watches(&admin).await == before {
@@ -254,6 +265,6 @@ async fn many_namespaces_share_one_watch_at_the_api_server() {
     assert_eq!(
         config_map_watches(&admin).await,
         before + 1,
-        "{NAMESPACES} namespaces, one watch"
+        "{namespaces} namespaces, one watch"
     );
 }
