@@ -382,3 +382,87 @@ async fn bad_secrets_are_reported_by_name_and_others_keep_working() {
     .await
     .expect("the deleted Secret's problem cleared");
 }
+
+/// Everything logged at debug level and above on this thread, while the
+/// guard lives.
+fn capture_logs() -> (
+    std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    tracing::subscriber::DefaultGuard,
+) {
+    #[derive(Clone)]
+    struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buffer = Buffer(Default::default());
+    let logs = buffer.0.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || buffer.clone())
+        .finish();
+    (logs, tracing::subscriber::set_default(subscriber))
+}
+
+#[tokio::test]
+async fn no_token_key_or_plugin_argument_reaches_logs_problems_or_debug_output() {
+    const TOKEN: &str = "tok-SECRET-5521";
+    const ARGUMENT: &str = "arg-SECRET-9034";
+    let env = Envtest::start(2).await.unwrap();
+    let (hub, east) = (&env.clusters()[0], &env.clusters()[1]);
+    let (logs, _guard) = capture_logs();
+    let good: serde_json::Value = serde_json::to_value(east.kubeconfig()).unwrap();
+    let key = good["users"][0]["user"]["client-key-data"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // A token the API server does not know: engaged, and refused there.
+    let mut token = good.clone();
+    token["users"][0]["user"] = serde_json::json!({ "token": TOKEN });
+    // An exec plugin with a secret in its arguments and environment.
+    let mut exec = good.clone();
+    exec["users"][0]["user"] = serde_json::json!({ "exec": {
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "command": "login",
+        "args": ["--password", ARGUMENT],
+        "env": [{ "name": "PASSWORD", "value": ARGUMENT }],
+    }});
+    // Broken YAML right after the key.
+    let broken = format!("{{\"users\": [{{\"user\": {{\"client-key-data\": \"{key}\" ");
+    put(hub, secret("good", &[("kubeconfig", &good.to_string())])).await;
+    put(hub, secret("token", &[("kubeconfig", &token.to_string())])).await;
+    put(hub, secret("exec", &[("kubeconfig", &exec.to_string())])).await;
+    put(hub, secret("broken", &[("kubeconfig", &broken)])).await;
+
+    let running = run(SecretProvider::new(hub.client(), NAMESPACE));
+    running.problem_of("Secret default/exec").await;
+    running.problem_of("Secret default/broken").await;
+    running
+        .until("good and token engaged", |fleet| {
+            fleet.clusters().len() == 2
+        })
+        .await;
+    let read = || String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    tokio::time::timeout(PATIENCE, async {
+        while !read().contains("Unauthorized") {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the token's cluster was refused by the API server, and that logged");
+    let logs = read();
+    assert!(logs.contains("Secret default/exec"), "nothing was logged");
+    let debug = format!("{:?} {:?}", running.problems, running.fleet.clusters());
+    let problems = format!("{:?}", running.problems.current());
+    for secret in [TOKEN, ARGUMENT, key.as_str()] {
+        assert!(!logs.contains(secret), "a secret was logged");
+        assert!(!debug.contains(secret), "a secret is in Debug output");
+        assert!(!problems.contains(secret), "a secret is in a problem");
+    }
+}
