@@ -457,6 +457,77 @@ fn checked(
     })
 }
 
+/// How long building a client may take: an exec credential plugin runs
+/// then, and may hang.
+pub const CLIENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A client (see [`client::client`](crate::client::client)) for the
+/// context `context` of the kubeconfig from `origin`, built off the async
+/// threads (an allowed exec plugin runs now, and blocks) and given up after
+/// [`CLIENT_TIMEOUT`].
+///
+/// # Errors
+///
+/// [`KubeconfigError::Invalid`] if no client can be built. A credential
+/// plugin that fails is reported by its failing, never with its command
+/// line, environment or output, which kube's own error holds and which may
+/// carry secrets.
+pub async fn client(
+    config: kube::Config,
+    origin: &str,
+    context: &str,
+) -> Result<kube::Client, KubeconfigError> {
+    let invalid = |reason: String| KubeconfigError::Invalid {
+        origin: origin.to_owned(),
+        context: context.to_owned(),
+        reason,
+    };
+    let built = tokio::time::timeout(
+        CLIENT_TIMEOUT,
+        tokio::task::spawn_blocking(move || crate::client::client(config)),
+    )
+    .await;
+    match built {
+        Ok(Ok(Ok(client))) => Ok(client),
+        Ok(Ok(Err(kube::Error::Auth(_)))) => Err(invalid(
+            "no client: its credentials could not be obtained (a credential plugin failed, \
+             or a token or certificate file could not be read)"
+                .to_owned(),
+        )),
+        // The outermost message only: TLS material that does not parse,
+        // say, without what a cause might quote.
+        Ok(Ok(Err(error))) => Err(invalid(format!("no client: {error}"))),
+        Ok(Err(_)) => Err(invalid("no client: building it panicked".to_owned())),
+        Err(_) => Err(invalid(format!(
+            "no client: building it took longer than {CLIENT_TIMEOUT:?} (a credential plugin that hangs?)"
+        ))),
+    }
+}
+
+/// The kubeconfig of the context `context` alone: that context, the
+/// cluster and the user it names, and `context` as the current context.
+/// `None` if the context is not there.
+pub fn only(kubeconfig: &Kubeconfig, context: &str) -> Option<Kubeconfig> {
+    let named = kubeconfig.contexts.iter().find(|c| c.name == context)?;
+    let entries = named.context.as_ref();
+    Some(Kubeconfig {
+        clusters: entries
+            .and_then(|e| kubeconfig.clusters.iter().find(|c| c.name == e.cluster))
+            .into_iter()
+            .cloned()
+            .collect(),
+        auth_infos: entries
+            .and_then(|e| e.user.as_ref())
+            .and_then(|user| kubeconfig.auth_infos.iter().find(|a| &a.name == user))
+            .into_iter()
+            .cloned()
+            .collect(),
+        contexts: vec![named.clone()],
+        current_context: Some(context.to_owned()),
+        ..Kubeconfig::default()
+    })
+}
+
 /// A `kube::Config` for each context of `kubeconfig` that `policy` allows,
 /// or why there is none, by context name, in the kubeconfig's order. One
 /// bad context does not keep the others from loading; a context whose name
@@ -718,5 +789,46 @@ contexts:
         let mut own_changed = parsed.clone();
         own_changed.clusters[0].cluster.as_mut().unwrap().server = Some("https://c".into());
         assert_ne!(fingerprint(&own_changed, "good"), Some(before));
+    }
+
+    #[tokio::test]
+    async fn a_failing_credential_plugin_is_reported_without_its_command_line_or_output() {
+        let yaml = r#"
+clusters:
+- name: a
+  cluster: { server: "https://127.0.0.1:1" }
+users:
+- name: u
+  user:
+    exec:
+      apiVersion: client.authentication.k8s.io/v1
+      command: sh
+      args: ["-c", "echo out-SECRET-1; echo err-SECRET-2 >&2; exit 1", "arg-SECRET-3"]
+      env: [{ name: PASSWORD, value: env-SECRET-4 }]
+      interactiveMode: Never
+contexts:
+- name: a
+  context: { cluster: a, user: u }
+"#;
+        let parsed = parse(yaml, "test").unwrap();
+        let policy = KubeconfigPolicy::default().allow_exec();
+        let (_, config) = configs(&parsed, "test", &policy).await.remove(0);
+        let Err(error) = client(config.unwrap(), "test", "a").await else {
+            panic!("a client despite a failing plugin");
+        };
+        let text = format!("{error} {error:?}");
+        assert!(text.contains("credentials could not be obtained"), "{text}");
+        assert!(!text.contains("SECRET"), "{text}");
+    }
+
+    #[test]
+    fn a_context_alone_holds_its_entries_only() {
+        let parsed = parse(&kubeconfig(), "test").unwrap();
+        let alone = only(&parsed, "good").unwrap();
+        assert_eq!(alone.contexts.len(), 1);
+        assert_eq!(alone.clusters.len(), 1);
+        assert_eq!(alone.auth_infos.len(), 1);
+        assert_eq!(alone.current_context.as_deref(), Some("good"));
+        assert!(only(&parsed, "nothing").is_none());
     }
 }
