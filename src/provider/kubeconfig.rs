@@ -228,7 +228,19 @@ pub fn read_file(path: &Path) -> Result<Kubeconfig, KubeconfigError> {
         origin: origin.clone(),
         reason: error.to_string(),
     })?;
-    let mut kubeconfig = parse(&text, &origin)?;
+    parse_file(&text, path)
+}
+
+/// [`parse`]s `text`, read from the file at `path` (its origin in errors),
+/// taking relative paths in it from the file's directory as
+/// [`read_file`] does.
+///
+/// # Errors
+///
+/// As [`parse`].
+pub fn parse_file(text: &str, path: &Path) -> Result<Kubeconfig, KubeconfigError> {
+    let origin = path.display().to_string();
+    let mut kubeconfig = parse(text, &origin)?;
     if let Some(dir) = path.parent() {
         let absolute = |file: &mut Option<String>| {
             if let Some(name) = file

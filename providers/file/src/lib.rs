@@ -43,12 +43,16 @@
 //! need with [`FileProvider::policy`]. [`FileProvider::from_env`] reads your
 //! own kubeconfig and trusts it as kubectl does.
 //!
-//! A file that cannot be read or parsed keeps the clusters it gave before, so
-//! that a file caught half written loses nothing; a context that is refused,
-//! names a cluster or user the file lacks, or cannot be loaded is not engaged
-//! (and is disengaged if it was). Each such problem is logged once, with the
-//! file (and context) it is about, and kept in [`FileProvider::problems`]
-//! until it is fixed or gone. None stops the provider or touches other
+//! A file is acted on once two readings a [`debounce`](FileProvider::debounce)
+//! apart find the same bytes, so that one caught while it is written (in
+//! place, as client-go writes) changes nothing until it is whole. A file that
+//! cannot be read or parsed keeps the clusters it gave before; so does a
+//! directory, glob or file that cannot be looked at (a permission or I/O
+//! error is not the same as gone). A context that is refused, names a cluster
+//! or user the file lacks, or cannot be loaded is not engaged (and is
+//! disengaged if it was). Each such problem is logged once, with the file
+//! (and context) it is about, and kept in [`FileProvider::problems`] until it
+//! is fixed or gone. None stops the provider or touches other
 //! clusters. Tokens and keys are never logged.
 //!
 //! ```no_run

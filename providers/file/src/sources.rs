@@ -2,7 +2,9 @@
 //! watch for them to change.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeSet, hash_map::RandomState},
+    hash::BuildHasher,
+    io::ErrorKind,
     path::{Component, Path, PathBuf},
 };
 
@@ -14,14 +16,28 @@ pub(crate) fn is_glob(source: &Path) -> bool {
     source.to_str().is_some_and(|s| s.contains(['*', '?', '[']))
 }
 
-/// The kubeconfig files the sources hold now, in order, and the problems of
-/// sources that could not be searched, by source.
-pub(crate) fn files(
-    sources: &[PathBuf],
-    names: &[glob::Pattern],
-) -> (BTreeSet<PathBuf>, Vec<(String, String)>) {
-    let mut files = BTreeSet::new();
-    let mut problems = Vec::new();
+/// What the sources hold now.
+#[derive(Default)]
+pub(crate) struct Listing {
+    /// The kubeconfig files found, in order.
+    pub(crate) files: BTreeSet<PathBuf>,
+    /// The problems of sources that could not be searched, by source.
+    pub(crate) problems: Vec<(String, String)>,
+    /// Where files may be that could not be seen: the clusters of files at
+    /// or below these paths stay as they are.
+    pub(crate) unseen: Vec<PathBuf>,
+}
+
+impl Listing {
+    fn failed(&mut self, source: &Path, what: String, unseen: PathBuf) {
+        self.problems.push((source.display().to_string(), what));
+        self.unseen.push(unseen);
+    }
+}
+
+/// The kubeconfig files the sources hold now.
+pub(crate) fn files(sources: &[PathBuf], names: &[glob::Pattern]) -> Listing {
+    let mut listing = Listing::default();
     for source in sources {
         if is_glob(source) {
             let Some(pattern) = source.to_str() else {
@@ -32,53 +48,112 @@ pub(crate) fn files(
                     for path in paths {
                         match path {
                             Ok(path) if path.is_file() => {
-                                files.insert(path);
+                                listing.files.insert(path);
                             }
                             Ok(_) => {}
-                            Err(error) => problems.push((
-                                error.path().display().to_string(),
-                                format!("cannot be searched: {}", error.error()),
-                            )),
+                            Err(error) => {
+                                let below = error.path().to_owned();
+                                listing.failed(
+                                    &below,
+                                    format!("cannot be searched: {}", error.error()),
+                                    below.clone(),
+                                );
+                            }
                         }
                     }
                 }
-                Err(error) => problems.push((
+                Err(error) => listing.problems.push((
                     pattern.to_owned(),
                     format!("not a usable glob pattern: {error}"),
                 )),
             }
-        } else if source.is_dir() {
-            match std::fs::read_dir(source) {
-                Ok(entries) => {
-                    for entry in entries.flatten() {
-                        let path = entry.path();
-                        let matches = entry
-                            .file_name()
-                            .to_str()
-                            .is_some_and(|name| names.iter().any(|p| p.matches(name)));
-                        if matches && path.is_file() {
-                            files.insert(path);
-                        }
-                    }
-                }
-                Err(error) => problems.push((
-                    source.display().to_string(),
-                    format!("the directory cannot be read: {error}"),
-                )),
+            continue;
+        }
+        match std::fs::metadata(source) {
+            Ok(meta) if meta.is_dir() => directory(source, names, &mut listing),
+            Ok(_) => {
+                listing.files.insert(source.clone());
             }
-        } else if source.exists() {
-            files.insert(source.clone());
+            // Not there (yet): nothing to read, and nothing to report.
+            Err(error) if absent(&error) => {}
+            Err(error) => listing.failed(
+                source,
+                format!("cannot be looked at: {error}"),
+                source.clone(),
+            ),
         }
     }
-    (files, problems)
+    listing
 }
 
-/// What reading one file gave: its kubeconfig, or why not; `None` if the
-/// file is gone.
-pub(crate) fn read(path: &Path) -> Option<Result<Kubeconfig, KubeconfigError>> {
-    match kubeconfig::read_file(path) {
-        Err(KubeconfigError::Unreadable { .. }) if !path.exists() => None,
-        read => Some(read),
+/// The kubeconfig files of the directory `dir`.
+fn directory(dir: &Path, names: &[glob::Pattern], listing: &mut Listing) {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(error) => {
+            let what = format!("the directory cannot be read: {error}");
+            listing.failed(dir, what, dir.to_owned());
+            return;
+        }
+    };
+    for entry in entries {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(error) => {
+                let what = format!("the directory cannot be read whole: {error}");
+                listing.failed(dir, what, dir.to_owned());
+                continue;
+            }
+        };
+        let named = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|name| names.iter().any(|p| p.matches(name)));
+        if !named {
+            continue;
+        }
+        let path = entry.path();
+        match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_file() => {
+                listing.files.insert(path);
+            }
+            Ok(_) => {}
+            Err(error) if absent(&error) => {}
+            Err(error) => {
+                let what = format!("cannot be looked at: {error}");
+                listing.failed(&path, what, path.clone());
+            }
+        }
+    }
+}
+
+/// Whether `error` says there is nothing at the path, rather than that it
+/// cannot be looked at.
+fn absent(error: &std::io::Error) -> bool {
+    matches!(error.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory)
+}
+
+/// What reading one file gave: a hash of its bytes, and its kubeconfig or
+/// why not; `None` if the file is gone.
+pub(crate) fn read(
+    path: &Path,
+    hasher: &RandomState,
+) -> Option<(u64, Result<Kubeconfig, KubeconfigError>)> {
+    let unreadable = |reason: String| KubeconfigError::Unreadable {
+        origin: path.display().to_string(),
+        reason,
+    };
+    match std::fs::read(path) {
+        Err(error) if absent(&error) => None,
+        Err(error) => Some((0, Err(unreadable(error.to_string())))),
+        Ok(bytes) => {
+            let hash = hasher.hash_one(&bytes);
+            let parsed = match std::str::from_utf8(&bytes) {
+                Ok(text) => kubeconfig::parse_file(text, path),
+                Err(_) => Err(unreadable("it is not UTF-8 text".to_owned())),
+            };
+            Some((hash, parsed))
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! What the provider knows between readings, and one reading.
 
 use std::{
-    collections::{BTreeSet, HashMap, HashSet, VecDeque},
+    collections::{BTreeSet, HashMap, HashSet, VecDeque, hash_map::RandomState},
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -9,10 +9,10 @@ use std::{
 use futures::stream::{self, BoxStream, StreamExt};
 use kube::config::Kubeconfig;
 use kube_fleet::{
-    ClusterName, client,
+    ClusterName,
     provider::{
         ClusterEvent, Problems,
-        kubeconfig::{self, KubeconfigError, KubeconfigPolicy},
+        kubeconfig::{self, KubeconfigPolicy},
     },
 };
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher, event::AccessKind};
@@ -43,7 +43,15 @@ pub(crate) struct State {
     ready: VecDeque<ClusterEvent>,
     watcher: Option<RecommendedWatcher>,
     changes: Option<mpsc::UnboundedReceiver<()>>,
-    watched: HashSet<(PathBuf, bool)>,
+    /// The directories that cannot be watched now, as problem sources.
+    unwatched: HashSet<String>,
+    /// The hash of each file's bytes when last read: a file is acted on
+    /// once two readings in a row find it the same, so that one caught
+    /// while it is written is not.
+    hashes: HashMap<PathBuf, u64>,
+    hasher: RandomState,
+    /// Whether to read again soon: a file was still changing.
+    again: bool,
     read_once: bool,
 }
 
@@ -56,7 +64,10 @@ impl State {
             ready: VecDeque::new(),
             watcher: None,
             changes: None,
-            watched: HashSet::new(),
+            unwatched: HashSet::new(),
+            hashes: HashMap::new(),
+            hasher: RandomState::new(),
+            again: false,
             read_once: false,
         }
     }
@@ -82,6 +93,13 @@ impl State {
             self.start_watching();
             return;
         }
+        if std::mem::take(&mut self.again) {
+            tokio::time::sleep(self.options.debounce).await;
+            if let Some(changes) = &mut self.changes {
+                while changes.try_recv().is_ok() {}
+            }
+            return;
+        }
         let rescan = tokio::time::sleep(self.options.rescan);
         let Some(changes) = &mut self.changes else {
             rescan.await;
@@ -102,7 +120,6 @@ impl State {
 
     fn start_watching(&mut self) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let problems = self.problems.clone();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
             match event {
                 // Reads (ours among them) change nothing.
@@ -112,8 +129,9 @@ impl State {
                 Ok(_) => {
                     let _ = tx.send(());
                 }
+                // A notice lost: read everything again.
                 Err(error) => {
-                    problems.report(WATCH, format!("a change notice failed: {error}"));
+                    tracing::warn!(%error, "a file change notice failed; reading every source again");
                     let _ = tx.send(());
                 }
             }
@@ -156,14 +174,23 @@ impl State {
             } else {
                 RecursiveMode::NonRecursive
             };
+            let source = dir.display().to_string();
             match watcher.watch(&dir, mode) {
                 Ok(()) => {
-                    self.watched.insert((dir, recursive));
+                    if self.unwatched.remove(&source) {
+                        self.problems.clear(&source);
+                    }
                 }
-                Err(error) => self.problems.report(
-                    format!("{}", dir.display()),
-                    format!("cannot be watched for changes: {error}"),
-                ),
+                Err(error) => {
+                    self.problems.report(
+                        &source,
+                        format!(
+                            "cannot be watched for changes ({error}); it is read every {:?}",
+                            self.options.rescan
+                        ),
+                    );
+                    self.unwatched.insert(source);
+                }
             }
         }
     }
@@ -173,13 +200,15 @@ impl State {
         self.watch_sources();
         let sources = self.options.sources.clone();
         let names = self.options.names.clone();
+        let hasher = self.hasher.clone();
         let reading = tokio::task::spawn_blocking(move || {
-            let (files, problems) = sources::files(&sources, &names);
-            let read: Vec<_> = files
-                .into_iter()
-                .filter_map(|file| Some((sources::read(&file)?, file)))
+            let listing = sources::files(&sources, &names);
+            let read: Vec<_> = listing
+                .files
+                .iter()
+                .filter_map(|file| Some((sources::read(file, &hasher)?, file.clone())))
                 .collect();
-            (read, problems)
+            (read, listing)
         })
         .await;
         let Ok((read, listing)) = reading else {
@@ -187,31 +216,58 @@ impl State {
         };
         let mut current: BTreeSet<String> = BTreeSet::new();
         current.insert(WATCH.to_owned());
-        for (source, problem) in listing {
+        current.extend(self.unwatched.iter().cloned());
+        for (source, problem) in listing.problems {
             self.problems.report(&source, problem);
             current.insert(source);
         }
         let mut seen: HashSet<ClusterName> = HashSet::new();
-        for (kubeconfig, file) in read {
+        // Clusters of files that could not be seen stay as they are.
+        for unseen in &listing.unseen {
+            seen.extend(
+                self.engaged
+                    .iter()
+                    .filter(|(_, engaged)| engaged.file.starts_with(unseen))
+                    .map(|(name, _)| name.clone()),
+            );
+        }
+        self.hashes.retain(|file, _| listing.files.contains(file));
+        for ((hash, kubeconfig), file) in read {
             let origin = file.display().to_string();
             current.insert(origin.clone());
+            let settled = self.hashes.insert(file.clone(), hash) == Some(hash);
             match kubeconfig {
-                Ok(kubeconfig) => {
+                Ok(kubeconfig) if settled => {
                     self.problems.clear(&origin);
                     self.file(&file, &origin, &kubeconfig, &mut seen, &mut current)
                         .await;
+                    continue;
                 }
+                // Read again shortly, and act if it is the same then.
+                Ok(_) => self.again = true,
                 // Half written, say: keep what it gave.
                 Err(error) => {
-                    self.problems.report(&origin, &error);
-                    seen.extend(
-                        self.engaged
-                            .iter()
-                            .filter(|(_, engaged)| engaged.file == file)
-                            .map(|(name, _)| name.clone()),
-                    );
+                    if settled {
+                        self.problems.report(&origin, &error);
+                    } else {
+                        self.again = true;
+                    }
                 }
             }
+            // Until then, its clusters and problems stay as they are.
+            seen.extend(
+                self.engaged
+                    .iter()
+                    .filter(|(_, engaged)| engaged.file == file)
+                    .map(|(name, _)| name.clone()),
+            );
+            let prefix = format!("{origin}{SEPARATOR}");
+            current.extend(
+                self.problems
+                    .current()
+                    .into_keys()
+                    .filter(|source| source.starts_with(&prefix)),
+            );
         }
         let gone: Vec<ClusterName> = self
             .engaged
@@ -264,13 +320,10 @@ impl State {
             let Some(fingerprint) = kubeconfig::fingerprint(kubeconfig, &context) else {
                 continue;
             };
-            let built = config.and_then(|config| {
-                client::client(config).map_err(|error| KubeconfigError::Invalid {
-                    origin: origin.to_owned(),
-                    context: context.clone(),
-                    reason: format!("no client: {error}"),
-                })
-            });
+            let built = match config {
+                Ok(config) => kubeconfig::client(config, origin, &context).await,
+                Err(error) => Err(error),
+            };
             match built {
                 Ok(client) => {
                     seen.insert(name.clone());

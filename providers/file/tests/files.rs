@@ -368,3 +368,70 @@ async fn no_token_or_key_reaches_logs_errors_or_debug_output() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_file_read_while_it_is_being_written_keeps_its_clusters() {
+    let env = Envtest::start(1).await.unwrap();
+    let east = &env.clusters()[0];
+    create(east, "on-east").await;
+    let dir = Dir::new("half-written");
+    let file = dir.path("fleet.kubeconfig");
+    let whole = kubeconfig(east, "admin");
+    write(&file, &whole);
+    let provider = FileProvider::new([&dir.0]).debounce(Duration::from_millis(200));
+    let (fleet, mut reconciles) = run(provider);
+    let name = name(&file, "admin");
+    reconciled(&mut reconciles, &name, "on-east").await;
+    let mut changes = fleet.subscribe().events;
+
+    // Another file changes, so the directory is read 200 ms later; the
+    // kubeconfig is caught half written then (written in place, as
+    // client-go does: it parses, but its user is not there yet), and is
+    // whole again 100 ms later.
+    std::fs::write(dir.path("notes.txt"), "x").unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let mut half = whole.clone();
+    half.auth_infos.clear();
+    std::fs::write(&file, serde_json::to_string(&half).unwrap()).unwrap();
+    tokio::time::sleep(Duration::from_millis(110)).await;
+    std::fs::write(&file, serde_json::to_string(&whole).unwrap()).unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    if let Ok(change) = changes.try_recv() {
+        panic!("the cluster changed: {change:?}");
+    }
+    assert!(fleet.get(name.as_str()).is_some());
+}
+
+#[tokio::test]
+async fn a_source_that_cannot_be_looked_at_keeps_its_clusters() {
+    let env = Envtest::start(1).await.unwrap();
+    let east = &env.clusters()[0];
+    create(east, "on-east").await;
+    let dir = Dir::new("unreadable");
+    let source = dir.path("fleet");
+    std::fs::create_dir_all(&source).unwrap();
+    let file = source.join("east.kubeconfig");
+    write(&file, &kubeconfig(east, "admin"));
+    let provider = FileProvider::new([&source]).debounce(Duration::from_millis(20));
+    let problems = provider.problems();
+    let (fleet, mut reconciles) = run(provider);
+    let name = name(&file, "admin");
+    reconciled(&mut reconciles, &name, "on-east").await;
+    let mut changes = fleet.subscribe().events;
+
+    // The directory becomes a link to itself: it cannot be looked at, which
+    // is not the same as gone.
+    std::fs::rename(&source, dir.path("moved")).unwrap();
+    std::os::unix::fs::symlink(&source, &source).unwrap();
+    let problem = problem_of(&problems, &source.display().to_string()).await;
+    assert!(problem.contains("cannot be looked at"), "{problem}");
+    if let Ok(change) = changes.try_recv() {
+        panic!("the cluster changed: {change:?}");
+    }
+    assert!(fleet.get(name.as_str()).is_some());
+
+    // Gone for good: its cluster goes, and so does the problem.
+    std::fs::remove_file(&source).unwrap();
+    clusters_are(&fleet, &[]).await;
+    assert!(problems.current().is_empty(), "{:?}", problems.current());
+}
