@@ -9,7 +9,7 @@ use futures::stream::{self, BoxStream, StreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::{ResourceExt, runtime::watcher};
 use kube_fleet::{
-    ClusterName, client,
+    ClusterName,
     provider::{
         ClusterEvent, Problems,
         kubeconfig::{self, KubeconfigPolicy},
@@ -31,9 +31,9 @@ pub(crate) struct State {
     /// The Secrets whose cluster is engaged, with the hash of the
     /// kubeconfig it was engaged from.
     engaged: HashMap<String, u64>,
-    /// The hash of each Secret's kubeconfig that gave no cluster, so that
-    /// it is not tried again until it changes.
-    refused: HashMap<String, u64>,
+    /// The hash of each Secret's kubeconfig that gave no cluster, and why,
+    /// so that it is not tried again until it changes.
+    refused: HashMap<String, (u64, String)>,
     /// The Secrets seen since a relist began.
     relisted: Option<HashSet<String>>,
     ready: VecDeque<ClusterEvent>,
@@ -114,6 +114,14 @@ impl State {
                 for name in gone {
                     self.gone(&name);
                 }
+                // Secrets deleted while the watch was down take their
+                // problems with them.
+                let prefix = self.source("");
+                self.problems.retain(|source| {
+                    source
+                        .strip_prefix(&prefix)
+                        .is_none_or(|name| relisted.contains(name))
+                });
             }
             watcher::Event::Apply(secret) => self.apply(&secret).await,
             watcher::Event::Delete(secret) => self.gone(&secret.name_any()),
@@ -149,7 +157,11 @@ impl State {
             self.problems.clear(&source);
             return;
         }
-        if self.refused.get(&name) == Some(&hash) {
+        if let Some((refused, problem)) = self.refused.get(&name)
+            && *refused == hash
+        {
+            // The same again (after its key was missing a while, say).
+            self.problems.report(&source, problem);
             return;
         }
         match self.client(bytes, &source).await {
@@ -164,8 +176,8 @@ impl State {
                 });
             }
             Err(problem) => {
-                self.problems.report(&source, problem);
-                self.refused.insert(name.clone(), hash);
+                self.problems.report(&source, &problem);
+                self.refused.insert(name.clone(), (hash, problem));
                 self.disengage(&name);
             }
         }
@@ -179,14 +191,19 @@ impl State {
             .map_err(|_| format!("{origin}: not a kubeconfig: it is not UTF-8 text"))?;
         let parsed = kubeconfig::parse(text, &origin).map_err(|e| e.to_string())?;
         let context = kubeconfig::current_context(&parsed, &origin).map_err(|e| e.to_string())?;
-        let configs = kubeconfig::configs(&parsed, &origin, &self.options.policy).await;
+        // That context alone: the others are not this cluster's business.
+        let alone = kubeconfig::only(&parsed, &context)
+            .ok_or_else(|| format!("{origin}: context {context:?} is not there"))?;
+        let configs = kubeconfig::configs(&alone, &origin, &self.options.policy).await;
         let config = configs
             .into_iter()
-            .find_map(|(name, config)| (name == context).then_some(config))
+            .next()
             .ok_or_else(|| format!("{origin}: context {context:?} is not there"))?
+            .1
             .map_err(|e| e.to_string())?;
-        client::client(config)
-            .map_err(|error| format!("{origin}: context {context:?}: no client: {error}"))
+        kubeconfig::client(config, &origin, &context)
+            .await
+            .map_err(|e| e.to_string())
     }
 
     /// The Secret `name` is gone, or leaving.
