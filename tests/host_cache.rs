@@ -186,3 +186,42 @@ async fn each_namespace_sees_its_own_objects_over_one_shared_watch() {
     until("the shared watch stopped", || host.watch_count() == 0).await;
     running.abort();
 }
+
+#[tokio::test]
+async fn a_cluster_scoped_kind_is_seen_whole_by_each_namespace() {
+    use kube::{
+        api::{ApiResource, DynamicObject, GroupVersionKind},
+        core::discovery::Scope,
+    };
+    use kube_fleet::controller::Watch;
+
+    let env = Envtest::start(1).await.unwrap();
+    let admin = env.clusters()[0].client();
+    namespace(&admin, "team-a").await;
+    namespace(&admin, "team-b").await;
+    let host = HostCache::new("host", support::http2_client(&env.clusters()[0]));
+    let fleet = Fleet::new();
+    fleet.engage_view("team-a", host.view("team-a"));
+    fleet.engage_view("team-b", host.view("team-b"));
+    let namespaces = ApiResource::from_gvk(&GroupVersionKind::gvk("", "v1", "Namespace"));
+    let (reconciler, mut reconciles) = recorder::<kube_fleet::ObjectRequest<DynamicObject>>();
+    let controller = Controller::<DynamicObject>::new(
+        &fleet,
+        Watch::default().resource(namespaces, Scope::Cluster),
+    );
+    let running = tokio::spawn(controller.run(reconciler));
+    // Each namespace's cluster reconciles every namespace, team-b among them.
+    let mut seen = std::collections::HashSet::new();
+    tokio::time::timeout(PATIENCE, async {
+        while seen.len() < 2 {
+            let got = reconciles.recv().await.unwrap();
+            if got.name == "team-b" {
+                seen.insert(got.cluster.to_string());
+            }
+        }
+    })
+    .await
+    .expect("both clusters see the namespace team-b");
+    assert_eq!(host.watch_count(), 1);
+    running.abort();
+}

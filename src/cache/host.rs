@@ -43,10 +43,22 @@ use crate::ClusterName;
 /// first namespace's controller asks for the type, and stops when the last
 /// one lets go.
 ///
-/// Cluster-scoped types (`Namespace`, `Node`, ...) are not split: each
-/// namespace's cluster reads the host's one watch of them, all of it.
-/// `DynamicObject`s are split by namespace whatever their scope, so watch a
-/// cluster-scoped kind of a namespace's cluster by a static type.
+/// Cluster-scoped kinds (`Namespace`, `Node`, a cluster-scoped custom
+/// resource) are not split: each namespace's cluster reads the host's one
+/// watch of them, all of it.
+///
+/// The host's watches hold the objects of every namespace, as one watch of
+/// all namespaces would, also of namespaces that no cluster reads (yet):
+/// a namespace engaged later starts with its objects, with no list of its
+/// own. So the memory a type costs is that of all its objects in the host,
+/// and the host's client needs rights to list and watch it in all
+/// namespaces. The part of a namespace that holds nothing is forgotten when
+/// its last reader leaves.
+///
+/// The split is of the cache, not of rights: a namespace's client is the
+/// host's client with another default namespace, and can reach any
+/// namespace the host's credentials can. It keeps honest controllers apart;
+/// it is no security boundary between them.
 ///
 /// Cheap to clone; clones share the cache.
 ///
@@ -132,6 +144,7 @@ impl HostCache {
     }
 
     /// The namespace `namespace` of the host, to be engaged as a cluster.
+    /// Call it inside a Tokio runtime: its client starts a task there.
     pub fn view(&self, namespace: impl Into<String>) -> NamespaceView {
         let namespace = namespace.into();
         let host = self.inner.cache.client.clone();
@@ -304,7 +317,33 @@ where
             let part = parts.part(namespace);
             (part.writer.as_reader(), part.hub.clone(), dyntype)
         };
-        SharedWatch::part(store, hub, dyntype, self)
+        let reader = Arc::new(Reader {
+            split: self,
+            namespace: namespace.to_owned(),
+        });
+        SharedWatch::part(store, hub, dyntype, reader)
+    }
+}
+
+/// What keeps a split watch running for one reader of a part, and forgets
+/// the part when the last reader of an empty one leaves.
+struct Reader<K: Resource<DynamicType: TypeInfo> + Clone + 'static> {
+    // Keeps the watch running.
+    split: Arc<Split<K>>,
+    namespace: String,
+}
+
+impl<K: Resource<DynamicType: TypeInfo> + Clone> Drop for Reader<K> {
+    fn drop(&mut self) {
+        // The reader's watch has let go of the part's hub by now (a
+        // watch's fields drop in order, this last).
+        let mut parts = lock(&self.split.parts);
+        let unread_and_empty = parts.by_namespace.get(&self.namespace).is_some_and(|part| {
+            Arc::strong_count(&part.hub) == 1 && part.writer.as_reader().is_empty()
+        });
+        if unread_and_empty {
+            parts.by_namespace.remove(&self.namespace);
+        }
     }
 }
 
@@ -419,5 +458,98 @@ async fn feed<K, S>(
         for (hub, notes) in told {
             hub.notify(&notes, listed);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ObjectMeta;
+    use tokio::sync::mpsc;
+    use tokio_stream::wrappers::UnboundedReceiverStream;
+
+    use super::*;
+
+    type Events = mpsc::UnboundedSender<watcher::Result<Event<ConfigMap>>>;
+
+    fn config_map(namespace: &str, name: &str) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(namespace.into()),
+                resource_version: Some("1".into()),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        }
+    }
+
+    fn split() -> (Arc<Split<ConfigMap>>, Events) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let split = Split::start("host".into(), (), UnboundedReceiverStream::new(rx));
+        (Arc::new(split), tx)
+    }
+
+    async fn settle() {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn namespaces(split: &Split<ConfigMap>) -> Vec<String> {
+        let mut names: Vec<_> = split.lock().by_namespace.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    #[tokio::test]
+    async fn each_part_holds_its_namespace_and_a_late_part_starts_with_its_objects() {
+        let (split, events) = split();
+        let a = split.clone().part("a");
+        events.send(Ok(Event::Init)).unwrap();
+        for (ns, name) in [("a", "one"), ("b", "two"), ("a", "three")] {
+            events
+                .send(Ok(Event::InitApply(config_map(ns, name))))
+                .unwrap();
+        }
+        events.send(Ok(Event::InitDone)).unwrap();
+        a.synced().await;
+        assert_eq!(a.store().len(), 2);
+        let b = split.clone().part("b");
+        assert!(b.has_synced());
+        assert_eq!(b.store().len(), 1);
+        let mut changes = Arc::new(b).subscribe();
+        let first = changes.next().await.unwrap();
+        assert_eq!(first.object().metadata.name.as_deref(), Some("two"));
+    }
+
+    #[tokio::test]
+    async fn the_part_of_a_reader_that_left_is_forgotten_if_empty() {
+        let (split, events) = split();
+        events.send(Ok(Event::Init)).unwrap();
+        events
+            .send(Ok(Event::InitApply(config_map("kept", "x"))))
+            .unwrap();
+        events.send(Ok(Event::InitDone)).unwrap();
+        settle().await;
+        for i in 0..100 {
+            drop(split.clone().part(&format!("short-lived-{i}")));
+        }
+        events
+            .send(Ok(Event::Apply(config_map("kept", "y"))))
+            .unwrap();
+        settle().await;
+        assert_eq!(namespaces(&split), ["kept"]);
+    }
+
+    #[tokio::test]
+    async fn the_feed_stops_when_the_last_reader_leaves() {
+        let (split, events) = split();
+        let watch = split.clone().part("a");
+        drop(split);
+        drop(watch);
+        settle().await;
+        assert!(events.is_closed(), "the host's watch runs on");
     }
 }

@@ -246,6 +246,15 @@ impl ClusterCache {
         }
     }
 
+    /// The cache that holds cluster-scoped kinds for this cluster: its
+    /// host's, for a namespace of a host; itself otherwise.
+    pub(crate) fn whole(&self) -> &ClusterCache {
+        match &self.view {
+            Some((host, _)) => host.cache(),
+            None => self,
+        }
+    }
+
     /// The namespace of its host this cluster is, if it is one.
     pub fn view_namespace(&self) -> Option<&str> {
         self.view.as_ref().map(|(_, namespace)| namespace.as_str())

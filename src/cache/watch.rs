@@ -97,6 +97,8 @@ pub struct SharedWatch<K: Resource<DynamicType: TypeInfo> + 'static> {
     store: Store<K>,
     hub: Arc<Hub<K>>,
     dyntype: K::DynamicType,
+    /// Last: fields drop in order, and a shared task's reader looks at the
+    /// part once this watch has let go of its hub.
     task: Task,
 }
 

@@ -70,6 +70,9 @@ pub(crate) struct WatchTrigger<T: Resource<DynamicType: TypeInfo> + 'static> {
     pub(crate) dyntype: T::DynamicType,
     pub(crate) config: watcher::Config,
     pub(crate) namespace: Option<String>,
+    /// Whether the watched kind lives in namespaces: a cluster-scoped kind
+    /// is watched whole, also in a cluster that is a namespace of a host.
+    pub(crate) namespaced: bool,
     /// How the watch shapes the objects it caches.
     pub(crate) shape: Shape,
     pub(crate) clusters: Option<Clusters>,
@@ -87,8 +90,13 @@ where
 {
     /// The watch in `cluster`, started now if none runs there.
     fn watch(&self, cluster: &Cluster) -> Arc<SharedWatch<T>> {
+        let cache = if self.namespaced {
+            cluster.cache()
+        } else {
+            cluster.cache().whole()
+        };
         (self.source)(
-            cluster.cache(),
+            cache,
             &self.dyntype,
             self.namespace.as_deref(),
             &self.shape,

@@ -11,7 +11,14 @@
 //! once at the API server for all of them, and each object is cached once, in
 //! its namespace's part of that watch. A thousand namespaces cost one watch
 //! per type, not a thousand, and their objects once. Requests go through the
-//! host's one client.
+//! host's one client. The host's watches hold the objects of every
+//! namespace, also of those the selector leaves out (as one watch of all
+//! namespaces does), and need rights to list and watch in all namespaces.
+//!
+//! The split is of the cache, not of rights: a namespace's client carries the
+//! host's credentials, and `Api::namespaced(client, "other")` reaches another
+//! namespace. It keeps controllers that mean well apart; it is no security
+//! boundary.
 //!
 //! # Changes
 //!
