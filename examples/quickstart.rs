@@ -87,8 +87,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         Some(path) => {
             // The provider waits for a file that is not there yet; a
             // mistyped path is better told at once.
-            std::fs::metadata(path)
-                .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?;
+            std::fs::metadata(path).map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?;
             let files = FileProvider::new([path]).policy(KubeconfigPolicy::trusted());
             let problems = files.problems();
             tokio::spawn({

@@ -1,14 +1,17 @@
-//! Running `kind`: with a deadline, killed when no longer awaited, and never
-//! blocking the runtime.
+//! Running `kind`: with a deadline, killed with what it started when no
+//! longer awaited, and without blocking the runtime while it runs.
 
 use std::{
     fmt,
     path::Path,
-    process::{ExitStatus, Stdio},
+    process::{ExitStatus, Output, Stdio},
     time::Duration,
 };
 
-use tokio::process::Command;
+use tokio::{
+    io::{AsyncRead, AsyncReadExt},
+    process::{Child, Command},
+};
 
 /// How long one `kind` command may run before it is killed.
 pub(crate) const TIMEOUT: Duration = Duration::from_secs(30);
@@ -30,6 +33,7 @@ pub(crate) struct CommandError {
 #[derive(Debug)]
 enum Failure {
     Spawn(std::io::Error),
+    Io(std::io::Error),
     Exit {
         status: ExitStatus,
         first_line: String,
@@ -43,6 +47,7 @@ impl fmt::Display for CommandError {
         let command = &self.command;
         match &self.failure {
             Failure::Spawn(error) => write!(f, "`{command}` could not be run: {error}"),
+            Failure::Io(error) => write!(f, "`{command}` could not be read from: {error}"),
             Failure::Exit { status, first_line } if first_line.is_empty() => {
                 write!(f, "`{command}` failed ({status})")
             }
@@ -61,23 +66,39 @@ impl fmt::Display for CommandError {
 
 /// Runs `executable` with `args` and returns what it printed on stdout, if
 /// it exits with success within [`TIMEOUT`].
+///
+/// A command that runs past its deadline, or whose future is dropped, is
+/// killed (`SIGKILL`). On unix it runs in a process group of its own, and
+/// the whole group is killed, so that what `kind` started (a `docker exec`
+/// that hangs) goes too; elsewhere only `kind` itself is.
 pub(crate) async fn run(executable: &Path, args: &[&str]) -> Result<String, CommandError> {
     let error = |failure| CommandError {
         command: format!("{} {}", executable.display(), args.join(" ")),
         failure,
     };
-    let output = Command::new(executable)
+    let mut command = Command::new(executable);
+    command
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        // A command that runs past its deadline, or whose stream is dropped,
-        // is not left behind.
-        .kill_on_drop(true)
-        .output();
-    let output = match tokio::time::timeout(TIMEOUT, output).await {
+        .kill_on_drop(true);
+    #[cfg(unix)]
+    command.process_group(0);
+    let mut child = command
+        .spawn()
+        .map_err(|spawn| error(Failure::Spawn(spawn)))?;
+    // Declared after `child`, so dropped before it: the group is killed
+    // while `kind`, not yet reaped, still holds its id.
+    let mut group = Group::of(&child);
+    let output = tokio::time::timeout(TIMEOUT, output(&mut child)).await;
+    if child.id().is_none() {
+        // Reaped: its id may be reused already, and is not to be killed.
+        group.disarm();
+    }
+    let output = match output {
         Ok(Ok(output)) => output,
-        Ok(Err(spawn)) => return Err(error(Failure::Spawn(spawn))),
+        Ok(Err(io)) => return Err(error(Failure::Io(io))),
         Err(_elapsed) => return Err(error(Failure::Timeout)),
     };
     if !output.status.success() {
@@ -87,6 +108,69 @@ pub(crate) async fn run(executable: &Path, args: &[&str]) -> Result<String, Comm
         }));
     }
     String::from_utf8(output.stdout).map_err(|_| error(Failure::NotUtf8))
+}
+
+/// Reads `child`'s stdout and stderr to their ends, then waits for it: it
+/// is reaped last, so that until then its process group can be killed.
+async fn output(child: &mut Child) -> std::io::Result<Output> {
+    async fn read_all(pipe: Option<impl AsyncRead + Unpin>) -> std::io::Result<Vec<u8>> {
+        let mut bytes = Vec::new();
+        if let Some(mut pipe) = pipe {
+            pipe.read_to_end(&mut bytes).await?;
+        }
+        Ok(bytes)
+    }
+    let (stdout, stderr) =
+        futures::future::try_join(read_all(child.stdout.take()), read_all(child.stderr.take()))
+            .await?;
+    let status = child.wait().await?;
+    Ok(Output {
+        status,
+        stdout,
+        stderr,
+    })
+}
+
+/// The process group of a `kind` command: killed on drop unless disarmed.
+struct Group {
+    #[cfg_attr(not(unix), allow(dead_code))]
+    id: Option<u32>,
+}
+
+impl Group {
+    fn of(child: &Child) -> Self {
+        Self { id: child.id() }
+    }
+
+    fn disarm(&mut self) {
+        self.id = None;
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // There is no `killpg` without unsafe code or another dependency:
+        // `kill` does it. If it cannot be run, `kill_on_drop` still kills
+        // `kind`, and only what it started is left to end by itself.
+        // `kill` is waited for here, a few milliseconds on the thread that
+        // drops the command, so that the group is gone before `kind` is
+        // reaped and its id can be reused.
+        #[cfg(unix)]
+        if let Some(id) = self.id.take() {
+            let killed = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{id}")])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            if !killed.is_ok_and(|status| status.success()) {
+                tracing::debug!(
+                    group = id,
+                    "could not kill the process group of a kind command"
+                );
+            }
+        }
+    }
 }
 
 /// The first line of `stderr` with text on it, trimmed and cut short.

@@ -4,19 +4,37 @@
 //!
 //! # What it discovers
 //!
-//! Every [`interval`](KindProvider::interval) (2 s unless set), and at once
-//! when first polled, [`KindProvider`] runs `kind get clusters`, then
-//! `kind get kubeconfig --name <cluster>` for each cluster listed. It only
-//! shells out to the `kind` program ([`executable`](KindProvider::executable),
-//! `kind` on `PATH` unless set), which asks the container runtime; it reads
-//! no files of its own. Each command is killed if it takes more than 30 s.
+//! [`KindProvider`] runs `kind get clusters` at once when first polled, then
+//! again each [`interval`](KindProvider::interval) (2 s unless set) after
+//! the last listing ended. For the clusters listed it runs
+//! `kind get kubeconfig --name <cluster>`: on every listing for a cluster
+//! that is not engaged, or whose last fetch failed, and for an engaged one
+//! once its kubeconfig has not been fetched for
+//! [`refresh`](KindProvider::refresh) (30 s unless set). It only shells out
+//! to the `kind` program ([`executable`](KindProvider::executable), `kind` on
+//! `PATH` unless set), which asks the container runtime; it reads no files
+//! of its own.
 //!
 //! - A cluster listed for the first time is engaged through its kubeconfig's
 //!   current context.
 //! - A cluster whose kubeconfig changed (deleted and created again under the
 //!   same name, with new certificates and port) is engaged again, with a new
-//!   client; one whose kubeconfig is the same is left alone.
-//! - A cluster no longer listed is disengaged.
+//!   client, when its kubeconfig is next fetched; one whose kubeconfig is the
+//!   same is left alone.
+//! - A cluster no longer listed is disengaged as soon as a listing says so.
+//!
+//! Each fetch is acted on as soon as it ends, and a slow one holds up no
+//! other cluster: a cluster whose `kind get kubeconfig` hangs (its node
+//! container is paused, say) is not asked again until that fetch ends, while
+//! the listings and the other clusters' fetches go on. Up to eight fetches
+//! run at once, the others waiting for a place.
+//!
+//! Each command is killed if it takes more than 30 s, or when it is no
+//! longer wanted: its cluster is no longer listed, or the provider is
+//! dropped. On unix each runs in a process group of its own, and the whole
+//! group is killed (`SIGKILL`, sent by running `kill`), so that what `kind`
+//! started, a `docker exec` that hangs, goes too; elsewhere, or if `kill`
+//! cannot be run, only `kind` itself is killed.
 //!
 //! [`prefix`](KindProvider::prefix) limits it to the clusters whose names
 //! start with a prefix, so that a fleet leaves out the clusters made for
@@ -37,8 +55,11 @@
 //! strict default, which refuses exec and auth-provider plugins,
 //! `insecure-skip-tls-verify`, plain `http` and files named by the
 //! kubeconfig, lets them all through; a `kind` that prints anything else is
-//! refused. Tokens and keys are never logged nor put in problems: of what
-//! `kind` prints, only the first line of its stderr is quoted.
+//! refused. A policy that allows exec plugins lets a kubeconfig run one
+//! when its cluster's client is made, off the runtime's threads; a client
+//! not made within 30 s is given up on, and the cluster reported. Tokens and keys are never logged nor put in problems: of what
+//! `kind` prints, only the first line of its stderr is quoted, and of a
+//! credential plugin that fails, neither its command line nor its output.
 //!
 //! # Errors
 //!
@@ -53,9 +74,11 @@
 //!   not empty the fleet.
 //! - A cluster whose kubeconfig cannot be fetched or parsed is reported under
 //!   the source `kind cluster "<name>"` and not engaged; if it was engaged,
-//!   it stays, with the kubeconfig it had. A kubeconfig that is refused by the
-//!   policy or cannot be loaded is reported the same way, and disengages the
-//!   cluster if it was engaged.
+//!   it stays, with the kubeconfig it had, and its kubeconfig is fetched on
+//!   every listing until that works. A kubeconfig that is refused by the
+//!   policy or cannot be loaded, or whose client cannot be made (a credential
+//!   plugin fails), is reported the same way, and disengages the cluster if
+//!   it was engaged.
 //! - A cluster that is gone takes its problem with it.
 //!
 //! # Example
@@ -104,6 +127,10 @@ use kube_fleet::provider::{ClusterEvent, Problems, kubeconfig::KubeconfigPolicy}
 /// [`KindProvider::interval`] says otherwise.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(2);
 
+/// How often an engaged cluster's kubeconfig is fetched again unless
+/// [`KindProvider::refresh`] says otherwise.
+pub const DEFAULT_REFRESH: Duration = Duration::from_secs(30);
+
 /// The kind clusters on this machine: a stream of [`ClusterEvent`]s for
 /// [`Fleet::run`](kube_fleet::Fleet::run). See the [crate docs](crate) for
 /// what it discovers and how it names clusters.
@@ -135,6 +162,7 @@ impl fmt::Debug for KindProvider {
         f.debug_struct("KindProvider")
             .field("executable", &self.options.executable)
             .field("interval", &self.options.interval)
+            .field("refresh", &self.options.refresh)
             .field("prefix", &self.options.prefix)
             .field("policy", &self.options.policy)
             .field("problems", &self.problems)
@@ -150,12 +178,15 @@ impl Default for KindProvider {
 
 impl KindProvider {
     /// A provider that runs `kind` from `PATH` every [`DEFAULT_INTERVAL`],
-    /// for every kind cluster, with the strict [`KubeconfigPolicy::default`].
+    /// for every kind cluster, fetching the engaged clusters' kubeconfigs
+    /// again every [`DEFAULT_REFRESH`], with the strict
+    /// [`KubeconfigPolicy::default`].
     pub fn new() -> Self {
         Self {
             options: state::Options {
                 executable: PathBuf::from("kind"),
                 interval: DEFAULT_INTERVAL,
+                refresh: DEFAULT_REFRESH,
                 prefix: String::new(),
                 policy: KubeconfigPolicy::default(),
             },
@@ -170,9 +201,9 @@ impl KindProvider {
         self
     }
 
-    /// How long to wait between two listings of kind's clusters;
-    /// [`DEFAULT_INTERVAL`] unless set. A listing that takes longer delays
-    /// the next one rather than starting it at once.
+    /// How long to wait between the end of one listing of kind's clusters
+    /// and the start of the next; [`DEFAULT_INTERVAL`] unless set. Listings
+    /// never overlap.
     ///
     /// # Panics
     ///
@@ -183,6 +214,17 @@ impl KindProvider {
             "a KindProvider's interval must not be zero"
         );
         self.options.interval = every;
+        self
+    }
+
+    /// How often an engaged cluster's kubeconfig is fetched again, to see
+    /// whether the cluster was deleted and created again under its name;
+    /// [`DEFAULT_REFRESH`] unless set. It is checked at each listing, so it
+    /// is at least the [`interval`](Self::interval); zero fetches it on every
+    /// listing. A cluster that is not engaged, or whose last fetch failed, is
+    /// fetched on every listing whatever this says.
+    pub fn refresh(mut self, every: Duration) -> Self {
+        self.options.refresh = every;
         self
     }
 

@@ -1,6 +1,8 @@
 //! The kind provider against real API servers, with a script standing in
-//! for `kind` that answers from files: `clusters` lists the clusters, and
-//! `<name>.yaml` is the kubeconfig of cluster `<name>`.
+//! for `kind` that answers from files: `clusters` lists the clusters,
+//! `<name>.yaml` is the kubeconfig of cluster `<name>`, and `<name>.slow`
+//! makes fetching it hang for that many seconds in a child process, whose
+//! pid goes to `<name>.pid`.
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -16,7 +18,10 @@ use kube::{
     config::Kubeconfig,
     runtime::watcher,
 };
-use kube_fleet::{Action, Controller, Fleet, McRequest, ObjectRequest, provider::Problems};
+use kube_fleet::{
+    Action, Controller, Fleet, McRequest, ObjectRequest,
+    provider::{Problems, kubeconfig::KubeconfigPolicy},
+};
 use kube_fleet_envtest::{Envtest, TestCluster};
 use kube_fleet_provider_kind::KindProvider;
 use tokio::{sync::mpsc, task::JoinHandle};
@@ -45,6 +50,12 @@ case "$*" in
     cat "$dir/clusters"
     ;;
 "get kubeconfig --name "*)
+    if [ -e "$dir/$4.slow" ]; then
+        # Hangs in a child, as `docker exec` does in a paused container.
+        sleep "$(cat "$dir/$4.slow")" &
+        echo $! > "$dir/$4.pid"
+        wait $!
+    fi
     # One read: the file may go at any moment.
     if ! cat "$dir/$4.yaml" 2>/dev/null; then
         echo "ERROR: could not locate any control plane nodes for cluster named '$4'" >&2
@@ -101,7 +112,13 @@ impl FakeKind {
         self.dir.join("kind")
     }
 
+    /// A provider that runs the script, and fetches every kubeconfig on
+    /// every listing, so that the tests see a changed one at once.
     fn provider(&self) -> KindProvider {
+        self.provider_with_default_refresh().refresh(INTERVAL)
+    }
+
+    fn provider_with_default_refresh(&self) -> KindProvider {
         KindProvider::new()
             .executable(self.executable())
             .interval(INTERVAL)
@@ -144,6 +161,27 @@ impl FakeKind {
             .lines()
             .map(str::to_owned)
             .collect()
+    }
+
+    /// Makes fetching `name`'s kubeconfig hang for `seconds`.
+    fn slow(&self, name: &str, seconds: u32) {
+        self.write(&format!("{name}.slow"), &seconds.to_string());
+    }
+
+    /// The process that a slow fetch of `name`'s kubeconfig hangs in, once
+    /// it has started.
+    fn hung(&self, name: &str) -> Option<u32> {
+        std::fs::read_to_string(self.dir.join(format!("{name}.pid")))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// How many times `name`'s kubeconfig was asked for.
+    fn fetches(&self, name: &str) -> usize {
+        let call = format!("get kubeconfig --name {name}");
+        self.calls().iter().filter(|c| **c == call).count()
     }
 
     fn listings(&self) -> usize {
@@ -259,14 +297,27 @@ impl Drop for Running {
     }
 }
 
-async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    tokio::time::timeout(PATIENCE, async {
+async fn eventually(what: &str, done: impl FnMut() -> bool) {
+    within(PATIENCE, what, done).await;
+}
+
+async fn within(patience: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    tokio::time::timeout(patience, async {
         while !done() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await
-    .unwrap_or_else(|_| panic!("{what}: not within {PATIENCE:?}"));
+    .unwrap_or_else(|_| panic!("{what}: not within {patience:?}"));
+}
+
+/// Whether the process `pid` is running: neither gone nor a zombie.
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // The state follows the command, which is in parentheses.
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+    })
 }
 
 async fn create(cluster: &TestCluster, name: &str) {
@@ -354,8 +405,12 @@ async fn only_clusters_with_the_prefix_are_engaged() {
     kind.list(&["dev-a", "prod-a", "prod-b"]);
 
     let running = Running::start(kind.provider().prefix("prod-"));
-    // Engaged in the listed order: had dev-a been engaged, it would be by now.
-    eventually("prod-b engaged", || running.fleet.get("prod-b").is_some()).await;
+    eventually("prod-a and prod-b engaged", || {
+        running.names() == ["prod-a", "prod-b"]
+    })
+    .await;
+    // Had dev-a been engaged, it would be by now.
+    kind.two_more_listings().await;
     assert_eq!(running.names(), ["prod-a", "prod-b"]);
     assert!(
         !kind.calls().iter().any(|call| call.ends_with("dev-a")),
@@ -524,4 +579,202 @@ async fn a_changed_kubeconfig_engages_the_cluster_again() {
     assert!(!before.is_engaged(), "the old cluster was replaced");
     assert!(running.fleet.get("moving").is_some_and(|c| c.is_engaged()));
     assert!(running.problems.current().is_empty());
+}
+
+#[tokio::test]
+async fn a_failing_credential_plugin_is_reported_without_its_secrets() {
+    const SECRETS: [&str; 3] = ["out-SECRET-7120", "arg-SECRET-3391", "env-SECRET-5807"];
+    let kind = FakeKind::new("plugin");
+    // kind's kubeconfigs have no plugin, but whatever `kind` prints is judged.
+    let kubeconfig = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{ "name": "kind-plugin", "cluster": { "server": "https://127.0.0.1:1" } }],
+        "users": [{ "name": "kind-plugin", "user": { "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": "sh",
+            "args": ["-c", "echo out-SECRET-7120; echo $PASSWORD >&2; exit 1", "arg-SECRET-3391"],
+            "env": [{ "name": "PASSWORD", "value": "env-SECRET-5807" }],
+            "interactiveMode": "Never",
+        }}}],
+        "contexts": [{ "name": "kind-plugin", "context": { "cluster": "kind-plugin", "user": "kind-plugin" } }],
+        "current-context": "kind-plugin",
+    });
+    kind.write("plugin.yaml", &kubeconfig.to_string());
+    kind.list(&["plugin"]);
+
+    let running = Running::start(
+        kind.provider()
+            .policy(KubeconfigPolicy::default().allow_exec()),
+    );
+    let problems = running
+        .problems_where("the plugin's cluster reported", |set| {
+            set.contains_key(&source("plugin"))
+        })
+        .await;
+    let problem = &problems[&source("plugin")];
+    assert!(
+        problem.starts_with(&source("plugin")) && problem.contains("credentials"),
+        "{problem}"
+    );
+    let everything = format!("{problems:?} {:?}", running.problems);
+    for secret in SECRETS {
+        assert!(
+            !everything.contains(secret),
+            "a secret leaked: {everything}"
+        );
+    }
+    assert!(running.fleet.clusters().is_empty());
+}
+
+#[tokio::test]
+async fn a_hanging_fetch_delays_no_other_cluster() {
+    const HANG: u32 = 20;
+    // Well below HANG: what a cluster waiting for the hung fetch would take.
+    const SOON: Duration = Duration::from_secs(8);
+    let env = Envtest::start(1).await.unwrap();
+    let cluster = &env.clusters()[0];
+    let kind = FakeKind::new("hanging");
+    for name in ["a", "b", "c"] {
+        kind.kubeconfig(name, cluster.kubeconfig());
+    }
+    kind.slow("a", HANG);
+    kind.list(&["a", "b", "c"]);
+
+    let running = Running::start(kind.provider());
+    within(SOON, "b and c engaged while a's fetch hangs", || {
+        running.names() == ["b", "c"]
+    })
+    .await;
+    let c = running.fleet.get("c").unwrap();
+    // The listings go on, and a's fetch is not started again while it runs.
+    kind.two_more_listings().await;
+    assert_eq!(kind.fetches("a"), 1, "{:?}", kind.calls());
+    assert!(running.problems.current().is_empty());
+
+    // c goes while a's fetch still hangs: c leaves at once, and the fetch
+    // of a, which goes too, is stopped along with what it runs.
+    let hung = kind.hung("a").expect("a's fetch hangs");
+    kind.list(&["b"]);
+    within(SOON, "c disengaged while a's fetch hangs", || {
+        !c.is_engaged()
+    })
+    .await;
+    assert_eq!(running.names(), ["b"]);
+    within(SOON, "a's hung fetch stopped", || !alive(hung)).await;
+}
+
+#[tokio::test]
+async fn an_engaged_cluster_is_not_asked_for_its_kubeconfig_on_every_listing() {
+    let env = Envtest::start(1).await.unwrap();
+    let cluster = &env.clusters()[0];
+    let kind = FakeKind::new("refresh");
+    kind.kubeconfig("steady", cluster.kubeconfig());
+    kind.list(&["steady"]);
+
+    let running = Running::start(kind.provider_with_default_refresh());
+    eventually("steady engaged", || running.fleet.get("steady").is_some()).await;
+    for _ in 0..3 {
+        kind.two_more_listings().await;
+    }
+    assert_eq!(kind.fetches("steady"), 1, "{:?}", kind.calls());
+
+    // A cluster whose fetch fails is asked again on the next listing.
+    kind.list(&["steady", "late"]);
+    running
+        .problems_where("late's missing kubeconfig reported", |set| {
+            set.contains_key(&source("late"))
+        })
+        .await;
+    let fetched = kind.fetches("late");
+    kind.kubeconfig("late", cluster.kubeconfig());
+    eventually("late engaged", || running.fleet.get("late").is_some()).await;
+    assert!(kind.fetches("late") > fetched);
+    assert!(running.problems.current().is_empty());
+}
+
+#[tokio::test]
+async fn a_command_that_is_no_longer_awaited_is_killed_with_its_children() {
+    let kind = FakeKind::new("children");
+    kind.slow("stuck", 60);
+    kind.list(&["stuck"]);
+
+    let running = Running::start(kind.provider());
+    let mut hung = None;
+    eventually("stuck's fetch hangs", || {
+        hung = kind.hung("stuck");
+        hung.is_some()
+    })
+    .await;
+    let hung = hung.unwrap();
+    assert!(alive(hung));
+    // Dropping the provider drops its fetch: `kind` is killed, and so is the
+    // process it waits for.
+    drop(running);
+    within(Duration::from_secs(10), "the hung child killed", || {
+        !alive(hung)
+    })
+    .await;
+}
+
+/// Where the default `kind`, found on `PATH`, is tried: in a run of this
+/// test binary of its own, whose `PATH` starts with the script's directory.
+const ON_PATH: &str = "KUBE_FLEET_KIND_TEST_DIR";
+
+#[tokio::test]
+async fn by_default_the_kind_on_path_is_run() {
+    let env = Envtest::start(1).await.unwrap();
+    let kind = FakeKind::new("on-path");
+    kind.kubeconfig("dev", env.clusters()[0].kubeconfig());
+    kind.list(&["dev"]);
+    let path = format!(
+        "{}:{}",
+        kind.dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let run = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "the_kind_on_path_engages_its_clusters",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env("PATH", path)
+        .env(ON_PATH, &kind.dir)
+        .output()
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success() && said.contains("1 passed"),
+        "{said}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
+
+/// Run by `by_default_the_kind_on_path_is_run` in a process of its own.
+#[tokio::test]
+#[ignore = "run by by_default_the_kind_on_path_is_run, with its PATH"]
+async fn the_kind_on_path_engages_its_clusters() {
+    let dir = std::env::var(ON_PATH).expect("run by by_default_the_kind_on_path_is_run");
+    let path = std::env::var("PATH").unwrap();
+    assert!(path.starts_with(&dir), "the script is first on PATH");
+    let fleet = Fleet::new();
+    tokio::spawn({
+        let fleet = fleet.clone();
+        async move { fleet.run(KindProvider::new()).await }
+    });
+    tokio::time::timeout(PATIENCE, async {
+        while fleet.get("dev").is_none() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the cluster of the kind on PATH engaged");
+    // And it is the cluster the script named.
+    let client = fleet.get("dev").unwrap().client();
+    Api::<ConfigMap>::default_namespaced(client)
+        .list(&Default::default())
+        .await
+        .unwrap();
 }
