@@ -45,7 +45,10 @@ use crate::ClusterName;
 ///
 /// Cluster-scoped kinds (`Namespace`, `Node`, a cluster-scoped custom
 /// resource) are not split: each namespace's cluster reads the host's one
-/// watch of them, all of it.
+/// watch of them, all of it. A controller knows the scope of every kind it
+/// watches; code that reads a namespace's cache directly should read a
+/// cluster-scoped `DynamicObject` kind from [`HostCache::cache`], since a
+/// namespace's cache takes every `DynamicObject` kind for a namespaced one.
 ///
 /// The host's watches hold the objects of every namespace, as one watch of
 /// all namespaces would, also of namespaces that no cluster reads (yet):
@@ -180,8 +183,9 @@ impl HostCache {
         split + self.inner.cache.watch_count()
     }
 
-    /// The host's own cache, for cluster-scoped types.
-    pub(super) fn cache(&self) -> &ClusterCache {
+    /// The host's own cache: the watches of cluster-scoped kinds, which
+    /// every namespace's cluster reads whole.
+    pub fn cache(&self) -> &ClusterCache {
         &self.inner.cache
     }
 
@@ -338,6 +342,11 @@ impl<K: Resource<DynamicType: TypeInfo> + Clone> Drop for Reader<K> {
         // The reader's watch has let go of the part's hub by now (a
         // watch's fields drop in order, this last).
         let mut parts = lock(&self.split.parts);
+        if parts.listing {
+            // Its store looks empty while the list is held back until it
+            // is complete; the end of the list forgets what is unread.
+            return;
+        }
         let unread_and_empty = parts.by_namespace.get(&self.namespace).is_some_and(|part| {
             Arc::strong_count(&part.hub) == 1 && part.writer.as_reader().is_empty()
         });
@@ -551,5 +560,22 @@ mod tests {
         drop(watch);
         settle().await;
         assert!(events.is_closed(), "the host's watch runs on");
+    }
+
+    #[tokio::test]
+    async fn a_reader_leaving_during_a_list_keeps_its_namespaces_listed_objects() {
+        let (split, events) = split();
+        let a = split.clone().part("a");
+        events.send(Ok(Event::Init)).unwrap();
+        events
+            .send(Ok(Event::InitApply(config_map("a", "x"))))
+            .unwrap();
+        settle().await;
+        drop(a);
+        events.send(Ok(Event::InitDone)).unwrap();
+        settle().await;
+        let again = split.clone().part("a");
+        assert!(again.has_synced());
+        assert_eq!(again.store().len(), 1);
     }
 }

@@ -634,6 +634,16 @@ fn scope<K: Resource>(namespace: Option<&str>) -> Option<&str> {
 /// A TLS failure reads as what went wrong (an unknown CA, say), not only as
 /// the outermost `client error (Connect)`.
 pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    // A credential plugin's failure quotes its command line, its
+    // environment and its output, which may hold secrets; so do the errors
+    // that wrap it.
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(error) = cause {
+        if let Some(withheld) = credentials_failed(error) {
+            return withheld;
+        }
+        cause = error.source();
+    }
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
@@ -646,6 +656,21 @@ pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
         source = cause.source();
     }
     text
+}
+
+/// What to say of `error` if it is a failure to obtain credentials, whose
+/// own text is not to be repeated.
+fn credentials_failed(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let auth = error.downcast_ref::<kube::client::AuthError>().is_some()
+        || matches!(
+            error.downcast_ref::<kube::Error>(),
+            Some(kube::Error::Auth(_))
+        );
+    auth.then(|| {
+        "the cluster's credentials could not be obtained (a credential plugin failed, or a \
+         token or certificate file could not be read; details withheld, as they may hold secrets)"
+            .to_owned()
+    })
 }
 
 #[cfg(test)]

@@ -460,9 +460,19 @@ fn checked(
             ));
         }
     }
+    // A plugin never shares this process's terminal: what it prints would
+    // reach the process's own stderr, and it could wait on its stdin.
+    let mut named_user = named_user.cloned();
+    if let Some(exec) = named_user
+        .as_mut()
+        .and_then(|u| u.auth_info.as_mut())
+        .and_then(|u| u.exec.as_mut())
+    {
+        exec.interactive_mode = Some(kube::config::ExecInteractiveMode::Never);
+    }
     Ok(Kubeconfig {
         clusters: vec![named_cluster.clone()],
-        auth_infos: named_user.into_iter().cloned().collect(),
+        auth_infos: named_user.into_iter().collect(),
         contexts: vec![named_context.clone()],
         current_context: Some(context.to_owned()),
         ..Kubeconfig::default()
@@ -842,5 +852,49 @@ contexts:
         assert_eq!(alone.auth_infos.len(), 1);
         assert_eq!(alone.current_context.as_deref(), Some("good"));
         assert!(only(&parsed, "nothing").is_none());
+    }
+
+    /// A plugin that works at first, with a token that has expired, then
+    /// fails: the refresh's error reaches requests (and so the watches'
+    /// logs and status), and says nothing of the command, env or output.
+    #[tokio::test]
+    async fn a_plugin_failing_at_refresh_is_reported_without_its_secrets() {
+        let dir = std::env::temp_dir().join(format!("kubeconfig-refresh-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ran = dir.join("ran");
+        let script = format!(
+            "echo x >> {m}; if [ $(wc -l < {m}) -gt 2 ]; then echo out-SECRET-1; echo err-SECRET-2 >&2; exit 1; fi; \
+             echo '{{\"apiVersion\":\"client.authentication.k8s.io/v1\",\"kind\":\"ExecCredential\",\"status\":{{\"token\":\"t\",\"expirationTimestamp\":\"2000-01-01T00:00:00Z\"}}}}'",
+            m = ran.display()
+        );
+        let yaml = format!(
+            r#"
+clusters:
+- name: a
+  cluster: {{ server: "https://127.0.0.1:1" }}
+users:
+- name: u
+  user:
+    exec:
+      apiVersion: client.authentication.k8s.io/v1
+      command: sh
+      args: ["-c", {script:?}, "arg-SECRET-3"]
+      env: [{{ name: PASSWORD, value: env-SECRET-4 }}]
+contexts:
+- name: a
+  context: {{ cluster: a, user: u }}
+"#
+        );
+        let parsed = parse(&yaml, "test").unwrap();
+        let policy = KubeconfigPolicy::default().allow_exec();
+        let (_, config) = configs(&parsed, "test", &policy).await.remove(0);
+        let Ok(client) = client(config.unwrap(), "test", "a").await else {
+            panic!("the first runs work");
+        };
+        let error = client.apiserver_version().await.unwrap_err();
+        let text = crate::cache::error_chain(&error);
+        assert!(text.contains("credentials could not be obtained"), "{text}");
+        assert!(!text.contains("SECRET"), "{text}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

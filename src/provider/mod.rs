@@ -20,6 +20,14 @@ use kube::Client;
 
 use crate::{ClusterName, cache::NamespaceView};
 
+/// An error and every error beneath it, as one line (`a: b: c`), for
+/// problems and logs. A failure to obtain credentials is told as that
+/// alone: kube's text of it quotes a credential plugin's command line,
+/// environment and output, which may hold secrets.
+pub fn describe(error: &(dyn std::error::Error + 'static)) -> String {
+    crate::cache::error_chain(error)
+}
+
 /// A change in the set of clusters a provider knows.
 #[derive(Clone)]
 pub enum ClusterEvent {

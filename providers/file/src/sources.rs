@@ -43,12 +43,26 @@ pub(crate) fn files(sources: &[PathBuf], names: &[glob::Pattern]) -> Listing {
             let Some(pattern) = source.to_str() else {
                 continue;
             };
+            // The glob walk passes over what it cannot look at, its base
+            // among them: look first.
+            let (base, _) = watch_target(source);
+            if let Err(error) = std::fs::metadata(&base)
+                && !absent(&error)
+            {
+                let what = format!("cannot be looked at: {error}");
+                listing.failed(&base, what, base.clone());
+                continue;
+            }
             match glob::glob(pattern) {
                 Ok(paths) => {
                     for path in paths {
-                        match path {
-                            Ok(path) if path.is_file() => {
+                        match path.map(|path| (std::fs::metadata(&path), path)) {
+                            Ok((Ok(meta), path)) if meta.is_file() => {
                                 listing.files.insert(path);
+                            }
+                            Ok((Err(error), path)) if !absent(&error) => {
+                                let what = format!("cannot be looked at: {error}");
+                                listing.failed(&path, what, path.clone());
                             }
                             Ok(_) => {}
                             Err(error) => {

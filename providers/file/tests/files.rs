@@ -404,6 +404,17 @@ async fn a_file_read_while_it_is_being_written_keeps_its_clusters() {
 
 #[tokio::test]
 async fn a_source_that_cannot_be_looked_at_keeps_its_clusters() {
+    cannot_be_looked_at(false).await;
+}
+
+#[tokio::test]
+async fn a_glob_whose_directory_cannot_be_looked_at_keeps_its_clusters() {
+    cannot_be_looked_at(true).await;
+}
+
+/// A directory source, or a glob in it, whose directory becomes a link to
+/// itself, then goes.
+async fn cannot_be_looked_at(glob: bool) {
     let env = Envtest::start(1).await.unwrap();
     let east = &env.clusters()[0];
     create(east, "on-east").await;
@@ -412,7 +423,12 @@ async fn a_source_that_cannot_be_looked_at_keeps_its_clusters() {
     std::fs::create_dir_all(&source).unwrap();
     let file = source.join("east.kubeconfig");
     write(&file, &kubeconfig(east, "admin"));
-    let provider = FileProvider::new([&source]).debounce(Duration::from_millis(20));
+    let watched = if glob {
+        source.join("*.kubeconfig")
+    } else {
+        source.clone()
+    };
+    let provider = FileProvider::new([&watched]).debounce(Duration::from_millis(20));
     let problems = provider.problems();
     let (fleet, mut reconciles) = run(provider);
     let name = name(&file, "admin");

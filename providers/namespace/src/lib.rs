@@ -182,12 +182,7 @@ impl State {
                 event
             }
             Err(error) => {
-                let mut reason = error.to_string();
-                let mut cause = std::error::Error::source(&error);
-                while let Some(inner) = cause {
-                    reason = format!("{reason}: {inner}");
-                    cause = inner.source();
-                }
+                let reason = kube_fleet::provider::describe(&error);
                 self.problems.report(
                     self.source(),
                     format!("the watch of namespaces fails, and is retried: {reason}"),

@@ -34,7 +34,9 @@
 //! A Secret whose key is missing or empty is skipped with a warning (a
 //! cluster it engaged before is left as it was). A Secret whose kubeconfig
 //! is not UTF-8, not a kubeconfig, has no usable context, or is refused, is
-//! not engaged (and is disengaged if it was). Each such problem is logged
+//! not engaged (and is disengaged if it was); one that is fine but gives no
+//! client now (an allowed credential plugin fails) is tried again every
+//! [`SecretProvider::retry`]. Each such problem is logged
 //! once with the Secret's namespace and name, and kept in
 //! [`SecretProvider::problems`] until it is fixed or the Secret is gone;
 //! failures of the watch itself are there too, while they last. None stops
@@ -77,6 +79,10 @@ pub const DEFAULT_LABEL: &str = "sigs.k8s.io/multicluster-runtime-kubeconfig";
 /// The key of a Secret's data that holds the kubeconfig by default.
 pub const DEFAULT_KEY: &str = "kubeconfig";
 
+/// How long until a Secret whose kubeconfig is fine but gave no client (a
+/// credential plugin failed, say) is tried again, by default.
+pub const DEFAULT_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Clusters from kubeconfigs in Secrets: a stream of [`ClusterEvent`]s for
 /// [`Fleet::run`](kube_fleet::Fleet::run). See the [crate docs](crate).
 ///
@@ -114,6 +120,7 @@ impl SecretProvider {
                 selector: format!("{DEFAULT_LABEL}=true"),
                 key: DEFAULT_KEY.to_owned(),
                 policy: KubeconfigPolicy::default(),
+                retry: DEFAULT_RETRY,
             },
             problems: Problems::new(),
             stream: None,
@@ -138,6 +145,15 @@ impl SecretProvider {
     /// unless set.
     pub fn policy(mut self, policy: KubeconfigPolicy) -> Self {
         self.options.policy = policy;
+        self
+    }
+
+    /// How long until a Secret whose kubeconfig is fine but gave no client
+    /// (an allowed credential plugin failed, or timed out) is tried again;
+    /// [`DEFAULT_RETRY`] unless set. A kubeconfig that is not usable or is
+    /// refused is not tried again until it changes.
+    pub fn retry(mut self, every: std::time::Duration) -> Self {
+        self.options.retry = every;
         self
     }
 

@@ -22,6 +22,16 @@ pub(crate) struct Options {
     pub(crate) selector: String,
     pub(crate) key: String,
     pub(crate) policy: KubeconfigPolicy,
+    pub(crate) retry: std::time::Duration,
+}
+
+/// Why a Secret's kubeconfig gave no client.
+enum Failure {
+    /// Not a usable kubeconfig, or refused by the policy: not tried again
+    /// until it changes.
+    Refused(String),
+    /// Fine, but no client came of it now (a credential plugin failed).
+    Unavailable(String),
 }
 
 pub(crate) struct State {
@@ -34,6 +44,9 @@ pub(crate) struct State {
     /// The hash of each Secret's kubeconfig that gave no cluster, and why,
     /// so that it is not tried again until it changes.
     refused: HashMap<String, (u64, String)>,
+    /// The Secrets whose kubeconfig is fine but gave no client (a
+    /// credential plugin failed, say), tried again every `retry`.
+    unavailable: HashMap<String, Secret>,
     /// The Secrets seen since a relist began.
     relisted: Option<HashSet<String>>,
     ready: VecDeque<ClusterEvent>,
@@ -49,6 +62,7 @@ impl State {
             hasher: RandomState::new(),
             engaged: HashMap::new(),
             refused: HashMap::new(),
+            unavailable: HashMap::new(),
             relisted: None,
             ready: VecDeque::new(),
         }
@@ -60,9 +74,16 @@ impl State {
                 if let Some(event) = state.ready.pop_front() {
                     return Some((event, (state, secrets)));
                 }
-                // The watch retries for ever; it ends only if dropped.
-                let event = secrets.next().await?;
-                state.handle(event).await;
+                if state.unavailable.is_empty() {
+                    // The watch retries for ever; it ends only if dropped.
+                    let event = secrets.next().await?;
+                    state.handle(event).await;
+                    continue;
+                }
+                tokio::select! {
+                    event = secrets.next() => state.handle(event?).await,
+                    () = tokio::time::sleep(state.options.retry) => state.retry().await,
+                }
             }
         })
         .boxed()
@@ -88,7 +109,7 @@ impl State {
                     format!(
                         "the watch of Secrets ({}) fails, and is retried: {}",
                         self.options.selector,
-                        chain(&error)
+                        kube_fleet::provider::describe(&error)
                     ),
                 );
                 return;
@@ -164,6 +185,7 @@ impl State {
             self.problems.report(&source, problem);
             return;
         }
+        self.unavailable.remove(&name);
         match self.client(bytes, &source).await {
             Ok(client) => {
                 self.problems.clear(&source);
@@ -175,40 +197,58 @@ impl State {
                     client,
                 });
             }
-            Err(problem) => {
+            Err(Failure::Refused(problem)) => {
                 self.problems.report(&source, &problem);
                 self.refused.insert(name.clone(), (hash, problem));
+                self.disengage(&name);
+            }
+            Err(Failure::Unavailable(problem)) => {
+                let retry = self.options.retry;
+                self.problems
+                    .report(&source, format!("{problem} (tried again every {retry:?})"));
+                self.unavailable.insert(name.clone(), secret.clone());
                 self.disengage(&name);
             }
         }
     }
 
+    /// Tries again the Secrets that gave no client.
+    async fn retry(&mut self) {
+        let secrets: Vec<Secret> = self.unavailable.drain().map(|(_, s)| s).collect();
+        for secret in secrets {
+            self.apply(&secret).await;
+        }
+    }
+
     /// A client for the kubeconfig in `bytes`, or the problem with it.
-    async fn client(&self, bytes: &[u8], source: &str) -> Result<kube::Client, String> {
+    async fn client(&self, bytes: &[u8], source: &str) -> Result<kube::Client, Failure> {
         let key = &self.options.key;
         let origin = format!("{source}, key {key:?}");
+        let refused = |text: String| Failure::Refused(text);
         let text = std::str::from_utf8(bytes)
-            .map_err(|_| format!("{origin}: not a kubeconfig: it is not UTF-8 text"))?;
-        let parsed = kubeconfig::parse(text, &origin).map_err(|e| e.to_string())?;
-        let context = kubeconfig::current_context(&parsed, &origin).map_err(|e| e.to_string())?;
+            .map_err(|_| refused(format!("{origin}: not a kubeconfig: it is not UTF-8 text")))?;
+        let parsed = kubeconfig::parse(text, &origin).map_err(|e| refused(e.to_string()))?;
+        let context =
+            kubeconfig::current_context(&parsed, &origin).map_err(|e| refused(e.to_string()))?;
         // That context alone: the others are not this cluster's business.
-        let alone = kubeconfig::only(&parsed, &context)
-            .ok_or_else(|| format!("{origin}: context {context:?} is not there"))?;
+        let missing = || refused(format!("{origin}: context {context:?} is not there"));
+        let alone = kubeconfig::only(&parsed, &context).ok_or_else(missing)?;
         let configs = kubeconfig::configs(&alone, &origin, &self.options.policy).await;
         let config = configs
             .into_iter()
             .next()
-            .ok_or_else(|| format!("{origin}: context {context:?} is not there"))?
+            .ok_or_else(missing)?
             .1
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| refused(e.to_string()))?;
         kubeconfig::client(config, &origin, &context)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| Failure::Unavailable(e.to_string()))
     }
 
     /// The Secret `name` is gone, or leaving.
     fn gone(&mut self, name: &str) {
         self.refused.remove(name);
+        self.unavailable.remove(name);
         self.problems.clear(&self.source(name));
         self.disengage(name);
     }
@@ -221,19 +261,4 @@ impl State {
             });
         }
     }
-}
-
-/// An error and its causes, as one line.
-fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let said = cause.to_string();
-        if !text.contains(&said) {
-            text.push_str(": ");
-            text.push_str(&said);
-        }
-        source = cause.source();
-    }
-    text
 }

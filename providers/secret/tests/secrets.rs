@@ -466,3 +466,77 @@ async fn no_token_key_or_plugin_argument_reaches_logs_problems_or_debug_output()
         assert!(!problems.contains(secret), "a secret is in a problem");
     }
 }
+
+#[tokio::test]
+async fn a_credential_plugin_that_fails_for_a_while_is_tried_again() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let env = Envtest::start(2).await.unwrap();
+    let (hub, east) = (&env.clusters()[0], &env.clusters()[1]);
+    create(east, "on-east").await;
+    // A plugin that fails until `ready` exists, then hands out the
+    // cluster's own client certificate.
+    let dir = std::env::temp_dir().join(format!("secret-plugin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let admin: serde_json::Value = serde_json::to_value(east.kubeconfig()).unwrap();
+    let decode = |field: &str| {
+        let data = admin["users"][0]["user"][field].as_str().unwrap();
+        let bytes = std::process::Command::new("base64")
+            .arg("-d")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut child| {
+                use std::io::Write;
+                child.stdin.take().unwrap().write_all(data.as_bytes())?;
+                child.wait_with_output()
+            })
+            .unwrap()
+            .stdout;
+        String::from_utf8(bytes).unwrap()
+    };
+    let credential = serde_json::json!({
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "kind": "ExecCredential",
+        "status": {
+            "clientCertificateData": decode("client-certificate-data"),
+            "clientKeyData": decode("client-key-data"),
+        }
+    });
+    std::fs::write(dir.join("credential.json"), credential.to_string()).unwrap();
+    let plugin = dir.join("plugin");
+    std::fs::write(
+        &plugin,
+        format!(
+            "#!/bin/sh\n[ -e {d}/ready ] || {{ echo not yet >&2; exit 1; }}\ncat {d}/credential.json\n",
+            d = dir.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut kubeconfig = admin.clone();
+    kubeconfig["users"][0]["user"] = serde_json::json!({ "exec": {
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "command": plugin.display().to_string(),
+    }});
+    put(
+        hub,
+        secret("east", &[("kubeconfig", &kubeconfig.to_string())]),
+    )
+    .await;
+
+    let provider = SecretProvider::new(hub.client(), NAMESPACE)
+        .policy(kube_fleet::provider::kubeconfig::KubeconfigPolicy::default().allow_exec())
+        .retry(Duration::from_millis(200));
+    let mut running = run(provider);
+    let problem = running.problem_of("Secret default/east").await;
+    assert!(
+        problem.contains("credentials could not be obtained"),
+        "{problem}"
+    );
+    assert!(running.fleet.get("east").is_none());
+    std::fs::write(dir.join("ready"), "").unwrap();
+    running.reconciled("east", "on-east").await;
+    assert!(running.problems.get("Secret default/east").is_none());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
