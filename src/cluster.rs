@@ -60,15 +60,8 @@ impl Cluster {
     /// A cluster reached through `client`, with an empty cache.
     pub fn new(name: impl Into<ClusterName>, client: Client) -> Self {
         let name = name.into();
-        Self {
-            inner: Arc::new(Inner {
-                cache: ClusterCache::new(name.clone(), client.clone()),
-                name,
-                client,
-                left: AtomicBool::new(false),
-                leaving: Notify::new(),
-            }),
-        }
+        let cache = ClusterCache::new(name.clone(), client.clone());
+        Self::with_cache(name, client, cache)
     }
 
     /// The cluster that is `view`'s namespace of its host: its client
@@ -76,11 +69,16 @@ impl Cluster {
     /// of the host's watches (see [`HostCache`](crate::cache::HostCache)).
     pub fn of_view(name: impl Into<ClusterName>, view: &NamespaceView) -> Self {
         let name = name.into();
+        let cache = ClusterCache::of_view(name.clone(), view);
+        Self::with_cache(name, view.client(), cache)
+    }
+
+    fn with_cache(name: ClusterName, client: Client, cache: ClusterCache) -> Self {
         Self {
             inner: Arc::new(Inner {
-                cache: ClusterCache::of_view(name.clone(), view),
                 name,
-                client: view.client(),
+                client,
+                cache,
                 left: AtomicBool::new(false),
                 leaving: Notify::new(),
             }),

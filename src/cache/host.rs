@@ -25,7 +25,7 @@ use tower::BoxError;
 
 use super::{
     ClusterCache, Shape, SharedWatch, TypeInfo, Watchable, error_chain,
-    state::{Health, WatchState},
+    state::{FailureLog, Health},
     watch::{Hub, apply},
     watch_key,
 };
@@ -276,6 +276,13 @@ impl<K: Resource<DynamicType: TypeInfo> + Clone + 'static> Parts<K> {
             .expect("inserted above")
     }
 
+    /// Tells every part where the host's watch stands.
+    fn tell_health(&self) {
+        for part in self.by_namespace.values() {
+            part.hub.set_health(&self.health);
+        }
+    }
+
     /// Forgets the parts that hold nothing and that no watch reads.
     fn forget_unread(&mut self) {
         self.by_namespace.retain(|_, part| {
@@ -297,10 +304,7 @@ where
             dyntype: dyntype.clone(),
             listing: false,
             listed: false,
-            health: Health {
-                state: WatchState::Syncing,
-                has_synced: false,
-            },
+            health: Health::syncing(),
         }));
         let task = tokio::spawn(feed(host, events, parts.clone(), dyntype));
         Self {
@@ -377,27 +381,18 @@ async fn feed<K, S>(
     S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
 {
     let mut events = std::pin::pin!(events.default_backoff());
-    let mut last_reason = None;
+    let mut failures = FailureLog::default();
     let kind = K::kind(&dyntype).into_owned();
     while let Some(event) = events.next().await {
         let event = match event {
             Ok(event) => event,
             Err(error) => {
                 let reason = error_chain(&error);
-                if last_reason.as_ref() != Some(&reason) {
-                    tracing::warn!(cluster = %host, %kind, %reason, "watch of every namespace failed; retrying with backoff");
-                } else {
-                    tracing::debug!(cluster = %host, %kind, %reason, "watch of every namespace failed again");
-                }
+                failures.failed(&host, &kind, &reason);
                 let mut parts = lock(&parts);
-                parts.health.state = WatchState::Failing {
-                    reason: reason.clone(),
-                };
-                let health = parts.health.clone();
-                for part in parts.by_namespace.values() {
-                    part.hub.set_health(&health);
+                if parts.health.fail(&reason) {
+                    parts.tell_health();
                 }
-                last_reason = Some(reason);
                 continue;
             }
         };
@@ -444,20 +439,9 @@ async fn feed<K, S>(
             }
         }
         if healthy {
-            last_reason = None;
-            let health = Health {
-                has_synced: parts.health.has_synced || listed,
-                state: if parts.health.has_synced || listed {
-                    WatchState::Synced
-                } else {
-                    WatchState::Syncing
-                },
-            };
-            if health != parts.health {
-                parts.health = health.clone();
-                for part in parts.by_namespace.values() {
-                    part.hub.set_health(&health);
-                }
+            failures.recovered();
+            if parts.health.heard(listed) {
+                parts.tell_health();
             }
         }
         if listed {

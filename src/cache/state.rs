@@ -50,6 +50,64 @@ pub(crate) struct Health {
     pub(crate) has_synced: bool,
 }
 
+impl Health {
+    /// A watch that has not listed yet.
+    pub(crate) fn syncing() -> Self {
+        Self {
+            state: WatchState::Syncing,
+            has_synced: false,
+        }
+    }
+
+    /// The watch failed for `reason`. Returns whether that changed its state.
+    pub(crate) fn fail(&mut self, reason: &str) -> bool {
+        let failing = WatchState::Failing {
+            reason: reason.to_owned(),
+        };
+        let changed = self.state != failing;
+        self.state = failing;
+        changed
+    }
+
+    /// The watch received an event (`listed` if it completed a list).
+    /// Returns whether that is news: its state changed, or a list completed.
+    pub(crate) fn heard(&mut self, listed: bool) -> bool {
+        self.has_synced |= listed;
+        let state = if self.has_synced {
+            WatchState::Synced
+        } else {
+            WatchState::Syncing
+        };
+        let changed = self.state != state || listed;
+        self.state = state;
+        changed
+    }
+}
+
+/// Logs a watch's failures once per cause, not once per retry.
+#[derive(Debug, Default)]
+pub(crate) struct FailureLog {
+    last: Option<String>,
+}
+
+impl FailureLog {
+    /// Logs that the watch of `kind` in `cluster` failed for `reason`: as a
+    /// warning if the cause is new, at debug level if it is the last one.
+    pub(crate) fn failed(&mut self, cluster: &crate::ClusterName, kind: &str, reason: &str) {
+        if self.last.as_deref() == Some(reason) {
+            tracing::debug!(%cluster, %kind, %reason, "watch failed again");
+        } else {
+            tracing::warn!(%cluster, %kind, %reason, "watch failed; retrying with backoff");
+            self.last = Some(reason.to_owned());
+        }
+    }
+
+    /// The watch works again: its next failure is news.
+    pub(crate) fn recovered(&mut self) {
+        self.last = None;
+    }
+}
+
 /// One watch as a controller needs it: its type and where it stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchStatus {

@@ -20,7 +20,7 @@ use tokio::{sync::watch, task::AbortHandle};
 
 use super::{
     TypeInfo, error_chain,
-    state::{Health, WatchState, WatchStatus},
+    state::{FailureLog, Health, WatchState, WatchStatus},
     subscription::{Inbox, Note, Subscription, key_of},
 };
 use crate::ClusterName;
@@ -138,13 +138,7 @@ where
     {
         let writer = Writer::new(dyntype.clone());
         let store = writer.as_reader();
-        let hub = Arc::new(Hub::new(
-            Health {
-                state: WatchState::Syncing,
-                has_synced: false,
-            },
-            false,
-        ));
+        let hub = Arc::new(Hub::new(Health::syncing(), false));
         let task = tokio::spawn(run(
             cluster,
             events,
@@ -292,28 +286,15 @@ async fn run<K, S>(
 {
     // Without a backoff the watcher retries an unreachable cluster in a hot loop.
     let mut events = std::pin::pin!(events.default_backoff());
-    let mut last_reason = None;
+    let mut failures = FailureLog::default();
     let kind = K::kind(&dyntype).into_owned();
     while let Some(event) = events.next().await {
         let event = match event {
             Ok(event) => event,
             Err(error) => {
                 let reason = error_chain(&error);
-                // Once per cause, not once per retry.
-                if last_reason.as_ref() != Some(&reason) {
-                    tracing::warn!(%cluster, %kind, %reason, "watch failed; retrying with backoff");
-                } else {
-                    tracing::debug!(%cluster, %kind, %reason, "watch failed again");
-                }
-                hub.health.send_if_modified(|health| {
-                    let failing = WatchState::Failing {
-                        reason: reason.clone(),
-                    };
-                    let changed = health.state != failing;
-                    health.state = failing;
-                    changed
-                });
-                last_reason = Some(reason);
+                failures.failed(&cluster, &kind, &reason);
+                hub.health.send_if_modified(|health| health.fail(&reason));
                 continue;
             }
         };
@@ -323,18 +304,8 @@ async fn run<K, S>(
         let notes = apply(&mut writer, &reader, event, &dyntype);
         // `Init` comes before the list request, so it tells nothing of health.
         if healthy {
-            last_reason = None;
-            hub.health.send_if_modified(|health| {
-                health.has_synced |= listed;
-                let state = if health.has_synced {
-                    WatchState::Synced
-                } else {
-                    WatchState::Syncing
-                };
-                let changed = health.state != state || listed;
-                health.state = state;
-                changed
-            });
+            failures.recovered();
+            hub.health.send_if_modified(|health| health.heard(listed));
         }
         hub.notify(&notes, listed);
     }
