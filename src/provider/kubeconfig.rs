@@ -526,6 +526,58 @@ pub async fn client(
     }
 }
 
+/// Parses a kubeconfig held as bytes (a Secret's value), read from
+/// `origin`; see [`parse`].
+///
+/// # Errors
+///
+/// [`KubeconfigError::Malformed`] if the bytes are not UTF-8 text, or
+/// [`parse`] fails.
+pub fn parse_bytes(bytes: &[u8], origin: &str) -> Result<Kubeconfig, KubeconfigError> {
+    let text = std::str::from_utf8(bytes).map_err(|_| KubeconfigError::Malformed {
+        origin: origin.to_owned(),
+        reason: "it is not UTF-8 text".to_owned(),
+    })?;
+    parse(text, origin)
+}
+
+/// A client for the one cluster a kubeconfig stands for (one held in a
+/// Secret, say): its [`current_context`], checked against `policy` and
+/// built with [`client`]. The other contexts are not looked at.
+///
+/// # Errors
+///
+/// [`BuildError::Refused`](super::BuildError::Refused) if there is no
+/// usable current context, or the policy refuses it;
+/// [`BuildError::Unavailable`](super::BuildError::Unavailable) if it is
+/// fine but gives no client now (an allowed credential plugin fails).
+///
+/// ```
+/// use kube_fleet::provider::{BuildError, kubeconfig::{self, KubeconfigPolicy}};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let yaml = br#"{"apiVersion": "v1", "kind": "Config",
+///   "clusters": [{"name": "a", "cluster": {"server": "http://a.example.com"}}],
+///   "contexts": [{"name": "a", "context": {"cluster": "a"}}]}"#;
+/// let parsed = kubeconfig::parse_bytes(yaml, "Secret fleet/a").unwrap();
+/// let refused = kubeconfig::current_client(&parsed, "Secret fleet/a", &KubeconfigPolicy::default()).await;
+/// assert!(matches!(refused, Err(BuildError::Refused(text)) if text.contains("not https")));
+/// # }
+/// ```
+pub async fn current_client(
+    kubeconfig: &Kubeconfig,
+    origin: &str,
+    policy: &KubeconfigPolicy,
+) -> Result<kube::Client, super::BuildError> {
+    let context = current_context(kubeconfig, origin)?;
+    let alone = checked(kubeconfig, &context, origin, policy)?;
+    let config = load(alone, &context, origin).await?;
+    client(config, origin, &context)
+        .await
+        .map_err(|error| super::BuildError::Unavailable(error.to_string()))
+}
+
 /// The kubeconfig of the context `context` alone: that context, the
 /// cluster and the user it names, and `context` as the current context.
 /// `None` if the context is not there.

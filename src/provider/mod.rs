@@ -5,16 +5,21 @@
 //! applies them. Providers never touch controllers. Two are built in:
 //! [`ProgrammaticProvider`], driven from code, and [`LocalProvider`], the
 //! process's own cluster. Others live in crates of their own; those that read
-//! kubeconfigs share [`kubeconfig`]'s checks.
+//! kubeconfigs share [`kubeconfig`]'s checks, and those that
+//! build clients from sources they watch share [`Engagements`].
 
+mod engagements;
 pub mod kubeconfig;
 mod local;
 mod problems;
 mod programmatic;
+mod seen;
 
+pub use engagements::{BuildError, Engagements};
 pub use local::LocalProvider;
 pub use problems::Problems;
 pub use programmatic::{ProgrammaticHandle, ProgrammaticProvider};
+pub use seen::{Change, Seen};
 
 use kube::Client;
 

@@ -1,0 +1,426 @@
+//! Which clusters a provider has engaged, from what, and the clients being
+//! built for them.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    fmt,
+    future::Future,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use futures::{
+    FutureExt, StreamExt,
+    future::{BoxFuture, poll_fn},
+    stream::FuturesUnordered,
+};
+use kube::Client;
+use tokio_util::time::DelayQueue;
+
+use super::{ClusterEvent, Problems};
+use crate::ClusterName;
+
+/// Why building a client for a cluster gave none.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BuildError {
+    /// What the cluster is built from is not usable, or is refused (a
+    /// kubeconfig that does not parse, a plugin the policy does not allow):
+    /// not tried again until it changes.
+    #[error("{0}")]
+    Refused(String),
+    /// It is fine, but gave no client now (a credential plugin failed or
+    /// hung): tried again after a while.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl From<super::kubeconfig::KubeconfigError> for BuildError {
+    /// A kubeconfig that does not parse, or that the policy refuses, is not
+    /// tried again until it changes.
+    fn from(error: super::kubeconfig::KubeconfigError) -> Self {
+        Self::Refused(error.to_string())
+    }
+}
+
+type Build = Arc<dyn Fn() -> BoxFuture<'static, Result<Client, BuildError>> + Send + Sync>;
+
+/// The clusters a provider wants engaged, each from a version of its source
+/// (a hash of what its client is built from), turned into [`ClusterEvent`]s.
+///
+/// A provider tells it what each source now asks for with
+/// [`want`](Self::want) and [`unwant`](Self::unwant), and takes the events
+/// from [`next`](Self::next). It builds clients concurrently, so a source
+/// whose credential plugin hangs holds up no other; a cluster engaged from
+/// an older version stays engaged until the new version's client is built,
+/// then is engaged again with it (a version that gives no client disengages
+/// it). A version that is refused is not built again until it changes; one
+/// that gives no client now is built again after the retry interval. Each
+/// failure is reported to [`Problems`] under the source's name, and cleared
+/// when the cluster is engaged or no longer wanted.
+///
+/// ```
+/// use std::time::Duration;
+/// use kube_fleet::provider::{BuildError, ClusterEvent, Engagements, Problems};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let problems = Problems::new();
+/// let mut engagements = Engagements::new(problems.clone(), Duration::from_secs(30));
+/// let config = kube::Config::new("https://east.example.com:6443".parse()?);
+/// let client = kube::Client::try_from(config)?;
+///
+/// // Version 1 of the source builds; version 2 is refused.
+/// engagements.want("east", "Secret fleet/east", 1, move || {
+///     let client = client.clone();
+///     async move { Ok(client) }
+/// });
+/// assert!(matches!(engagements.next().await, ClusterEvent::Engage { .. }));
+/// engagements.want("east", "Secret fleet/east", 2, || async {
+///     Err(BuildError::Refused("Secret fleet/east: not a kubeconfig".into()))
+/// });
+/// assert!(matches!(engagements.next().await, ClusterEvent::Disengage { .. }));
+/// assert!(problems.get("Secret fleet/east").is_some());
+///
+/// // Gone: its problem goes with it.
+/// engagements.unwant("east");
+/// assert!(problems.current().is_empty());
+/// # Ok(())
+/// # }
+/// ```
+pub struct Engagements {
+    problems: Problems,
+    retry: Duration,
+    entries: HashMap<ClusterName, Entry>,
+    builds: FuturesUnordered<BoxFuture<'static, Built>>,
+    retries: DelayQueue<(ClusterName, u64)>,
+    ready: VecDeque<ClusterEvent>,
+    generations: u64,
+}
+
+struct Entry {
+    source: String,
+    hash: u64,
+    generation: u64,
+    build: Build,
+    /// Whether the fleet holds this cluster now (from this version or an
+    /// earlier one).
+    engaged: bool,
+    state: State,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum State {
+    Building,
+    Engaged,
+    Refused,
+    Waiting,
+}
+
+struct Built {
+    name: ClusterName,
+    generation: u64,
+    result: Result<Client, BuildError>,
+}
+
+impl fmt::Debug for Engagements {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut entries: Vec<_> = self
+            .entries
+            .iter()
+            .map(|(name, entry)| (name.as_ref(), &entry.state))
+            .collect();
+        entries.sort_by_key(|(name, _)| *name);
+        f.debug_struct("Engagements")
+            .field("retry", &self.retry)
+            .field("entries", &entries)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engagements {
+    /// None yet; failures go to `problems`, and a version that gave no
+    /// client now is built again after `retry`.
+    pub fn new(problems: Problems, retry: Duration) -> Self {
+        Self {
+            problems,
+            retry,
+            entries: HashMap::new(),
+            builds: FuturesUnordered::new(),
+            retries: DelayQueue::new(),
+            ready: VecDeque::new(),
+            generations: 0,
+        }
+    }
+
+    /// The cluster `name` should be engaged from the version `hash` of its
+    /// source (named `source` in problems and logs), with the client
+    /// `build` gives. Nothing happens if that version is already engaged,
+    /// being built, refused or waiting to be built again; otherwise it is
+    /// built now, and `build` is kept to build it again if it gives no
+    /// client now.
+    pub fn want<F>(
+        &mut self,
+        name: impl Into<ClusterName>,
+        source: impl Into<String>,
+        hash: u64,
+        build: impl Fn() -> F + Send + Sync + 'static,
+    ) where
+        F: Future<Output = Result<Client, BuildError>> + Send + 'static,
+    {
+        let name = name.into();
+        if self.entries.get(&name).is_some_and(|e| e.hash == hash) {
+            return;
+        }
+        self.generations += 1;
+        let generation = self.generations;
+        let build: Build = Arc::new(move || build().boxed());
+        let engaged = self.entries.get(&name).is_some_and(|e| e.engaged);
+        self.entries.insert(
+            name.clone(),
+            Entry {
+                source: source.into(),
+                hash,
+                generation,
+                build: build.clone(),
+                engaged,
+                state: State::Building,
+            },
+        );
+        self.start(name, generation, &build);
+    }
+
+    /// The cluster `name` should not be engaged (its source is gone, or
+    /// says it is not ready): it is disengaged if it was engaged, a build
+    /// under way is forgotten, and its source's problem is cleared.
+    pub fn unwant(&mut self, name: &str) {
+        if let Some(entry) = self.entries.remove(name) {
+            self.problems.clear(&entry.source);
+            if entry.engaged {
+                tracing::info!(cluster = %name, source = %entry.source, "disengaging a cluster");
+                self.ready.push_back(ClusterEvent::Disengage {
+                    name: ClusterName::new(name),
+                });
+            }
+        }
+    }
+
+    /// Whether the fleet holds the cluster `name` now, from any version.
+    pub fn is_engaged(&self, name: &str) -> bool {
+        self.entries.get(name).is_some_and(|e| e.engaged)
+    }
+
+    /// Whether the cluster `name` is wanted (engaged, being built, refused
+    /// or waiting to be built again).
+    pub fn is_wanted(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    /// The names of the clusters wanted, in no order.
+    pub fn wanted(&self) -> impl Iterator<Item = &ClusterName> {
+        self.entries.keys()
+    }
+
+    /// The next event for the fleet. Pending while there is none; builds
+    /// and retries make progress only while this is polled.
+    pub async fn next(&mut self) -> ClusterEvent {
+        poll_fn(|cx| self.poll_event(cx)).await
+    }
+
+    fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<ClusterEvent> {
+        loop {
+            if let Some(event) = self.ready.pop_front() {
+                return Poll::Ready(event);
+            }
+            if let Poll::Ready(Some(built)) = self.builds.poll_next_unpin(cx) {
+                self.built(built);
+                continue;
+            }
+            if let Poll::Ready(Some(expired)) = self.retries.poll_expired(cx) {
+                let (name, generation) = expired.into_inner();
+                if let Some(entry) = self.entries.get_mut(&name)
+                    && entry.generation == generation
+                    && entry.state == State::Waiting
+                {
+                    entry.state = State::Building;
+                    let build = entry.build.clone();
+                    self.start(name, generation, &build);
+                }
+                continue;
+            }
+            return Poll::Pending;
+        }
+    }
+
+    fn start(&mut self, name: ClusterName, generation: u64, build: &Build) {
+        let build = build();
+        self.builds.push(
+            async move {
+                Built {
+                    name,
+                    generation,
+                    result: build.await,
+                }
+            }
+            .boxed(),
+        );
+    }
+
+    fn built(&mut self, built: Built) {
+        let Some(entry) = self.entries.get_mut(&built.name) else {
+            return;
+        };
+        if entry.generation != built.generation {
+            // An older version's, or a source that left meanwhile.
+            return;
+        }
+        let name = built.name;
+        match built.result {
+            Ok(client) => {
+                self.problems.clear(&entry.source);
+                tracing::info!(cluster = %name, source = %entry.source, again = entry.engaged, "engaging a cluster");
+                entry.engaged = true;
+                entry.state = State::Engaged;
+                self.ready.push_back(ClusterEvent::Engage { name, client });
+                return;
+            }
+            Err(BuildError::Refused(problem)) => {
+                self.problems.report(&entry.source, problem);
+                entry.state = State::Refused;
+            }
+            Err(BuildError::Unavailable(problem)) => {
+                let retry = self.retry;
+                self.problems.report(
+                    &entry.source,
+                    format!("{problem} (tried again every {retry:?})"),
+                );
+                entry.state = State::Waiting;
+                self.retries.insert((name.clone(), entry.generation), retry);
+            }
+        }
+        if std::mem::take(&mut entry.engaged) {
+            tracing::info!(cluster = %name, source = %entry.source, "disengaging a cluster: its source gives no client now");
+            self.ready.push_back(ClusterEvent::Disengage { name });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    fn client() -> Client {
+        let config = kube::Config::new("https://a.example.com".parse().unwrap());
+        Client::try_from(config).unwrap()
+    }
+
+    fn name(event: &ClusterEvent) -> (&'static str, String) {
+        match event {
+            ClusterEvent::Engage { name, .. } => ("engage", name.to_string()),
+            ClusterEvent::EngageView { name, .. } => ("view", name.to_string()),
+            ClusterEvent::Disengage { name } => ("disengage", name.to_string()),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_build_holds_up_no_other() {
+        let mut engagements = Engagements::new(Problems::new(), Duration::from_secs(30));
+        engagements.want("slow", "slow", 1, || futures::future::pending());
+        engagements.want("quick", "quick", 1, || async { Ok(client()) });
+        let event = engagements.next().await;
+        assert_eq!(name(&event), ("engage", "quick".to_owned()));
+        assert!(!engagements.is_engaged("slow"));
+        assert!(engagements.is_wanted("slow"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unavailable_is_tried_again_after_the_interval_and_refused_is_not() {
+        let problems = Problems::new();
+        let mut engagements = Engagements::new(problems.clone(), Duration::from_secs(30));
+        let tries = Arc::new(AtomicUsize::new(0));
+        let counted = tries.clone();
+        engagements.want("flaky", "Secret a/flaky", 1, move || {
+            let n = counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n < 2 {
+                    Err(BuildError::Unavailable("the plugin failed".into()))
+                } else {
+                    Ok(client())
+                }
+            }
+        });
+        let refused = Arc::new(AtomicUsize::new(0));
+        let counted = refused.clone();
+        engagements.want("bad", "Secret a/bad", 1, move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { Err(BuildError::Refused("not a kubeconfig".into())) }
+        });
+        let began = tokio::time::Instant::now();
+        let event = engagements.next().await;
+        assert_eq!(name(&event), ("engage", "flaky".to_owned()));
+        assert_eq!(tries.load(Ordering::SeqCst), 3);
+        assert_eq!(began.elapsed(), Duration::from_secs(60));
+        assert_eq!(refused.load(Ordering::SeqCst), 1);
+        assert_eq!(problems.get("Secret a/flaky"), None);
+        assert_eq!(
+            problems.get("Secret a/bad").as_deref(),
+            Some("not a kubeconfig")
+        );
+        // The same version again is not built again.
+        engagements.want("bad", "Secret a/bad", 1, || async { Ok(client()) });
+        assert!(
+            tokio::time::timeout(Duration::from_secs(600), engagements.next())
+                .await
+                .is_err()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_build_overtaken_by_a_newer_version_or_a_departure_is_dropped() {
+        let mut engagements = Engagements::new(Problems::new(), Duration::from_secs(30));
+        engagements.want("a", "a", 1, || async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Err(BuildError::Refused("old".into()))
+        });
+        engagements.want("a", "a", 2, || async { Ok(client()) });
+        assert_eq!(name(&engagements.next().await), ("engage", "a".to_owned()));
+        engagements.want("b", "b", 1, || async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Ok(client())
+        });
+        engagements.unwant("b");
+        // Neither the old build of a nor the build of b gives an event.
+        assert!(
+            tokio::time::timeout(Duration::from_secs(60), engagements.next())
+                .await
+                .is_err()
+        );
+        assert!(engagements.is_engaged("a"));
+        assert!(!engagements.is_wanted("b"));
+        engagements.unwant("a");
+        assert_eq!(
+            name(&engagements.next().await),
+            ("disengage", "a".to_owned())
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_engaged_cluster_stays_until_its_new_version_is_built() {
+        let mut engagements = Engagements::new(Problems::new(), Duration::from_secs(30));
+        engagements.want("a", "a", 1, || async { Ok(client()) });
+        assert_eq!(name(&engagements.next().await), ("engage", "a".to_owned()));
+        engagements.want("a", "a", 2, || async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Err(BuildError::Unavailable("no".into()))
+        });
+        assert!(engagements.is_engaged("a"));
+        assert_eq!(
+            name(&engagements.next().await),
+            ("disengage", "a".to_owned())
+        );
+        assert!(!engagements.is_engaged("a"));
+        assert!(engagements.is_wanted("a"));
+    }
+}
