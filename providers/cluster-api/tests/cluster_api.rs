@@ -9,7 +9,7 @@ use k8s_openapi::{
     api::core::v1::{ConfigMap, Secret},
 };
 use kube::{
-    Api, CustomResourceExt, Resource,
+    Api, CustomResourceExt,
     api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
     config::Kubeconfig,
     runtime::watcher,
