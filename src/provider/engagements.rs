@@ -327,7 +327,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_hung_build_holds_up_no_other() {
         let mut engagements = Engagements::new(Problems::new(), Duration::from_secs(30));
-        engagements.want("slow", "slow", 1, || futures::future::pending());
+        engagements.want("slow", "slow", 1, futures::future::pending);
         engagements.want("quick", "quick", 1, || async { Ok(client()) });
         let event = engagements.next().await;
         assert_eq!(name(&event), ("engage", "quick".to_owned()));
