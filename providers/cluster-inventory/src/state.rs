@@ -1,0 +1,317 @@
+//! What the provider knows of the profiles and their Secrets, and what each
+//! change to one does.
+
+use std::{
+    collections::{BTreeMap, HashMap, hash_map::RandomState},
+    hash::BuildHasher,
+    sync::Arc,
+    time::Duration,
+};
+
+use futures::stream::{self, BoxStream, StreamExt};
+use k8s_openapi::api::core::v1::Secret;
+use kube::{ResourceExt, runtime::watcher};
+use kube_fleet::provider::{
+    Change, ClusterEvent, Engagements, Problems, Seen,
+    kubeconfig::{self, KubeconfigPolicy},
+};
+
+use crate::{
+    CONSUMER_LABEL, Credentials, Healthy, PROFILE_LABEL, SECRET_KEY, v1alpha1::ClusterProfile,
+};
+
+#[derive(Clone)]
+pub(crate) struct Options {
+    pub(crate) credentials: Credentials,
+    pub(crate) namespace: Option<String>,
+    pub(crate) policy: KubeconfigPolicy,
+    pub(crate) retry: Duration,
+    pub(crate) healthy: Healthy,
+}
+
+/// A Secret's kubeconfig, as bytes (`None`: the key is missing or empty).
+type Kubeconfig = Option<Arc<[u8]>>;
+
+type Events<K> = BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>;
+
+/// What a profile asks for now.
+struct Profile {
+    healthy: bool,
+    /// With access providers: its kubeconfig, or why there is none.
+    kubeconfig: Option<Result<Arc<kube::config::Kubeconfig>, String>>,
+}
+
+pub(crate) struct State {
+    options: Options,
+    problems: Problems,
+    hasher: RandomState,
+    profiles: HashMap<String, Profile>,
+    profile_watch: Seen,
+    /// With Secrets: each profile's Secrets by name, with their kubeconfig
+    /// (`None`: the key is missing or empty).
+    secrets: HashMap<String, BTreeMap<String, Kubeconfig>>,
+    /// The profile each Secret is for, by the Secret's `namespace/name`.
+    secret_profiles: HashMap<String, String>,
+    secret_watch: Seen,
+    engagements: Engagements,
+}
+
+// One at a time, for a moment, on the stack.
+#[allow(clippy::large_enum_variant)]
+enum Input {
+    Event(ClusterEvent),
+    Profile(Result<watcher::Event<ClusterProfile>, watcher::Error>),
+    Secret(Result<watcher::Event<Secret>, watcher::Error>),
+}
+
+fn key(namespace: Option<String>, name: &str) -> String {
+    format!("{}/{name}", namespace.unwrap_or_default())
+}
+
+impl State {
+    pub(crate) fn new(options: Options, problems: Problems) -> Self {
+        let engagements = Engagements::new(problems.clone(), options.retry);
+        Self {
+            options,
+            problems,
+            hasher: RandomState::new(),
+            profiles: HashMap::new(),
+            profile_watch: Seen::new(),
+            secrets: HashMap::new(),
+            secret_profiles: HashMap::new(),
+            secret_watch: Seen::new(),
+            engagements,
+        }
+    }
+
+    pub(crate) fn events(
+        self,
+        profiles: Events<ClusterProfile>,
+        secrets: Events<Secret>,
+    ) -> BoxStream<'static, ClusterEvent> {
+        stream::unfold(
+            (self, profiles, secrets),
+            |(mut state, mut profiles, mut secrets)| async move {
+                loop {
+                    // The watches retry for ever; they end only if dropped.
+                    let input = tokio::select! {
+                        event = state.engagements.next() => Input::Event(event),
+                        Some(event) = profiles.next() => Input::Profile(event),
+                        Some(event) = secrets.next() => Input::Secret(event),
+                    };
+                    match input {
+                        Input::Event(event) => return Some((event, (state, profiles, secrets))),
+                        Input::Profile(event) => state.on_profile(event),
+                        Input::Secret(event) => state.on_secret(event),
+                    }
+                }
+            },
+        )
+        .boxed()
+    }
+
+    fn watch(&self, source: &str, error: Option<&watcher::Error>) {
+        match error {
+            None => self.problems.clear(source),
+            Some(error) => self.problems.report(
+                source,
+                format!(
+                    "the watch fails, and is retried: {}",
+                    kube_fleet::provider::describe(error)
+                ),
+            ),
+        }
+    }
+
+    fn on_profile(&mut self, event: Result<watcher::Event<ClusterProfile>, watcher::Error>) {
+        let source = "ClusterProfiles (multicluster.x-k8s.io/v1alpha1)";
+        let event = match event {
+            Ok(event) => event,
+            Err(error) => return self.watch(source, Some(&error)),
+        };
+        self.watch(source, None);
+        let changes = self.profile_watch.changes(event, |p: &ClusterProfile| {
+            key(p.namespace(), &p.name_any())
+        });
+        for change in changes {
+            let key = match change {
+                Change::Applied(profile) => {
+                    let key = key(profile.namespace(), &profile.name_any());
+                    let healthy = profile.metadata.deletion_timestamp.is_none()
+                        && (self.options.healthy)(&profile);
+                    let kubeconfig = match &self.options.credentials {
+                        Credentials::Access(access) if healthy => {
+                            Some(access.kubeconfig(&profile).map(Arc::new))
+                        }
+                        _ => None,
+                    };
+                    self.profiles.insert(
+                        key.clone(),
+                        Profile {
+                            healthy,
+                            kubeconfig,
+                        },
+                    );
+                    key
+                }
+                Change::Deleted(key) => {
+                    self.profiles.remove(&key);
+                    key
+                }
+            };
+            self.update(&key);
+        }
+    }
+
+    fn on_secret(&mut self, event: Result<watcher::Event<Secret>, watcher::Error>) {
+        let source = format!("Secrets labelled {CONSUMER_LABEL}");
+        let event = match event {
+            Ok(event) => event,
+            Err(error) => return self.watch(&source, Some(&error)),
+        };
+        self.watch(&source, None);
+        let changes = self
+            .secret_watch
+            .changes(event, |s: &Secret| key(s.namespace(), &s.name_any()));
+        for change in changes {
+            let (secret_key, now) = match change {
+                Change::Applied(secret) => {
+                    let secret_key = key(secret.namespace(), &secret.name_any());
+                    let profile = secret
+                        .labels()
+                        .get(PROFILE_LABEL)
+                        .cloned()
+                        .unwrap_or_default();
+                    let bytes = secret
+                        .data
+                        .as_ref()
+                        .and_then(|data| data.get(SECRET_KEY))
+                        .map(|value| value.0.as_slice())
+                        .filter(|bytes| !bytes.is_empty())
+                        .map(Arc::from);
+                    let now = (secret.metadata.deletion_timestamp.is_none() && !profile.is_empty())
+                        .then(|| (key(secret.namespace(), &profile), bytes));
+                    (secret_key, now)
+                }
+                Change::Deleted(secret_key) => (secret_key, None),
+            };
+            // Off the profile it was for, if another, and onto the one it
+            // is for, each brought in line once.
+            let name = secret_key.split_once('/').map_or("", |(_, n)| n).to_owned();
+            let before = self.secret_profiles.remove(&secret_key);
+            if let Some(before) = &before
+                && now.as_ref().is_none_or(|(profile, _)| profile != before)
+            {
+                if let Some(secrets) = self.secrets.get_mut(before) {
+                    secrets.remove(&name);
+                    if secrets.is_empty() {
+                        self.secrets.remove(before);
+                    }
+                }
+                self.update(before);
+            }
+            if let Some((profile, bytes)) = now {
+                self.secret_profiles.insert(secret_key, profile.clone());
+                self.secrets
+                    .entry(profile.clone())
+                    .or_default()
+                    .insert(name, bytes);
+                self.update(&profile);
+            }
+        }
+    }
+
+    /// Brings the cluster `key` in line with its profile (and Secret).
+    fn update(&mut self, key: &str) {
+        let source = format!("ClusterProfile {key}");
+        let Some(profile) = self.profiles.get(key).filter(|p| p.healthy) else {
+            // Not there, leaving, or not healthy (yet): nothing to report.
+            self.engagements.unwant(key);
+            self.problems.clear(&source);
+            return;
+        };
+        let policy = self.options.policy.clone();
+        match (&self.options.credentials, &profile.kubeconfig) {
+            (Credentials::Access(_), Some(Ok(kubeconfig))) => {
+                let hash = self
+                    .hasher
+                    .hash_one(serde_json::to_vec(&**kubeconfig).unwrap_or_default());
+                let kubeconfig = kubeconfig.clone();
+                let origin = format!(
+                    "{source}: access provider {:?}",
+                    kubeconfig.current_context.as_deref().unwrap_or_default()
+                );
+                self.engagements.want(key, source, hash, move || {
+                    let (kubeconfig, policy, origin) =
+                        (kubeconfig.clone(), policy.clone(), origin.clone());
+                    async move { kubeconfig::current_client(&kubeconfig, &origin, &policy).await }
+                });
+            }
+            (Credentials::Access(_), problem) => {
+                self.engagements.unwant(key);
+                let problem = match problem {
+                    Some(Err(problem)) => problem.clone(),
+                    _ => "gives no kubeconfig".to_owned(),
+                };
+                self.problems.report(&source, problem);
+            }
+            (Credentials::Secrets { consumer }, _) => {
+                let secrets = self.secrets.get(key);
+                let labels = || {
+                    let name = key.split_once('/').map_or(key, |(_, n)| n);
+                    format!("{CONSUMER_LABEL}={consumer}, {PROFILE_LABEL}={name}")
+                };
+                match secrets
+                    .map(|s| s.iter().collect::<Vec<_>>())
+                    .unwrap_or_default()[..]
+                {
+                    [] => {
+                        self.engagements.unwant(key);
+                        self.problems.report(
+                            &source,
+                            format!(
+                                "is healthy, but no Secret in its namespace is labelled {}",
+                                labels()
+                            ),
+                        );
+                    }
+                    [(name, None)] => self.problems.report(
+                        &source,
+                        format!(
+                            "its Secret {name} has no key {SECRET_KEY:?}, or it is empty: \
+                             a cluster engaged from it before is left as it was"
+                        ),
+                    ),
+                    [(name, Some(bytes))] => {
+                        let hash = self.hasher.hash_one(&**bytes);
+                        let bytes = bytes.clone();
+                        let namespace = key.split_once('/').map_or("", |(ns, _)| ns);
+                        let origin =
+                            format!("{source}: Secret {namespace}/{name}, key {SECRET_KEY:?}");
+                        self.engagements.want(key, source, hash, move || {
+                            let (bytes, policy, origin) =
+                                (bytes.clone(), policy.clone(), origin.clone());
+                            async move {
+                                let parsed = kubeconfig::parse_bytes(&bytes, &origin)?;
+                                kubeconfig::current_client(&parsed, &origin, &policy).await
+                            }
+                        });
+                    }
+                    ref several => {
+                        let names: Vec<&str> = several.iter().map(|(n, _)| n.as_str()).collect();
+                        self.engagements.unwant(key);
+                        self.problems.report(
+                            &source,
+                            format!(
+                                "{} Secrets are labelled {} ({}), and one is wanted",
+                                names.len(),
+                                labels(),
+                                names.join(", ")
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
