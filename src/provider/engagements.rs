@@ -107,6 +107,8 @@ struct Entry {
     /// earlier one).
     engaged: bool,
     state: State,
+    /// Why this version gave no client, while it is refused or waiting.
+    problem: Option<String>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -155,10 +157,11 @@ impl Engagements {
 
     /// The cluster `name` should be engaged from the version `hash` of its
     /// source (named `source` in problems and logs), with the client
-    /// `build` gives. Nothing happens if that version is already engaged,
-    /// being built, refused or waiting to be built again; otherwise it is
-    /// built now, and `build` is kept to build it again if it gives no
-    /// client now.
+    /// `build` gives. If that version is already engaged, being built,
+    /// refused or waiting to be built again, nothing is built, and its
+    /// state is reported again (its problem, or none if it is engaged);
+    /// otherwise it is built now, and `build` is kept to build it again if
+    /// it gives no client now.
     pub fn want<F>(
         &mut self,
         name: impl Into<ClusterName>,
@@ -169,7 +172,18 @@ impl Engagements {
         F: Future<Output = Result<Client, BuildError>> + Send + 'static,
     {
         let name = name.into();
-        if self.entries.get(&name).is_some_and(|e| e.hash == hash) {
+        if let Some(entry) = self.entries.get(&name)
+            && entry.hash == hash
+        {
+            // The same version again: its problem, if any, is told again
+            // (the provider may have reported another meanwhile).
+            match (&entry.state, &entry.problem) {
+                (State::Engaged, _) => self.problems.clear(&entry.source),
+                (State::Refused | State::Waiting, Some(problem)) => {
+                    self.problems.report(&entry.source, problem)
+                }
+                _ => {}
+            }
             return;
         }
         self.generations += 1;
@@ -185,6 +199,7 @@ impl Engagements {
                 build: build.clone(),
                 engaged,
                 state: State::Building,
+                problem: None,
             },
         );
         self.start(name, generation, &build);
@@ -285,16 +300,16 @@ impl Engagements {
                 return;
             }
             Err(BuildError::Refused(problem)) => {
-                self.problems.report(&entry.source, problem);
+                self.problems.report(&entry.source, &problem);
                 entry.state = State::Refused;
+                entry.problem = Some(problem);
             }
             Err(BuildError::Unavailable(problem)) => {
                 let retry = self.retry;
-                self.problems.report(
-                    &entry.source,
-                    format!("{problem} (tried again every {retry:?})"),
-                );
+                let problem = format!("{problem} (tried again every {retry:?})");
+                self.problems.report(&entry.source, &problem);
                 entry.state = State::Waiting;
+                entry.problem = Some(problem);
                 self.retries.insert((name.clone(), entry.generation), retry);
             }
         }
@@ -422,5 +437,31 @@ mod tests {
         );
         assert!(!engagements.is_engaged("a"));
         assert!(engagements.is_wanted("a"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_same_version_again_tells_its_state_again() {
+        let problems = Problems::new();
+        let mut engagements = Engagements::new(problems.clone(), Duration::from_secs(30));
+        engagements.want("bad", "Secret a/bad", 1, || async {
+            Err(BuildError::Refused("not a kubeconfig".into()))
+        });
+        let _ = tokio::time::timeout(Duration::from_secs(1), engagements.next()).await;
+        // The provider reports something else meanwhile (its key went
+        // missing), then the same version comes back.
+        problems.report("Secret a/bad", "no key");
+        engagements.want("bad", "Secret a/bad", 1, || async { Ok(client()) });
+        assert_eq!(
+            problems.get("Secret a/bad").as_deref(),
+            Some("not a kubeconfig")
+        );
+        engagements.want("good", "Secret a/good", 1, || async { Ok(client()) });
+        assert_eq!(
+            name(&engagements.next().await),
+            ("engage", "good".to_owned())
+        );
+        problems.report("Secret a/good", "no key");
+        engagements.want("good", "Secret a/good", 1, || async { Ok(client()) });
+        assert_eq!(problems.get("Secret a/good"), None);
     }
 }

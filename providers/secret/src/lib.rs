@@ -40,7 +40,9 @@
 //! once with the Secret's namespace and name, and kept in
 //! [`SecretProvider::problems`] until it is fixed or the Secret is gone;
 //! failures of the watch itself are there too, while they last. None stops
-//! the provider or touches other clusters. Tokens and keys are never logged.
+//! the provider or touches other clusters: clients are built concurrently,
+//! so a Secret whose plugin hangs holds up no other. Tokens and keys are
+//! never logged.
 //!
 //! ```no_run
 //! use kube_fleet::{Fleet, provider::kubeconfig::KubeconfigPolicy};
