@@ -31,6 +31,8 @@ pub(crate) struct State {
 
 type Secrets = BoxStream<'static, Result<watcher::Event<Secret>, watcher::Error>>;
 
+// One at a time, for a moment, on the stack.
+#[allow(clippy::large_enum_variant)]
 enum Input {
     Event(ClusterEvent),
     Secret(Result<watcher::Event<Secret>, watcher::Error>),
