@@ -142,11 +142,12 @@ impl fmt::Debug for Engagements {
 
 impl Engagements {
     /// None yet; failures go to `problems`, and a version that gave no
-    /// client now is built again after `retry`.
+    /// client now is built again after `retry` (taken as at least 100 ms
+    /// and at most a day).
     pub fn new(problems: Problems, retry: Duration) -> Self {
         Self {
             problems,
-            retry,
+            retry: retry.clamp(Duration::from_millis(100), Duration::from_secs(86_400)),
             entries: HashMap::new(),
             builds: FuturesUnordered::new(),
             retries: DelayQueue::new(),

@@ -504,10 +504,20 @@ pub async fn client(
         context: context.to_owned(),
         reason,
     };
-    let built = tokio::time::timeout(
-        CLIENT_TIMEOUT,
-        tokio::task::spawn_blocking(move || crate::client::client(config)),
-    )
+    // A plugin that hung on an earlier try still holds its thread and its
+    // process (kube waits on it, and cannot be told to stop): this try
+    // waits for it to end, within the same time limit, rather than start a
+    // second one for the same source.
+    let slot = Slot::of(origin, context);
+    let built = tokio::time::timeout(CLIENT_TIMEOUT, async move {
+        let turn = slot.lock.clone().lock_owned().await;
+        tokio::task::spawn_blocking(move || {
+            // The turn is given back first, then the slot forgotten.
+            let _turn = (turn, slot);
+            crate::client::client(config)
+        })
+        .await
+    })
     .await;
     match built {
         Ok(Ok(Ok(client))) => Ok(client),
@@ -576,6 +586,43 @@ pub async fn current_client(
     client(config, origin, &context)
         .await
         .map_err(|error| super::BuildError::Unavailable(error.to_string()))
+}
+
+/// The turn of one source and context to build a client: one build at a
+/// time each, on a blocking thread that holds the turn until it ends,
+/// whether or not anyone still waits for it.
+struct Slot {
+    key: String,
+    lock: std::sync::Arc<tokio::sync::Mutex<()>>,
+}
+
+type Slots = std::collections::HashMap<String, std::sync::Arc<tokio::sync::Mutex<()>>>;
+
+fn slots() -> std::sync::MutexGuard<'static, Slots> {
+    static SLOTS: OnceLock<std::sync::Mutex<Slots>> = OnceLock::new();
+    SLOTS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Slot {
+    fn of(origin: &str, context: &str) -> Self {
+        let key = format!("{origin}\u{0}{context}");
+        let lock = slots().entry(key.clone()).or_default().clone();
+        Self { key, lock }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut slots = slots();
+        // Forgotten once nobody holds or waits for it: the map's own
+        // reference and this one are all that is left.
+        if std::sync::Arc::strong_count(&self.lock) <= 2 {
+            slots.remove(&self.key);
+        }
+    }
 }
 
 /// The kubeconfig of the context `context` alone: that context, the
@@ -947,6 +994,47 @@ contexts:
         let text = crate::cache::error_chain(&error);
         assert!(text.contains("credentials could not be obtained"), "{text}");
         assert!(!text.contains("SECRET"), "{text}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn one_build_at_a_time_for_a_source_however_many_tries_wait() {
+        let dir = std::env::temp_dir().join(format!("kube-fleet-turns-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("log");
+        let plugin = dir.join("plugin");
+        std::fs::write(
+            &plugin,
+            format!(
+                "#!/bin/sh\necho start >> '{log}'\nsleep 1\necho end >> '{log}'\n\
+                 echo '{{\"apiVersion\":\"client.authentication.k8s.io/v1\",\"kind\":\"ExecCredential\",\"status\":{{\"token\":\"t\"}}}}'\n",
+                log = log.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&plugin, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let yaml = format!(
+            r#"{{"apiVersion": "v1", "kind": "Config",
+              "clusters": [{{"name": "a", "cluster": {{"server": "https://a.example.com"}}}}],
+              "users": [{{"name": "a", "user": {{"exec": {{"apiVersion": "client.authentication.k8s.io/v1", "command": "{}"}}}}}}],
+              "contexts": [{{"name": "a", "context": {{"cluster": "a", "user": "a"}}}}]}}"#,
+            plugin.display()
+        );
+        let parsed = parse(&yaml, "Secret x/turns").unwrap();
+        let policy = KubeconfigPolicy::default().allow_exec();
+        let (first, second) = tokio::join!(
+            current_client(&parsed, "Secret x/turns", &policy),
+            current_client(&parsed, "Secret x/turns", &policy),
+        );
+        assert!(first.is_ok() && second.is_ok());
+        let runs = std::fs::read_to_string(&log).unwrap();
+        assert!(runs.lines().count() >= 4, "{runs}");
+        assert!(
+            !runs.contains("start\nstart"),
+            "two plugins ran at once: {runs}"
+        );
+        assert!(slots().is_empty(), "a turn kept after its builds ended");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -37,11 +37,13 @@ pub enum Change<K> {
 /// seen.changes(Event::InitApply(secret("b")), key);
 /// assert_eq!(seen.changes(Event::InitDone, key), vec![Change::Deleted("a".to_owned())]);
 /// assert!(seen.contains("b") && !seen.contains("a"));
+/// assert!(seen.listed());
 /// ```
 #[derive(Debug, Default)]
 pub struct Seen {
     keys: HashSet<String>,
     relisting: Option<HashSet<String>>,
+    listed: bool,
 }
 
 impl Seen {
@@ -72,6 +74,7 @@ impl Seen {
                 vec![Change::Applied(object)]
             }
             watcher::Event::InitDone => {
+                self.listed = true;
                 let relisted = self.relisting.take().unwrap_or_default();
                 let gone: Vec<String> = self
                     .keys
@@ -92,6 +95,12 @@ impl Seen {
                 vec![Change::Deleted(key)]
             }
         }
+    }
+
+    /// Whether the watch has listed its objects once: until then, an object
+    /// not seen may well be there.
+    pub fn listed(&self) -> bool {
+        self.listed
     }
 
     /// Whether the object of `key` is there, as far as the watch has shown.

@@ -33,7 +33,8 @@
 //!   poll.
 //! - A changed kubeconfig (compared by a hash of the key's bytes) engages
 //!   the cluster again, with a new client; the old one stays in use until
-//!   the new one is built.
+//!   the new one is built (a new kubeconfig that gives no client
+//!   disengages it).
 //! - A `Cluster` deleted, or given a deletion timestamp, or no longer ready
 //!   by the test, is disengaged; so is one whose Secret is deleted.
 //!
@@ -224,7 +225,8 @@ impl<K: ClusterObject> ClusterApiProvider<K> {
     }
 
     /// What keeps `Cluster`s from being engaged now, by `Cluster
-    /// namespace/name`, and failing watches, by `Clusters` and `Secrets`.
+    /// namespace/name`, and failing watches, by `Clusters (<api version>)`
+    /// and `Secrets labelled cluster.x-k8s.io/cluster-name`.
     /// Shared with the provider: it stays current while the provider runs.
     pub fn problems(&self) -> Problems {
         self.problems.clone()

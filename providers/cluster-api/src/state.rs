@@ -182,6 +182,7 @@ impl<K: ClusterObject> State<K> {
             watcher::Event::Delete(s) if !is_kubeconfig(&s) => return,
             event => event,
         };
+        let listed = self.secret_watch.listed();
         for change in self.secret_watch.changes(event, secret_key) {
             let key = match change {
                 Change::Applied(secret) => {
@@ -208,6 +209,11 @@ impl<K: ClusterObject> State<K> {
             };
             self.update(&key);
         }
+        if !listed && self.secret_watch.listed() {
+            // Clusters without a Secret are told of only now.
+            let keys: Vec<String> = self.clusters.keys().cloned().collect();
+            keys.iter().for_each(|key| self.update(key));
+        }
     }
 
     /// Brings the cluster `key` in line with its `Cluster` and Secret.
@@ -222,6 +228,7 @@ impl<K: ClusterObject> State<K> {
         let (namespace, name) = key.split_once('/').unwrap_or(("", key));
         let secret = format!("Secret {namespace}/{name}{KUBECONFIG_SUFFIX}");
         match self.secrets.get(key) {
+            None if !self.secret_watch.listed() => self.engagements.unwant(key),
             None => {
                 self.engagements.unwant(key);
                 self.problems.report(
@@ -233,13 +240,20 @@ impl<K: ClusterObject> State<K> {
                     ),
                 );
             }
-            Some(None) => self.problems.report(
-                &source,
-                format!(
-                    "{secret} has no key {KUBECONFIG_KEY:?}, or it is empty: \
-                     a cluster engaged from it before is left as it was"
-                ),
-            ),
+            Some(None) => {
+                // A version built from bytes it no longer holds must not be
+                // engaged later.
+                if !self.engagements.is_engaged(key) {
+                    self.engagements.unwant(key);
+                }
+                self.problems.report(
+                    &source,
+                    format!(
+                        "{secret} has no key {KUBECONFIG_KEY:?}, or it is empty: \
+                         a cluster engaged from it before is left as it was"
+                    ),
+                );
+            }
             Some(Some(bytes)) => {
                 let hash = self.hasher.hash_one(&**bytes);
                 let bytes = bytes.clone();

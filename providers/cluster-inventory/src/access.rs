@@ -105,7 +105,12 @@ pub enum ArgsPolicy {
     Append,
 }
 
-/// What a profile's additional environment variables do.
+/// What a profile's additional environment variables do. A variable that
+/// chooses what runs (`PATH`, `LD_*`, `DYLD_*`, `BASH_FUNC_*`, `BASH_ENV`,
+/// `ENV`, `IFS`, `SHELLOPTS`, `NODE_OPTIONS`, `PYTHON*`, `PERL*`, `RUBY*`)
+/// or `KUBERNETES_EXEC_INFO` is refused whatever the policy, and the profile
+/// is reported. Whatever else you allow, the plugin must treat as input from
+/// whoever writes the profiles.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 pub enum EnvPolicy {
     /// They are ignored.
@@ -266,6 +271,12 @@ impl AccessConfig {
                             "its extension {ADDITIONAL_ENVS_EXTENSION} is not an object of strings"
                         )
                     })?;
+                    if let Some(name) = envs.keys().find(|name| !profile_may_set(name)) {
+                        return Err(format!(
+                            "its extension {ADDITIONAL_ENVS_EXTENSION} sets {name:?}, which a profile may not set \
+                             (it would choose what the plugin runs)"
+                        ));
+                    }
                     add_env(&mut exec, envs, policy);
                 }
                 _ => {}
@@ -317,6 +328,24 @@ impl AccessConfig {
             ..Kubeconfig::default()
         })
     }
+}
+
+/// Whether a profile may set the variable `name` for a plugin: not one
+/// that chooses what runs (`PATH`, the dynamic loader's, a shell's or an
+/// interpreter's start-up variables) or what kube tells the plugin.
+fn profile_may_set(name: &str) -> bool {
+    const REFUSED: &[&str] = &[
+        "PATH",
+        "IFS",
+        "ENV",
+        "BASH_ENV",
+        "SHELLOPTS",
+        "NODE_OPTIONS",
+        "KUBERNETES_EXEC_INFO",
+    ];
+    const REFUSED_PREFIXES: &[&str] = &["LD_", "DYLD_", "BASH_FUNC_", "PYTHON", "PERL", "RUBY"];
+    let upper = name.to_ascii_uppercase();
+    !REFUSED.contains(&upper.as_str()) && !REFUSED_PREFIXES.iter().any(|p| upper.starts_with(p))
 }
 
 fn add_env(exec: &mut ExecConfig, envs: BTreeMap<String, String>, policy: EnvPolicy) {
@@ -421,6 +450,18 @@ mod tests {
             "name": "a", "execConfig": plugin, "profileSourcedEnvVarsPolicy": "Replace",
         }]})));
         assert_eq!(replaced.env.unwrap()[0]["value"], "profile");
+        let path = profile(
+            serde_json::json!({ "accessProviders": [{ "name": "a", "cluster": {
+                "server": "https://a",
+                "extensions": [{ "name": ADDITIONAL_ENVS_EXTENSION, "extension": { "PATH": "/tmp/evil" } }],
+            }}]}),
+        );
+        let refused = config(serde_json::json!({ "providers": [{
+            "name": "a", "execConfig": plugin, "profileSourcedEnvVarsPolicy": "Replace",
+        }]}))
+        .kubeconfig(&path)
+        .unwrap_err();
+        assert!(refused.contains("sets \"PATH\""), "{refused}");
     }
 
     #[test]

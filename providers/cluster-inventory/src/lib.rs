@@ -37,15 +37,22 @@
 //!   is: the provider waits for the change on its watch, it does not poll.
 //! - A profile whose kubeconfig changes (another endpoint, CA or access
 //!   provider; another Secret's content) is engaged again with a new
-//!   client; the old one stays in use until the new one is built. Other
-//!   changes (conditions, properties) do nothing.
+//!   client; the old one stays in use until the new one is built (a new
+//!   version that gives no client disengages it). Other changes
+//!   (conditions, properties) do nothing.
 //! - A profile deleted, given a deletion timestamp, or no longer healthy
 //!   is disengaged; with Secrets, so is one whose Secret is deleted.
 //!
 //! # Security and bad input
 //!
-//! The plugins that run are those of your [`AccessConfig`]; a profile only
-//! chooses among them by name. The endpoint comes from the profile, so
+//! The plugins that run are those of your [`AccessConfig`]; a profile
+//! chooses among them by name, and adds arguments and environment only
+//! where a provider's policy allows. Whoever writes a profile's status
+//! also chooses where the plugin's credentials are sent (its `server`, CA
+//! and proxy): use plugins whose credentials are good for that cluster
+//! alone (a token whose audience is the cluster), not ones that would open
+//! other doors, and give the right to write `ClusterProfile` status only
+//! to your cluster managers. The endpoint comes from the profile, so
 //! [`KubeconfigPolicy::default`] with exec allowed applies to it: a server
 //! that is not `https`, `insecure-skip-tls-verify` and CA files on this
 //! machine are refused. Kubeconfigs in Secrets get

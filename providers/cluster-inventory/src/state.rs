@@ -3,7 +3,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap, hash_map::RandomState},
-    hash::BuildHasher,
+    hash::{BuildHasher, Hash, Hasher},
     sync::Arc,
     time::Duration,
 };
@@ -170,6 +170,7 @@ impl State {
             Err(error) => return self.watch(&source, Some(&error)),
         };
         self.watch(&source, None);
+        let listed = self.secret_watch.listed();
         let changes = self
             .secret_watch
             .changes(event, |s: &Secret| key(s.namespace(), &s.name_any()));
@@ -219,6 +220,11 @@ impl State {
                 self.update(&profile);
             }
         }
+        if !listed && self.secret_watch.listed() {
+            // Profiles without a Secret are told of only now.
+            let keys: Vec<String> = self.profiles.keys().cloned().collect();
+            keys.iter().for_each(|key| self.update(key));
+        }
     }
 
     /// Brings the cluster `key` in line with its profile (and Secret).
@@ -233,9 +239,12 @@ impl State {
         let policy = self.options.policy.clone();
         match (&self.options.credentials, &profile.kubeconfig) {
             (Credentials::Access(_), Some(Ok(kubeconfig))) => {
-                let hash = self
-                    .hasher
-                    .hash_one(serde_json::to_vec(&**kubeconfig).unwrap_or_default());
+                let hash = {
+                    let mut hasher = self.hasher.build_hasher();
+                    let value = serde_json::to_value(&**kubeconfig).unwrap_or_default();
+                    canonical(&value, &mut hasher);
+                    hasher.finish()
+                };
                 let kubeconfig = kubeconfig.clone();
                 let origin = format!(
                     "{source}: access provider {:?}",
@@ -265,6 +274,7 @@ impl State {
                     .map(|s| s.iter().collect::<Vec<_>>())
                     .unwrap_or_default()[..]
                 {
+                    [] if !self.secret_watch.listed() => self.engagements.unwant(key),
                     [] => {
                         self.engagements.unwant(key);
                         self.problems.report(
@@ -275,13 +285,20 @@ impl State {
                             ),
                         );
                     }
-                    [(name, None)] => self.problems.report(
-                        &source,
-                        format!(
-                            "its Secret {name} has no key {SECRET_KEY:?}, or it is empty: \
+                    [(name, None)] => {
+                        // A version built from bytes it no longer holds
+                        // must not be engaged later.
+                        if !self.engagements.is_engaged(key) {
+                            self.engagements.unwant(key);
+                        }
+                        self.problems.report(
+                            &source,
+                            format!(
+                                "its Secret {name} has no key {SECRET_KEY:?}, or it is empty: \
                              a cluster engaged from it before is left as it was"
-                        ),
-                    ),
+                            ),
+                        )
+                    }
                     [(name, Some(bytes))] => {
                         let hash = self.hasher.hash_one(&**bytes);
                         let bytes = bytes.clone();
@@ -313,5 +330,66 @@ impl State {
                 }
             }
         }
+    }
+}
+
+/// Hashes `value` with the keys of each object in order, so that the same
+/// kubeconfig hashes the same however its maps were filled.
+fn canonical(value: &serde_json::Value, hasher: &mut impl Hasher) {
+    match value {
+        serde_json::Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            "{".hash(hasher);
+            for key in keys {
+                key.hash(hasher);
+                canonical(&map[key], hasher);
+            }
+            "}".hash(hasher);
+        }
+        serde_json::Value::Array(items) => {
+            "[".hash(hasher);
+            items.iter().for_each(|item| canonical(item, hasher));
+            "]".hash(hasher);
+        }
+        other => other.to_string().hash(hasher),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ADDITIONAL_ENVS_EXTENSION, AccessConfig};
+
+    #[test]
+    fn a_kubeconfig_with_profile_environment_hashes_the_same_every_time() {
+        let access = AccessConfig::from_json(
+            r#"{"providers": [{"name": "a", "execConfig": {"command": "p",
+                "env": [{"name": "OWN", "value": "1"}]},
+                "profileSourcedEnvVarsPolicy": "AppendIfNotExists"}]}"#,
+            "test",
+        )
+        .unwrap();
+        let profile: ClusterProfile = serde_json::from_value(serde_json::json!({
+            "apiVersion": "multicluster.x-k8s.io/v1alpha1",
+            "kind": "ClusterProfile",
+            "metadata": { "name": "p", "namespace": "fleet" },
+            "spec": { "clusterManager": { "name": "test" } },
+            "status": { "accessProviders": [{ "name": "a", "cluster": {
+                "server": "https://a",
+                "extensions": [{ "name": ADDITIONAL_ENVS_EXTENSION,
+                    "extension": { "MODE": "x", "REGION": "eu", "TIER": "1" } }],
+            }}]},
+        }))
+        .unwrap();
+        let keys = RandomState::new();
+        let hash = || {
+            let value = serde_json::to_value(access.kubeconfig(&profile).unwrap()).unwrap();
+            let mut hasher = keys.build_hasher();
+            canonical(&value, &mut hasher);
+            hasher.finish()
+        };
+        let first = hash();
+        assert!((0..100).all(|_| hash() == first));
     }
 }
