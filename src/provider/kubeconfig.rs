@@ -551,6 +551,22 @@ pub fn parse_bytes(bytes: &[u8], origin: &str) -> Result<Kubeconfig, KubeconfigE
     parse(text, origin)
 }
 
+/// A client for the one cluster a kubeconfig held as bytes (a Secret's
+/// value) stands for: [`parse_bytes`], then [`current_client`].
+///
+/// # Errors
+///
+/// [`BuildError::Refused`](super::BuildError::Refused) if the bytes are not
+/// a kubeconfig, or as [`current_client`].
+pub async fn bytes_client(
+    bytes: &[u8],
+    origin: &str,
+    policy: &KubeconfigPolicy,
+) -> Result<kube::Client, super::BuildError> {
+    let parsed = parse_bytes(bytes, origin)?;
+    current_client(&parsed, origin, policy).await
+}
+
 /// A client for the one cluster a kubeconfig stands for (one held in a
 /// Secret, say): its [`current_context`], checked against `policy` and
 /// built with [`client`]. The other contexts are not looked at.

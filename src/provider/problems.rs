@@ -76,6 +76,32 @@ impl Problems {
         });
     }
 
+    /// Records how a watch of `source` fares: its error, if it fails (the
+    /// watch is retried with backoff meanwhile), or nothing once it works.
+    ///
+    /// ```
+    /// use kube_fleet::provider::Problems;
+    ///
+    /// let problems = Problems::new();
+    /// let failed = kube::runtime::watcher::Error::NoResourceVersion;
+    /// problems.watch("Secrets in fleet", Some(&failed));
+    /// assert!(problems.get("Secrets in fleet").unwrap().starts_with("the watch fails, and is retried"));
+    /// problems.watch("Secrets in fleet", None);
+    /// assert!(problems.current().is_empty());
+    /// ```
+    pub fn watch(&self, source: &str, error: Option<&kube::runtime::watcher::Error>) {
+        match error {
+            None => self.clear(source),
+            Some(error) => self.report(
+                source,
+                format!(
+                    "the watch fails, and is retried: {}",
+                    super::describe(error)
+                ),
+            ),
+        }
+    }
+
     /// Forgets the problems of every source `keep` says no to.
     pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) {
         self.set.send_if_modified(|set| {

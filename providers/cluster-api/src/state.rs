@@ -76,6 +76,16 @@ fn secret_key(secret: &Secret) -> String {
     key(secret.namespace(), cluster)
 }
 
+/// The name failures of the watch of `Cluster`s are reported under.
+fn clusters_source<K: ClusterObject>() -> String {
+    format!("Clusters ({})", K::api_version(&()))
+}
+
+/// The name failures of the watch of kubeconfig Secrets are reported under.
+fn secrets_source() -> String {
+    format!("Secrets labelled {}", crate::CLUSTER_NAME_LABEL)
+}
+
 fn is_kubeconfig(secret: &Secret) -> bool {
     secret.metadata.name.as_deref().is_some_and(|name| {
         name.len() > KUBECONFIG_SUFFIX.len() && name.ends_with(KUBECONFIG_SUFFIX)
@@ -123,31 +133,12 @@ impl<K: ClusterObject> State<K> {
         .boxed()
     }
 
-    fn watch_failed(&self, what: &str, error: Option<&watcher::Error>) {
-        let source = format!("{what} ({})", K::api_version(&()));
-        let source = if what == "Secrets" {
-            format!("Secrets labelled {}", crate::CLUSTER_NAME_LABEL)
-        } else {
-            source
-        };
-        match error {
-            None => self.problems.clear(&source),
-            Some(error) => self.problems.report(
-                &source,
-                format!(
-                    "the watch fails, and is retried: {}",
-                    kube_fleet::provider::describe(error)
-                ),
-            ),
-        }
-    }
-
     fn on_cluster(&mut self, event: Result<watcher::Event<K>, watcher::Error>) {
         let event = match event {
             Ok(event) => event,
-            Err(error) => return self.watch_failed("Clusters", Some(&error)),
+            Err(error) => return self.problems.watch(&clusters_source::<K>(), Some(&error)),
         };
-        self.watch_failed("Clusters", None);
+        self.problems.watch(&clusters_source::<K>(), None);
         let changes = self
             .cluster_watch
             .changes(event, |c: &K| key(c.namespace(), &c.name_any()));
@@ -172,9 +163,9 @@ impl<K: ClusterObject> State<K> {
     fn on_secret(&mut self, event: Result<watcher::Event<Secret>, watcher::Error>) {
         let event = match event {
             Ok(event) => event,
-            Err(error) => return self.watch_failed("Secrets", Some(&error)),
+            Err(error) => return self.problems.watch(&secrets_source(), Some(&error)),
         };
-        self.watch_failed("Secrets", None);
+        self.problems.watch(&secrets_source(), None);
         // The cluster's other Secrets (its CA, its service account keys)
         // carry the label too: they are passed over, and kept nowhere.
         let event = match event {
@@ -261,10 +252,7 @@ impl<K: ClusterObject> State<K> {
                 let origin = format!("{source}: {secret}, key {KUBECONFIG_KEY:?}");
                 self.engagements.want(key, source, hash, move || {
                     let (bytes, policy, origin) = (bytes.clone(), policy.clone(), origin.clone());
-                    async move {
-                        let parsed = kubeconfig::parse_bytes(&bytes, &origin)?;
-                        kubeconfig::current_client(&parsed, &origin, &policy).await
-                    }
+                    async move { kubeconfig::bytes_client(&bytes, &origin, &policy).await }
                 });
             }
         }

@@ -110,26 +110,13 @@ impl State {
         .boxed()
     }
 
-    fn watch(&self, source: &str, error: Option<&watcher::Error>) {
-        match error {
-            None => self.problems.clear(source),
-            Some(error) => self.problems.report(
-                source,
-                format!(
-                    "the watch fails, and is retried: {}",
-                    kube_fleet::provider::describe(error)
-                ),
-            ),
-        }
-    }
-
     fn on_profile(&mut self, event: Result<watcher::Event<ClusterProfile>, watcher::Error>) {
         let source = "ClusterProfiles (multicluster.x-k8s.io/v1alpha1)";
         let event = match event {
             Ok(event) => event,
-            Err(error) => return self.watch(source, Some(&error)),
+            Err(error) => return self.problems.watch(source, Some(&error)),
         };
-        self.watch(source, None);
+        self.problems.watch(source, None);
         let changes = self.profile_watch.changes(event, |p: &ClusterProfile| {
             key(p.namespace(), &p.name_any())
         });
@@ -167,9 +154,9 @@ impl State {
         let source = format!("Secrets labelled {CONSUMER_LABEL}");
         let event = match event {
             Ok(event) => event,
-            Err(error) => return self.watch(&source, Some(&error)),
+            Err(error) => return self.problems.watch(&source, Some(&error)),
         };
-        self.watch(&source, None);
+        self.problems.watch(&source, None);
         let listed = self.secret_watch.listed();
         let changes = self
             .secret_watch
@@ -308,10 +295,7 @@ impl State {
                         self.engagements.want(key, source, hash, move || {
                             let (bytes, policy, origin) =
                                 (bytes.clone(), policy.clone(), origin.clone());
-                            async move {
-                                let parsed = kubeconfig::parse_bytes(&bytes, &origin)?;
-                                kubeconfig::current_client(&parsed, &origin, &policy).await
-                            }
+                            async move { kubeconfig::bytes_client(&bytes, &origin, &policy).await }
                         });
                     }
                     ref several => {

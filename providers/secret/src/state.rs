@@ -137,10 +137,7 @@ impl State {
         // nothing to do.
         self.engagements.want(name, source, hash, move || {
             let (bytes, policy, origin) = (bytes.clone(), policy.clone(), origin.clone());
-            async move {
-                let parsed = kubeconfig::parse_bytes(&bytes, &origin)?;
-                kubeconfig::current_client(&parsed, &origin, &policy).await
-            }
+            async move { kubeconfig::bytes_client(&bytes, &origin, &policy).await }
         });
     }
 
