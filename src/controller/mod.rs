@@ -405,6 +405,19 @@ impl<K: Watchable> Controller<K> {
         self
     }
 
+    /// The controller's name, as [`named`](Self::named) set it.
+    ///
+    /// ```
+    /// # use k8s_openapi::api::core::v1::ConfigMap;
+    /// # use kube::runtime::watcher;
+    /// # use kube_fleet::{Controller, Fleet};
+    /// let controller = Controller::<ConfigMap>::new(&Fleet::new(), watcher::Config::default());
+    /// assert_eq!(controller.name(), "configmap");
+    /// ```
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// Selects the clusters the controller works in: where it watches its
     /// own type and reconciles (default [`Clusters::All`]), and where it
     /// watches owned and watched types whose [`Watch`] selects none of its

@@ -149,6 +149,40 @@ impl ControllerStatus {
         Some(status(name, served, table.sync_timeout))
     }
 
+    /// The engaged clusters the controller selects but has not started on
+    /// yet (it starts on each as the fleet tells it of the cluster, or as
+    /// soon as it runs), by name.
+    ///
+    /// ```
+    /// # use k8s_openapi::api::core::v1::ConfigMap;
+    /// # use kube::runtime::watcher;
+    /// # use kube_fleet::{Controller, Fleet};
+    /// let fleet = Fleet::new();
+    /// # let (idle, _) = tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+    /// # let client = kube::Client::new(idle, "default");
+    /// fleet.engage("east", client);
+    /// let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default());
+    /// // Not running yet: it has started nowhere.
+    /// assert_eq!(controller.status().not_started(), ["east"]);
+    /// ```
+    pub fn not_started(&self) -> Vec<ClusterName> {
+        let engaged = self.inner.fleet.clusters();
+        let table = self.table();
+        let mut waiting: Vec<ClusterName> = engaged
+            .iter()
+            .filter(|cluster| table.selection.selects(cluster.name()))
+            .filter(|cluster| {
+                !table
+                    .clusters
+                    .get(cluster.name())
+                    .is_some_and(|served| served.cluster.same_engagement(cluster))
+            })
+            .map(|cluster| cluster.name().clone())
+            .collect();
+        waiting.sort();
+        waiting
+    }
+
     /// Whether the controller serves every engaged cluster it selects.
     pub fn is_synced(&self) -> bool {
         let engaged = self.inner.fleet.clusters();

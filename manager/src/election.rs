@@ -1,0 +1,391 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease.
+
+use std::{
+    hash::{BuildHasher, RandomState},
+    sync::Arc,
+    time::Duration,
+};
+
+use kube::Client;
+use tokio::{sync::watch, time::Instant};
+
+use crate::{
+    Error,
+    gate::Validity,
+    lease::{Holder, LeaseLock},
+};
+
+/// Leader election for a [`Manager`](crate::Manager): of the replicas that
+/// share a Lease, one runs the controllers and the others wait.
+///
+/// The Lease lives in the cluster of [`client`](Self::client) (by default the
+/// local one, from `Client::try_default`), in [`namespace`](Self::namespace)
+/// (by default the client's own: the pod's namespace in a cluster, the
+/// kubeconfig context's outside). Timings default to controller-runtime's:
+/// a lease of 15 s, a renew deadline of 10 s, a retry period of 2 s.
+///
+/// The leader renews the Lease every retry period. If no renew succeeds for
+/// the renew deadline, measured on its own clock from the start of the last
+/// renew that did, it stops: no reconcile starts after that instant, the
+/// running ones are stopped at it, and the manager ends with
+/// [`Error::LeadershipLost`]. Another replica takes the Lease only once it
+/// has seen the same record, unchanged, for the lease duration, which is
+/// longer; so two replicas never reconcile at once, whatever the network
+/// does, as long as their clocks run at the same rate. On a graceful stop
+/// the leader releases the Lease once its reconciles have finished, and a
+/// waiting replica takes it on its next try.
+///
+/// ```
+/// use std::time::Duration;
+/// use kube_fleet_manager::LeaderElection;
+///
+/// let election = LeaderElection::new("my-operator")
+///     .namespace("operators")
+///     .lease_duration(Duration::from_secs(30))
+///     .renew_deadline(Duration::from_secs(20))
+///     .retry_period(Duration::from_secs(4));
+/// assert!(election.validate().is_ok());
+/// assert!(LeaderElection::new("x").renew_deadline(Duration::from_secs(20)).validate().is_err());
+/// ```
+#[derive(Clone)]
+pub struct LeaderElection {
+    pub(crate) name: String,
+    pub(crate) namespace: Option<String>,
+    pub(crate) identity: Option<String>,
+    pub(crate) client: Option<Client>,
+    pub(crate) timings: Timings,
+}
+
+impl std::fmt::Debug for LeaderElection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaderElection")
+            .field("name", &self.name)
+            .field("namespace", &self.namespace)
+            .field("identity", &self.identity)
+            .field("timings", &self.timings)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How long a Lease lasts, how long its holder tries to renew it before it
+/// stops, and how often it tries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Timings {
+    pub(crate) lease_duration: Duration,
+    pub(crate) renew_deadline: Duration,
+    pub(crate) retry_period: Duration,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Self {
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+}
+
+impl Timings {
+    pub(crate) fn validate(&self, what: &str) -> Result<(), Error> {
+        let Self {
+            lease_duration,
+            renew_deadline,
+            retry_period,
+        } = *self;
+        let problem = if retry_period.is_zero() {
+            Some("the retry period must be more than zero".to_owned())
+        } else if lease_duration <= renew_deadline {
+            Some(format!(
+                "the lease duration ({lease_duration:?}) must be longer than the renew deadline ({renew_deadline:?})"
+            ))
+        } else if renew_deadline.as_secs_f64() <= 1.2 * retry_period.as_secs_f64() {
+            Some(format!(
+                "the renew deadline ({renew_deadline:?}) must be longer than 1.2 times the retry period ({retry_period:?})"
+            ))
+        } else if lease_duration.subsec_nanos() != 0 {
+            Some(format!(
+                "the lease duration ({lease_duration:?}) must be whole seconds, as a Lease records it"
+            ))
+        } else {
+            None
+        };
+        match problem {
+            Some(reason) => Err(Error::Invalid {
+                what: what.to_owned(),
+                reason,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// How long one request to the API server may take: half the renew
+    /// deadline, at least a second, so that one hung request leaves time
+    /// for another.
+    pub(crate) fn request_timeout(&self) -> Duration {
+        (self.renew_deadline / 2).max(Duration::from_secs(1))
+    }
+}
+
+impl LeaderElection {
+    /// Election on the Lease `name`, with the defaults above.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            namespace: None,
+            identity: None,
+            client: None,
+            timings: Timings::default(),
+        }
+    }
+
+    /// The namespace of the Lease.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// This replica's identity in the Lease (default: the host name, then
+    /// `_` and a random suffix, so that two processes on one host differ).
+    pub fn identity(mut self, identity: impl Into<String>) -> Self {
+        self.identity = Some(identity.into());
+        self
+    }
+
+    /// The client of the cluster that holds the Lease (default: the local
+    /// cluster's, from `Client::try_default`).
+    pub fn client(mut self, client: Client) -> Self {
+        self.client = Some(client);
+        self
+    }
+
+    /// How long a Lease lasts without a renew before another replica may
+    /// take it (default 15 s; whole seconds).
+    pub fn lease_duration(mut self, duration: Duration) -> Self {
+        self.timings.lease_duration = duration;
+        self
+    }
+
+    /// How long the leader tries to renew before it stops leading (default
+    /// 10 s); shorter than the lease duration.
+    pub fn renew_deadline(mut self, deadline: Duration) -> Self {
+        self.timings.renew_deadline = deadline;
+        self
+    }
+
+    /// How often the leader renews, and a waiting replica tries to take the
+    /// Lease (default 2 s); the renew deadline must exceed 1.2 times this.
+    pub fn retry_period(mut self, period: Duration) -> Self {
+        self.timings.retry_period = period;
+        self
+    }
+
+    /// The Lease's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Checks the timings and the name: lease duration > renew deadline >
+    /// 1.2 × retry period, as client-go requires.
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.name.is_empty() {
+            return Err(Error::Invalid {
+                what: "leader election".into(),
+                reason: "the Lease needs a name".into(),
+            });
+        }
+        self.timings
+            .validate(&format!("leader election on Lease {:?}", self.name))
+    }
+}
+
+/// Where a replica stands in the election.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Waiting to take the Lease.
+    Standby,
+    /// Holding the Lease: the controllers run.
+    Leading,
+    /// Stopped leading (lost or released the Lease).
+    Stopped,
+}
+
+/// A replica's identity when none is given: the host name and a random
+/// suffix.
+pub(crate) fn default_identity() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".into());
+    format!("{host}_{:016x}", random())
+}
+
+/// A random number from the standard library's randomly keyed hasher.
+pub(crate) fn random() -> u64 {
+    RandomState::new().hash_one(std::time::SystemTime::now())
+}
+
+/// `period`, stretched by up to a fifth at random, so that replicas do not
+/// try in step.
+pub(crate) fn jittered(period: Duration) -> Duration {
+    period.mul_f64(1.0 + (random() % 1000) as f64 / 5000.0)
+}
+
+/// Runs the election until `stop` says so or leadership is lost: takes the
+/// Lease, opens `validity` while it is held, and releases it when stopped.
+/// `role` follows along.
+pub(crate) async fn lead(
+    mut lock: LeaseLock,
+    timings: Timings,
+    validity: Arc<Validity>,
+    role: watch::Sender<Role>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), Error> {
+    let key = lock.key();
+    let timeout = timings.request_timeout();
+    // Take the Lease.
+    let mut until = loop {
+        let start = Instant::now();
+        tokio::select! {
+            biased;
+            _ = stopped(&mut stop) => {
+                role.send_replace(Role::Stopped);
+                return Ok(());
+            }
+            attempt = tokio::time::timeout(timeout, lock.try_acquire_or_renew()) => {
+                match attempt {
+                    Ok(Ok(Holder::Me)) => break start + timings.renew_deadline,
+                    Ok(Ok(Holder::Other(holder))) => {
+                        tracing::debug!(lease = %key, %holder, "the Lease is held; waiting");
+                    }
+                    Ok(Err(error)) => tracing::warn!(lease = %key, %error, "taking the Lease"),
+                    Err(_) => tracing::warn!(lease = %key, ?timeout, "taking the Lease: no answer in time"),
+                }
+            }
+        }
+        tokio::select! {
+            biased;
+            _ = stopped(&mut stop) => {
+                role.send_replace(Role::Stopped);
+                return Ok(());
+            }
+            _ = tokio::time::sleep(jittered(timings.retry_period)) => {}
+        }
+    };
+    tracing::info!(lease = %key, identity = lock.identity(), "leading");
+    validity.open_until(until);
+    role.send_replace(Role::Leading);
+    // Keep it.
+    let mut next = Instant::now() + timings.retry_period;
+    let lost = loop {
+        tokio::select! {
+            biased;
+            _ = stopped(&mut stop) => break None,
+            _ = tokio::time::sleep_until(until) => break Some(format!(
+                "no renew succeeded within the renew deadline ({:?})", timings.renew_deadline
+            )),
+            _ = tokio::time::sleep_until(next) => {}
+        }
+        let start = Instant::now();
+        let attempt = tokio::select! {
+            biased;
+            _ = tokio::time::sleep_until(until) => break Some(format!(
+                "no renew succeeded within the renew deadline ({:?})", timings.renew_deadline
+            )),
+            attempt = tokio::time::timeout(timeout, lock.try_acquire_or_renew()) => attempt,
+        };
+        match attempt {
+            Ok(Ok(Holder::Me)) => {
+                until = start + timings.renew_deadline;
+                validity.open_until(until);
+                next = start + timings.retry_period;
+            }
+            Ok(Ok(Holder::Other(holder))) => {
+                break Some(format!("the Lease is held by {holder:?}"));
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(lease = %key, %error, "renewing the Lease");
+                next = Instant::now() + timings.retry_period / 2;
+            }
+            Err(_) => {
+                tracing::warn!(lease = %key, ?timeout, "renewing the Lease: no answer in time");
+                next = Instant::now();
+            }
+        }
+    };
+    validity.close();
+    role.send_replace(Role::Stopped);
+    match lost {
+        Some(reason) => {
+            tracing::error!(lease = %key, %reason, "leadership lost");
+            Err(Error::LeadershipLost { lease: key, reason })
+        }
+        None => {
+            // The manager stops here once its reconciles have finished.
+            match tokio::time::timeout(timings.renew_deadline, lock.release()).await {
+                Ok(Ok(())) => tracing::info!(lease = %key, "released the Lease"),
+                Ok(Err(error)) => tracing::warn!(lease = %key, %error, "releasing the Lease"),
+                Err(_) => tracing::warn!(lease = %key, "releasing the Lease: no answer in time"),
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Completes once `stop` says to stop.
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{Timings, jittered};
+
+    #[test]
+    fn timings_follow_client_go_rules() {
+        let ok = Timings {
+            lease_duration: Duration::from_secs(4),
+            renew_deadline: Duration::from_secs(3),
+            retry_period: Duration::from_secs(1),
+        };
+        assert!(ok.validate("x").is_ok());
+        assert!(Timings::default().validate("x").is_ok());
+        let too_short_lease = Timings {
+            lease_duration: Duration::from_secs(3),
+            ..ok
+        };
+        let err = too_short_lease
+            .validate("election")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("election") && err.contains("longer than the renew deadline"),
+            "{err}"
+        );
+        let retry_too_long = Timings {
+            retry_period: Duration::from_millis(2600),
+            ..ok
+        };
+        assert!(retry_too_long.validate("x").is_err());
+        let fractional = Timings {
+            lease_duration: Duration::from_millis(4500),
+            ..ok
+        };
+        assert!(fractional.validate("x").is_err());
+    }
+
+    #[test]
+    fn jitter_adds_at_most_a_fifth() {
+        for _ in 0..100 {
+            let d = jittered(Duration::from_secs(10));
+            assert!(
+                d >= Duration::from_secs(10) && d <= Duration::from_secs(12),
+                "{d:?}"
+            );
+        }
+    }
+}

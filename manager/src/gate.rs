@@ -1,0 +1,260 @@
+//! Holds reconciles to the time a Lease is known to be held.
+//!
+//! A [`Validity`] says until when, on the local clock, this process may act:
+//! the start of its last successful renew plus the renew deadline, which
+//! ends before any other replica may take the Lease. [`GateLayer`] checks it
+//! before it calls the reconciler, and stops a running reconcile (drops its
+//! future) the moment the validity runs out without a renew, so no
+//! reconciler code runs past it. It also counts the reconciles in flight,
+//! so that a Lease is given up only once they have stopped.
+
+use std::{
+    fmt,
+    sync::Arc,
+    task::{Context, Poll},
+};
+
+use futures::{FutureExt, future::BoxFuture};
+use kube_fleet::ClusterName;
+use kube_fleet_layers::AsMcRequest;
+use tokio::{sync::watch, time::Instant};
+use tower::{BoxError, Layer, Service};
+
+/// Until when reconciles may run, and how many run now.
+#[derive(Debug)]
+pub(crate) struct Validity {
+    until: watch::Sender<Option<Instant>>,
+    running: watch::Sender<usize>,
+}
+
+impl Validity {
+    pub(crate) fn closed() -> Arc<Self> {
+        Arc::new(Self {
+            until: watch::Sender::new(None),
+            running: watch::Sender::new(0),
+        })
+    }
+
+    /// Reconciles may start until `until`.
+    pub(crate) fn open_until(&self, until: Instant) {
+        self.until.send_replace(Some(until));
+    }
+
+    /// No reconcile may start, and running ones stop.
+    pub(crate) fn close(&self) {
+        self.until.send_replace(None);
+    }
+
+    /// Completes once no reconcile runs under this validity.
+    pub(crate) async fn drained(&self) {
+        let mut running = self.running.subscribe();
+        let _ = running.wait_for(|n| *n == 0).await;
+    }
+}
+
+fn is_open(until: Option<Instant>) -> bool {
+    until.is_some_and(|until| Instant::now() < until)
+}
+
+/// Which validity a request runs under.
+#[derive(Debug, Clone)]
+pub(crate) enum Gate {
+    /// No Lease: everything runs.
+    Open,
+    /// One Lease for every cluster (leader election).
+    Leader(Arc<Validity>),
+}
+
+impl Gate {
+    fn validity(&self, _cluster: &ClusterName) -> Option<Arc<Validity>> {
+        match self {
+            Self::Open => None,
+            Self::Leader(validity) => Some(validity.clone()),
+        }
+    }
+}
+
+/// A reconcile refused or stopped because this process no longer knows it
+/// holds the Lease that covers the cluster: leader election was lost, or
+/// the cluster's shard moved to another replica.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "cluster {cluster}: this replica does not hold the Lease for it; the reconcile did not run on"
+)]
+pub struct NotHolder {
+    /// The request's cluster.
+    pub cluster: ClusterName,
+}
+
+/// Wraps a reconciler so that it runs only while the manager holds the
+/// Lease that covers the request's cluster; see the [module docs](self).
+#[derive(Debug, Clone)]
+pub(crate) struct GateLayer {
+    gate: Gate,
+}
+
+impl GateLayer {
+    pub(crate) fn new(gate: Gate) -> Self {
+        Self { gate }
+    }
+}
+
+impl<S> Layer<S> for GateLayer {
+    type Service = Gated<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Gated {
+            inner,
+            gate: self.gate.clone(),
+        }
+    }
+}
+
+/// The service of [`GateLayer`].
+#[derive(Clone)]
+pub(crate) struct Gated<S> {
+    inner: S,
+    gate: Gate,
+}
+
+impl<S> fmt::Debug for Gated<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gated").field("gate", &self.gate).finish()
+    }
+}
+
+/// Counts one reconcile in flight while it lives.
+struct Running(Arc<Validity>);
+
+impl Running {
+    fn enter(validity: Arc<Validity>) -> Self {
+        validity.running.send_modify(|n| *n += 1);
+        Self(validity)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.running.send_modify(|n| *n -= 1);
+    }
+}
+
+impl<S, R> Service<R> for Gated<S>
+where
+    R: AsMcRequest,
+    S: Service<R>,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Response: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<S::Response, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        let cluster = request.mc_request().cluster.clone();
+        let Some(validity) = self.gate.validity(&cluster) else {
+            return self
+                .inner
+                .call(request)
+                .map(|r| r.map_err(Into::into))
+                .boxed();
+        };
+        let mut until = validity.until.subscribe();
+        if !is_open(*until.borrow_and_update()) {
+            return futures::future::ready(Err(NotHolder { cluster }.into())).boxed();
+        }
+        // Counted before the reconciler is called, so that a Lease is not
+        // given up between the check and the call.
+        let running = Running::enter(validity);
+        let reconcile = self.inner.call(request);
+        async move {
+            let _running = running;
+            let mut reconcile = std::pin::pin!(reconcile);
+            loop {
+                let Some(deadline) = (*until.borrow_and_update()).filter(|u| Instant::now() < *u)
+                else {
+                    return Err(NotHolder { cluster }.into());
+                };
+                tokio::select! {
+                    biased;
+                    done = &mut reconcile => return done.map_err(Into::into),
+                    _ = tokio::time::sleep_until(deadline) => {}
+                    changed = until.changed() => {
+                        if changed.is_err() {
+                            return Err(NotHolder { cluster }.into());
+                        }
+                    }
+                }
+            }
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use kube_fleet::{Action, McRequest};
+    use tokio::time::Instant;
+    use tower::{BoxError, Layer, ServiceExt, service_fn};
+
+    use super::{Gate, GateLayer, Validity};
+
+    fn request() -> McRequest {
+        McRequest::new("east", Some("ns"), "x")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_gate_never_calls_the_reconciler() {
+        let validity = Validity::closed();
+        let service = GateLayer::new(Gate::Leader(validity.clone())).layer(service_fn(
+            |_: McRequest| async { Err::<Action, BoxError>("called while closed".into()) },
+        ));
+        let error = service.oneshot(request()).await.expect_err("refused");
+        assert!(error.to_string().contains("cluster east"), "{error}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reconcile_stops_when_its_validity_runs_out_and_goes_on_while_renewed() {
+        let validity = Validity::closed();
+        validity.open_until(Instant::now() + Duration::from_secs(3));
+        let slow = |_: McRequest| async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Ok::<_, BoxError>(Action::await_change())
+        };
+        let gated = GateLayer::new(Gate::Leader(validity.clone())).layer(service_fn(slow));
+        let started = Instant::now();
+        let stopped = gated.clone().oneshot(request()).await;
+        assert!(stopped.is_err());
+        assert_eq!(started.elapsed(), Duration::from_secs(3));
+        validity.drained().await;
+
+        // Renewed along the way: it runs to the end.
+        validity.open_until(Instant::now() + Duration::from_secs(3));
+        let renewer = tokio::spawn({
+            let validity = validity.clone();
+            async move {
+                for _ in 0..4 {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    validity.open_until(Instant::now() + Duration::from_secs(3));
+                }
+            }
+        });
+        assert!(gated.clone().oneshot(request()).await.is_ok());
+        renewer.abort();
+
+        // Closed by hand: stopped at once, and counted out.
+        validity.open_until(Instant::now() + Duration::from_secs(30));
+        let running = tokio::spawn(gated.oneshot(request()));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        validity.close();
+        assert!(running.await.unwrap().is_err());
+        validity.drained().await;
+    }
+}

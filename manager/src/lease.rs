@@ -1,0 +1,246 @@
+//! A `coordination.k8s.io/v1` Lease held by one identity at a time.
+//!
+//! The holder writes `renewTime` while it holds the Lease; another identity
+//! may take it once it has seen the same record, unchanged, for the Lease's
+//! duration. Expiry is measured on the local clock from when this process
+//! first saw the record, never by comparing the server's `renewTime` with
+//! the local time, so clocks that disagree between machines do not matter.
+//! Every write is a replace at the `resourceVersion` that was read, so of
+//! two identities racing for the Lease only one succeeds.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use k8s_openapi::{
+    api::coordination::v1::{Lease, LeaseSpec},
+    apimachinery::pkg::apis::meta::v1::MicroTime,
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client,
+    api::{ObjectMeta, PostParams},
+};
+use tokio::time::Instant;
+
+/// One identity's handle on a Lease.
+#[derive(Debug)]
+pub(crate) struct LeaseLock {
+    api: Api<Lease>,
+    namespace: String,
+    name: String,
+    identity: String,
+    duration: Duration,
+    labels: BTreeMap<String, String>,
+    observed: Option<Observed>,
+}
+
+/// The Lease as last read or written, and when its record last changed.
+#[derive(Debug)]
+struct Observed {
+    spec: LeaseSpec,
+    at: Instant,
+}
+
+/// Who holds a Lease, as one attempt to take or keep it found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Holder {
+    /// This identity holds it.
+    Me,
+    /// Another identity holds it and its time has not run out.
+    Other(String),
+}
+
+impl LeaseLock {
+    pub(crate) fn new(
+        client: Client,
+        namespace: &str,
+        name: &str,
+        identity: &str,
+        duration: Duration,
+    ) -> Self {
+        Self {
+            api: Api::namespaced(client, namespace),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            identity: identity.to_owned(),
+            duration,
+            labels: BTreeMap::new(),
+            observed: None,
+        }
+    }
+
+    /// This lock's identity.
+    pub(crate) fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// `namespace/name` of the Lease.
+    pub(crate) fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Takes the Lease if it is free, expired or already ours, and renews it
+    /// if ours. The caller times the attempt: a Lease that it holds stays
+    /// its own, for others, until at least the lease duration after the
+    /// attempt began.
+    pub(crate) async fn try_acquire_or_renew(&mut self) -> Result<Holder, kube::Error> {
+        let now = Instant::now();
+        let Some(lease) = self.api.get_opt(&self.name).await? else {
+            return self.create(now).await;
+        };
+        let spec = lease.spec.unwrap_or_default();
+        let resource_version = lease.metadata.resource_version;
+        let at = match &self.observed {
+            Some(seen) if seen.spec == spec => seen.at,
+            _ => now,
+        };
+        let holder = spec
+            .holder_identity
+            .clone()
+            .filter(|holder| !holder.is_empty());
+        let lasts = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64);
+        self.observed = Some(Observed {
+            spec: spec.clone(),
+            at,
+        });
+        if let Some(other) = holder.as_ref().filter(|h| **h != self.identity)
+            && at + lasts > now
+        {
+            return Ok(Holder::Other(other.clone()));
+        }
+        let stamp = MicroTime(Timestamp::now());
+        let mut next = spec.clone();
+        if holder.as_deref() != Some(self.identity.as_str()) {
+            next.acquire_time = Some(stamp.clone());
+            next.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+        }
+        next.holder_identity = Some(self.identity.clone());
+        next.renew_time = Some(stamp);
+        next.lease_duration_seconds = Some(seconds(self.duration));
+        self.replace(next, resource_version, now).await
+    }
+
+    /// Gives the Lease up if this identity holds it, so that another takes
+    /// it at once: no holder, and a duration of one second.
+    pub(crate) async fn release(&mut self) -> Result<(), kube::Error> {
+        for _ in 0..3 {
+            let Some(lease) = self.api.get_opt(&self.name).await? else {
+                return Ok(());
+            };
+            let spec = lease.spec.unwrap_or_default();
+            if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+                return Ok(());
+            }
+            let stamp = MicroTime(Timestamp::now());
+            let next = LeaseSpec {
+                holder_identity: None,
+                lease_duration_seconds: Some(1),
+                acquire_time: Some(stamp.clone()),
+                renew_time: Some(stamp),
+                ..spec
+            };
+            match self
+                .replace(next, lease.metadata.resource_version, Instant::now())
+                .await
+            {
+                Ok(_) => {
+                    self.observed = None;
+                    return Ok(());
+                }
+                Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
+    }
+
+    async fn create(&mut self, now: Instant) -> Result<Holder, kube::Error> {
+        let stamp = MicroTime(Timestamp::now());
+        let spec = LeaseSpec {
+            holder_identity: Some(self.identity.clone()),
+            lease_duration_seconds: Some(seconds(self.duration)),
+            acquire_time: Some(stamp.clone()),
+            renew_time: Some(stamp),
+            lease_transitions: Some(0),
+            ..LeaseSpec::default()
+        };
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                labels: (!self.labels.is_empty()).then(|| self.labels.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(spec),
+        };
+        match self.api.create(&PostParams::default(), &lease).await {
+            Ok(created) => {
+                self.observe(created, now);
+                Ok(Holder::Me)
+            }
+            // Another identity created it first: read it on the next try.
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(Holder::Other(String::new())),
+            Err(error) => Err(error),
+        }
+    }
+
+    async fn replace(
+        &mut self,
+        spec: LeaseSpec,
+        resource_version: Option<String>,
+        now: Instant,
+    ) -> Result<Holder, kube::Error> {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                resource_version,
+                ..ObjectMeta::default()
+            },
+            spec: Some(spec),
+        };
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(replaced) => {
+                self.observe(replaced, now);
+                Ok(Holder::Me)
+            }
+            // Someone wrote it since it was read: theirs, for now.
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(Holder::Other(
+                self.observed
+                    .as_ref()
+                    .and_then(|seen| seen.spec.holder_identity.clone())
+                    .unwrap_or_default(),
+            )),
+            Err(error) => Err(error),
+        }
+    }
+
+    fn observe(&mut self, lease: Lease, now: Instant) {
+        self.observed = Some(Observed {
+            spec: lease.spec.unwrap_or_default(),
+            at: now,
+        });
+    }
+}
+
+/// A duration in whole seconds, rounded up, at least one.
+pub(crate) fn seconds(duration: Duration) -> i32 {
+    let whole = duration.as_secs() + u64::from(duration.subsec_nanos() > 0);
+    whole.clamp(1, i32::MAX as u64) as i32
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::seconds;
+
+    #[test]
+    fn durations_round_up_to_whole_seconds() {
+        assert_eq!(seconds(Duration::from_millis(1)), 1);
+        assert_eq!(seconds(Duration::from_secs(15)), 15);
+        assert_eq!(seconds(Duration::from_millis(15_001)), 16);
+        assert_eq!(seconds(Duration::ZERO), 1);
+    }
+}

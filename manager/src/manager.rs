@@ -1,0 +1,432 @@
+//! The entry point: a fleet's providers, its controllers, the endpoints and
+//! leader election under one shutdown.
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+use futures::{FutureExt, Stream, StreamExt, future::BoxFuture, stream::FuturesUnordered};
+use kube::Client;
+use kube_fleet::{
+    Action, Controller, Fleet, ObjectRequest, cache::Watchable, controller::ControllerStatus,
+    provider::ClusterEvent,
+};
+use kube_fleet_layers::metrics::{FleetCollector, QueueDepths};
+use prometheus_client::registry::Registry;
+use tokio::{net::TcpListener, sync::watch};
+use tower::{BoxError, Layer, Service};
+
+use crate::{
+    Error, LeaderElection,
+    election::{Role, default_identity, lead},
+    gate::{Gate, GateLayer, Validity},
+    http::{Endpoints, serve},
+    lease::LeaseLock,
+    metrics::LeaderGauge,
+    readiness::{Readiness, Watched},
+};
+
+type Start = Box<
+    dyn FnOnce(
+            BoxFuture<'static, ()>,
+            Gate,
+        ) -> BoxFuture<'static, Result<(), kube_fleet::controller::Error>>
+        + Send,
+>;
+
+struct Added {
+    name: String,
+    status: ControllerStatus,
+    started: Arc<AtomicBool>,
+    start: Start,
+}
+
+enum Address {
+    None,
+    Bind(SocketAddr),
+    Listener(std::net::TcpListener),
+}
+
+/// Runs a fleet's providers, any number of controllers, the HTTP endpoints
+/// and leader election under one shutdown signal, and returns the first
+/// fatal error; see the [crate docs](crate).
+///
+/// Everything it does can be done by hand with `kube-fleet`'s own types:
+/// `Fleet::run` for each provider, `Controller::run` for each controller,
+/// `Controller::status` for readiness.
+#[must_use]
+pub struct Manager {
+    fleet: Fleet,
+    providers: Vec<BoxFuture<'static, ()>>,
+    controllers: Vec<Added>,
+    address: Address,
+    registry: Registry,
+    depths: QueueDepths,
+    election: Option<LeaderElection>,
+    strict: bool,
+    shutdown: Option<BoxFuture<'static, ()>>,
+}
+
+impl std::fmt::Debug for Manager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let controllers: Vec<&str> = self.controllers.iter().map(|c| c.name.as_str()).collect();
+        f.debug_struct("Manager")
+            .field("controllers", &controllers)
+            .field("providers", &self.providers.len())
+            .field("election", &self.election)
+            .field("strict_readiness", &self.strict)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Manager {
+    /// A manager of `fleet`, with no provider, controller or endpoint yet.
+    /// Its metrics registry holds the fleet's gauges
+    /// (`kube_fleet_engaged_clusters`) and each added controller's queue
+    /// depth.
+    pub fn new(fleet: &Fleet) -> Self {
+        let mut registry = Registry::default();
+        FleetCollector::register(&mut registry, fleet.clone());
+        let depths = QueueDepths::register(&mut registry);
+        Self {
+            fleet: fleet.clone(),
+            providers: Vec::new(),
+            controllers: Vec::new(),
+            address: Address::None,
+            registry,
+            depths,
+            election: None,
+            strict: false,
+            shutdown: None,
+        }
+    }
+
+    /// The fleet the manager runs.
+    pub fn fleet(&self) -> &Fleet {
+        &self.fleet
+    }
+
+    /// Runs `provider` in the fleet ([`Fleet::run`]) for as long as the
+    /// manager runs, on every replica: clusters are engaged, and their
+    /// watches started, whether or not this replica leads.
+    pub fn provider(mut self, provider: impl Stream<Item = ClusterEvent> + Send + 'static) -> Self {
+        let fleet = self.fleet.clone();
+        self.providers
+            .push(async move { fleet.run(provider).await }.boxed());
+        self
+    }
+
+    /// Runs `controller` with `service` ([`Controller::run`]) once this
+    /// replica leads (at once without leader election), until the manager
+    /// stops. The manager sets the controller's graceful shutdown: a
+    /// signal given to the controller itself is replaced.
+    pub fn controller<K, S>(mut self, controller: Controller<K>, service: S) -> Self
+    where
+        K: Watchable,
+        S: Service<ObjectRequest<K>, Response = Action> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<BoxError>,
+    {
+        self.depths.add(controller.queue_depth());
+        let name = controller.name().to_owned();
+        let status = controller.status();
+        let start: Start = Box::new(move |shutdown, gate| {
+            controller
+                .graceful_shutdown_on(shutdown)
+                .run(GateLayer::new(gate).layer(service))
+                .boxed()
+        });
+        self.controllers.push(Added {
+            name,
+            status,
+            started: Arc::new(AtomicBool::new(false)),
+            start,
+        });
+        self
+    }
+
+    /// Serves `/healthz`, `/readyz` and `/metrics` over HTTP on `address`
+    /// (none by default). An address that cannot be bound ends
+    /// [`run`](Self::run) at once with [`Error::Serve`].
+    pub fn endpoints(mut self, address: SocketAddr) -> Self {
+        self.address = Address::Bind(address);
+        self
+    }
+
+    /// Serves the endpoints on a listener bound already: for port 0, whose
+    /// number the caller learns from the listener.
+    pub fn endpoints_on(mut self, listener: std::net::TcpListener) -> Self {
+        self.address = Address::Listener(listener);
+        self
+    }
+
+    /// The registry `/metrics` encodes: register the layers' metrics here
+    /// (`ReconcileMetrics::new(manager.registry())`) or your own.
+    pub fn registry(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
+    /// Runs the controllers only while this replica holds the Lease of
+    /// `election`; see [`LeaderElection`].
+    pub fn leader_election(mut self, election: LeaderElection) -> Self {
+        self.election = Some(election);
+        self
+    }
+
+    /// Makes `/readyz` answer 503 while any cluster cannot sync. By default
+    /// such a cluster is named in the body but the process stays ready, so
+    /// that one broken cluster does not take the operator out of service.
+    pub fn strict_readiness(mut self) -> Self {
+        self.strict = true;
+        self
+    }
+
+    /// Stops gracefully when `signal` completes: the controllers start no
+    /// new reconcile and let running ones finish (within their shutdown
+    /// timeout), then the Lease is released and [`run`](Self::run) returns
+    /// `Ok`.
+    pub fn graceful_shutdown_on(
+        mut self,
+        signal: impl Future<Output = ()> + Send + 'static,
+    ) -> Self {
+        self.shutdown = Some(signal.boxed());
+        self
+    }
+
+    /// Runs everything until the shutdown signal, or until the first fatal
+    /// error: a controller that fails, leadership lost, the endpoints' socket
+    /// failing. On an error the controllers are stopped before it returns.
+    pub async fn run(self) -> Result<(), Error> {
+        let Self {
+            fleet: _,
+            providers,
+            controllers,
+            address,
+            mut registry,
+            depths: _,
+            election,
+            strict,
+            shutdown,
+        } = self;
+        let validity = Validity::closed();
+        let (role_sender, role) = watch::channel(Role::Leading);
+        let (stop_election, election_stopped) = watch::channel(false);
+        let mut elector: Option<BoxFuture<'static, Result<(), Error>>> = None;
+        let mut lease = None;
+        if let Some(election) = election {
+            election.validate()?;
+            let client = match election.client {
+                Some(client) => client,
+                None => Client::try_default()
+                    .await
+                    .map_err(|source| Error::Client {
+                        what: format!("leader election Lease {:?}", election.name),
+                        source,
+                    })?,
+            };
+            let namespace = election
+                .namespace
+                .unwrap_or_else(|| client.default_namespace().to_owned());
+            let identity = election.identity.unwrap_or_else(default_identity);
+            let lock = LeaseLock::new(
+                client,
+                &namespace,
+                &election.name,
+                &identity,
+                election.timings.lease_duration,
+            );
+            lease = Some(lock.key());
+            LeaderGauge::register(&mut registry, election.name.clone(), role.clone());
+            role_sender.send_replace(Role::Standby);
+            elector = Some(
+                lead(
+                    lock,
+                    election.timings,
+                    validity.clone(),
+                    role_sender,
+                    election_stopped,
+                )
+                .boxed(),
+            );
+        }
+        let gate = if elector.is_some() {
+            Gate::Leader(validity.clone())
+        } else {
+            Gate::Open
+        };
+
+        let readiness = Readiness {
+            controllers: controllers
+                .iter()
+                .map(|added| Watched {
+                    name: added.name.clone(),
+                    status: added.status.clone(),
+                    started: added.started.clone(),
+                })
+                .collect(),
+            election: lease.clone().map(|lease| (lease, role.clone())),
+            strict,
+        };
+        let endpoints = Arc::new(Endpoints {
+            readiness,
+            registry,
+        });
+        let listener = match address {
+            Address::None => None,
+            Address::Bind(address) => Some(
+                TcpListener::bind(address)
+                    .await
+                    .map_err(|source| Error::Serve { address, source })?,
+            ),
+            Address::Listener(listener) => {
+                let address = listener
+                    .local_addr()
+                    .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+                let listener = listener
+                    .set_nonblocking(true)
+                    .and_then(|()| TcpListener::from_std(listener))
+                    .map_err(|source| Error::Serve { address, source })?;
+                Some(listener)
+            }
+        };
+        let mut tasks = Tasks::default();
+        let mut server = match listener {
+            Some(listener) => {
+                let address = listener.local_addr().ok();
+                tracing::info!(?address, "serving /healthz, /readyz and /metrics");
+                let handle = tokio::spawn(serve(listener, endpoints.clone()));
+                tasks.0.push(handle.abort_handle());
+                async move {
+                    let source = handle
+                        .await
+                        .unwrap_or_else(|e| std::io::Error::other(e.to_string()));
+                    Error::Serve {
+                        address: address.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0))),
+                        source,
+                    }
+                }
+                .boxed()
+            }
+            None => futures::future::pending().boxed(),
+        };
+        for provider in providers {
+            tasks.0.push(tokio::spawn(provider).abort_handle());
+        }
+        let mut shutdown = shutdown.unwrap_or_else(|| futures::future::pending().boxed());
+        let mut elector_done = elector.is_none();
+        let mut elector = elector.unwrap_or_else(|| futures::future::pending().boxed());
+
+        // Wait to lead.
+        if let Some(lease) = &lease {
+            tracing::info!(%lease, "waiting to lead");
+            let mut leading = role.clone();
+            tokio::select! {
+                result = &mut elector => return result,
+                error = &mut server => {
+                    let _ = stop_election.send(true);
+                    let _ = elector.await;
+                    return Err(error);
+                }
+                () = &mut shutdown => {
+                    let _ = stop_election.send(true);
+                    return elector.await;
+                }
+                _ = async { leading.wait_for(|role| *role == Role::Leading).await.is_ok() } => {}
+            }
+        }
+
+        // Lead: run the controllers until they stop.
+        let (halt, halted) = watch::channel(false);
+        let mut running: FuturesUnordered<_> = controllers
+            .into_iter()
+            .map(|added| {
+                let mut halted = halted.clone();
+                let signal = async move {
+                    let _ = halted.wait_for(|halt| *halt).await;
+                }
+                .boxed();
+                added.started.store(true, Ordering::SeqCst);
+                let handle = tokio::spawn((added.start)(signal, gate.clone()));
+                tasks.0.push(handle.abort_handle());
+                let name = added.name;
+                async move { (name, handle.await) }
+            })
+            .collect();
+        let mut error: Option<Error> = None;
+        let mut halting = false;
+        loop {
+            if running.is_empty() && (halting || error.is_some()) {
+                break;
+            }
+            tokio::select! {
+                () = &mut shutdown, if !halting => {
+                    tracing::info!("shutting down");
+                    halting = true;
+                }
+                Some((controller, ended)) = running.next() => match ended {
+                    Ok(Ok(())) => {
+                        if !halting {
+                            tracing::info!(%controller, "controller stopped");
+                        }
+                    }
+                    Ok(Err(source)) => {
+                        error.get_or_insert(Error::Controller { controller, source });
+                        halting = true;
+                    }
+                    Err(join) => {
+                        error.get_or_insert(Error::Panicked { controller, message: join.to_string() });
+                        halting = true;
+                    }
+                },
+                result = &mut elector, if !elector_done => {
+                    elector_done = true;
+                    if let Err(lost) = result {
+                        error.get_or_insert(lost);
+                    }
+                    halting = true;
+                }
+                failed = &mut server => {
+                    error.get_or_insert(failed);
+                    halting = true;
+                    server = futures::future::pending().boxed();
+                }
+            }
+            if halting {
+                let _ = halt.send(true);
+            }
+        }
+        // The controllers have returned; a reconcile they cancelled ends
+        // as its task is next polled. Only then may the Lease go.
+        if tokio::time::timeout(std::time::Duration::from_secs(5), validity.drained())
+            .await
+            .is_err()
+        {
+            tracing::warn!("reconciles still running 5 s after the controllers stopped");
+        }
+        let _ = stop_election.send(true);
+        if !elector_done && let Err(lost) = elector.await {
+            error.get_or_insert(lost);
+        }
+        drop(endpoints);
+        match error {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Aborts the manager's tasks when it returns or is dropped.
+#[derive(Default)]
+struct Tasks(Vec<tokio::task::AbortHandle>);
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! What `/readyz` and `/healthz` answer.
+
+use std::{
+    fmt::Write,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+use kube_fleet::controller::ControllerStatus;
+use tokio::sync::watch;
+
+use crate::election::Role;
+
+/// A controller as the endpoints see it.
+#[derive(Debug)]
+pub(crate) struct Watched {
+    pub(crate) name: String,
+    pub(crate) status: ControllerStatus,
+    pub(crate) started: Arc<AtomicBool>,
+}
+
+/// The state behind the readiness answer.
+#[derive(Debug)]
+pub(crate) struct Readiness {
+    pub(crate) controllers: Vec<Watched>,
+    /// The Lease and this replica's role in its election, if any.
+    pub(crate) election: Option<(String, watch::Receiver<Role>)>,
+    /// Whether a cluster that cannot sync makes the process unready.
+    pub(crate) strict: bool,
+}
+
+impl Readiness {
+    /// Whether the process is ready, and a text that says why or why not,
+    /// one line per controller and per cluster that is not served.
+    pub(crate) fn check(&self) -> (bool, String) {
+        let mut ready = true;
+        let mut lines = String::new();
+        if let Some((lease, role)) = &self.election {
+            match *role.borrow() {
+                Role::Standby => {
+                    // A standby replica is ready: it serves its endpoints
+                    // and waits, and a rollout must be able to go on.
+                    let _ = writeln!(lines, "standby: waiting to lead through Lease {lease}");
+                    return (true, format!("ready\n{lines}"));
+                }
+                Role::Leading => {
+                    let _ = writeln!(lines, "leading through Lease {lease}");
+                }
+                Role::Stopped => {
+                    let _ = writeln!(lines, "stopped leading through Lease {lease}");
+                    return (false, format!("not ready\n{lines}"));
+                }
+            }
+        }
+        for controller in &self.controllers {
+            let name = &controller.name;
+            if !controller.started.load(Ordering::SeqCst) {
+                ready = false;
+                let _ = writeln!(lines, "controller {name}: not started");
+                continue;
+            }
+            let not_started = controller.status.not_started();
+            if !not_started.is_empty() {
+                ready = false;
+                let names: Vec<&str> = not_started.iter().map(|n| n.as_str()).collect();
+                let _ = writeln!(lines, "controller {name}: starting in {names:?}");
+            }
+            let clusters = controller.status.clusters();
+            let mut serving = 0;
+            for cluster in &clusters {
+                if cluster.serving {
+                    serving += 1;
+                } else if cluster.failing().next().is_some() {
+                    // Reported by name; unready only if asked.
+                    ready &= !self.strict;
+                    let _ = writeln!(lines, "controller {name}: cannot sync: {cluster}");
+                } else {
+                    ready = false;
+                    let _ = writeln!(lines, "controller {name}: syncing: {cluster}");
+                }
+            }
+            let _ = writeln!(
+                lines,
+                "controller {name}: serving {serving} of {} clusters",
+                clusters.len() + not_started.len()
+            );
+        }
+        let head = if ready { "ready" } else { "not ready" };
+        (ready, format!("{head}\n{lines}"))
+    }
+}

@@ -1,0 +1,156 @@
+//! Helpers shared by the manager's tests: reconciles recorded with their
+//! start and end, and ConfigMaps to reconcile.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api, Client,
+    api::{ObjectMeta, PostParams},
+};
+use kube_fleet::{Action, ObjectRequest};
+use tokio::time::Instant;
+use tower::{BoxError, Service, service_fn};
+
+/// How long a test waits for something that should happen.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// One reconcile: who ran it, in which cluster, from when until when (the
+/// end is set when its future is dropped, finished or stopped).
+#[derive(Debug, Clone)]
+pub struct Span {
+    pub replica: String,
+    pub cluster: String,
+    pub start: Instant,
+    pub end: Option<Instant>,
+}
+
+/// Every reconcile of every replica of a test, in the order they started.
+#[derive(Debug, Clone, Default)]
+pub struct Records(Arc<Mutex<Vec<Span>>>);
+
+struct Ending {
+    records: Records,
+    index: usize,
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        self.records.lock()[self.index].end = Some(Instant::now());
+    }
+}
+
+impl Records {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Span>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn all(&self) -> Vec<Span> {
+        self.lock().clone()
+    }
+
+    pub fn of(&self, replica: &str) -> Vec<Span> {
+        self.all()
+            .into_iter()
+            .filter(|s| s.replica == replica)
+            .collect()
+    }
+
+    /// A reconciler that records each reconcile as `replica`'s, takes
+    /// `work`, and comes back to the object after `again`: a replica that
+    /// runs reconciles all the time.
+    pub fn reconciler(
+        &self,
+        replica: &str,
+        work: Duration,
+        again: Duration,
+    ) -> impl Service<
+        ObjectRequest<ConfigMap>,
+        Response = Action,
+        Error = BoxError,
+        Future: Send + 'static,
+    > + Send
+    + 'static {
+        let records = self.clone();
+        let replica = replica.to_owned();
+        service_fn(move |request: ObjectRequest<ConfigMap>| {
+            let records = records.clone();
+            let replica = replica.clone();
+            async move {
+                let index = {
+                    let mut spans = records.lock();
+                    spans.push(Span {
+                        replica,
+                        cluster: request.cluster.name().to_string(),
+                        start: Instant::now(),
+                        end: None,
+                    });
+                    spans.len() - 1
+                };
+                let _ending = Ending { records, index };
+                tokio::time::sleep(work).await;
+                Ok::<_, BoxError>(Action::requeue(again))
+            }
+        })
+    }
+
+    /// Waits until `replica` has started a reconcile after `after`, and
+    /// returns when it started.
+    pub async fn first_after(&self, replica: &str, after: Instant) -> Instant {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(span) = self
+                .of(replica)
+                .into_iter()
+                .find(|span| span.start >= after)
+            {
+                return span.start;
+            }
+            assert!(Instant::now() < deadline, "{replica} never reconciled");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Asserts that no reconcile of one replica overlapped one of another in
+/// the same cluster. A reconcile that has not ended runs on for ever.
+pub fn assert_no_overlap(spans: &[Span]) {
+    let before = |end: Option<Instant>, start: Instant| end.is_some_and(|end| end <= start);
+    for (i, a) in spans.iter().enumerate() {
+        for b in &spans[i + 1..] {
+            if a.replica == b.replica || a.cluster != b.cluster {
+                continue;
+            }
+            assert!(
+                before(a.end, b.start) || before(b.end, a.start),
+                "{} and {} reconciled {} at once: {a:?} and {b:?}",
+                a.replica,
+                b.replica,
+                a.cluster
+            );
+        }
+    }
+}
+
+/// Creates `count` ConfigMaps labelled `label=true` in `default`.
+pub async fn config_maps(client: Client, label: &str, count: usize) {
+    let api = Api::<ConfigMap>::namespaced(client, "default");
+    for i in 0..count {
+        let config_map = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(format!("{label}-{i}")),
+                labels: Some([(label.to_owned(), "true".to_owned())].into()),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        };
+        api.create(&PostParams::default(), &config_map)
+            .await
+            .expect("a ConfigMap");
+    }
+}
