@@ -4,7 +4,12 @@
 //! cargo run --example quickstart                          # a local fleet of real API servers
 //! cargo run --example quickstart -- --run-for 20          # ... that stops by itself
 //! cargo run --example quickstart -- --kubeconfig ~/.kube/config   # every context of a kubeconfig
+//! cargo run --example quickstart -- --endpoints 0.0.0.0:9090      # health and metrics elsewhere
 //! ```
+//!
+//! One [`Manager`] runs the provider, the controller and the HTTP endpoints
+//! (`/healthz`, `/readyz`, `/metrics`, on `127.0.0.1:8080` by default) under
+//! one shutdown signal.
 //!
 //! The reconciler labels each ConfigMap marked `kube-fleet.dev/quickstart=true`
 //! with the name of the cluster it lives in, and logs one line per reconcile.
@@ -17,7 +22,7 @@
 //! `kubectl label configmap NAME kube-fleet.dev/quickstart=true`.
 //! Ctrl-C shuts it down gracefully.
 
-use std::{error::Error, path::PathBuf, time::Duration};
+use std::{error::Error, net::SocketAddr, path::PathBuf, time::Duration};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
@@ -31,7 +36,8 @@ use kube_fleet::{
     provider::{ProgrammaticHandle, ProgrammaticProvider, kubeconfig::KubeconfigPolicy},
 };
 use kube_fleet_envtest::Envtest;
-use kube_fleet_layers::recommended::RecommendedLayer;
+use kube_fleet_layers::{metrics::ReconcileMetrics, recommended::RecommendedLayer};
+use kube_fleet_manager::Manager;
 use kube_fleet_provider_file::FileProvider;
 use tower::{BoxError, ServiceBuilder, service_fn};
 
@@ -80,6 +86,9 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let args = Args::parse()?;
 
     let fleet = Fleet::new();
+    let mut manager = Manager::new(&fleet)
+        .endpoints(args.endpoints)
+        .graceful_shutdown_on(shutdown_signal(args.run_for));
     // Either every context of a kubeconfig file, named `path+context` and
     // followed as the file changes (yours, so trusted as kubectl trusts it:
     // exec plugins and all), or a local fleet driven from code.
@@ -90,10 +99,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
             std::fs::metadata(path).map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?;
             let files = FileProvider::new([path]).policy(KubeconfigPolicy::trusted());
             let problems = files.problems();
-            tokio::spawn({
-                let fleet = fleet.clone();
-                async move { fleet.run(files).await }
-            });
+            manager = manager.provider(files);
             // Contexts that cannot be used are logged as they are found;
             // this says once which ones they were.
             tokio::spawn(async move {
@@ -106,10 +112,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         }
         None => {
             let (provider, clusters) = ProgrammaticProvider::new();
-            tokio::spawn({
-                let fleet = fleet.clone();
-                async move { fleet.run(provider).await }
-            });
+            manager = manager.provider(provider);
             Some(clusters)
         }
     };
@@ -119,26 +122,30 @@ async fn main() -> Result<(), Box<dyn Error>> {
     // cache, and a cluster that does not answer holds up no other. The type
     // and its watch are named once, here.
     let marked = watcher::Config::default().labels(&format!("{MARK}=true"));
+    // Reconciles by cluster and result, served on /metrics with the
+    // fleet's and the queue's gauges.
+    let metrics = ReconcileMetrics::new(manager.registry()).follow(&fleet);
     let stack = ServiceBuilder::new()
-        .layer(RecommendedLayer::new())
+        .layer(RecommendedLayer::new().metrics(metrics))
         .service(service_fn(reconcile));
-    let stop = shutdown_signal(args.run_for);
     // At most 16 reconciles at once, 20 per second in any one cluster.
     let limits = controller::Config::default()
         .concurrency(16)
         .cluster_rate_limit(20.0, 40);
-    let controller = Controller::<ConfigMap>::new(&fleet, marked)
-        .named("quickstart")
-        .with_config(limits)
-        .graceful_shutdown_on(stop)
-        .run(stack);
+    let manager = manager.controller(
+        Controller::<ConfigMap>::new(&fleet, marked)
+            .named("quickstart")
+            .with_config(limits),
+        stack,
+    );
 
-    // The local fleet, if any, runs until the controller stops.
+    // The local fleet, if any, runs until the manager stops.
     let _local_fleet = match clusters {
         Some(clusters) => Some(local_fleet(clusters).await?),
         None => None,
     };
-    controller.await?;
+    tracing::info!(endpoints = %args.endpoints, "try: curl http://{}/readyz", args.endpoints);
+    manager.run().await?;
     tracing::info!("stopped");
     Ok(())
 }
@@ -236,14 +243,17 @@ async fn shutdown_signal(run_for: Option<Duration>) {
 struct Args {
     run_for: Option<Duration>,
     kubeconfig: Option<PathBuf>,
+    endpoints: SocketAddr,
 }
 
 impl Args {
     fn parse() -> Result<Self, Box<dyn Error>> {
-        const USAGE: &str = "usage: quickstart [--run-for SECONDS] [--kubeconfig PATH]";
+        const USAGE: &str =
+            "usage: quickstart [--run-for SECONDS] [--kubeconfig PATH] [--endpoints ADDRESS:PORT]";
         let mut args = Self {
             run_for: None,
             kubeconfig: None,
+            endpoints: SocketAddr::from(([127, 0, 0, 1], 8080)),
         };
         let mut argv = std::env::args().skip(1);
         while let Some(flag) = argv.next() {
@@ -256,6 +266,11 @@ impl Args {
                     args.run_for = Some(Duration::from_secs_f64(secs));
                 }
                 "--kubeconfig" => args.kubeconfig = Some(value.into()),
+                "--endpoints" => {
+                    args.endpoints = value.parse().map_err(|e| {
+                        format!("--endpoints takes ADDRESS:PORT, got {value:?}: {e}")
+                    })?;
+                }
                 _ => return Err(USAGE.into()),
             }
         }
