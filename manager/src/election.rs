@@ -335,7 +335,7 @@ pub(crate) async fn lead(
 }
 
 /// Completes once `stop` says to stop.
-async fn stopped(stop: &mut watch::Receiver<bool>) {
+pub(crate) async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|stop| *stop).await;
 }
 

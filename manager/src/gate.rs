@@ -14,6 +14,8 @@ use std::{
     task::{Context, Poll},
 };
 
+use crate::sharder::Shards;
+
 use futures::{FutureExt, future::BoxFuture};
 use kube_fleet::ClusterName;
 use kube_fleet_layers::AsMcRequest;
@@ -63,13 +65,23 @@ pub(crate) enum Gate {
     Open,
     /// One Lease for every cluster (leader election).
     Leader(Arc<Validity>),
+    /// One Lease per cluster (sharding); a cluster without one is closed.
+    Shards(Shards),
 }
 
 impl Gate {
-    fn validity(&self, _cluster: &ClusterName) -> Option<Arc<Validity>> {
+    fn validity(&self, cluster: &ClusterName) -> Option<Arc<Validity>> {
         match self {
             Self::Open => None,
             Self::Leader(validity) => Some(validity.clone()),
+            Self::Shards(shards) => Some(
+                shards
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(cluster)
+                    .cloned()
+                    .unwrap_or_else(Validity::closed),
+            ),
         }
     }
 }

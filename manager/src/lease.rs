@@ -30,6 +30,7 @@ pub(crate) struct LeaseLock {
     identity: String,
     duration: Duration,
     labels: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
     observed: Option<Observed>,
 }
 
@@ -37,7 +38,20 @@ pub(crate) struct LeaseLock {
 #[derive(Debug)]
 struct Observed {
     spec: LeaseSpec,
+    /// The Lease's labels, annotations and resource version, which a
+    /// write keeps.
+    metadata: ObjectMeta,
     at: Instant,
+}
+
+/// What of a Lease's metadata a write keeps.
+fn kept(metadata: &ObjectMeta) -> ObjectMeta {
+    ObjectMeta {
+        labels: metadata.labels.clone(),
+        annotations: metadata.annotations.clone(),
+        resource_version: metadata.resource_version.clone(),
+        ..ObjectMeta::default()
+    }
 }
 
 /// Who holds a Lease, as one attempt to take or keep it found.
@@ -64,6 +78,7 @@ impl LeaseLock {
             identity: identity.to_owned(),
             duration,
             labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
             observed: None,
         }
     }
@@ -84,11 +99,26 @@ impl LeaseLock {
     /// attempt began.
     pub(crate) async fn try_acquire_or_renew(&mut self) -> Result<Holder, kube::Error> {
         let now = Instant::now();
+        // Held by this identity as last seen: renew at the version seen,
+        // with no read first. Someone else's write since makes it fail, and
+        // the full path below reads what they wrote.
+        if let Some(seen) = &self.observed
+            && seen.spec.holder_identity.as_deref() == Some(self.identity.as_str())
+            && seen.metadata.resource_version.is_some()
+        {
+            let mut next = seen.spec.clone();
+            next.renew_time = Some(MicroTime(Timestamp::now()));
+            next.lease_duration_seconds = Some(seconds(self.duration));
+            let metadata = seen.metadata.clone();
+            if let Ok(Holder::Me) = self.replace(next, &metadata, now).await {
+                return Ok(Holder::Me);
+            }
+        }
         let Some(lease) = self.api.get_opt(&self.name).await? else {
             return self.create(now).await;
         };
         let spec = lease.spec.unwrap_or_default();
-        let resource_version = lease.metadata.resource_version;
+        let metadata = kept(&lease.metadata);
         let at = match &self.observed {
             Some(seen) if seen.spec == spec => seen.at,
             _ => now,
@@ -100,6 +130,7 @@ impl LeaseLock {
         let lasts = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64);
         self.observed = Some(Observed {
             spec: spec.clone(),
+            metadata: metadata.clone(),
             at,
         });
         if let Some(other) = holder.as_ref().filter(|h| **h != self.identity)
@@ -116,7 +147,7 @@ impl LeaseLock {
         next.holder_identity = Some(self.identity.clone());
         next.renew_time = Some(stamp);
         next.lease_duration_seconds = Some(seconds(self.duration));
-        self.replace(next, resource_version, now).await
+        self.replace(next, &metadata, now).await
     }
 
     /// Gives the Lease up if this identity holds it, so that another takes
@@ -139,7 +170,7 @@ impl LeaseLock {
                 ..spec
             };
             match self
-                .replace(next, lease.metadata.resource_version, Instant::now())
+                .replace(next, &kept(&lease.metadata), Instant::now())
                 .await
             {
                 Ok(_) => {
@@ -167,6 +198,7 @@ impl LeaseLock {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
                 labels: (!self.labels.is_empty()).then(|| self.labels.clone()),
+                annotations: (!self.annotations.is_empty()).then(|| self.annotations.clone()),
                 ..ObjectMeta::default()
             },
             spec: Some(spec),
@@ -185,13 +217,19 @@ impl LeaseLock {
     async fn replace(
         &mut self,
         spec: LeaseSpec,
-        resource_version: Option<String>,
+        read: &ObjectMeta,
         now: Instant,
     ) -> Result<Holder, kube::Error> {
+        let mut labels = read.labels.clone().unwrap_or_default();
+        labels.extend(self.labels.clone());
+        let mut annotations = read.annotations.clone().unwrap_or_default();
+        annotations.extend(self.annotations.clone());
         let lease = Lease {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
-                resource_version,
+                resource_version: read.resource_version.clone(),
+                labels: (!labels.is_empty()).then_some(labels),
+                annotations: (!annotations.is_empty()).then_some(annotations),
                 ..ObjectMeta::default()
             },
             spec: Some(spec),
@@ -218,9 +256,48 @@ impl LeaseLock {
 
     fn observe(&mut self, lease: Lease, now: Instant) {
         self.observed = Some(Observed {
+            metadata: kept(&lease.metadata),
             spec: lease.spec.unwrap_or_default(),
             at: now,
         });
+    }
+
+    /// Takes in the Lease as read elsewhere (a list of Leases) at `now`: a
+    /// record seen unchanged keeps the time it was first seen.
+    pub(crate) fn saw(&mut self, lease: &Lease, now: Instant) {
+        let spec = lease.spec.clone().unwrap_or_default();
+        let at = match &self.observed {
+            Some(seen) if seen.spec == spec => seen.at,
+            _ => now,
+        };
+        self.observed = Some(Observed {
+            spec,
+            metadata: kept(&lease.metadata),
+            at,
+        });
+    }
+
+    /// Whether the Lease, as last seen, is held by another identity whose
+    /// time has not run out: no need to ask the API server.
+    pub(crate) fn held_by_other(&self, now: Instant) -> bool {
+        self.observed.as_ref().is_some_and(|seen| {
+            let holder = seen.spec.holder_identity.as_deref().unwrap_or_default();
+            let lasts = seen.spec.lease_duration_seconds.unwrap_or(0).max(0) as u64;
+            !holder.is_empty()
+                && holder != self.identity
+                && seen.at + Duration::from_secs(lasts) > now
+        })
+    }
+
+    /// Labels and annotations the Lease carries when this lock creates it.
+    pub(crate) fn with_metadata(
+        mut self,
+        labels: BTreeMap<String, String>,
+        annotations: BTreeMap<String, String>,
+    ) -> Self {
+        self.labels = labels;
+        self.annotations = annotations;
+        self
     }
 }
 

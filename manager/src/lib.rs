@@ -76,8 +76,11 @@ mod lease;
 mod manager;
 mod metrics;
 mod readiness;
+mod shard;
+mod sharder;
 
 pub use election::{LeaderElection, Role};
 pub use error::Error;
 pub use gate::NotHolder;
 pub use manager::Manager;
+pub use shard::{Ownership, ShardStatus, Sharding};

@@ -9,7 +9,11 @@ use std::{
     },
 };
 
-use futures::{FutureExt, Stream, StreamExt, future::BoxFuture, stream::FuturesUnordered};
+use futures::{
+    FutureExt, Stream, StreamExt,
+    future::BoxFuture,
+    stream::{BoxStream, FuturesUnordered},
+};
 use kube::Client;
 use kube_fleet::{
     Action, Controller, Fleet, ObjectRequest, cache::Watchable, controller::ControllerStatus,
@@ -21,13 +25,14 @@ use tokio::{net::TcpListener, sync::watch};
 use tower::{BoxError, Layer, Service};
 
 use crate::{
-    Error, LeaderElection,
+    Error, LeaderElection, Sharding,
     election::{Role, default_identity, lead},
     gate::{Gate, GateLayer, Validity},
     http::{Endpoints, serve},
     lease::LeaseLock,
     metrics::LeaderGauge,
     readiness::{Readiness, Watched},
+    sharder::Sharder,
 };
 
 type Start = Box<
@@ -61,12 +66,13 @@ enum Address {
 #[must_use]
 pub struct Manager {
     fleet: Fleet,
-    providers: Vec<BoxFuture<'static, ()>>,
+    providers: Vec<BoxStream<'static, ClusterEvent>>,
     controllers: Vec<Added>,
     address: Address,
     registry: Registry,
     depths: QueueDepths,
     election: Option<LeaderElection>,
+    sharding: Option<Sharding>,
     strict: bool,
     shutdown: Option<BoxFuture<'static, ()>>,
 }
@@ -78,6 +84,7 @@ impl std::fmt::Debug for Manager {
             .field("controllers", &controllers)
             .field("providers", &self.providers.len())
             .field("election", &self.election)
+            .field("sharding", &self.sharding)
             .field("strict_readiness", &self.strict)
             .finish_non_exhaustive()
     }
@@ -100,6 +107,7 @@ impl Manager {
             registry,
             depths,
             election: None,
+            sharding: None,
             strict: false,
             shutdown: None,
         }
@@ -112,11 +120,11 @@ impl Manager {
 
     /// Runs `provider` in the fleet ([`Fleet::run`]) for as long as the
     /// manager runs, on every replica: clusters are engaged, and their
-    /// watches started, whether or not this replica leads.
+    /// watches started, whether or not this replica leads. With
+    /// [sharding](Self::sharding), the fleet engages only the clusters this
+    /// replica runs.
     pub fn provider(mut self, provider: impl Stream<Item = ClusterEvent> + Send + 'static) -> Self {
-        let fleet = self.fleet.clone();
-        self.providers
-            .push(async move { fleet.run(provider).await }.boxed());
+        self.providers.push(provider.boxed());
         self
     }
 
@@ -177,6 +185,14 @@ impl Manager {
         self
     }
 
+    /// Splits the clusters the providers offer across the replicas that
+    /// share `sharding`'s name, each run by one replica at a time; see
+    /// [`Sharding`]. It replaces leader election: set one or the other.
+    pub fn sharding(mut self, sharding: Sharding) -> Self {
+        self.sharding = Some(sharding);
+        self
+    }
+
     /// Makes `/readyz` answer 503 while any cluster cannot sync. By default
     /// such a cluster is named in the body but the process stays ready, so
     /// that one broken cluster does not take the operator out of service.
@@ -202,16 +218,26 @@ impl Manager {
     /// failing. On an error the controllers are stopped before it returns.
     pub async fn run(self) -> Result<(), Error> {
         let Self {
-            fleet: _,
+            fleet,
             providers,
             controllers,
             address,
             mut registry,
             depths: _,
             election,
+            sharding,
             strict,
             shutdown,
         } = self;
+        if let (Some(election), Some(sharding)) = (&election, &sharding) {
+            return Err(Error::Invalid {
+                what: format!(
+                    "leader election on {:?} and sharding {:?}",
+                    election.name, sharding.name
+                ),
+                reason: "sharding replaces leader election: choose one".into(),
+            });
+        }
         let validity = Validity::closed();
         let (role_sender, role) = watch::channel(Role::Leading);
         let (stop_election, election_stopped) = watch::channel(false);
@@ -248,16 +274,47 @@ impl Manager {
                     election.timings,
                     validity.clone(),
                     role_sender,
-                    election_stopped,
+                    election_stopped.clone(),
                 )
                 .boxed(),
             );
         }
-        let gate = if elector.is_some() {
+        let mut gate = if elector.is_some() {
             Gate::Leader(validity.clone())
         } else {
             Gate::Open
         };
+        let mut providers = Some(providers);
+        if let Some(sharding) = sharding {
+            sharding.validate()?;
+            let client = match sharding.client {
+                Some(client) => client,
+                None => Client::try_default()
+                    .await
+                    .map_err(|source| Error::Client {
+                        what: format!("sharding {:?}", sharding.name),
+                        source,
+                    })?,
+            };
+            let namespace = sharding
+                .namespace
+                .unwrap_or_else(|| client.default_namespace().to_owned());
+            let identity = sharding.identity.unwrap_or_else(default_identity);
+            let shards = crate::sharder::Shards::default();
+            gate = Gate::Shards(shards.clone());
+            let sharder = Sharder::new(
+                fleet.clone(),
+                client,
+                namespace,
+                sharding.name,
+                identity,
+                sharding.timings,
+                shards,
+                sharding.status,
+            );
+            let offers = futures::stream::select_all(providers.take().unwrap_or_default()).boxed();
+            elector = Some(sharder.run(offers, election_stopped.clone()).boxed());
+        }
 
         let readiness = Readiness {
             controllers: controllers
@@ -313,8 +370,10 @@ impl Manager {
             }
             None => futures::future::pending().boxed(),
         };
-        for provider in providers {
-            tasks.0.push(tokio::spawn(provider).abort_handle());
+        for provider in providers.into_iter().flatten() {
+            let fleet = fleet.clone();
+            let run = tokio::spawn(async move { fleet.run(provider).await });
+            tasks.0.push(run.abort_handle());
         }
         let mut shutdown = shutdown.unwrap_or_else(|| futures::future::pending().boxed());
         let mut elector_done = elector.is_none();

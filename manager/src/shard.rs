@@ -1,0 +1,376 @@
+//! Sharding a fleet's clusters across replicas: the settings, the hash that
+//! assigns clusters, and what a replica owns.
+
+use std::{
+    collections::VecDeque,
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use kube::Client;
+use kube_fleet::ClusterName;
+use tokio::time::Instant;
+
+use crate::{Error, election::Timings};
+
+/// Sharding for a [`Manager`](crate::Manager): the clusters its providers
+/// offer are split across the replicas that share the name, each cluster
+/// run by one replica at a time.
+///
+/// Each replica announces itself with a Lease `<name>-replica-<hash>`
+/// renewed every retry period. A cluster goes to the live replica that
+/// ranks first for it by rendezvous (highest random weight) hashing of the
+/// cluster's and the replicas' names, so when a replica joins, only the
+/// clusters it now ranks first for move (about 1/N of them), and when one
+/// leaves, only its clusters move. Before it runs a cluster, a replica
+/// takes the cluster's own Lease `<name>-cluster-<hash>` (the fence), and
+/// holds every reconcile in that cluster to its renew deadline, as
+/// [`LeaderElection`](crate::LeaderElection) does for the whole process. A
+/// cluster that moves is disengaged on its old replica, its reconciles
+/// stopped, and its fence released before the new replica may take it; a
+/// replica that dies holds its fences until they expire. So a cluster is
+/// never reconciled by two replicas at once.
+///
+/// Sharding replaces leader election: a manager takes one or the other
+/// (both is an [`Error::Invalid`]), and without either every replica runs
+/// every cluster. All clusters the providers offer are sharded, the local
+/// one too.
+///
+/// Timings are those of leader election (lease 15 s, renew deadline 10 s,
+/// retry 2 s by default). When a replica dies, its clusters run elsewhere
+/// within the lease duration, two retry periods and the time the new
+/// replica's watches take to sync.
+///
+/// The Leases live in the cluster of [`client`](Self::client) (default:
+/// the local one), in [`namespace`](Self::namespace) (default: the
+/// client's own). Each replica lists them every retry period and renews its
+/// own and its clusters', so the coordination cluster sees about
+/// (1 + clusters owned) / retry period writes a second from each replica.
+///
+/// ```
+/// use std::time::Duration;
+/// use kube_fleet_manager::Sharding;
+///
+/// let sharding = Sharding::new("my-operator").namespace("operators").identity("replica-0");
+/// assert!(sharding.validate().is_ok());
+/// ```
+#[derive(Clone)]
+pub struct Sharding {
+    pub(crate) name: String,
+    pub(crate) namespace: Option<String>,
+    pub(crate) identity: Option<String>,
+    pub(crate) client: Option<Client>,
+    pub(crate) timings: Timings,
+    pub(crate) status: ShardStatus,
+}
+
+impl std::fmt::Debug for Sharding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sharding")
+            .field("name", &self.name)
+            .field("namespace", &self.namespace)
+            .field("identity", &self.identity)
+            .field("timings", &self.timings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sharding {
+    /// Sharding among the replicas named `name`.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            namespace: None,
+            identity: None,
+            client: None,
+            timings: Timings::default(),
+            status: ShardStatus::default(),
+        }
+    }
+
+    /// The namespace of the Leases.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// This replica's identity (default: the host name, then `_` and a
+    /// random suffix). The hash ranks replicas by it.
+    pub fn identity(mut self, identity: impl Into<String>) -> Self {
+        self.identity = Some(identity.into());
+        self
+    }
+
+    /// The client of the cluster that holds the Leases (default: the local
+    /// cluster's, from `Client::try_default`).
+    pub fn client(mut self, client: Client) -> Self {
+        self.client = Some(client);
+        self
+    }
+
+    /// How long a Lease lasts without a renew (default 15 s; whole seconds).
+    pub fn lease_duration(mut self, duration: Duration) -> Self {
+        self.timings.lease_duration = duration;
+        self
+    }
+
+    /// How long a replica tries to renew a cluster's Lease before it stops
+    /// running the cluster (default 10 s).
+    pub fn renew_deadline(mut self, deadline: Duration) -> Self {
+        self.timings.renew_deadline = deadline;
+        self
+    }
+
+    /// How often a replica renews its Leases and looks at the others'
+    /// (default 2 s).
+    pub fn retry_period(mut self, period: Duration) -> Self {
+        self.timings.retry_period = period;
+        self
+    }
+
+    /// A live view of the clusters this replica owns, for logs, health
+    /// checks and tests; the same handle before and while the manager runs.
+    pub fn status(&self) -> ShardStatus {
+        self.status.clone()
+    }
+
+    /// Checks the name and the timings, as [`LeaderElection::validate`](crate::LeaderElection::validate).
+    pub fn validate(&self) -> Result<(), Error> {
+        let what = format!("sharding {:?}", self.name);
+        let valid_name = !self.name.is_empty()
+            && self.name.len() <= 63
+            && self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && self.name.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && self.name.ends_with(|c: char| c.is_ascii_alphanumeric());
+        if !valid_name {
+            return Err(Error::Invalid {
+                what,
+                reason: "the name labels and starts the Leases' names: at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit".into(),
+            });
+        }
+        self.timings.validate(&what)
+    }
+}
+
+/// The rank of `replica` for `cluster`: of the live replicas, the one with
+/// the highest rank runs the cluster.
+pub(crate) fn rank(cluster: &str, replica: &str) -> u64 {
+    // FNV-1a over both names with a separator no name holds, then a
+    // finalizer so that names that differ in one byte rank far apart.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in cluster.bytes().chain([0]).chain(replica.bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    mix(hash)
+}
+
+/// The owner of `cluster` among `replicas`: the highest rank, the greater
+/// name on a tie.
+pub(crate) fn owner<'a>(
+    cluster: &str,
+    replicas: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
+    replicas
+        .into_iter()
+        .max_by_key(|replica| (rank(cluster, replica), *replica))
+}
+
+/// A short, stable hexadecimal name for `text`, for Lease names.
+pub(crate) fn short_hash(text: &str) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in text.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{:016x}", mix(hash))
+}
+
+fn mix(mut x: u64) -> u64 {
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// One stretch of time in which a replica ran a cluster: from when it took
+/// the cluster's Lease until its reconciles there were stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ownership {
+    /// The cluster.
+    pub cluster: ClusterName,
+    /// When the replica took the cluster's Lease and started to run it.
+    pub from: Instant,
+    /// When its reconciles there were stopped; `None` while it runs it.
+    pub until: Option<Instant>,
+    /// While it runs it: the renew deadline as of the last renew of the
+    /// cluster's Lease, past which no reconcile of the replica runs there
+    /// unless it renews again. A replica that died stopped there.
+    pub deadline: Instant,
+}
+
+/// What a sharded replica owns now, and the last stretches of ownership
+/// (up to 1024); see [`Sharding::status`].
+#[derive(Debug, Clone, Default)]
+pub struct ShardStatus {
+    inner: Arc<Mutex<StatusInner>>,
+}
+
+#[derive(Debug, Default)]
+struct StatusInner {
+    replicas: Vec<String>,
+    assigned: Vec<ClusterName>,
+    history: VecDeque<Ownership>,
+}
+
+const HISTORY: usize = 1024;
+
+impl ShardStatus {
+    fn lock(&self) -> MutexGuard<'_, StatusInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The clusters this replica runs now, by name.
+    pub fn owned(&self) -> Vec<ClusterName> {
+        let mut owned: Vec<ClusterName> = self
+            .lock()
+            .history
+            .iter()
+            .filter(|o| o.until.is_none())
+            .map(|o| o.cluster.clone())
+            .collect();
+        owned.sort();
+        owned
+    }
+
+    /// The live replicas this replica saw last, itself included, by
+    /// identity.
+    pub fn replicas(&self) -> Vec<String> {
+        self.lock().replicas.clone()
+    }
+
+    /// The clusters this replica ranks first for among the live replicas,
+    /// as of its last look: those it should run. They differ from
+    /// [`owned`](Self::owned) while clusters move, until the Lease of each
+    /// is handed over.
+    pub fn assigned(&self) -> Vec<ClusterName> {
+        self.lock().assigned.clone()
+    }
+
+    /// The last stretches of ownership, oldest first.
+    pub fn history(&self) -> Vec<Ownership> {
+        self.lock().history.iter().cloned().collect()
+    }
+
+    pub(crate) fn set_replicas(&self, replicas: Vec<String>) {
+        self.lock().replicas = replicas;
+    }
+
+    pub(crate) fn set_assigned(&self, mut assigned: Vec<ClusterName>) {
+        assigned.sort();
+        self.lock().assigned = assigned;
+    }
+
+    pub(crate) fn took(&self, cluster: &ClusterName, from: Instant, deadline: Instant) {
+        let mut inner = self.lock();
+        // Stretches that have ended go first when the history is full.
+        while inner.history.len() >= HISTORY {
+            match inner.history.iter().position(|o| o.until.is_some()) {
+                Some(ended) => {
+                    inner.history.remove(ended);
+                }
+                None => break,
+            }
+        }
+        inner.history.push_back(Ownership {
+            cluster: cluster.clone(),
+            from,
+            until: None,
+            deadline,
+        });
+    }
+
+    pub(crate) fn renewed(&self, cluster: &ClusterName, deadline: Instant) {
+        if let Some(open) = self
+            .lock()
+            .history
+            .iter_mut()
+            .rev()
+            .find(|o| o.cluster == *cluster && o.until.is_none())
+        {
+            open.deadline = deadline;
+        }
+    }
+
+    pub(crate) fn gave_up(&self, cluster: &ClusterName, until: Instant) {
+        let mut inner = self.lock();
+        if let Some(open) = inner
+            .history
+            .iter_mut()
+            .rev()
+            .find(|o| o.cluster == *cluster && o.until.is_none())
+        {
+            open.until = Some(until);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::{owner, short_hash};
+
+    #[test]
+    fn a_joining_replica_takes_only_clusters_from_others_and_about_its_share() {
+        let clusters: Vec<String> = (0..3000).map(|i| format!("cluster-{i}")).collect();
+        let three = ["replica-a", "replica-b", "replica-c"];
+        let four = ["replica-a", "replica-b", "replica-c", "replica-d"];
+        let before: HashMap<&str, &str> = clusters
+            .iter()
+            .map(|c| (c.as_str(), owner(c, three).unwrap()))
+            .collect();
+        let mut moved = 0;
+        for cluster in &clusters {
+            let now = owner(cluster, four).unwrap();
+            if now != before[cluster.as_str()] {
+                assert_eq!(now, "replica-d", "{cluster} moved between old replicas");
+                moved += 1;
+            }
+        }
+        // About a quarter: 750 expected.
+        assert!((650..=850).contains(&moved), "{moved} of 3000 moved");
+        // Balanced across the three before.
+        for replica in three {
+            let owned = before.values().filter(|o| **o == replica).count();
+            assert!((900..=1100).contains(&owned), "{replica} owns {owned}");
+        }
+    }
+
+    #[test]
+    fn a_departing_replica_gives_only_its_own_clusters_away() {
+        let clusters: Vec<String> = (0..300).map(|i| format!("c{i}")).collect();
+        for cluster in &clusters {
+            let before = owner(cluster, ["a", "b", "c"]).unwrap();
+            let after = owner(cluster, ["a", "b"]).unwrap();
+            if before != "c" {
+                assert_eq!(before, after);
+            }
+        }
+        assert_eq!(owner("x", []), None);
+    }
+
+    #[test]
+    fn lease_names_are_stable_and_short() {
+        assert_eq!(short_hash("east"), short_hash("east"));
+        assert_ne!(short_hash("east"), short_hash("west"));
+        assert_eq!(
+            short_hash("a/very/long/cluster/name/with+context").len(),
+            16
+        );
+    }
+}
