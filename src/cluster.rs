@@ -1,12 +1,19 @@
 use std::{
+    collections::HashMap,
     fmt,
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
 };
 
-use kube::{Client, runtime::reflector::Store};
+use kube::{
+    Client,
+    runtime::{
+        events::{Recorder, Reporter},
+        reflector::Store,
+    },
+};
 use tokio::sync::Notify;
 
 use crate::{
@@ -44,6 +51,8 @@ struct Inner {
     /// Read before every reconcile, so a flag rather than a lock.
     left: AtomicBool,
     leaving: Notify,
+    /// One event recorder per reporting controller, made on first use.
+    recorders: Mutex<HashMap<Arc<str>, Recorder>>,
 }
 
 impl fmt::Debug for Cluster {
@@ -81,6 +90,7 @@ impl Cluster {
                 cache,
                 left: AtomicBool::new(false),
                 leaving: Notify::new(),
+                recorders: Mutex::default(),
             }),
         }
     }
@@ -104,6 +114,31 @@ impl Cluster {
     /// default watch configuration.
     pub fn store<K: Watchable<DynamicType = ()>>(&self) -> Option<Store<K>> {
         self.inner.cache.store::<K>()
+    }
+
+    /// The recorder of Kubernetes Events in this cluster for `controller`:
+    /// kube-runtime's [`Recorder`], writing `events.k8s.io/v1` Events
+    /// through this cluster's client, reported by `controller` from this
+    /// host (the reporting instance). One recorder per controller and
+    /// engagement, made on first use, so repeats of an Event within
+    /// kube-runtime's few minutes are counted on one Event rather than
+    /// written anew; it goes when the engagement goes. Writing Events needs
+    /// `create` and `patch` on `events` in the `events.k8s.io` group.
+    ///
+    /// [`ObjectRequest::publish`](crate::ObjectRequest::publish) records on
+    /// a reconcile's own object.
+    pub fn recorder(&self, controller: &str) -> Recorder {
+        let mut recorders = self
+            .inner
+            .recorders
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(recorder) = recorders.get(controller) {
+            return recorder.clone();
+        }
+        let recorder = Recorder::new(self.client(), Reporter::from(controller));
+        recorders.insert(controller.into(), recorder.clone());
+        recorder
     }
 
     /// Whether this engagement still holds: `false` once the fleet has

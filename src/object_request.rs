@@ -67,6 +67,63 @@ pub struct ObjectRequest<K> {
 }
 
 impl<K> ObjectRequest<K> {
+    /// The recorder of Kubernetes Events in the request's cluster, reported
+    /// by the request's controller (`kube-fleet` outside a controller); see
+    /// [`Cluster::recorder`].
+    pub fn recorder(&self) -> kube::runtime::events::Recorder {
+        self.cluster
+            .recorder(self.controller.as_deref().unwrap_or("kube-fleet"))
+    }
+}
+
+impl<K: kube::Resource<DynamicType = ()>> ObjectRequest<K> {
+    /// Records `event` on the request's object, in the object's own
+    /// cluster, through [`recorder`](Self::recorder). The object need not
+    /// exist any more: without it the Event names it by kind, namespace
+    /// and name, with no UID.
+    ///
+    /// ```
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube::runtime::events::{Event, EventType};
+    /// use kube_fleet::{Action, ObjectRequest};
+    /// use tower::BoxError;
+    ///
+    /// async fn reconcile(request: ObjectRequest<ConfigMap>) -> Result<Action, BoxError> {
+    ///     // ... the work ...
+    ///     request
+    ///         .publish(&Event {
+    ///             type_: EventType::Normal,
+    ///             reason: "Labelled".into(),
+    ///             note: Some(format!("labelled in {}", request.cluster.name())),
+    ///             action: "Reconcile".into(),
+    ///             secondary: None,
+    ///         })
+    ///         .await?;
+    ///     Ok(Action::await_change())
+    /// }
+    /// # drop(tower::service_fn(reconcile));
+    /// ```
+    pub async fn publish(&self, event: &kube::runtime::events::Event) -> Result<(), kube::Error> {
+        self.recorder().publish(event, &self.object_ref()).await
+    }
+
+    /// A reference to the request's object: from the object if the watch
+    /// holds it (with its UID), else from the key.
+    pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
+        match &self.object {
+            Some(object) => object.object_ref(&()),
+            None => k8s_openapi::api::core::v1::ObjectReference {
+                api_version: Some(K::api_version(&()).into_owned()),
+                kind: Some(K::kind(&()).into_owned()),
+                namespace: self.request.namespace.clone(),
+                name: Some(self.request.name.clone()),
+                ..Default::default()
+            },
+        }
+    }
+}
+
+impl<K> ObjectRequest<K> {
     /// A request for `request`'s object in `cluster`, for reason
     /// [`Unknown`](ReconcileReason::Unknown) and outside a controller: for
     /// layers that load objects themselves, and for tests of reconcilers.
