@@ -92,6 +92,7 @@ mod fleet;
 mod object_request;
 pub mod provider;
 mod queue;
+pub mod rbac;
 mod reason;
 mod request;
 mod token_bucket;

@@ -34,6 +34,7 @@
 
 mod config;
 mod deliver;
+mod permissions;
 mod runner;
 mod status;
 mod trigger;
@@ -66,13 +67,14 @@ use crate::{
 pub(crate) use deliver::read;
 use deliver::{Deliver, Keys, Objects};
 pub(crate) use trigger::panic_message;
-use trigger::{FilterFactory, Trigger, WatchTrigger};
+use trigger::{FilterFactory, Trigger, WatchTrigger, Watched};
 
 /// Why a controller stopped other than by a graceful shutdown.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The controller was built wrong: a `DynamicObject` watch without the
-    /// type it watches, say. Reported when it is run.
+    /// type it watches, or a verb Kubernetes does not have in
+    /// [`Controller::writes`], say. Reported when it is run.
     #[error("controller {controller}: {reason}")]
     Invalid {
         /// The controller's name.
@@ -285,6 +287,8 @@ pub struct Controller<K: Watchable> {
     reconcile_all: Vec<BoxStream<'static, ()>>,
     queue_depth: QueueDepth,
     status: ControllerStatus,
+    /// What the reconciler writes, with which verbs: see [`Self::writes`].
+    writes: Vec<(Watched, Vec<String>)>,
     _for: PhantomData<fn() -> K>,
 }
 
@@ -362,6 +366,7 @@ impl<K: Watchable> Controller<K> {
             reconcile_all: Vec::new(),
             queue_depth: QueueDepth::default(),
             status: ControllerStatus::new(fleet.clone()),
+            writes: Vec::new(),
             _for: PhantomData,
         }
     }
@@ -721,6 +726,7 @@ impl<K: Watchable> Controller<K> {
             reconcile_all,
             queue_depth,
             status,
+            writes: _,
             _for,
         } = self;
         queue_depth.name(name.as_str().into());

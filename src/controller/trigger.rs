@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::Clusters;
 use crate::{
     Cluster, ClusterName, McRequest, ReconcileReason,
-    cache::{Change, ClusterCache, Shape, SharedWatch, TypeInfo, WatchProbe},
+    cache::{Change, ClusterCache, Sealed, Shape, SharedWatch, TypeInfo, WatchProbe},
     queue::Lane,
 };
 
@@ -34,6 +34,34 @@ pub(crate) trait Trigger: Send + Sync {
     /// The requests for every object the watch in `cluster` holds now,
     /// filters aside.
     fn known(&self, cluster: &Cluster) -> Vec<McRequest>;
+
+    /// The resource the watch reads, for its RBAC rules.
+    fn watched(&self) -> Watched;
+}
+
+/// A resource a controller reads or writes, as RBAC rules name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Watched {
+    /// A resource known when the controller is built.
+    Resource { group: String, plural: String },
+    /// A kind whose resource each cluster's discovery finds.
+    Discovered { group: String, kind: String },
+}
+
+impl Watched {
+    /// What type information `dyntype` of `T` names.
+    pub(crate) fn of<T: Resource<DynamicType: TypeInfo>>(dyntype: &T::DynamicType) -> Self {
+        match dyntype.to_discover() {
+            Some((group, kind, _)) => Self::Discovered {
+                group: group.to_owned(),
+                kind: kind.to_owned(),
+            },
+            None => Self::Resource {
+                group: T::group(dyntype).into_owned(),
+                plural: T::plural(dyntype).into_owned(),
+            },
+        }
+    }
 }
 
 /// A trigger's watch in one cluster, running, and how to subscribe to it.
@@ -142,6 +170,10 @@ where
             })
             .flatten()
             .collect()
+    }
+
+    fn watched(&self) -> Watched {
+        Watched::of::<T>(&self.dyntype)
     }
 }
 
