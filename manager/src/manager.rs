@@ -16,8 +16,11 @@ use futures::{
 };
 use kube::Client;
 use kube_fleet::{
-    Action, Controller, Fleet, ObjectRequest, cache::Watchable, controller::ControllerStatus,
+    Action, Controller, Fleet, ObjectRequest,
+    cache::Watchable,
+    controller::ControllerStatus,
     provider::ClusterEvent,
+    rbac::{Permissions, Rule, Scope},
 };
 use kube_fleet_layers::metrics::{FleetCollector, QueueDepths};
 use prometheus_client::registry::Registry;
@@ -46,6 +49,8 @@ type Start = Box<
 struct Added {
     name: String,
     status: ControllerStatus,
+    /// The controller's RBAC rules, read when it was added.
+    permissions: Permissions,
     started: Arc<AtomicBool>,
     start: Start,
 }
@@ -142,6 +147,7 @@ impl Manager {
         self.depths.add(controller.queue_depth());
         let name = controller.name().to_owned();
         let status = controller.status();
+        let permissions = controller.permissions();
         let start: Start = Box::new(move |shutdown, gate| {
             controller
                 .graceful_shutdown_on(shutdown)
@@ -151,6 +157,7 @@ impl Manager {
         self.controllers.push(Added {
             name,
             status,
+            permissions,
             started: Arc::new(AtomicBool::new(false)),
             start,
         });
@@ -211,6 +218,80 @@ impl Manager {
     ) -> Self {
         self.shutdown = Some(signal.boxed());
         self
+    }
+
+    /// The RBAC rules the operator needs: every added controller's
+    /// ([`Controller::permissions`], as it was when added), and, with
+    /// [leader election](Self::leader_election), `get`, `create` and
+    /// `update` on `coordination.k8s.io` Leases in the local cluster. A
+    /// Lease reached through [`LeaderElection::client`] lives in that
+    /// client's cluster: a note says so, since the rules then belong there.
+    ///
+    /// ```
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube::runtime::watcher;
+    /// use kube_fleet::{Action, Controller, Fleet, ObjectRequest, rbac::{Rule, Scope}};
+    /// use kube_fleet_manager::{LeaderElection, Manager};
+    /// use tower::{BoxError, service_fn};
+    ///
+    /// let fleet = Fleet::new();
+    /// let manager = Manager::new(&fleet)
+    ///     .leader_election(LeaderElection::new("my-operator").namespace("operators"))
+    ///     .controller(
+    ///         Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
+    ///             .writes::<ConfigMap>(&["patch"]),
+    ///         service_fn(|_: ObjectRequest<ConfigMap>| async {
+    ///             Ok::<_, BoxError>(Action::await_change())
+    ///         }),
+    ///     );
+    /// let permissions = manager.permissions();
+    /// assert_eq!(
+    ///     permissions.rules(Scope::Local),
+    ///     [
+    ///         Rule::new("", "configmaps", ["get", "list", "patch", "watch"]),
+    ///         Rule::new("coordination.k8s.io", "leases", ["create", "get", "update"]),
+    ///     ]
+    /// );
+    /// assert_eq!(
+    ///     permissions.rules(Scope::Members),
+    ///     [Rule::new("", "configmaps", ["get", "list", "patch", "watch"])]
+    /// );
+    /// ```
+    pub fn permissions(&self) -> Permissions {
+        let mut permissions = Permissions::new();
+        for added in &self.controllers {
+            permissions.merge(added.permissions.clone());
+        }
+        if let Some(election) = &self.election {
+            let leases = Rule::new("coordination.k8s.io", "leases", ["get", "create", "update"]);
+            permissions.grant(Scope::Local, leases);
+            if election.client.is_some() {
+                let namespace = match &election.namespace {
+                    Some(namespace) => format!("namespace {namespace}"),
+                    None => "its client's default namespace".to_owned(),
+                };
+                permissions.note(format!(
+                    "the leader election Lease {} is reached through its own client: if that is not the local cluster, the leases rules belong in the Lease's cluster instead, and a Role in {namespace} suffices there",
+                    election.name
+                ));
+            }
+        }
+        permissions
+    }
+
+    /// [`permissions`](Self::permissions) as YAML for `kubectl apply`: the
+    /// ClusterRole `name` for the local cluster and `name-member` for the
+    /// member clusters ([`Permissions::to_yaml`]). Bind each to the
+    /// operator's identity in its clusters.
+    ///
+    /// ```
+    /// # use kube_fleet::Fleet;
+    /// # use kube_fleet_manager::Manager;
+    /// let yaml = Manager::new(&Fleet::new()).rbac_yaml("my-operator");
+    /// assert!(yaml.contains("kind: ClusterRole\nmetadata:\n  name: my-operator-member\nrules: []\n"));
+    /// ```
+    pub fn rbac_yaml(&self, name: &str) -> String {
+        self.permissions().to_yaml(name)
     }
 
     /// Runs everything until the shutdown signal, or until the first fatal
