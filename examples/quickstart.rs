@@ -5,7 +5,12 @@
 //! cargo run --example quickstart -- --run-for 20          # ... that stops by itself
 //! cargo run --example quickstart -- --kubeconfig ~/.kube/config   # every context of a kubeconfig
 //! cargo run --example quickstart -- --endpoints 0.0.0.0:9090      # health and metrics elsewhere
+//! cargo run --example quickstart -- --kubeconfig FILE --leader-election quickstart
 //! ```
+//!
+//! With `--leader-election NAME`, replicas share the Lease `NAME` in the
+//! local cluster (in a pod, its own; outside, `KUBECONFIG`'s current
+//! context), and only the leader reconciles.
 //!
 //! One [`Manager`] runs the provider, the controller and the HTTP endpoints
 //! (`/healthz`, `/readyz`, `/metrics`, on `127.0.0.1:8080` by default) under
@@ -37,7 +42,7 @@ use kube_fleet::{
 };
 use kube_fleet_envtest::Envtest;
 use kube_fleet_layers::{metrics::ReconcileMetrics, recommended::RecommendedLayer};
-use kube_fleet_manager::Manager;
+use kube_fleet_manager::{LeaderElection, Manager};
 use kube_fleet_provider_file::FileProvider;
 use tower::{BoxError, ServiceBuilder, service_fn};
 
@@ -89,6 +94,12 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let mut manager = Manager::new(&fleet)
         .endpoints(args.endpoints)
         .graceful_shutdown_on(shutdown_signal(args.run_for));
+    if let Some(lease) = &args.leader_election {
+        if args.kubeconfig.is_none() {
+            return Err("--leader-election needs --kubeconfig: the local fleet has no cluster of its own to hold the Lease".into());
+        }
+        manager = manager.leader_election(LeaderElection::new(lease));
+    }
     // Either every context of a kubeconfig file, named `path+context` and
     // followed as the file changes (yours, so trusted as kubectl trusts it:
     // exec plugins and all), or a local fleet driven from code.
@@ -244,16 +255,17 @@ struct Args {
     run_for: Option<Duration>,
     kubeconfig: Option<PathBuf>,
     endpoints: SocketAddr,
+    leader_election: Option<String>,
 }
 
 impl Args {
     fn parse() -> Result<Self, Box<dyn Error>> {
-        const USAGE: &str =
-            "usage: quickstart [--run-for SECONDS] [--kubeconfig PATH] [--endpoints ADDRESS:PORT]";
+        const USAGE: &str = "usage: quickstart [--run-for SECONDS] [--kubeconfig PATH] [--endpoints ADDRESS:PORT] [--leader-election LEASE]";
         let mut args = Self {
             run_for: None,
             kubeconfig: None,
             endpoints: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            leader_election: None,
         };
         let mut argv = std::env::args().skip(1);
         while let Some(flag) = argv.next() {
@@ -266,6 +278,7 @@ impl Args {
                     args.run_for = Some(Duration::from_secs_f64(secs));
                 }
                 "--kubeconfig" => args.kubeconfig = Some(value.into()),
+                "--leader-election" => args.leader_election = Some(value),
                 "--endpoints" => {
                     args.endpoints = value.parse().map_err(|e| {
                         format!("--endpoints takes ADDRESS:PORT, got {value:?}: {e}")

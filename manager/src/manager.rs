@@ -276,6 +276,20 @@ impl Manager {
                 ));
             }
         }
+        if let Some(sharding) = &self.sharding {
+            let leases = Rule::new(
+                "coordination.k8s.io",
+                "leases",
+                ["get", "list", "create", "update"],
+            );
+            permissions.grant(Scope::Local, leases);
+            if sharding.client.is_some() {
+                permissions.note(format!(
+                    "the sharding Leases of {:?} are reached through their own client: if that is not the local cluster, the leases rules belong in that cluster instead",
+                    sharding.name
+                ));
+            }
+        }
         permissions
     }
 
