@@ -157,6 +157,8 @@ impl ControllerStatus {
     /// # use k8s_openapi::api::core::v1::ConfigMap;
     /// # use kube::runtime::watcher;
     /// # use kube_fleet::{Controller, Fleet};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
     /// let fleet = Fleet::new();
     /// # let (idle, _) = tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
     /// # let client = kube::Client::new(idle, "default");
@@ -164,6 +166,7 @@ impl ControllerStatus {
     /// let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default());
     /// // Not running yet: it has started nowhere.
     /// assert_eq!(controller.status().not_started(), ["east"]);
+    /// # }
     /// ```
     pub fn not_started(&self) -> Vec<ClusterName> {
         let engaged = self.inner.fleet.clusters();
