@@ -242,6 +242,7 @@ pub(crate) async fn lead(
     validity: Arc<Validity>,
     role: watch::Sender<Role>,
     mut stop: watch::Receiver<bool>,
+    release: Arc<std::sync::atomic::AtomicBool>,
 ) -> Result<(), Error> {
     let key = lock.key();
     let timeout = timings.request_timeout();
@@ -321,6 +322,10 @@ pub(crate) async fn lead(
         Some(reason) => {
             tracing::error!(lease = %key, %reason, "leadership lost");
             Err(Error::LeadershipLost { lease: key, reason })
+        }
+        None if !release.load(std::sync::atomic::Ordering::SeqCst) => {
+            tracing::warn!(lease = %key, "reconciles did not end: the Lease is left to expire, not released");
+            Ok(())
         }
         None => {
             // The manager stops here once its reconciles have finished.

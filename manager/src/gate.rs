@@ -4,9 +4,10 @@
 //! the start of its last successful renew plus the renew deadline, which
 //! ends before any other replica may take the Lease. [`GateLayer`] checks it
 //! before it calls the reconciler, and stops a running reconcile (drops its
-//! future) the moment the validity runs out without a renew, so no
-//! reconciler code runs past it. It also counts the reconciles in flight,
-//! so that a Lease is given up only once they have stopped.
+//! future) the moment the validity runs out without a renew: the
+//! reconcile's future is not polled past it. Work a reconciler hands to
+//! other tasks or threads is its own to stop. It also counts the reconciles
+//! in flight, so that a Lease is given up only once they have stopped.
 
 use std::{
     fmt,
@@ -176,13 +177,13 @@ where
                 .map(|r| r.map_err(Into::into))
                 .boxed();
         };
+        // Counted before the check, so that a Lease is not given up between
+        // the check and the call.
+        let running = Running::enter(validity.clone());
         let mut until = validity.until.subscribe();
         if !is_open(*until.borrow_and_update()) {
             return futures::future::ready(Err(NotHolder { cluster }.into())).boxed();
         }
-        // Counted before the reconciler is called, so that a Lease is not
-        // given up between the check and the call.
-        let running = Running::enter(validity);
         let reconcile = self.inner.call(request);
         async move {
             let _running = running;
@@ -192,10 +193,24 @@ where
                 else {
                     return Err(NotHolder { cluster }.into());
                 };
+                // The deadline first: a reconcile woken at it is not polled.
                 tokio::select! {
                     biased;
-                    done = &mut reconcile => return done.map_err(Into::into),
                     _ = tokio::time::sleep_until(deadline) => {}
+                    done = async {
+                        // Checked again just before each poll: a wake-up that
+                        // came late finds the deadline passed.
+                        std::future::poll_fn(|cx| {
+                            if Instant::now() >= deadline {
+                                return std::task::Poll::Ready(None);
+                            }
+                            reconcile.as_mut().poll(cx).map(Some)
+                        })
+                        .await
+                    } => match done {
+                        Some(done) => return done.map_err(Into::into),
+                        None => return Err(NotHolder { cluster }.into()),
+                    },
                     changed = until.changed() => {
                         if changed.is_err() {
                             return Err(NotHolder { cluster }.into());

@@ -5,7 +5,7 @@ use std::{convert::Infallible, sync::Arc};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode, body::Incoming, header, service::service_fn};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::{encoding::text::encode, registry::Registry};
 use tokio::{net::TcpListener, task::JoinSet};
 
@@ -18,6 +18,11 @@ pub(crate) struct Endpoints {
     pub(crate) registry: Registry,
 }
 
+/// Connections served at once; more wait to be accepted.
+const MAX_CONNECTIONS: usize = 64;
+/// How long a client may take to send a request's head.
+const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Serves the endpoints on `listener` until dropped; each connection in a
@@ -25,17 +30,22 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 pub(crate) async fn serve(listener: TcpListener, endpoints: Arc<Endpoints>) -> std::io::Error {
     let mut connections = JoinSet::new();
     loop {
+        if connections.len() >= MAX_CONNECTIONS {
+            // Full: a connection must end before another is accepted.
+            connections.join_next().await;
+            continue;
+        }
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
-                // A connection that failed as it was accepted (reset, or too
-                // many open files for a moment) ends only itself.
-                Err(error) if is_transient(&error) => {
-                    tracing::debug!(%error, "accepting a connection");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                // A connection that failed as it was accepted, or a lack of
+                // descriptors or memory for a moment: the probes must not
+                // stop the operator, so wait and go on.
+                Err(error) => {
+                    tracing::warn!(%error, "accepting a connection to the endpoints");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                     continue;
                 }
-                Err(error) => return error,
             },
             Some(_) = connections.join_next() => continue,
         };
@@ -46,20 +56,14 @@ pub(crate) async fn serve(listener: TcpListener, endpoints: Arc<Endpoints>) -> s
                 async move { Ok::<_, Infallible>(answer(&endpoints, &request)) }
             });
             let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEAD_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service);
             if let Err(error) = connection.await {
                 tracing::debug!(%error, "an endpoint connection");
             }
         });
     }
-}
-
-fn is_transient(error: &std::io::Error) -> bool {
-    use std::io::ErrorKind::*;
-    matches!(
-        error.kind(),
-        ConnectionAborted | ConnectionReset | Interrupted | WouldBlock
-    ) || error.raw_os_error() == Some(24) // EMFILE
 }
 
 fn answer(endpoints: &Endpoints, request: &Request<Incoming>) -> Response<Full<Bytes>> {

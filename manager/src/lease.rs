@@ -117,6 +117,10 @@ impl LeaseLock {
         let Some(lease) = self.api.get_opt(&self.name).await? else {
             return self.create(now).await;
         };
+        // A record is dated from when its answer came, never earlier: a
+        // renew that committed while the read was under way is seen as no
+        // older than it is.
+        let now = Instant::now();
         let spec = lease.spec.unwrap_or_default();
         let metadata = kept(&lease.metadata);
         let at = match &self.observed {
@@ -243,13 +247,9 @@ impl LeaseLock {
                 self.observe(replaced, now);
                 Ok(Holder::Me)
             }
-            // Someone wrote it since it was read: theirs, for now.
-            Err(kube::Error::Api(status)) if status.code == 409 => Ok(Holder::Other(
-                self.observed
-                    .as_ref()
-                    .and_then(|seen| seen.spec.holder_identity.clone())
-                    .unwrap_or_default(),
-            )),
+            // Someone wrote it since it was read (another replica, or a
+            // write of this one's that timed out here but went through):
+            // an error to try again after, within the renew deadline.
             Err(error) => Err(error),
         }
     }

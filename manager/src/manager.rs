@@ -336,6 +336,7 @@ impl Manager {
         let validity = Validity::closed();
         let (role_sender, role) = watch::channel(Role::Leading);
         let (stop_election, election_stopped) = watch::channel(false);
+        let release = Arc::new(AtomicBool::new(true));
         let mut elector: Option<BoxFuture<'static, Result<(), Error>>> = None;
         let mut lease = None;
         if let Some(election) = election {
@@ -370,6 +371,7 @@ impl Manager {
                     validity.clone(),
                     role_sender,
                     election_stopped.clone(),
+                    release.clone(),
                 )
                 .boxed(),
             );
@@ -560,6 +562,9 @@ impl Manager {
             .is_err()
         {
             tracing::warn!("reconciles still running 5 s after the controllers stopped");
+            // Another replica must not start while they might run: the
+            // Lease is left to expire rather than released.
+            release.store(false, Ordering::SeqCst);
         }
         let _ = stop_election.send(true);
         if !elector_done && let Err(lost) = elector.await {

@@ -407,7 +407,10 @@ impl Sharder {
             .await
             .is_err()
         {
-            tracing::warn!(clusters = ?clusters, "reconciles still running after the renew deadline");
+            // Another replica must not start while they might run: the
+            // Leases are left to expire rather than released.
+            tracing::warn!(clusters = ?clusters, "reconciles still running after the renew deadline: their Leases are left to expire");
+            return;
         }
         if !release {
             return;
