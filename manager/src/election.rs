@@ -279,22 +279,22 @@ pub(crate) async fn lead(
     validity.open_until(until);
     role.send_replace(Role::Leading);
     // Keep it.
+    let missed = format!(
+        "no renew succeeded within the renew deadline ({:?})",
+        timings.renew_deadline
+    );
     let mut next = Instant::now() + timings.retry_period;
     let lost = loop {
         tokio::select! {
             biased;
             _ = stopped(&mut stop) => break None,
-            _ = tokio::time::sleep_until(until) => break Some(format!(
-                "no renew succeeded within the renew deadline ({:?})", timings.renew_deadline
-            )),
+            _ = tokio::time::sleep_until(until) => break Some(missed.clone()),
             _ = tokio::time::sleep_until(next) => {}
         }
         let start = Instant::now();
         let attempt = tokio::select! {
             biased;
-            _ = tokio::time::sleep_until(until) => break Some(format!(
-                "no renew succeeded within the renew deadline ({:?})", timings.renew_deadline
-            )),
+            _ = tokio::time::sleep_until(until) => break Some(missed.clone()),
             attempt = tokio::time::timeout(timeout, lock.try_acquire_or_renew()) => attempt,
         };
         match attempt {

@@ -341,19 +341,13 @@ impl Manager {
         let mut lease = None;
         if let Some(election) = election {
             election.validate()?;
-            let client = match election.client {
-                Some(client) => client,
-                None => Client::try_default()
-                    .await
-                    .map_err(|source| Error::Client {
-                        what: format!("leader election Lease {:?}", election.name),
-                        source,
-                    })?,
-            };
-            let namespace = election
-                .namespace
-                .unwrap_or_else(|| client.default_namespace().to_owned());
-            let identity = election.identity.unwrap_or_else(default_identity);
+            let (client, namespace, identity) = lease_site(
+                election.client,
+                election.namespace,
+                election.identity,
+                || format!("leader election Lease {:?}", election.name),
+            )
+            .await?;
             let lock = LeaseLock::new(
                 client,
                 &namespace,
@@ -384,19 +378,13 @@ impl Manager {
         let mut providers = Some(providers);
         if let Some(sharding) = sharding {
             sharding.validate()?;
-            let client = match sharding.client {
-                Some(client) => client,
-                None => Client::try_default()
-                    .await
-                    .map_err(|source| Error::Client {
-                        what: format!("sharding {:?}", sharding.name),
-                        source,
-                    })?,
-            };
-            let namespace = sharding
-                .namespace
-                .unwrap_or_else(|| client.default_namespace().to_owned());
-            let identity = sharding.identity.unwrap_or_else(default_identity);
+            let (client, namespace, identity) = lease_site(
+                sharding.client,
+                sharding.namespace,
+                sharding.identity,
+                || format!("sharding {:?}", sharding.name),
+            )
+            .await?;
             let shards = crate::sharder::Shards::default();
             gate = Gate::Shards(shards.clone());
             let sharder = Sharder::new(
@@ -576,6 +564,29 @@ impl Manager {
             None => Ok(()),
         }
     }
+}
+
+/// The cluster, namespace and identity of a Lease: those given, or the
+/// local cluster's client, its default namespace, and a random identity on
+/// this host. `what` names the Lease in an error.
+async fn lease_site(
+    client: Option<Client>,
+    namespace: Option<String>,
+    identity: Option<String>,
+    what: impl FnOnce() -> String,
+) -> Result<(Client, String, String), Error> {
+    let client = match client {
+        Some(client) => client,
+        None => Client::try_default()
+            .await
+            .map_err(|source| Error::Client {
+                what: what(),
+                source,
+            })?,
+    };
+    let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
+    let identity = identity.unwrap_or_else(default_identity);
+    Ok((client, namespace, identity))
 }
 
 /// Aborts the manager's tasks when it returns or is dropped.
