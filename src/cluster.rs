@@ -19,6 +19,7 @@ use tokio::sync::Notify;
 use crate::{
     ClusterName,
     cache::{ClusterCache, NamespaceView, Watchable},
+    client::{RequestStats, counting},
 };
 
 /// One engaged cluster: its name, a client, and its shared cache.
@@ -48,6 +49,7 @@ struct Inner {
     name: ClusterName,
     client: Client,
     cache: ClusterCache,
+    requests: Arc<RequestStats>,
     /// Read before every reconcile, so a flag rather than a lock.
     left: AtomicBool,
     leaving: Notify,
@@ -66,11 +68,15 @@ impl fmt::Debug for Cluster {
 }
 
 impl Cluster {
-    /// A cluster reached through `client`, with an empty cache.
+    /// A cluster reached through `client`, with an empty cache. Its
+    /// requests are counted in [`requests`](Self::requests). Call it inside
+    /// a tokio runtime.
     pub fn new(name: impl Into<ClusterName>, client: Client) -> Self {
         let name = name.into();
+        let requests = Arc::<RequestStats>::default();
+        let client = counting(client, requests.clone());
         let cache = ClusterCache::new(name.clone(), client.clone());
-        Self::with_cache(name, client, cache)
+        Self::with_cache(name, client, cache, requests)
     }
 
     /// The cluster that is `view`'s namespace of its host: its client
@@ -78,16 +84,24 @@ impl Cluster {
     /// of the host's watches (see [`HostCache`](crate::cache::HostCache)).
     pub fn of_view(name: impl Into<ClusterName>, view: &NamespaceView) -> Self {
         let name = name.into();
+        let requests = Arc::<RequestStats>::default();
+        let client = counting(view.client(), requests.clone());
         let cache = ClusterCache::of_view(name.clone(), view);
-        Self::with_cache(name, view.client(), cache)
+        Self::with_cache(name, client, cache, requests)
     }
 
-    fn with_cache(name: ClusterName, client: Client, cache: ClusterCache) -> Self {
+    fn with_cache(
+        name: ClusterName,
+        client: Client,
+        cache: ClusterCache,
+        requests: Arc<RequestStats>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 name,
                 client,
                 cache,
+                requests,
                 left: AtomicBool::new(false),
                 leaving: Notify::new(),
                 recorders: Mutex::default(),
@@ -103,6 +117,12 @@ impl Cluster {
     /// A client for this cluster.
     pub fn client(&self) -> Client {
         self.inner.client.clone()
+    }
+
+    /// The API requests made through this cluster's [`client`](Self::client)
+    /// in this engagement, its cache's watches and lists included.
+    pub fn requests(&self) -> &RequestStats {
+        &self.inner.requests
     }
 
     /// The cluster's shared watches and stores.

@@ -22,6 +22,8 @@ async fn reconciles_are_counted_by_cluster_and_result_and_timed() {
             match request.name.as_str() {
                 "fails" => Err::<Action, BoxError>("no".into()),
                 "panics" => panic!("bug"),
+                "later" => Ok(Action::requeue(Duration::from_secs(60))),
+                "again" => Ok(Action::requeue(Duration::ZERO)),
                 _ => Ok(Action::await_change()),
             }
         }));
@@ -30,6 +32,8 @@ async fn reconciles_are_counted_by_cluster_and_result_and_timed() {
         ("east", "ok"),
         ("east", "fails"),
         ("west", "panics"),
+        ("west", "later"),
+        ("west", "again"),
     ] {
         let _ = service
             .clone()
@@ -39,6 +43,10 @@ async fn reconciles_are_counted_by_cluster_and_result_and_timed() {
     assert_eq!(metrics.count("widgets", "east", "success"), 2);
     assert_eq!(metrics.count("widgets", "east", "error"), 1);
     assert_eq!(metrics.count("widgets", "west", "panic"), 1);
+    // A panic is a failed reconcile too, as controller-runtime counts it.
+    assert_eq!(metrics.count("widgets", "west", "error"), 1);
+    assert_eq!(metrics.count("widgets", "west", "requeue_after"), 1);
+    assert_eq!(metrics.count("widgets", "west", "requeue"), 1);
     assert_eq!(metrics.count("widgets", "west", "success"), 0);
 
     let mut text = String::new();
@@ -46,7 +54,7 @@ async fn reconciles_are_counted_by_cluster_and_result_and_timed() {
     // Three reconciles in east, each 0.3 s: all in the 0.512 s bucket, none in 0.256 s.
     let bucket = |le: &str| {
         format!(
-            r#"kube_fleet_reconcile_duration_seconds_bucket{{le="{le}",controller="widgets",cluster="east"}}"#
+            r#"controller_runtime_reconcile_time_seconds_bucket{{le="{le}",controller="widgets",cluster="east"}}"#
         )
     };
     let value = |prefix: String| {
@@ -60,6 +68,14 @@ async fn reconciles_are_counted_by_cluster_and_result_and_timed() {
     };
     assert_eq!(value(bucket("0.256")), "0");
     assert_eq!(value(bucket("0.512")), "3");
+    for series in [
+        r#"controller_runtime_reconcile_total{controller="widgets",cluster="west",result="requeue_after"} 1"#,
+        r#"controller_runtime_reconcile_errors_total{controller="widgets",cluster="east"} 1"#,
+        r#"controller_runtime_reconcile_errors_total{controller="widgets",cluster="west"} 1"#,
+        r#"controller_runtime_reconcile_panics_total{controller="widgets",cluster="west"} 1"#,
+    ] {
+        assert!(text.contains(series), "{series} missing in\n{text}");
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -102,7 +118,7 @@ async fn queue_depths_and_engaged_clusters_are_read_at_each_scrape() {
     let mut text = String::new();
     encode(&mut text, &registry).unwrap();
     assert!(
-        text.contains(r#"kube_fleet_queue_depth{controller="widgets"} 2"#),
+        text.contains(r#"workqueue_depth{name="widgets",controller="widgets"} 2"#),
         "{text}"
     );
     assert!(text.contains("kube_fleet_engaged_clusters 1"), "{text}");

@@ -135,7 +135,7 @@ async fn failures_and_panics_back_off_recover_and_are_counted() {
     encode(&mut text, &registry).unwrap();
     assert!(text.contains("kube_fleet_engaged_clusters 3"), "{text}");
     assert!(
-        text.contains(r#"kube_fleet_queue_depth{controller="configmaps"}"#),
+        text.contains(r#"workqueue_depth{name="configmaps",controller="configmaps"}"#),
         "{text}"
     );
     assert!(

@@ -22,7 +22,7 @@ use kube_fleet::{
     provider::ClusterEvent,
     rbac::{Permissions, Rule, Scope},
 };
-use kube_fleet_layers::metrics::{FleetCollector, QueueDepths};
+use kube_fleet_layers::metrics::{ClientMetrics, FleetCollector, QueueDepths};
 use prometheus_client::registry::Registry;
 use tokio::{net::TcpListener, sync::watch};
 use tower::{BoxError, Layer, Service};
@@ -97,12 +97,15 @@ impl std::fmt::Debug for Manager {
 
 impl Manager {
     /// A manager of `fleet`, with no provider, controller or endpoint yet.
-    /// Its metrics registry holds the fleet's gauges
-    /// (`kube_fleet_engaged_clusters`) and each added controller's queue
-    /// depth.
+    /// Its metrics registry holds the fleet's gauge
+    /// (`kube_fleet_engaged_clusters`), each added controller's queue depth
+    /// (`workqueue_depth`) and each engaged cluster's API requests
+    /// (`rest_client_requests_total`, `rest_client_request_duration_seconds`;
+    /// see `kube_fleet_layers::metrics::ClientMetrics`).
     pub fn new(fleet: &Fleet) -> Self {
         let mut registry = Registry::default();
         FleetCollector::register(&mut registry, fleet.clone());
+        ClientMetrics::register(&mut registry, fleet.clone());
         let depths = QueueDepths::register(&mut registry);
         Self {
             fleet: fleet.clone(),

@@ -161,18 +161,22 @@ async fn endpoints_report_health_readiness_by_cluster_and_metrics() {
     assert!(text.contains("kube_fleet_engaged_clusters 2"), "{text}");
     // The four keys wait in the queue for their requeue in 300 s.
     assert!(
-        text.contains(r#"kube_fleet_queue_depth{controller="configmaps"} 4"#),
+        text.contains(r#"workqueue_depth{name="configmaps",controller="configmaps"} 4"#),
         "{text}"
     );
     assert!(
-        text.contains(r#"kube_fleet_queue_depth{controller="widgets"} 0"#),
+        text.contains(r#"workqueue_depth{name="widgets",controller="widgets"} 0"#),
         "{text}"
     );
     for cluster in ["cluster-0", "cluster-1"] {
         let series = format!(
-            r#"kube_fleet_reconciles_total{{controller="configmaps",cluster="{cluster}",result="success"}} 2"#
+            r#"controller_runtime_reconcile_total{{controller="configmaps",cluster="{cluster}",result="requeue_after"}} 2"#
         );
         assert!(text.contains(&series), "{series} in {text}");
+        // The cluster's lists and watches, counted under its name.
+        let requests =
+            format!(r#"rest_client_requests_total{{cluster="{cluster}",code="200",method="GET""#);
+        assert!(text.contains(&requests), "{requests} in {text}");
     }
     assert!(
         text.ends_with("# EOF\n"),

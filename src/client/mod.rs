@@ -37,7 +37,9 @@
 //! credentials (tokens, basic auth, exec and auth-provider plugins, refreshed
 //! as kube refreshes them), impersonation and extra headers, the connect,
 //! read and write timeouts, and kube's retry of `429`/`503`/`504` when
-//! [`Config::default_retry`] is set. It leaves out kube's `tracing` spans of
+//! [`Config::default_retry`] is set (as it is by default): up to 15 times,
+//! each after the server's `Retry-After` where it gives one, else after a
+//! growing delay. It leaves out kube's `tracing` spans of
 //! each HTTP request, gzip decompression (kube's `gzip` feature), and
 //! [`Client::valid_until`] for client certificates issued by an exec plugin.
 //!
@@ -51,8 +53,12 @@ use std::time::Duration;
 
 use kube::{Client, Config};
 
+mod requests;
 #[cfg(feature = "rustls-tls")]
 mod route;
+
+pub(crate) use requests::counting;
+pub use requests::{LATENCY_BUCKETS, RequestCount, RequestLatency, RequestStats};
 
 /// How many requests and watches the HTTP/2 connection carries at once
 /// before the next one goes over HTTP/1.1 instead.
@@ -244,6 +250,8 @@ impl ClientOptions {
         let service = ServiceBuilder::new()
             .layer(config.base_uri_layer())
             .option_layer(retry)
+            // Below the retries, so that each attempt is counted.
+            .layer(requests::CountLayer)
             .option_layer(config.auth_layer()?)
             .layer(config.extra_headers_layer()?)
             .service(http);

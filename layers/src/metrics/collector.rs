@@ -35,9 +35,10 @@ impl Collector for FleetCollector {
     }
 }
 
-/// Reports `kube_fleet_queue_depth{controller}`, the keys waiting in each
-/// added controller's queue, at each scrape, labelled with the controller's
-/// own name ([`QueueDepth::controller`]); a controller that has not started
+/// Reports `workqueue_depth{name, controller}`, the keys waiting in each
+/// added controller's queue, at each scrape, labelled (as controller-runtime
+/// labels it) with the controller's own name ([`QueueDepth::controller`])
+/// twice, as the queue's and as the controller's; a controller that has not started
 /// running yet is not reported. Cheap to clone; clones add to the same
 /// collector.
 ///
@@ -81,7 +82,7 @@ impl Collector for QueueDepths {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let controllers = self.controllers.lock().unwrap_or_else(|e| e.into_inner());
         let mut family = encoder.encode_descriptor(
-            "kube_fleet_queue_depth",
+            "workqueue_depth",
             "Keys waiting in each controller's queue",
             None,
             MetricType::Gauge,
@@ -90,7 +91,7 @@ impl Collector for QueueDepths {
             let Some(controller) = depth.controller() else {
                 continue;
             };
-            let labels = [("controller", controller)];
+            let labels = [("name", controller), ("controller", controller)];
             ConstGauge::new(depth.get() as i64).encode(family.encode_family(&labels)?)?;
         }
         Ok(())

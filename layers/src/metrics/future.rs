@@ -1,4 +1,5 @@
 use std::{
+    any::Any,
     future::Future,
     pin::Pin,
     task::{Context, Poll},
@@ -8,7 +9,12 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower::BoxError;
 
-use super::{ReconcileMetrics, registry::ClusterLabels};
+use kube_fleet::Action;
+
+use super::{
+    ReconcileMetrics,
+    registry::{ClusterLabels, Outcome},
+};
 use crate::catch_panic::Panicked;
 
 pin_project! {
@@ -37,6 +43,7 @@ impl<F> ResponseFuture<F> {
 impl<F, T, E> Future for ResponseFuture<F>
 where
     F: Future<Output = Result<T, E>>,
+    T: 'static,
     E: Into<BoxError>,
 {
     type Output = Result<T, BoxError>;
@@ -45,9 +52,16 @@ where
         let this = self.project();
         let result = std::task::ready!(this.inner.poll(cx)).map_err(Into::into);
         let outcome = match &result {
-            Ok(_) => "success",
-            Err(error) if error.is::<Panicked>() => "panic",
-            Err(_) => "error",
+            Ok(done) => match (done as &dyn Any)
+                .downcast_ref::<Action>()
+                .and_then(Action::requeue_after)
+            {
+                Some(delay) if delay.is_zero() => Outcome::Requeue,
+                Some(_) => Outcome::RequeueAfter,
+                None => Outcome::Success,
+            },
+            Err(error) if error.is::<Panicked>() => Outcome::Panic,
+            Err(_) => Outcome::Error,
         };
         this.metrics
             .record(this.labels, outcome, this.started.elapsed().as_secs_f64());

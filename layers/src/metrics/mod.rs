@@ -1,12 +1,21 @@
-//! Prometheus metrics for reconciles and the fleet.
+//! Prometheus metrics for reconciles, queues, API requests and the fleet,
+//! under controller-runtime's and client-go's names where they have one, so
+//! that dashboards made for Go controllers read them, with a `cluster` label
+//! added.
 //!
 //! [`ReconcileMetrics`] registers, in a `prometheus_client` registry:
 //!
-//! - `kube_fleet_reconciles_total{controller, cluster, result}`: reconciles by
-//!   result, `success`, `error` or `panic` (a [`Panicked`] error, so put
-//!   [`MetricsLayer`] outside [`CatchPanicLayer`]);
-//! - `kube_fleet_reconcile_duration_seconds{controller, cluster}`: how long
-//!   each took, as a histogram from 1 ms to about 130 s (past the
+//! - `controller_runtime_reconcile_total{controller, cluster, result}`:
+//!   reconciles by result: `success`, `error`, `requeue` (an
+//!   [`Action::requeue`](kube_fleet::Action::requeue) of zero) or
+//!   `requeue_after`;
+//! - `controller_runtime_reconcile_errors_total{controller, cluster}`:
+//!   reconciles that failed, panics included;
+//! - `controller_runtime_reconcile_panics_total{controller, cluster}`:
+//!   reconciles that panicked (a [`Panicked`] error, so put [`MetricsLayer`]
+//!   outside [`CatchPanicLayer`]);
+//! - `controller_runtime_reconcile_time_seconds{controller, cluster}`: how
+//!   long each took, as a histogram from 1 ms to about 130 s (past the
 //!   recommended stack's 60 s timeout).
 //!
 //! Give the metrics the fleet with [`ReconcileMetrics::follow`] and they keep
@@ -15,9 +24,11 @@
 //! Without it, series are kept for every cluster name ever seen.
 //!
 //! [`FleetCollector`] adds `kube_fleet_engaged_clusters`, read from the fleet
-//! at each scrape, and [`QueueDepths`] adds `kube_fleet_queue_depth{controller}`
-//! from each controller's [`QueueDepth`](kube_fleet::QueueDepth). The registry encodes to the Prometheus text format with
-//! `prometheus_client::encoding::text::encode`.
+//! at each scrape; [`QueueDepths`] adds `workqueue_depth{name, controller}`
+//! from each controller's [`QueueDepth`](kube_fleet::QueueDepth); and
+//! [`ClientMetrics`] adds client-go's `rest_client_requests_total` and
+//! `rest_client_request_duration_seconds` per cluster. The registry encodes
+//! to the Prometheus text format with `prometheus_client::encoding::text::encode`.
 //!
 //! ```
 //! use kube_fleet::{Action, Fleet, McRequest};
@@ -43,7 +54,7 @@
 //!
 //! let mut text = String::new();
 //! encode(&mut text, &registry).unwrap();
-//! assert!(text.contains(r#"kube_fleet_reconciles_total{controller="configmaps",cluster="east",result="success"} 1"#));
+//! assert!(text.contains(r#"controller_runtime_reconcile_total{controller="configmaps",cluster="east",result="success"} 1"#));
 //! assert!(text.contains("kube_fleet_engaged_clusters 1"));
 //!
 //! // When the cluster leaves, so do its series.
@@ -59,12 +70,14 @@
 //! [`Panicked`]: crate::catch_panic::Panicked
 //! [`CatchPanicLayer`]: crate::catch_panic::CatchPanicLayer
 
+mod client;
 mod collector;
 mod future;
 mod layer;
 mod registry;
 mod service;
 
+pub use client::ClientMetrics;
 pub use collector::{FleetCollector, QueueDepths};
 pub use future::ResponseFuture;
 pub use layer::MetricsLayer;

@@ -26,9 +26,37 @@ pub(crate) struct ClusterLabels {
     pub(crate) cluster: String,
 }
 
-const RESULTS: [&str; 3] = ["success", "error", "panic"];
+/// The results of `controller_runtime_reconcile_total`, as controller-runtime
+/// names them.
+const RESULTS: [&str; 4] = ["success", "error", "requeue", "requeue_after"];
 
 type Durations = Family<ClusterLabels, Histogram, fn() -> Histogram>;
+
+/// How one reconcile ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Done, waiting for the next change.
+    Success,
+    /// Done, to run again at once.
+    Requeue,
+    /// Done, to run again after a delay.
+    RequeueAfter,
+    /// Failed.
+    Error,
+    /// Panicked (and counted as failed too).
+    Panic,
+}
+
+impl Outcome {
+    fn result(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::Requeue => "requeue",
+            Self::RequeueAfter => "requeue_after",
+            Self::Error | Self::Panic => "error",
+        }
+    }
+}
 
 /// The reconcile counters and histograms, registered once and shared by
 /// every [`MetricsLayer`](super::MetricsLayer) (cheap to clone).
@@ -44,6 +72,8 @@ pub struct ReconcileMetrics {
 #[derive(Debug)]
 struct Inner {
     reconciles: Family<ResultLabels, Counter>,
+    errors: Family<ClusterLabels, Counter>,
+    panics: Family<ClusterLabels, Counter>,
     durations: Durations,
     /// The controllers that have series for each cluster.
     series: Mutex<HashMap<String, HashSet<String>>>,
@@ -66,6 +96,8 @@ impl Inner {
                 cluster: cluster.to_owned(),
             };
             self.durations.remove(&labels);
+            self.errors.remove(&labels);
+            self.panics.remove(&labels);
             for result in RESULTS {
                 self.reconciles.remove(&ResultLabels {
                     controller: labels.controller.clone(),
@@ -102,12 +134,22 @@ impl ReconcileMetrics {
         let mut inner = Arc::into_inner(metrics.inner).expect("just made");
         inner.unregistered = false;
         registry.register(
-            "kube_fleet_reconciles",
-            "Reconciles by controller, cluster and result (success, error, panic)",
+            "controller_runtime_reconcile",
+            "Reconciles by controller, cluster and result (success, error, requeue, requeue_after)",
             inner.reconciles.clone(),
         );
         registry.register(
-            "kube_fleet_reconcile_duration_seconds",
+            "controller_runtime_reconcile_errors",
+            "Reconciles that failed, by controller and cluster",
+            inner.errors.clone(),
+        );
+        registry.register(
+            "controller_runtime_reconcile_panics",
+            "Reconciles that panicked, by controller and cluster",
+            inner.panics.clone(),
+        );
+        registry.register(
+            "controller_runtime_reconcile_time_seconds",
             "How long reconciles took, by controller and cluster",
             inner.durations.clone(),
         );
@@ -121,6 +163,8 @@ impl ReconcileMetrics {
     pub(crate) fn unregistered() -> Self {
         let inner = Inner {
             reconciles: Family::default(),
+            errors: Family::default(),
+            panics: Family::default(),
             durations: Family::new_with_constructor(|| {
                 Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
                     0.001, 2.0, 18,
@@ -172,18 +216,24 @@ impl ReconcileMetrics {
     }
 
     /// Records one reconcile, unless its cluster is known to have left.
-    pub(crate) fn record(&self, labels: &ClusterLabels, result: &'static str, seconds: f64) {
+    pub(crate) fn record(&self, labels: &ClusterLabels, outcome: Outcome, seconds: f64) {
         if self.inner.unregistered {
             return;
         }
         let record = || {
             self.inner.durations.get_or_create(labels).observe(seconds);
+            if matches!(outcome, Outcome::Error | Outcome::Panic) {
+                self.inner.errors.get_or_create(labels).inc();
+            }
+            if outcome == Outcome::Panic {
+                self.inner.panics.get_or_create(labels).inc();
+            }
             self.inner
                 .reconciles
                 .get_or_create(&ResultLabels {
                     controller: labels.controller.clone(),
                     cluster: labels.cluster.clone(),
-                    result,
+                    result: outcome.result(),
                 })
                 .inc();
         };
@@ -211,14 +261,27 @@ impl ReconcileMetrics {
         record();
     }
 
-    /// How many reconciles of `controller` in `cluster` ended with `result`
-    /// (`success`, `error` or `panic`); for tests and health checks.
-    pub fn count(&self, controller: &str, cluster: &str, result: &'static str) -> u64 {
+    /// How many reconciles of `controller` in `cluster` ended with `result`:
+    /// `success`, `error` (panics included), `requeue` or `requeue_after`,
+    /// as in `controller_runtime_reconcile_total`; or `panic`, as in
+    /// `controller_runtime_reconcile_panics_total`. For tests and health
+    /// checks.
+    pub fn count(&self, controller: &str, cluster: &str, result: &str) -> u64 {
+        let labels = ClusterLabels {
+            controller: controller.to_owned(),
+            cluster: cluster.to_owned(),
+        };
+        if result == "panic" {
+            return self.inner.panics.get(&labels).map_or(0, |c| c.get());
+        }
+        let Some(result) = RESULTS.into_iter().find(|r| *r == result) else {
+            return 0;
+        };
         self.inner
             .reconciles
             .get(&ResultLabels {
-                controller: controller.to_owned(),
-                cluster: cluster.to_owned(),
+                controller: labels.controller,
+                cluster: labels.cluster,
                 result,
             })
             .map_or(0, |counter| counter.get())

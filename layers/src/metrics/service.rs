@@ -46,6 +46,7 @@ impl<S> Metrics<S> {
 impl<S, R> Service<R> for Metrics<S>
 where
     S: Service<R>,
+    S::Response: 'static,
     S::Error: Into<BoxError>,
     R: AsMcRequest,
 {

@@ -1,0 +1,107 @@
+use kube_fleet::{
+    Fleet,
+    client::{LATENCY_BUCKETS, RequestStats},
+};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet},
+    metrics::{MetricType, counter::ConstCounter},
+    registry::Registry,
+};
+
+/// Reports the API requests of every engaged cluster at each scrape, read
+/// from each cluster's [`RequestStats`], under client-go's names with a
+/// `cluster` label added:
+///
+/// - `rest_client_requests_total{cluster, code, method, host}`: requests by
+///   status code (`<error>` where no response came) and HTTP method; a
+///   throttled request shows as `code="429"`;
+/// - `rest_client_request_duration_seconds{cluster, verb, host}`: how long
+///   each took until its response's head, by HTTP method, in client-go's
+///   buckets ([`LATENCY_BUCKETS`]).
+///
+/// `host` is the API server's `host:port`, empty where the cluster's client
+/// is not kube-fleet's own (see [`RequestStats`]). A cluster's series go
+/// when it leaves the fleet, and start from zero when it is engaged again.
+///
+/// ```
+/// use kube_fleet::Fleet;
+/// use kube_fleet_layers::metrics::ClientMetrics;
+/// use prometheus_client::registry::Registry;
+///
+/// let mut registry = Registry::default();
+/// ClientMetrics::register(&mut registry, Fleet::new());
+/// ```
+#[derive(Debug)]
+pub struct ClientMetrics {
+    fleet: Fleet,
+}
+
+impl ClientMetrics {
+    /// Registers a collector for `fleet`'s clusters in `registry`.
+    pub fn register(registry: &mut Registry, fleet: Fleet) {
+        registry.register_collector(Box::new(Self { fleet }));
+    }
+}
+
+impl Collector for ClientMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let mut clusters = self.fleet.clusters();
+        clusters.sort_by(|a, b| a.name().cmp(b.name()));
+        let stats: Vec<(&str, &RequestStats)> = clusters
+            .iter()
+            .map(|c| (c.name().as_str(), c.requests()))
+            .collect();
+
+        let mut family = encoder.encode_descriptor(
+            "rest_client_requests",
+            "API requests by cluster, status code, method and host",
+            None,
+            MetricType::Counter,
+        )?;
+        for (cluster, stats) in &stats {
+            let host = stats.host().unwrap_or_default();
+            for count in stats.counts() {
+                let code = count
+                    .code
+                    .map_or_else(|| "<error>".to_owned(), |c| c.as_u16().to_string());
+                let labels = [
+                    ("cluster", *cluster),
+                    ("code", code.as_str()),
+                    ("method", count.method.as_str()),
+                    ("host", host.as_str()),
+                ];
+                ConstCounter::new(count.count).encode(family.encode_family(&labels)?)?;
+            }
+        }
+
+        let mut family = encoder.encode_descriptor(
+            "rest_client_request_duration_seconds",
+            "How long API requests took until their response's head, by cluster, verb and host",
+            None,
+            MetricType::Histogram,
+        )?;
+        for (cluster, stats) in &stats {
+            let host = stats.host().unwrap_or_default();
+            for latency in stats.latencies() {
+                let labels = [
+                    ("cluster", *cluster),
+                    ("verb", latency.method.as_str()),
+                    ("host", host.as_str()),
+                ];
+                // The encoder adds the buckets up itself.
+                let mut buckets = Vec::with_capacity(LATENCY_BUCKETS.len() + 1);
+                let mut below = 0;
+                for (bound, cumulative) in LATENCY_BUCKETS.iter().zip(latency.buckets) {
+                    buckets.push((*bound, cumulative - below));
+                    below = cumulative;
+                }
+                buckets.push((f64::INFINITY, latency.count - below));
+                family
+                    .encode_family(&labels)?
+                    .encode_histogram::<NoLabelSet>(latency.sum, latency.count, &buckets, None)?;
+            }
+        }
+        Ok(())
+    }
+}

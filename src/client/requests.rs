@@ -1,0 +1,339 @@
+//! How many requests each cluster's client made, and how long they took.
+
+use std::{
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicBool, Ordering},
+    },
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use futures::future::BoxFuture;
+use http::{Method, Request, Response, StatusCode};
+use kube::{Client, client::Body};
+use tokio::time::Instant;
+use tower::{BoxError, Service};
+
+/// The upper bounds, in seconds, of the latency histogram's buckets:
+/// client-go's for `rest_client_request_duration_seconds`.
+pub const LATENCY_BUCKETS: [f64; 12] = [
+    0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
+];
+
+/// How many requests with one method ended one way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestCount {
+    /// The HTTP method (`GET` for gets, lists and watches alike).
+    pub method: Method,
+    /// The response's status, or `None` where no response came (the
+    /// connection failed or timed out).
+    pub code: Option<StatusCode>,
+    /// How many.
+    pub count: u64,
+}
+
+/// How long requests with one method took until their response's head
+/// arrived (for a watch: until it started, not how long it ran).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestLatency {
+    /// The HTTP method.
+    pub method: Method,
+    /// How many requests took at most each of [`LATENCY_BUCKETS`]'s bounds
+    /// (cumulative, as Prometheus histograms count).
+    pub buckets: [u64; LATENCY_BUCKETS.len()],
+    /// How many requests in all.
+    pub count: u64,
+    /// Their durations added up, in seconds.
+    pub sum: f64,
+}
+
+/// The API requests made through one engaged cluster's client: by method
+/// and status code, and how long they took.
+///
+/// Every engaged [`Cluster`](crate::Cluster) counts the requests made
+/// through its client, its cache's watches included, in its own
+/// [`RequestStats`] ([`Cluster::requests`](crate::Cluster::requests)). The
+/// counts go when the engagement goes, so nothing accumulates for clusters
+/// that left. Requests are counted per attempt where the client is this
+/// crate's own ([`client`](super::client)): a request the server throttled
+/// with `429 Too Many Requests` and that was sent again after its
+/// `Retry-After` counts once as a `429` and once as what came after.
+/// Through any other client (kube's own over plain HTTP or a proxy, or one
+/// built by hand) each request counts once, with its final status, and
+/// without the server's host.
+///
+/// `kube_fleet_layers::metrics::ClientMetrics` reports them as client-go's
+/// `rest_client_requests_total` and `rest_client_request_duration_seconds`,
+/// labelled with the cluster.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # let (idle, _) = tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+/// # let client = kube::Client::new(idle, "default");
+/// let fleet = kube_fleet::Fleet::new();
+/// let east = fleet.engage("east", client);
+/// assert_eq!(east.requests().total(), 0);
+/// assert_eq!(east.requests().throttled(), 0);
+/// # }
+/// ```
+#[derive(Debug, Default)]
+pub struct RequestStats {
+    tallies: Mutex<Tallies>,
+}
+
+#[derive(Debug, Default)]
+struct Tallies {
+    host: Option<String>,
+    counts: Vec<RequestCount>,
+    latencies: Vec<RequestLatency>,
+}
+
+impl RequestStats {
+    fn tallies(&self) -> MutexGuard<'_, Tallies> {
+        self.tallies.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn record(
+        &self,
+        method: &Method,
+        code: Option<StatusCode>,
+        took: Duration,
+        host: Option<&str>,
+    ) {
+        let mut tallies = self.tallies();
+        if let Some(host) = host
+            && tallies.host.as_deref() != Some(host)
+        {
+            tallies.host = Some(host.to_owned());
+        }
+        match tallies
+            .counts
+            .iter_mut()
+            .find(|c| c.method == method && c.code == code)
+        {
+            Some(count) => count.count += 1,
+            None => tallies.counts.push(RequestCount {
+                method: method.clone(),
+                code,
+                count: 1,
+            }),
+        }
+        let seconds = took.as_secs_f64();
+        let latency = match tallies.latencies.iter().position(|l| l.method == method) {
+            Some(at) => &mut tallies.latencies[at],
+            None => {
+                tallies.latencies.push(RequestLatency {
+                    method: method.clone(),
+                    buckets: [0; LATENCY_BUCKETS.len()],
+                    count: 0,
+                    sum: 0.0,
+                });
+                tallies.latencies.last_mut().expect("just pushed")
+            }
+        };
+        for (bucket, bound) in latency.buckets.iter_mut().zip(LATENCY_BUCKETS) {
+            if seconds <= bound {
+                *bucket += 1;
+            }
+        }
+        latency.count += 1;
+        latency.sum += seconds;
+    }
+
+    /// The requests so far, by method and status.
+    pub fn counts(&self) -> Vec<RequestCount> {
+        self.tallies().counts.clone()
+    }
+
+    /// How long the requests so far took, by method.
+    pub fn latencies(&self) -> Vec<RequestLatency> {
+        self.tallies().latencies.clone()
+    }
+
+    /// The API server's `host:port` as the last counted request addressed
+    /// it; `None` where the client is not this crate's own.
+    pub fn host(&self) -> Option<String> {
+        self.tallies().host.clone()
+    }
+
+    /// How many requests so far, whatever their outcome.
+    pub fn total(&self) -> u64 {
+        self.tallies().counts.iter().map(|c| c.count).sum()
+    }
+
+    /// How many requests the server answered with `429 Too Many Requests`.
+    pub fn throttled(&self) -> u64 {
+        self.tallies()
+            .counts
+            .iter()
+            .filter(|c| c.code == Some(StatusCode::TOO_MANY_REQUESTS))
+            .map(|c| c.count)
+            .sum()
+    }
+}
+
+/// Carried in a request's extensions from the cluster's client down to
+/// this crate's client stack, which counts each attempt itself.
+#[derive(Debug, Clone)]
+struct Counted {
+    stats: Arc<RequestStats>,
+    /// Some attempt was counted inside the stack.
+    inside: Arc<AtomicBool>,
+}
+
+/// `client`, counting its requests in `stats`.
+pub(crate) fn counting(client: Client, stats: Arc<RequestStats>) -> Client {
+    let namespace = client.default_namespace().to_owned();
+    let valid_until = *client.valid_until();
+    Client::new(Outer { client, stats }, namespace).with_valid_until(valid_until)
+}
+
+/// The cluster's side: marks each request for counting, and counts it
+/// itself when the stack below did not.
+#[derive(Clone)]
+struct Outer {
+    client: Client,
+    stats: Arc<RequestStats>,
+}
+
+impl Service<Request<Body>> for Outer {
+    type Response = Response<Body>;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<Response<Body>, BoxError>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut request: Request<Body>) -> Self::Future {
+        let counted = Counted {
+            stats: self.stats.clone(),
+            inside: Arc::default(),
+        };
+        request.extensions_mut().insert(counted.clone());
+        let method = request.method().clone();
+        let client = self.client.clone();
+        Box::pin(async move {
+            let started = Instant::now();
+            let result = client.send(request).await;
+            if !counted.inside.load(Ordering::Acquire) {
+                let code = result.as_ref().ok().map(Response::status);
+                counted.stats.record(&method, code, started.elapsed(), None);
+            }
+            result.map_err(BoxError::from)
+        })
+    }
+}
+
+#[cfg(feature = "rustls-tls")]
+/// Counts each attempt of a request marked by its cluster's client: placed
+/// below the retries of this crate's client stack.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CountLayer;
+
+#[cfg(feature = "rustls-tls")]
+impl<S> tower::Layer<S> for CountLayer {
+    type Service = Count<S>;
+
+    fn layer(&self, inner: S) -> Count<S> {
+        Count { inner }
+    }
+}
+
+#[cfg(feature = "rustls-tls")]
+#[derive(Debug, Clone)]
+pub(crate) struct Count<S> {
+    inner: S,
+}
+
+#[cfg(feature = "rustls-tls")]
+impl<S, B, R> Service<Request<B>> for Count<S>
+where
+    S: Service<Request<B>, Response = Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<R>;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Response<R>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let counted = request.extensions().get::<Counted>().cloned();
+        let method = request.method().clone();
+        let host = request.uri().authority().map(|a| a.as_str().to_owned());
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let started = Instant::now();
+            let result = response.await;
+            if let Some(counted) = counted {
+                let code = result.as_ref().ok().map(Response::status);
+                counted
+                    .stats
+                    .record(&method, code, started.elapsed(), host.as_deref());
+                counted.inside.store(true, Ordering::Release);
+            }
+            result
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_by_method_and_status_with_cumulative_buckets() {
+        let stats = RequestStats::default();
+        let get = Method::GET;
+        stats.record(&get, Some(StatusCode::OK), Duration::from_millis(3), None);
+        stats.record(
+            &get,
+            Some(StatusCode::OK),
+            Duration::from_millis(200),
+            Some("h:1"),
+        );
+        stats.record(
+            &get,
+            Some(StatusCode::TOO_MANY_REQUESTS),
+            Duration::from_millis(1),
+            None,
+        );
+        stats.record(&Method::PATCH, None, Duration::from_secs(90), None);
+
+        assert_eq!(stats.total(), 4);
+        assert_eq!(stats.throttled(), 1);
+        assert_eq!(stats.host().as_deref(), Some("h:1"));
+        let counts = stats.counts();
+        let ok = counts
+            .iter()
+            .find(|c| c.method == get && c.code == Some(StatusCode::OK))
+            .unwrap();
+        assert_eq!(ok.count, 2);
+        assert!(
+            counts
+                .iter()
+                .any(|c| c.method == Method::PATCH && c.code.is_none())
+        );
+
+        let latencies = stats.latencies();
+        let gets = latencies.iter().find(|l| l.method == get).unwrap();
+        assert_eq!(gets.count, 3);
+        // 1 ms and 3 ms are within 5 ms; 200 ms first within 250 ms.
+        assert_eq!(gets.buckets[0], 2);
+        assert_eq!(gets.buckets[2], 2);
+        assert_eq!(gets.buckets[3], 3);
+        assert_eq!(gets.buckets[11], 3);
+        let patches = latencies
+            .iter()
+            .find(|l| l.method == Method::PATCH)
+            .unwrap();
+        // Longer than the last bound: in no bucket, only in the count.
+        assert_eq!(patches.buckets[11], 0);
+        assert_eq!(patches.count, 1);
+    }
+}
