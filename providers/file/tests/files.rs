@@ -25,8 +25,15 @@ const PATIENCE: Duration = Duration::from_secs(30);
 struct Dir(PathBuf);
 
 impl Dir {
+    /// A directory of its own: tests run at once in one process, and two
+    /// that shared a directory would move each other's files.
     fn new(test: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("file-provider-{test}-{}", std::process::id()));
+        static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!(
+            "file-provider-{test}-{}-{made}",
+            std::process::id()
+        ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         Self(dir)
