@@ -33,7 +33,17 @@ use crate::{
 /// longer; so two replicas never reconcile at once, whatever the network
 /// does, as long as their clocks run at the same rate. On a graceful stop
 /// the leader releases the Lease once its reconciles have finished, and a
-/// waiting replica takes it on its next try.
+/// waiting replica takes it on its next try. If [`Manager::run`](crate::Manager::run)'s
+/// future is dropped instead, no reconcile starts after and the replica
+/// stops leading at once, but the Lease is left to expire.
+///
+/// The Lease records the holder as the [identity](Self::identity), `_` and
+/// a nonce drawn afresh each time the manager runs. A replica holds the
+/// Lease only under that whole string: two processes given one identity
+/// never both lead, and a replica restarted after a crash waits for its
+/// previous run's record to run out (the lease duration from when it first
+/// sees it), as it would for any other holder's. [`status`](Self::status)
+/// tells where this replica stands.
 ///
 /// ```
 /// use std::time::Duration;
@@ -54,6 +64,7 @@ pub struct LeaderElection {
     pub(crate) identity: Option<String>,
     pub(crate) client: Option<Client>,
     pub(crate) timings: Timings,
+    pub(crate) status: ElectionStatus,
 }
 
 impl std::fmt::Debug for LeaderElection {
@@ -136,6 +147,7 @@ impl LeaderElection {
             identity: None,
             client: None,
             timings: Timings::default(),
+            status: ElectionStatus::default(),
         }
     }
 
@@ -145,8 +157,9 @@ impl LeaderElection {
         self
     }
 
-    /// This replica's identity in the Lease (default: the host name, then
-    /// `_` and a random suffix, so that two processes on one host differ).
+    /// This replica's identity (default: the host name, then `_` and a
+    /// random suffix, so that two processes on one host differ). The Lease
+    /// records it followed by `_` and a nonce of this run.
     pub fn identity(mut self, identity: impl Into<String>) -> Self {
         self.identity = Some(identity.into());
         self
@@ -185,6 +198,19 @@ impl LeaderElection {
         &self.name
     }
 
+    /// A live view of this replica's [`Role`], for logs, health checks and
+    /// tests; the same handle before and while the manager runs.
+    ///
+    /// ```
+    /// use kube_fleet_manager::{LeaderElection, Role};
+    ///
+    /// let election = LeaderElection::new("my-operator");
+    /// assert_eq!(election.status().role(), Role::Standby);
+    /// ```
+    pub fn status(&self) -> ElectionStatus {
+        self.status.clone()
+    }
+
     /// Checks the timings and the name: lease duration > renew deadline >
     /// 1.2 × retry period, as client-go requires.
     pub fn validate(&self) -> Result<(), Error> {
@@ -206,8 +232,37 @@ pub enum Role {
     Standby,
     /// Holding the Lease: the controllers run.
     Leading,
-    /// Stopped leading (lost or released the Lease).
+    /// Stopped leading: the Lease was lost or released, or the manager's
+    /// future was dropped.
     Stopped,
+}
+
+/// Where a replica stands in its election, as it changes; see
+/// [`LeaderElection::status`].
+#[derive(Debug, Clone)]
+pub struct ElectionStatus {
+    role: watch::Sender<Role>,
+}
+
+impl Default for ElectionStatus {
+    fn default() -> Self {
+        Self {
+            role: watch::Sender::new(Role::Standby),
+        }
+    }
+}
+
+impl ElectionStatus {
+    /// The replica's role now: [`Role::Standby`] until it leads, and
+    /// [`Role::Stopped`] once the manager has stopped leading, however it
+    /// stopped.
+    pub fn role(&self) -> Role {
+        *self.role.borrow()
+    }
+
+    pub(crate) fn sender(&self) -> watch::Sender<Role> {
+        self.role.clone()
+    }
 }
 
 /// A replica's identity when none is given: the host name and a random
@@ -275,7 +330,7 @@ pub(crate) async fn lead(
             _ = tokio::time::sleep(jittered(timings.retry_period)) => {}
         }
     };
-    tracing::info!(lease = %key, identity = lock.identity(), "leading");
+    tracing::info!(lease = %key, holder = lock.holder(), "leading");
     validity.open_until(until);
     role.send_replace(Role::Leading);
     // Keep it.

@@ -71,6 +71,19 @@ pub(crate) enum Gate {
 }
 
 impl Gate {
+    /// Closes every validity: no reconcile starts, and running ones stop.
+    pub(crate) fn close(&self) {
+        match self {
+            Self::Open => {}
+            Self::Leader(validity) => validity.close(),
+            Self::Shards(shards) => {
+                for (_, validity) in shards.lock().unwrap_or_else(|e| e.into_inner()).drain() {
+                    validity.close();
+                }
+            }
+        }
+    }
+
     fn validity(&self, cluster: &ClusterName) -> Option<Arc<Validity>> {
         match self {
             Self::Open => None,

@@ -79,7 +79,7 @@ mod readiness;
 mod shard;
 mod sharder;
 
-pub use election::{LeaderElection, Role};
+pub use election::{ElectionStatus, LeaderElection, Role};
 pub use error::Error;
 pub use gate::NotHolder;
 pub use manager::Manager;

@@ -28,11 +28,11 @@ use tokio::{net::TcpListener, sync::watch};
 use tower::{BoxError, Layer, Service};
 
 use crate::{
-    Error, LeaderElection, Sharding,
+    Error, LeaderElection, ShardStatus, Sharding,
     election::{Role, default_identity, lead},
     gate::{Gate, GateLayer, Validity},
     http::{Endpoints, serve},
-    lease::LeaseLock,
+    lease::{LeaseLock, holder_for},
     metrics::LeaderGauge,
     readiness::{Readiness, Watched},
     sharder::Sharder,
@@ -226,9 +226,11 @@ impl Manager {
     /// The RBAC rules the operator needs: every added controller's
     /// ([`Controller::permissions`], as it was when added), and, with
     /// [leader election](Self::leader_election), `get`, `create` and
-    /// `update` on `coordination.k8s.io` Leases in the local cluster. A
-    /// Lease reached through [`LeaderElection::client`] lives in that
-    /// client's cluster: a note says so, since the rules then belong there.
+    /// `update` on `coordination.k8s.io` Leases in the local cluster (with
+    /// [sharding](Self::sharding), `list` and `delete` as well). A Lease
+    /// reached through [`LeaderElection::client`] or [`Sharding::client`]
+    /// lives in that client's cluster: a note says so, since the rules
+    /// then belong there.
     ///
     /// ```
     /// use k8s_openapi::api::core::v1::ConfigMap;
@@ -283,7 +285,7 @@ impl Manager {
             let leases = Rule::new(
                 "coordination.k8s.io",
                 "leases",
-                ["get", "list", "create", "update"],
+                ["get", "list", "create", "update", "delete"],
             );
             permissions.grant(Scope::Local, leases);
             if sharding.client.is_some() {
@@ -337,7 +339,11 @@ impl Manager {
             });
         }
         let validity = Validity::closed();
-        let (role_sender, role) = watch::channel(Role::Leading);
+        let role_sender = match &election {
+            Some(election) => election.status.sender(),
+            None => watch::Sender::new(Role::Leading),
+        };
+        let role = role_sender.subscribe();
         let (stop_election, election_stopped) = watch::channel(false);
         let release = Arc::new(AtomicBool::new(true));
         let mut elector: Option<BoxFuture<'static, Result<(), Error>>> = None;
@@ -355,7 +361,7 @@ impl Manager {
                 client,
                 &namespace,
                 &election.name,
-                &identity,
+                &holder_for(&identity),
                 election.timings.lease_duration,
             );
             lease = Some(lock.key());
@@ -366,7 +372,7 @@ impl Manager {
                     lock,
                     election.timings,
                     validity.clone(),
-                    role_sender,
+                    role_sender.clone(),
                     election_stopped.clone(),
                     release.clone(),
                 )
@@ -379,6 +385,7 @@ impl Manager {
             Gate::Open
         };
         let mut providers = Some(providers);
+        let mut shard_status = None;
         if let Some(sharding) = sharding {
             sharding.validate()?;
             let (client, namespace, identity) = lease_site(
@@ -390,6 +397,7 @@ impl Manager {
             .await?;
             let shards = crate::sharder::Shards::default();
             gate = Gate::Shards(shards.clone());
+            shard_status = Some(sharding.status.clone());
             let sharder = Sharder::new(
                 fleet.clone(),
                 client,
@@ -403,6 +411,15 @@ impl Manager {
             let offers = futures::stream::select_all(providers.take().unwrap_or_default()).boxed();
             elector = Some(sharder.run(offers, election_stopped.clone()).boxed());
         }
+
+        // From here on, however `run` ends (its future dropped included),
+        // no reconcile starts after and the statuses say so.
+        let _stop = StopGuard {
+            gate: gate.clone(),
+            role: role_sender,
+            shards: shard_status,
+            started: controllers.iter().map(|c| c.started.clone()).collect(),
+        };
 
         let readiness = Readiness {
             controllers: controllers
@@ -500,7 +517,12 @@ impl Manager {
                 let handle = tokio::spawn((added.start)(signal, gate.clone()));
                 tasks.0.push(handle.abort_handle());
                 let name = added.name;
-                async move { (name, handle.await) }
+                let started = added.started;
+                async move {
+                    let ended = handle.await;
+                    started.store(false, Ordering::SeqCst);
+                    (name, ended)
+                }
             })
             .collect();
         let mut error: Option<Error> = None;
@@ -590,6 +612,32 @@ async fn lease_site(
     let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
     let identity = identity.unwrap_or_else(default_identity);
     Ok((client, namespace, identity))
+}
+
+/// Stops what `run` started when it returns or its future is dropped:
+/// closes the gates, so that no reconcile starts after and running ones
+/// stop when next polled; ends the sharding status's stretches of
+/// ownership; says the replica no longer leads; and marks the controllers
+/// as not running. After a return all this has happened already, and it
+/// changes nothing.
+struct StopGuard {
+    gate: Gate,
+    role: watch::Sender<Role>,
+    shards: Option<ShardStatus>,
+    started: Vec<Arc<AtomicBool>>,
+}
+
+impl Drop for StopGuard {
+    fn drop(&mut self) {
+        self.gate.close();
+        if let Some(status) = &self.shards {
+            status.stopped(tokio::time::Instant::now());
+        }
+        self.role.send_replace(Role::Stopped);
+        for started in &self.started {
+            started.store(false, Ordering::SeqCst);
+        }
+    }
 }
 
 /// Aborts the manager's tasks when it returns or is dropped.

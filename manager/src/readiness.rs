@@ -58,7 +58,7 @@ impl Readiness {
             let name = &controller.name;
             if !controller.started.load(Ordering::SeqCst) {
                 ready = false;
-                let _ = writeln!(lines, "controller {name}: not started");
+                let _ = writeln!(lines, "controller {name}: not running");
                 continue;
             }
             let not_started = controller.status.not_started();

@@ -29,7 +29,22 @@ use crate::{Error, election::Timings};
 /// cluster that moves is disengaged on its old replica, its reconciles
 /// stopped, and its fence released before the new replica may take it; a
 /// replica that dies holds its fences until they expire. So a cluster is
-/// never reconciled by two replicas at once.
+/// never reconciled by two replicas at once. If [`Manager::run`](crate::Manager::run)'s
+/// future is dropped, the replica's reconciles stop at once and its
+/// stretches of ownership end there; its Leases are left to expire.
+///
+/// Leases do not pile up: a replica that stops gracefully deletes its own
+/// Lease, a replica Lease that has run out for ten times its duration (on
+/// the observer's clock) is deleted by a live replica that sees it, at the
+/// version it saw, and a cluster that a provider removes has its Lease
+/// deleted by the replica that ran it, once its reconciles have ended.
+///
+/// The Leases record a holder as the [identity](Self::identity), `_` and a
+/// nonce drawn afresh each time the manager runs; the hash ranks replicas
+/// by the identity alone. A replica restarted with its identity is given
+/// the same clusters, once its previous run's Leases have run out: it
+/// holds a Lease only under its own whole holder string, so two processes
+/// given one identity never both run a cluster.
 ///
 /// Sharding replaces leader election: a manager takes one or the other
 /// (both is an [`Error::Invalid`]), and without either every replica runs
@@ -95,7 +110,8 @@ impl Sharding {
     }
 
     /// This replica's identity (default: the host name, then `_` and a
-    /// random suffix). The hash ranks replicas by it.
+    /// random suffix). The hash ranks replicas by it; the Leases record it
+    /// followed by `_` and a nonce of this run.
     pub fn identity(mut self, identity: impl Into<String>) -> Self {
         self.identity = Some(identity.into());
         self
@@ -303,6 +319,16 @@ impl ShardStatus {
             .find(|o| o.cluster == *cluster && o.until.is_none())
         {
             open.deadline = deadline;
+        }
+    }
+
+    /// The replica stopped at `until`: it owns nothing and sees no one.
+    pub(crate) fn stopped(&self, until: Instant) {
+        let mut inner = self.lock();
+        inner.replicas.clear();
+        inner.assigned.clear();
+        for open in inner.history.iter_mut().filter(|o| o.until.is_none()) {
+            open.until = Some(until.min(open.deadline));
         }
     }
 

@@ -8,7 +8,11 @@ use std::{
     time::Duration,
 };
 
-use futures::{StreamExt, future::join_all, stream::BoxStream};
+use futures::{
+    FutureExt, StreamExt,
+    future::join_all,
+    stream::{BoxStream, FuturesUnordered},
+};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client, api::ListParams};
 use kube_fleet::{ClusterName, Fleet, provider::ClusterEvent};
@@ -18,13 +22,20 @@ use crate::{
     Error,
     election::{Timings, stopped},
     gate::Validity,
-    lease::{Holder, LeaseLock},
+    lease::{Holder, LeaseLock, Observed, holder_for, identity_of},
     shard::{ShardStatus, owner, short_hash},
 };
 
 const SET_LABEL: &str = "kube-fleet.dev/shards";
 const KIND_LABEL: &str = "kube-fleet.dev/lease";
 const CLUSTER_ANNOTATION: &str = "kube-fleet.dev/cluster";
+
+/// Provider events this close together start one round.
+const DEBOUNCE: Duration = Duration::from_millis(100);
+
+/// A replica Lease that has run out for this many times its duration is
+/// deleted: its replica is gone, not merely slow.
+const FORGOTTEN_AFTER: u32 = 10;
 
 /// The clusters' validities, which the reconciles' gate reads.
 pub(crate) type Shards = Arc<Mutex<HashMap<ClusterName, Arc<Validity>>>>;
@@ -35,10 +46,18 @@ struct Owned {
     until: Instant,
 }
 
-/// A replica's Lease as last seen, and since when unchanged.
-struct Seen {
-    record: (Option<String>, Option<i32>, Option<String>),
-    at: Instant,
+/// What becomes of a cluster's Lease when this replica stops running the
+/// cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fence {
+    /// Left to run out: the replica no longer knows that it holds it.
+    Expire,
+    /// Released once the reconciles there have ended, for the next owner
+    /// to take at once.
+    Release,
+    /// Deleted once the reconciles there have ended: the provider no longer
+    /// offers the cluster.
+    Delete,
 }
 
 pub(crate) struct Sharder {
@@ -47,14 +66,18 @@ pub(crate) struct Sharder {
     client: Client,
     namespace: String,
     set: String,
+    /// The identity the hash ranks this replica by.
     identity: String,
+    /// The identity and this run's nonce, as the Leases record it.
+    holder: String,
     timings: Timings,
     shards: Shards,
     status: ShardStatus,
     me: LeaseLock,
     /// Until when this replica counts itself live: its own Lease renewed.
     me_until: Option<Instant>,
-    replicas: HashMap<String, Seen>,
+    /// The replicas' Leases as last listed, by name.
+    replicas: HashMap<String, Observed>,
     /// The live replicas, once a list of the Leases has been read.
     live: Option<Vec<String>>,
     fences: HashMap<ClusterName, LeaseLock>,
@@ -74,11 +97,12 @@ impl Sharder {
         shards: Shards,
         status: ShardStatus,
     ) -> Self {
+        let holder = holder_for(&identity);
         let me = LeaseLock::new(
             client.clone(),
             &namespace,
             &format!("{set}-replica-{}", short_hash(&identity)),
-            &identity,
+            &holder,
             timings.lease_duration,
         )
         .with_metadata(labels(&set, "replica"), BTreeMap::new());
@@ -89,6 +113,7 @@ impl Sharder {
             namespace,
             set,
             identity,
+            holder,
             timings,
             shards,
             status,
@@ -108,33 +133,36 @@ impl Sharder {
         mut providers: BoxStream<'static, ClusterEvent>,
         mut stop: watch::Receiver<bool>,
     ) -> Result<(), Error> {
-        tracing::info!(shards = %self.set, identity = %self.identity, namespace = %self.namespace, "sharding");
+        tracing::info!(shards = %self.set, holder = %self.holder, namespace = %self.namespace, "sharding");
         let mut next = Instant::now();
         let mut offers_open = true;
         loop {
             tokio::select! {
                 biased;
                 _ = stopped(&mut stop) => break,
-                event = providers.next(), if offers_open => match event {
-                    Some(event) => {
-                        if self.offer(event).await {
-                            next = Instant::now();
-                        }
-                    }
-                    None => offers_open = false,
-                },
+                // The timer before the providers: however many events they
+                // send, the Leases are renewed on time.
                 _ = tokio::time::sleep_until(next) => {
                     let start = Instant::now();
                     self.round().await;
                     next = start + self.timings.retry_period;
                 }
+                event = providers.next(), if offers_open => match event {
+                    Some(event) => {
+                        if self.offer(event).await {
+                            // Events close together start one round.
+                            next = next.min(Instant::now() + DEBOUNCE);
+                        }
+                    }
+                    None => offers_open = false,
+                },
             }
         }
         self.leave().await;
         Ok(())
     }
 
-    /// Takes in a provider's event; true if a round should run now.
+    /// Takes in a provider's event; true if a round should run soon.
     async fn offer(&mut self, event: ClusterEvent) -> bool {
         match &event {
             ClusterEvent::Engage { name, .. } | ClusterEvent::EngageView { name, .. } => {
@@ -150,7 +178,7 @@ impl Sharder {
                 let name = name.clone();
                 self.offered.remove(&name);
                 if self.owned.contains_key(&name) {
-                    self.give_up(vec![name.clone()], true).await;
+                    self.give_up(vec![name.clone()], Fence::Delete).await;
                 }
                 self.fences.remove(&name);
                 false
@@ -160,20 +188,51 @@ impl Sharder {
 
     /// One pass: renew its own Lease, read the others', renew the
     /// clusters it runs, give up those it should not run, take those it
-    /// should.
+    /// should, and delete the Leases of replicas gone for long.
     async fn round(&mut self) {
         let timeout = self.timings.request_timeout();
+        let selector = format!("{SET_LABEL}={}", self.set);
+        let list = ListParams::default().labels(&selector);
         let start = Instant::now();
-        match tokio::time::timeout(timeout, self.me.try_acquire_or_renew()).await {
+        // All at once, each with its own timeout: a slow answer to one
+        // delays none of the others.
+        let (own, listed, ended) = tokio::join!(
+            tokio::time::timeout(timeout, self.me.try_acquire_or_renew()),
+            tokio::time::timeout(timeout, self.leases.list(&list)),
+            renew_fences(
+                &mut self.fences,
+                &mut self.owned,
+                &self.status,
+                self.timings
+            ),
+        );
+        match own {
             Ok(Ok(Holder::Me)) => self.me_until = Some(start + self.timings.renew_deadline),
             Ok(Ok(Holder::Other(other))) => {
-                tracing::error!(identity = %self.identity, %other, "this replica's Lease is held by another: is the identity used twice?");
+                tracing::warn!(holder = %self.holder, %other, "this replica's Lease is held by an earlier run of this identity, or by another process given it: waiting for it to run out");
             }
             Ok(Err(error)) => tracing::warn!(%error, "renewing this replica's Lease"),
             Err(_) => tracing::warn!(?timeout, "renewing this replica's Lease: no answer in time"),
         }
-        self.read_leases(timeout).await;
-        self.renew_owned(timeout).await;
+        match listed {
+            Ok(Ok(list)) => self.read_leases(&list.items),
+            Ok(Err(error)) => tracing::warn!(%error, "listing the replicas' Leases"),
+            Err(_) => tracing::warn!(?timeout, "listing the replicas' Leases: no answer in time"),
+        }
+        for fence in [Fence::Expire, Fence::Release] {
+            let clusters: Vec<ClusterName> = ended
+                .iter()
+                .filter(|(_, f)| *f == fence)
+                .map(|(cluster, _)| cluster.clone())
+                .collect();
+            if !clusters.is_empty() {
+                tracing::warn!(
+                    ?clusters,
+                    "the clusters' Leases were not renewed in time: giving them up"
+                );
+                self.give_up(clusters, fence).await;
+            }
+        }
 
         let alive = self.me_until.is_some_and(|until| Instant::now() < until);
         let Some(live) = self.live.clone().filter(|_| alive) else {
@@ -181,7 +240,7 @@ impl Sharder {
             if !alive && !self.owned.is_empty() {
                 tracing::warn!("this replica's own Lease is not renewed: giving its clusters up");
                 let all: Vec<ClusterName> = self.owned.keys().cloned().collect();
-                self.give_up(all, true).await;
+                self.give_up(all, Fence::Release).await;
             }
             return;
         };
@@ -204,52 +263,26 @@ impl Sharder {
             .collect();
         if !leaving.is_empty() {
             tracing::info!(clusters = ?leaving, replicas = ?live, "handing clusters over");
-            self.give_up(leaving, true).await;
+            self.give_up(leaving, Fence::Release).await;
         }
         self.take(wanted, timeout).await;
+        self.forget_departed(timeout).await;
     }
 
-    /// Lists the set's Leases: which replicas live, and every cluster
-    /// Lease's record, so that one whose holder died is known to have
-    /// expired as soon as it has.
-    async fn read_leases(&mut self, timeout: Duration) {
-        let selector = format!("{SET_LABEL}={}", self.set);
-        let listed = tokio::time::timeout(
-            timeout,
-            self.leases.list(&ListParams::default().labels(&selector)),
-        )
-        .await;
-        let list = match listed {
-            Ok(Ok(list)) => list,
-            Ok(Err(error)) => {
-                tracing::warn!(%error, "listing the replicas' Leases");
-                return;
-            }
-            Err(_) => {
-                tracing::warn!(?timeout, "listing the replicas' Leases: no answer in time");
-                return;
-            }
-        };
+    /// Takes in a list of the set's Leases: which replicas live, and every
+    /// Lease's record of a cluster it may take, so that one whose holder
+    /// died is known to have expired as soon as it has.
+    fn read_leases(&mut self, leases: &[Lease]) {
         let now = Instant::now();
-        let mut names = HashSet::new();
-        for lease in &list.items {
+        let mut replicas = HashMap::new();
+        for lease in leases {
             let labels = lease.metadata.labels.as_ref();
             let kind = labels.and_then(|l| l.get(KIND_LABEL)).map(String::as_str);
-            let name = lease.metadata.name.clone().unwrap_or_default();
             match kind {
                 Some("replica") => {
-                    let spec = lease.spec.clone().unwrap_or_default();
-                    let record = (
-                        spec.holder_identity.clone(),
-                        spec.lease_duration_seconds,
-                        spec.renew_time.as_ref().map(|t| t.0.to_string()),
-                    );
-                    let at = match self.replicas.get(&name) {
-                        Some(seen) if seen.record == record => seen.at,
-                        _ => now,
-                    };
-                    names.insert(name.clone());
-                    self.replicas.insert(name, Seen { record, at });
+                    let name = lease.metadata.name.clone().unwrap_or_default();
+                    let seen = Observed::of(lease, self.replicas.get(&name), now);
+                    replicas.insert(name, seen);
                 }
                 Some("cluster") => {
                     let cluster = lease
@@ -257,8 +290,11 @@ impl Sharder {
                         .annotations
                         .as_ref()
                         .and_then(|a| a.get(CLUSTER_ANNOTATION));
+                    // The Lease of a cluster it runs is known from its own
+                    // writes, which this list may predate.
                     if let Some(cluster) = cluster.map(|c| ClusterName::new(c.as_str()))
                         && self.offered.contains_key(&cluster)
+                        && !self.owned.contains_key(&cluster)
                     {
                         self.fence(&cluster).saw(lease, now);
                     }
@@ -266,74 +302,57 @@ impl Sharder {
                 _ => {}
             }
         }
-        self.replicas.retain(|name, _| names.contains(name));
+        self.replicas = replicas;
         let mut live: Vec<String> = self
             .replicas
             .values()
-            .filter_map(|seen| {
-                let (holder, seconds, _) = &seen.record;
-                let holder = holder.as_ref().filter(|h| !h.is_empty())?;
-                let lasts = Duration::from_secs(seconds.unwrap_or(0).max(0) as u64);
-                (seen.at + lasts > now).then(|| holder.clone())
-            })
+            .filter(|seen| seen.runs_out() > now)
+            .filter_map(|seen| seen.holder())
+            .map(|holder| identity_of(holder).to_owned())
             .collect();
         if !live.contains(&self.identity) {
             live.push(self.identity.clone());
         }
         live.sort();
         live.dedup();
-        tracing::debug!(listed = list.items.len(), ?live, "replicas");
+        tracing::debug!(listed = leases.len(), ?live, "replicas");
         self.status.set_replicas(live.clone());
         self.live = Some(live);
     }
 
-    /// Renews the Lease of every cluster it runs, all at once; a cluster
-    /// whose Lease was not renewed within the renew deadline is given up.
-    async fn renew_owned(&mut self, timeout: Duration) {
-        let owned: HashSet<&ClusterName> = self.owned.keys().collect();
-        let attempts = self
-            .fences
-            .iter_mut()
-            .filter(|(cluster, _)| owned.contains(cluster))
-            .map(|(cluster, lock)| async move {
-                let start = Instant::now();
-                let result = tokio::time::timeout(timeout, lock.try_acquire_or_renew()).await;
-                (cluster.clone(), start, result)
-            });
-        let results = join_all(attempts).await;
-        let mut lost = Vec::new();
-        let mut held_but_late = Vec::new();
+    /// Deletes the Leases of replicas that ran out long ago, on this
+    /// replica's clock, each at the version seen: a replica that has come
+    /// back has written its Lease since, and keeps it.
+    async fn forget_departed(&mut self, timeout: Duration) {
         let now = Instant::now();
-        for (cluster, start, result) in results {
-            let Some(owned) = self.owned.get_mut(&cluster) else {
-                continue;
-            };
-            let renewed = matches!(result, Ok(Ok(Holder::Me)));
-            if now >= owned.until {
-                // Its reconciles stopped at the deadline: give it up, even
-                // if this late renew went through.
-                if renewed {
-                    held_but_late.push(cluster);
-                } else {
-                    lost.push(cluster);
+        let departed: Vec<(String, Observed)> = self
+            .replicas
+            .iter()
+            .filter(|(_, seen)| seen.holder() != Some(self.holder.as_str()))
+            .filter(|(_, seen)| now >= seen.runs_out() + seen.lasts() * FORGOTTEN_AFTER)
+            .map(|(name, seen)| (name.clone(), seen.clone()))
+            .collect();
+        let leases = &self.leases;
+        let deletes = departed.iter().map(|(name, seen)| async move {
+            match tokio::time::timeout(timeout, leases.delete(name, &seen.delete_params())).await {
+                Ok(Ok(_)) => {
+                    tracing::info!(lease = %name, holder = ?seen.holder(), "deleted the Lease of a replica gone for long");
+                    true
                 }
-            } else if renewed {
-                owned.until = start + self.timings.renew_deadline;
-                owned.validity.open_until(owned.until);
-                self.status.renewed(&cluster, owned.until);
-            } else if let Ok(Ok(Holder::Other(holder))) = result {
-                tracing::error!(%cluster, %holder, "another replica holds this cluster's Lease");
-                lost.push(cluster);
-            } else {
-                tracing::warn!(%cluster, result = ?result.map(|r| r.map(|_| ())), "renewing the cluster's Lease");
+                // Gone already, or written since: either way not ours to delete.
+                Ok(Err(kube::Error::Api(status))) if [404, 409].contains(&status.code) => true,
+                Ok(Err(error)) => {
+                    tracing::warn!(lease = %name, %error, "deleting the Lease of a replica gone for long");
+                    false
+                }
+                Err(_) => false,
             }
-        }
-        if !lost.is_empty() {
-            tracing::warn!(clusters = ?lost, "the clusters' Leases were not renewed in time: giving them up");
-            self.give_up(lost, false).await;
-        }
-        if !held_but_late.is_empty() {
-            self.give_up(held_but_late, true).await;
+        });
+        let done = join_all(deletes).await;
+        for ((name, _), done) in departed.iter().zip(done) {
+            if done {
+                self.replicas.remove(name);
+            }
         }
     }
 
@@ -385,8 +404,8 @@ impl Sharder {
 
     /// Stops running `clusters`: no reconcile starts there and running ones
     /// stop, the fleet disengages them, and once their reconciles have
-    /// ended their Leases are released (if `release`) for the next owner.
-    async fn give_up(&mut self, clusters: Vec<ClusterName>, release: bool) {
+    /// ended their Leases are released or deleted, as `fence` says.
+    async fn give_up(&mut self, clusters: Vec<ClusterName>, fence: Fence) {
         let mut drained = Vec::new();
         for cluster in &clusters {
             let Some(owned) = self.owned.remove(cluster) else {
@@ -402,49 +421,53 @@ impl Sharder {
             self.fleet.disengage(cluster);
             drained.push(owned.validity);
         }
+        if fence == Fence::Expire {
+            return;
+        }
         let drain = join_all(drained.iter().map(|validity| validity.drained()));
         if tokio::time::timeout(self.timings.renew_deadline, drain)
             .await
             .is_err()
         {
             // Another replica must not start while they might run: the
-            // Leases are left to expire rather than released.
+            // Leases are left to expire.
             tracing::warn!(clusters = ?clusters, "reconciles still running after the renew deadline: their Leases are left to expire");
-            return;
-        }
-        if !release {
             return;
         }
         let timeout = self.timings.request_timeout();
         let set: HashSet<&ClusterName> = clusters.iter().collect();
-        let releases = self
+        let ends = self
             .fences
             .iter_mut()
             .filter(|(cluster, _)| set.contains(cluster))
             .map(|(cluster, lock)| async move {
-                match tokio::time::timeout(timeout, lock.release()).await {
+                let (what, end) = match fence {
+                    Fence::Delete => ("deleting", lock.delete().boxed()),
+                    _ => ("releasing", lock.release().boxed()),
+                };
+                match tokio::time::timeout(timeout, end).await {
                     Ok(Ok(())) => {}
                     Ok(Err(error)) => {
-                        tracing::warn!(%cluster, %error, "releasing the cluster's Lease")
+                        tracing::warn!(%cluster, %error, "{what} the cluster's Lease")
                     }
                     Err(_) => {
-                        tracing::warn!(%cluster, "releasing the cluster's Lease: no answer in time")
+                        tracing::warn!(%cluster, "{what} the cluster's Lease: no answer in time")
                     }
                 }
             });
-        join_all(releases).await;
+        join_all(ends).await;
     }
 
-    /// Gives every cluster up and releases this replica's own Lease, so
-    /// that the others take its clusters at once.
+    /// Gives every cluster up and deletes this replica's own Lease, so that
+    /// the others take its clusters at once and no Lease is left behind.
     async fn leave(&mut self) {
         let all: Vec<ClusterName> = self.owned.keys().cloned().collect();
-        self.give_up(all, true).await;
+        self.give_up(all, Fence::Release).await;
         let timeout = self.timings.request_timeout();
-        match tokio::time::timeout(timeout, self.me.release()).await {
-            Ok(Ok(())) => tracing::info!(identity = %self.identity, "left the shards"),
-            Ok(Err(error)) => tracing::warn!(%error, "releasing this replica's Lease"),
-            Err(_) => tracing::warn!("releasing this replica's Lease: no answer in time"),
+        match tokio::time::timeout(timeout, self.me.delete()).await {
+            Ok(Ok(())) => tracing::info!(holder = %self.holder, "left the shards"),
+            Ok(Err(error)) => tracing::warn!(%error, "deleting this replica's Lease"),
+            Err(_) => tracing::warn!("deleting this replica's Lease: no answer in time"),
         }
     }
 
@@ -455,7 +478,7 @@ impl Sharder {
                 self.client.clone(),
                 &self.namespace,
                 &format!("{}-cluster-{}", self.set, short_hash(cluster.as_str())),
-                &self.identity,
+                &self.holder,
                 self.timings.lease_duration,
             )
             .with_metadata(
@@ -464,6 +487,56 @@ impl Sharder {
             )
         })
     }
+}
+
+/// Renews the Lease of every cluster in `owned`, each on its own: a
+/// cluster's validity moves on as soon as its own renew answers, from when
+/// that renew began, whatever the others' answers do. Returns the clusters
+/// to give up: those another replica holds, and those whose renew answered
+/// past their deadline.
+async fn renew_fences(
+    fences: &mut HashMap<ClusterName, LeaseLock>,
+    owned: &mut HashMap<ClusterName, Owned>,
+    status: &ShardStatus,
+    timings: Timings,
+) -> Vec<(ClusterName, Fence)> {
+    let timeout = timings.request_timeout();
+    let mut renews: FuturesUnordered<_> = fences
+        .iter_mut()
+        .filter(|(cluster, _)| owned.contains_key(*cluster))
+        .map(|(cluster, lock)| async move {
+            let start = Instant::now();
+            let result = tokio::time::timeout(timeout, lock.try_acquire_or_renew()).await;
+            (cluster.clone(), start, result)
+        })
+        .collect();
+    let mut ended = Vec::new();
+    while let Some((cluster, start, result)) = renews.next().await {
+        let Some(owned) = owned.get_mut(&cluster) else {
+            continue;
+        };
+        let renewed = matches!(result, Ok(Ok(Holder::Me)));
+        if Instant::now() >= owned.until {
+            // Its reconciles stopped at the deadline: give it up, and
+            // release it if this late renew went through.
+            let fence = if renewed {
+                Fence::Release
+            } else {
+                Fence::Expire
+            };
+            ended.push((cluster, fence));
+        } else if renewed {
+            owned.until = start + timings.renew_deadline;
+            owned.validity.open_until(owned.until);
+            status.renewed(&cluster, owned.until);
+        } else if let Ok(Ok(Holder::Other(holder))) = result {
+            tracing::error!(%cluster, %holder, "another replica holds this cluster's Lease");
+            ended.push((cluster, Fence::Expire));
+        } else {
+            tracing::warn!(%cluster, result = ?result.map(|r| r.map(|_| ())), "renewing the cluster's Lease");
+        }
+    }
+    ended
 }
 
 fn labels(set: &str, kind: &str) -> BTreeMap<String, String> {
