@@ -1,7 +1,8 @@
-//! Three replicas sharding nine clusters, on a real API server: each
-//! cluster run by one replica, a dead replica's clusters taken over within
-//! the bound, a joining replica taking only its share, and no two replicas
-//! ever running a cluster at once.
+//! Replicas sharding clusters, on a real API server: each cluster run by
+//! one replica, a dead replica's clusters taken over within the bound, a
+//! joining replica taking only its share, no two replicas ever running a
+//! cluster at once, a restarted replica given its clusters back, and no
+//! Lease left behind by a replica or a cluster that has gone.
 //!
 //! Test timings: a lease of 4 s, a renew deadline of 3 s, a retry period
 //! of 1 s (up to 1.2 s with jitter). The nine clusters are nine names for
@@ -11,9 +12,20 @@ mod support;
 
 use std::{collections::BTreeMap, time::Duration};
 
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::{Client, runtime::watcher};
-use kube_fleet::{Controller, Fleet, provider::ProgrammaticProvider};
+use k8s_openapi::{
+    api::{coordination::v1::Lease, core::v1::ConfigMap},
+    apimachinery::pkg::apis::meta::v1::MicroTime,
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client,
+    api::{ListParams, ObjectMeta, PostParams},
+    runtime::watcher,
+};
+use kube_fleet::{
+    Controller, Fleet,
+    provider::{ProgrammaticHandle, ProgrammaticProvider},
+};
 use kube_fleet_envtest::Envtest;
 use kube_fleet_manager::{Error, Manager, Ownership, ShardStatus, Sharding};
 use support::{PATIENCE, Records, assert_no_overlap, config_maps};
@@ -27,18 +39,32 @@ const CLUSTERS: usize = 9;
 struct Replica {
     name: String,
     status: ShardStatus,
+    /// The clusters its provider offers.
+    clusters: ProgrammaticHandle,
     stop: Option<oneshot::Sender<()>>,
     run: JoinHandle<Result<(), Error>>,
 }
 
 impl Replica {
     fn start(name: &str, client: &Client, records: &Records) -> Self {
+        let clusters: Vec<String> = (0..CLUSTERS).map(|i| format!("c{i}")).collect();
+        Self::start_in("test-shards", &clusters, name, client, records)
+    }
+
+    /// A replica of the set `set` offered `clusters`.
+    fn start_in(
+        set: &str,
+        clusters: &[impl AsRef<str>],
+        name: &str,
+        client: &Client,
+        records: &Records,
+    ) -> Self {
         let fleet = Fleet::new();
-        let (provider, clusters) = ProgrammaticProvider::new();
-        for i in 0..CLUSTERS {
-            clusters.add(format!("c{i}"), client.clone());
+        let (provider, handle) = ProgrammaticProvider::new();
+        for cluster in clusters {
+            handle.add(cluster.as_ref(), client.clone());
         }
-        let sharding = Sharding::new("test-shards")
+        let sharding = Sharding::new(set)
             .namespace("default")
             .identity(name)
             .client(client.clone())
@@ -61,16 +87,12 @@ impl Replica {
                 .named("echo"),
                 records.reconciler(name, Duration::from_millis(20), Duration::from_millis(300)),
             );
-        let run = tokio::spawn(async move {
-            let result = manager.run().await;
-            drop(clusters);
-            result
-        });
         Self {
             name: name.to_owned(),
             status,
+            clusters: handle,
             stop: Some(stop),
-            run,
+            run: tokio::spawn(manager.run()),
         }
     }
 }
@@ -92,6 +114,11 @@ fn owners(replicas: &[&Replica]) -> BTreeMap<String, Vec<String>> {
 /// Waits until every cluster is owned by exactly one of `replicas` and each
 /// sees all of them live; returns the owners and when that was first seen.
 async fn settled(replicas: &[&Replica]) -> (BTreeMap<String, String>, Instant) {
+    settled_on(replicas, CLUSTERS).await
+}
+
+/// [`settled`], for `clusters` clusters.
+async fn settled_on(replicas: &[&Replica], clusters: usize) -> (BTreeMap<String, String>, Instant) {
     let deadline = Instant::now() + PATIENCE;
     let names: Vec<String> = {
         let mut names: Vec<String> = replicas.iter().map(|r| r.name.clone()).collect();
@@ -103,7 +130,7 @@ async fn settled(replicas: &[&Replica]) -> (BTreeMap<String, String>, Instant) {
         let agreed = replicas
             .iter()
             .all(|r| r.status.replicas() == names && r.status.owned() == r.status.assigned());
-        if agreed && owners.len() == CLUSTERS && owners.values().all(|o| o.len() == 1) {
+        if agreed && owners.len() == clusters && owners.values().all(|o| o.len() == 1) {
             let single = owners
                 .into_iter()
                 .map(|(c, mut o)| (c, o.remove(0)))
@@ -153,7 +180,7 @@ async fn three_replicas_split_nine_clusters_and_recover_from_a_dead_one() {
 
     let a = Replica::start("replica-a", &client, &records);
     let b = Replica::start("replica-b", &client, &records);
-    let c = Replica::start("replica-c", &client, &records);
+    let mut c = Replica::start("replica-c", &client, &records);
     let (before, _) = settled(&[&a, &b, &c]).await;
     println!("three replicas: {before:?}");
     for replica in [&a, &b, &c] {
@@ -183,11 +210,22 @@ async fn three_replicas_split_nine_clusters_and_recover_from_a_dead_one() {
         .filter(|(_, o)| **o == "replica-c")
         .map(|(cluster, _)| cluster.clone())
         .collect();
+    // Its future is dropped: it starts no reconcile after, and says it owns
+    // nothing, though its Leases stay for the others to see run out.
     c.run.abort();
     let killed = Instant::now();
+    let _ = (&mut c.run).await;
+    assert!(c.status.owned().is_empty(), "{:?}", c.status.owned());
+    assert!(c.status.history().iter().all(|o| o.until.is_some()));
     let (after, _) = settled(&[&a, &b]).await;
     println!("after replica-c died: {after:?}");
     let c_history = c.status.history();
+    for span in records.of("replica-c") {
+        assert!(
+            span.start < killed,
+            "replica-c reconciled once dropped: {span:?}"
+        );
+    }
     for (cluster, owner) in &before {
         if owner != "replica-c" {
             assert_eq!(
@@ -264,4 +302,195 @@ async fn three_replicas_split_nine_clusters_and_recover_from_a_dead_one() {
     }
     assert_no_overlapping_ownership(&histories);
     assert_no_overlap(&records.all());
+}
+
+/// The set's Leases, by name.
+async fn leases(client: &Client, set: &str) -> BTreeMap<String, Lease> {
+    Api::<Lease>::namespaced(client.clone(), "default")
+        .list(&ListParams::default().labels(&format!("kube-fleet.dev/shards={set}")))
+        .await
+        .expect("the Leases")
+        .items
+        .into_iter()
+        .map(|lease| (lease.metadata.name.clone().unwrap_or_default(), lease))
+        .collect()
+}
+
+fn kind(lease: &Lease) -> &str {
+    lease
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("kube-fleet.dev/lease"))
+        .map_or("", String::as_str)
+}
+
+fn cluster_of(lease: &Lease) -> Option<&str> {
+    lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("kube-fleet.dev/cluster"))
+        .map(String::as_str)
+}
+
+fn holder(lease: &Lease) -> Option<&str> {
+    lease.spec.as_ref()?.holder_identity.as_deref()
+}
+
+/// Waits until `gone` holds of the set's Leases; returns when it did.
+async fn until_leases(
+    client: &Client,
+    set: &str,
+    what: &str,
+    gone: impl Fn(&BTreeMap<String, Lease>) -> bool,
+) -> Instant {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let leases = leases(client, set).await;
+        if gone(&leases) {
+            return Instant::now();
+        }
+        assert!(Instant::now() < deadline, "{what}: {:?}", leases.keys());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_of_replicas_and_clusters_that_left_are_deleted_and_a_restarted_replica_gets_its_clusters_back()
+ {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_test_writer()
+        .try_init();
+    const SET: &str = "tidy-shards";
+    let env = Envtest::start(1).await.expect("envtest");
+    let client = env.clusters()[0].client();
+    config_maps(client.clone(), "sharded", 2).await;
+    let records = Records::default();
+
+    // The Lease of a replica that died long ago, with a duration of 1 s: a
+    // live replica deletes it once it has seen it run out for ten times
+    // that.
+    let ghost = Lease {
+        metadata: ObjectMeta {
+            name: Some(format!("{SET}-replica-ghost")),
+            labels: Some(
+                [
+                    ("kube-fleet.dev/shards".to_owned(), SET.to_owned()),
+                    ("kube-fleet.dev/lease".to_owned(), "replica".to_owned()),
+                ]
+                .into(),
+            ),
+            ..ObjectMeta::default()
+        },
+        spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            holder_identity: Some("ghost_0".into()),
+            lease_duration_seconds: Some(1),
+            renew_time: Some(MicroTime(Timestamp::now())),
+            ..Default::default()
+        }),
+    };
+    Api::<Lease>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &ghost)
+        .await
+        .expect("the ghost's Lease");
+    let planted = Instant::now();
+
+    let mut a = Replica::start_in(SET, &["c0", "c1", "c2"], "replica-a", &client, &records);
+    let mut b = Replica::start_in(SET, &["c0", "c1", "c2"], "replica-b", &client, &records);
+    let (before, _) = settled_on(&[&a, &b], 3).await;
+    println!("two replicas: {before:?}");
+
+    // The providers no longer offer c0: its owner deletes its Lease.
+    a.clusters.remove("c0");
+    b.clusters.remove("c0");
+    let removed = Instant::now();
+    let gone = until_leases(&client, SET, "c0's Lease stays", |leases| {
+        leases.values().all(|l| cluster_of(l) != Some("c0"))
+    })
+    .await;
+    println!(
+        "c0's Lease deleted {:?} after the providers removed it",
+        gone - removed
+    );
+    let (kept, _) = settled_on(&[&a, &b], 2).await;
+    let mut expected = before.clone();
+    expected.remove("c0");
+    assert_eq!(kept, expected, "clusters moved when c0 left");
+
+    // B dies and comes back under its identity, with a new holder: once its
+    // old Leases have run out, it runs the same clusters as before.
+    let b_holder = |leases: &BTreeMap<String, Lease>| {
+        leases
+            .values()
+            .filter(|l| kind(l) == "replica")
+            .filter_map(holder)
+            .find(|h| h.starts_with("replica-b_"))
+            .map(str::to_owned)
+    };
+    let old_holder = b_holder(&leases(&client, SET).await).expect("b's Lease");
+    b.run.abort();
+    let _ = (&mut b.run).await;
+    let b_history = b.status.history();
+    let restarted = Instant::now();
+    let mut b = Replica::start_in(SET, &["c1", "c2"], "replica-b", &client, &records);
+    let (after, _) = settled_on(&[&a, &b], 2).await;
+    let new_holder = b_holder(&leases(&client, SET).await).expect("b's Lease");
+    println!(
+        "restarted replica-b ({old_holder} then {new_holder}) settled {:?} after the restart: {after:?}",
+        restarted.elapsed()
+    );
+    assert_ne!(old_holder, new_holder);
+    assert_eq!(after, expected, "the restarted replica runs other clusters");
+
+    // A graceful stop deletes the replica's own Lease.
+    let _ = b.stop.take().expect("runs").send(());
+    let ended = tokio::time::timeout(PATIENCE, &mut b.run)
+        .await
+        .expect("stops");
+    assert!(ended.expect("its task").is_ok());
+    let left = leases(&client, SET).await;
+    assert_eq!(b_holder(&left), None, "{left:?}");
+    assert!(
+        left.values().filter(|l| kind(l) == "replica").all(|l| {
+            holder(l).is_some_and(|h| h.starts_with("replica-a_"))
+                || l.metadata.name.as_deref() == Some("tidy-shards-replica-ghost")
+        }),
+        "{left:?}"
+    );
+
+    // The ghost's Lease goes, not before it has run out ten times over.
+    let name = format!("{SET}-replica-ghost");
+    let ghost_gone = until_leases(&client, SET, "the ghost's Lease stays", |leases| {
+        !leases.contains_key(&name)
+    })
+    .await;
+    println!(
+        "the ghost's Lease deleted {:?} after it was written",
+        ghost_gone - planted
+    );
+    assert!(ghost_gone - planted >= Duration::from_secs(11));
+
+    // A's stop leaves the Leases of the clusters still offered, released,
+    // and nothing else.
+    let _ = a.stop.take().expect("runs").send(());
+    let ended = tokio::time::timeout(PATIENCE, &mut a.run)
+        .await
+        .expect("stops");
+    assert!(ended.expect("its task").is_ok());
+    let left = leases(&client, SET).await;
+    let mut clusters: Vec<&str> = left.values().filter_map(cluster_of).collect();
+    clusters.sort();
+    assert_eq!(clusters, ["c1", "c2"], "{left:?}");
+    assert!(
+        left.values()
+            .all(|l| kind(l) == "cluster" && holder(l).is_none()),
+        "{left:?}"
+    );
+    assert_no_overlapping_ownership(&[
+        ("replica-a".into(), a.status.history()),
+        ("replica-b (first run)".into(), b_history),
+        ("replica-b".into(), b.status.history()),
+    ]);
 }
