@@ -135,6 +135,7 @@ impl Sharder {
     ) -> Result<(), Error> {
         tracing::info!(shards = %self.set, holder = %self.holder, namespace = %self.namespace, "sharding");
         let mut next = Instant::now();
+        let mut last = next;
         let mut offers_open = true;
         loop {
             tokio::select! {
@@ -143,15 +144,20 @@ impl Sharder {
                 // The timer before the providers: however many events they
                 // send, the Leases are renewed on time.
                 _ = tokio::time::sleep_until(next) => {
-                    let start = Instant::now();
+                    last = Instant::now();
                     self.round().await;
-                    next = start + self.timings.retry_period;
+                    next = last + self.timings.retry_period;
                 }
                 event = providers.next(), if offers_open => match event {
                     Some(event) => {
                         if self.offer(event).await {
-                            // Events close together start one round.
-                            next = next.min(Instant::now() + DEBOUNCE);
+                            // Events close together start one round, and
+                            // a provider that never stops changing starts
+                            // at most two per retry period: each round
+                            // writes every Lease this replica holds.
+                            let soon = (Instant::now() + DEBOUNCE)
+                                .max(last + self.timings.retry_period / 2);
+                            next = next.min(soon);
                         }
                     }
                     None => offers_open = false,
