@@ -82,6 +82,9 @@ impl Cluster {
     /// The cluster that is `view`'s namespace of its host: its client
     /// defaults to that namespace, and its cache reads that namespace's part
     /// of the host's watches (see [`HostCache`](crate::cache::HostCache)).
+    /// Its [`requests`](Self::requests) count what goes through its client;
+    /// the host's shared watches are counted under no view. Call it inside a
+    /// tokio runtime.
     pub fn of_view(name: impl Into<ClusterName>, view: &NamespaceView) -> Self {
         let name = name.into();
         let requests = Arc::<RequestStats>::default();
@@ -120,7 +123,9 @@ impl Cluster {
     }
 
     /// The API requests made through this cluster's [`client`](Self::client)
-    /// in this engagement, its cache's watches and lists included.
+    /// in this engagement, its cache's watches and lists included. (A
+    /// namespace view's cache reads the host's watches, which no view
+    /// counts: see [`of_view`](Self::of_view).)
     pub fn requests(&self) -> &RequestStats {
         &self.inner.requests
     }

@@ -132,7 +132,8 @@ impl Fleet {
     }
 
     /// Engages (or replaces) the cluster `name` that is a namespace of a
-    /// host: see [`HostCache`](crate::cache::HostCache).
+    /// host: see [`HostCache`](crate::cache::HostCache). Call it inside a
+    /// tokio runtime.
     pub fn engage_view(&self, name: impl Into<ClusterName>, view: NamespaceView) -> Cluster {
         self.insert(Cluster::of_view(name, &view))
     }

@@ -301,6 +301,8 @@ pub(crate) async fn lead(
 ) -> Result<(), Error> {
     let key = lock.key();
     let timeout = timings.request_timeout();
+    // A status shared with an earlier run says Stopped until now.
+    role.send_replace(Role::Standby);
     // Take the Lease.
     let mut until = loop {
         let start = Instant::now();

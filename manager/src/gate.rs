@@ -72,15 +72,23 @@ pub(crate) enum Gate {
 
 impl Gate {
     /// Closes every validity: no reconcile starts, and running ones stop.
-    pub(crate) fn close(&self) {
+    /// Returns the clusters that were open under sharding.
+    pub(crate) fn close(&self) -> Vec<ClusterName> {
         match self {
-            Self::Open => {}
-            Self::Leader(validity) => validity.close(),
-            Self::Shards(shards) => {
-                for (_, validity) in shards.lock().unwrap_or_else(|e| e.into_inner()).drain() {
-                    validity.close();
-                }
+            Self::Open => Vec::new(),
+            Self::Leader(validity) => {
+                validity.close();
+                Vec::new()
             }
+            Self::Shards(shards) => shards
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .drain()
+                .map(|(cluster, validity)| {
+                    validity.close();
+                    cluster
+                })
+                .collect(),
         }
     }
 

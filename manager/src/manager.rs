@@ -415,6 +415,7 @@ impl Manager {
         // From here on, however `run` ends (its future dropped included),
         // no reconcile starts after and the statuses say so.
         let _stop = StopGuard {
+            fleet: fleet.clone(),
             gate: gate.clone(),
             role: role_sender,
             shards: shard_status,
@@ -621,6 +622,8 @@ async fn lease_site(
 /// as not running. After a return all this has happened already, and it
 /// changes nothing.
 struct StopGuard {
+    /// The fleet, whose sharded clusters the guard disengages.
+    fleet: Fleet,
     gate: Gate,
     role: watch::Sender<Role>,
     shards: Option<ShardStatus>,
@@ -629,7 +632,12 @@ struct StopGuard {
 
 impl Drop for StopGuard {
     fn drop(&mut self) {
-        self.gate.close();
+        // The clusters this replica ran as a shard: with the run gone,
+        // nothing renews their Leases, so they leave the fleet, their
+        // watches with them.
+        for cluster in self.gate.close() {
+            self.fleet.disengage(&cluster);
+        }
         if let Some(status) = &self.shards {
             status.stopped(tokio::time::Instant::now());
         }

@@ -16,7 +16,7 @@ use futures::{
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client, api::ListParams};
 use kube_fleet::{ClusterName, Fleet, provider::ClusterEvent};
-use tokio::{sync::watch, time::Instant};
+use tokio::{sync::watch, task::JoinHandle, time::Instant};
 
 use crate::{
     Error,
@@ -83,6 +83,12 @@ pub(crate) struct Sharder {
     fences: HashMap<ClusterName, LeaseLock>,
     offered: HashMap<ClusterName, ClusterEvent>,
     owned: HashMap<ClusterName, Owned>,
+    /// Clusters given up whose reconciles are draining and whose Leases are
+    /// then released or deleted, off the loop; not taken again until done.
+    ending: HashMap<ClusterName, JoinHandle<()>>,
+    /// The Leases of clusters no provider offers now, as last listed: once
+    /// run out for long, nobody will release or delete them but this.
+    strays: HashMap<String, Observed>,
 }
 
 impl Sharder {
@@ -124,6 +130,8 @@ impl Sharder {
             fences: HashMap::new(),
             offered: HashMap::new(),
             owned: HashMap::new(),
+            ending: HashMap::new(),
+            strays: HashMap::new(),
         }
     }
 
@@ -147,6 +155,18 @@ impl Sharder {
                     last = Instant::now();
                     self.round().await;
                     next = last + self.timings.retry_period;
+                    // A round that outlasted the retry period leaves the
+                    // timer ready at once: take in what the providers sent
+                    // meanwhile first, or a slow server would starve them.
+                    while offers_open {
+                        match providers.next().now_or_never() {
+                            Some(Some(event)) => {
+                                self.offer(event).await;
+                            }
+                            Some(None) => offers_open = false,
+                            None => break,
+                        }
+                    }
                 }
                 event = providers.next(), if offers_open => match event {
                     Some(event) => {
@@ -281,6 +301,7 @@ impl Sharder {
     fn read_leases(&mut self, leases: &[Lease]) {
         let now = Instant::now();
         let mut replicas = HashMap::new();
+        let mut strays = HashMap::new();
         for lease in leases {
             let labels = lease.metadata.labels.as_ref();
             let kind = labels.and_then(|l| l.get(KIND_LABEL)).map(String::as_str);
@@ -298,17 +319,25 @@ impl Sharder {
                         .and_then(|a| a.get(CLUSTER_ANNOTATION));
                     // The Lease of a cluster it runs is known from its own
                     // writes, which this list may predate.
-                    if let Some(cluster) = cluster.map(|c| ClusterName::new(c.as_str()))
-                        && self.offered.contains_key(&cluster)
-                        && !self.owned.contains_key(&cluster)
-                    {
-                        self.fence(&cluster).saw(lease, now);
+                    let cluster = cluster.map(|c| ClusterName::new(c.as_str()));
+                    match cluster {
+                        Some(cluster) if self.offered.contains_key(&cluster) => {
+                            if !self.owned.contains_key(&cluster) {
+                                self.fence(&cluster).saw(lease, now);
+                            }
+                        }
+                        _ => {
+                            let name = lease.metadata.name.clone().unwrap_or_default();
+                            let seen = Observed::of(lease, self.strays.get(&name), now);
+                            strays.insert(name, seen);
+                        }
                     }
                 }
                 _ => {}
             }
         }
         self.replicas = replicas;
+        self.strays = strays;
         let mut live: Vec<String> = self
             .replicas
             .values()
@@ -326,14 +355,16 @@ impl Sharder {
         self.live = Some(live);
     }
 
-    /// Deletes the Leases of replicas that ran out long ago, on this
-    /// replica's clock, each at the version seen: a replica that has come
-    /// back has written its Lease since, and keeps it.
+    /// Deletes the Leases of replicas, and of clusters no provider offers,
+    /// that ran out long ago, on this replica's clock, each at the version
+    /// seen: a replica that has come back, or a cluster taken again, has
+    /// written its Lease since, and keeps it.
     async fn forget_departed(&mut self, timeout: Duration) {
         let now = Instant::now();
         let departed: Vec<(String, Observed)> = self
             .replicas
             .iter()
+            .chain(&self.strays)
             .filter(|(_, seen)| seen.holder() != Some(self.holder.as_str()))
             .filter(|(_, seen)| now >= seen.runs_out() + seen.lasts() * FORGOTTEN_AFTER)
             .map(|(name, seen)| (name.clone(), seen.clone()))
@@ -342,13 +373,13 @@ impl Sharder {
         let deletes = departed.iter().map(|(name, seen)| async move {
             match tokio::time::timeout(timeout, leases.delete(name, &seen.delete_params())).await {
                 Ok(Ok(_)) => {
-                    tracing::info!(lease = %name, holder = ?seen.holder(), "deleted the Lease of a replica gone for long");
+                    tracing::info!(lease = %name, holder = ?seen.holder(), "deleted a Lease that ran out long ago");
                     true
                 }
                 // Gone already, or written since: either way not ours to delete.
                 Ok(Err(kube::Error::Api(status))) if [404, 409].contains(&status.code) => true,
                 Ok(Err(error)) => {
-                    tracing::warn!(lease = %name, %error, "deleting the Lease of a replica gone for long");
+                    tracing::warn!(lease = %name, %error, "deleting a Lease that ran out long ago");
                     false
                 }
                 Err(_) => false,
@@ -358,6 +389,7 @@ impl Sharder {
         for ((name, _), done) in departed.iter().zip(done) {
             if done {
                 self.replicas.remove(name);
+                self.strays.remove(name);
             }
         }
     }
@@ -366,6 +398,13 @@ impl Sharder {
     /// engages those it takes.
     async fn take(&mut self, wanted: Vec<ClusterName>, timeout: Duration) {
         let now = Instant::now();
+        // A cluster given up is taken again only once its Lease was
+        // released or deleted: before, this replica's own holder is on it.
+        self.ending.retain(|_, end| !end.is_finished());
+        let wanted: Vec<ClusterName> = wanted
+            .into_iter()
+            .filter(|cluster| !self.ending.contains_key(cluster))
+            .collect();
         for cluster in &wanted {
             self.fence(cluster);
         }
@@ -425,28 +464,30 @@ impl Sharder {
                 .remove(cluster);
             self.status.gave_up(cluster, until);
             self.fleet.disengage(cluster);
-            drained.push(owned.validity);
+            drained.push((cluster.clone(), owned.validity));
         }
         if fence == Fence::Expire {
             return;
         }
-        let drain = join_all(drained.iter().map(|validity| validity.drained()));
-        if tokio::time::timeout(self.timings.renew_deadline, drain)
-            .await
-            .is_err()
-        {
-            // Another replica must not start while they might run: the
-            // Leases are left to expire.
-            tracing::warn!(clusters = ?clusters, "reconciles still running after the renew deadline: their Leases are left to expire");
-            return;
-        }
+        // Each cluster's drain and Lease write go on off the loop, so that
+        // slow reconciles or a slow server cost that cluster alone.
+        let deadline = self.timings.renew_deadline;
         let timeout = self.timings.request_timeout();
-        let set: HashSet<&ClusterName> = clusters.iter().collect();
-        let ends = self
-            .fences
-            .iter_mut()
-            .filter(|(cluster, _)| set.contains(cluster))
-            .map(|(cluster, lock)| async move {
+        for (cluster, validity) in drained {
+            let Some(mut lock) = self.fences.remove(&cluster) else {
+                continue;
+            };
+            let name = cluster.clone();
+            let end = tokio::spawn(async move {
+                if tokio::time::timeout(deadline, validity.drained())
+                    .await
+                    .is_err()
+                {
+                    // Another replica must not start while they might run:
+                    // the Lease is left to expire.
+                    tracing::warn!(%cluster, "reconciles still running after the renew deadline: the cluster's Lease is left to expire");
+                    return;
+                }
                 let (what, end) = match fence {
                     Fence::Delete => ("deleting", lock.delete().boxed()),
                     _ => ("releasing", lock.release().boxed()),
@@ -461,7 +502,8 @@ impl Sharder {
                     }
                 }
             });
-        join_all(ends).await;
+            self.ending.insert(name, end);
+        }
     }
 
     /// Gives every cluster up and deletes this replica's own Lease, so that
@@ -469,6 +511,11 @@ impl Sharder {
     async fn leave(&mut self) {
         let all: Vec<ClusterName> = self.owned.keys().cloned().collect();
         self.give_up(all, Fence::Release).await;
+        // Every cluster's Lease released (each end is bounded by the renew
+        // deadline and a request timeout) before the replica's own goes.
+        for (_, end) in self.ending.drain() {
+            let _ = end.await;
+        }
         let timeout = self.timings.request_timeout();
         match tokio::time::timeout(timeout, self.me.delete()).await {
             Ok(Ok(())) => tracing::info!(holder = %self.holder, "left the shards"),

@@ -395,6 +395,23 @@ async fn leases_of_replicas_and_clusters_that_left_are_deleted_and_a_restarted_r
         .create(&PostParams::default(), &ghost)
         .await
         .expect("the ghost's Lease");
+    // And the Lease of a cluster no provider offers, which the ghost held
+    // when it died: nobody will release or delete it but the sweep.
+    let mut orphan = ghost.clone();
+    orphan.metadata.name = Some(format!("{SET}-cluster-orphan"));
+    orphan.metadata.labels = Some(
+        [
+            ("kube-fleet.dev/shards".to_owned(), SET.to_owned()),
+            ("kube-fleet.dev/lease".to_owned(), "cluster".to_owned()),
+        ]
+        .into(),
+    );
+    orphan.metadata.annotations =
+        Some([("kube-fleet.dev/cluster".to_owned(), "long-gone".to_owned())].into());
+    Api::<Lease>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &orphan)
+        .await
+        .expect("the orphan's Lease");
     let planted = Instant::now();
 
     let mut a = Replica::start_in(SET, &["c0", "c1", "c2"], "replica-a", &client, &records);
@@ -460,10 +477,12 @@ async fn leases_of_replicas_and_clusters_that_left_are_deleted_and_a_restarted_r
         "{left:?}"
     );
 
-    // The ghost's Lease goes, not before it has run out ten times over.
+    // The ghost's Lease goes, and the orphaned cluster's, not before they
+    // have run out ten times over.
     let name = format!("{SET}-replica-ghost");
-    let ghost_gone = until_leases(&client, SET, "the ghost's Lease stays", |leases| {
-        !leases.contains_key(&name)
+    let orphan = format!("{SET}-cluster-orphan");
+    let ghost_gone = until_leases(&client, SET, "the ghost's Leases stay", |leases| {
+        !leases.contains_key(&name) && !leases.contains_key(&orphan)
     })
     .await;
     println!(

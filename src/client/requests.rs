@@ -26,8 +26,9 @@ pub const LATENCY_BUCKETS: [f64; 12] = [
 pub struct RequestCount {
     /// The HTTP method (`GET` for gets, lists and watches alike).
     pub method: Method,
-    /// The response's status, or `None` where no response came (the
-    /// connection failed or timed out).
+    /// The response's status, or `None` where no response came: the
+    /// connection failed, or the request was given up before its answer (a
+    /// timeout, a reconcile cancelled).
     pub code: Option<StatusCode>,
     /// How many.
     pub count: u64,
@@ -52,7 +53,8 @@ pub struct RequestLatency {
 /// and status code, and how long they took.
 ///
 /// Every engaged [`Cluster`](crate::Cluster) counts the requests made
-/// through its client, its cache's watches included, in its own
+/// through its client, its cache's watches included (but not the host's
+/// watches that a namespace view's cache reads), in its own
 /// [`RequestStats`] ([`Cluster::requests`](crate::Cluster::requests)). The
 /// counts go when the engagement goes, so nothing accumulates for clusters
 /// that left. Requests are counted per attempt where the client is this
@@ -183,6 +185,54 @@ struct Counted {
     inside: Arc<AtomicBool>,
 }
 
+/// One request or attempt on its way: counted once it ends, and counted
+/// as answerless (`code` `None`) if it is given up before, as a request cut
+/// short by a timeout or a cancelled reconcile is.
+struct Pending {
+    counted: Counted,
+    method: Method,
+    host: Option<String>,
+    started: Instant,
+    /// Counted below the cluster's client, inside kube-fleet's stack.
+    inside: bool,
+    ended: bool,
+}
+
+impl Pending {
+    fn new(counted: Counted, method: Method, host: Option<String>, inside: bool) -> Self {
+        Self {
+            counted,
+            method,
+            host,
+            started: Instant::now(),
+            inside,
+            ended: false,
+        }
+    }
+
+    fn done(&mut self, code: Option<StatusCode>) {
+        self.ended = true;
+        // The cluster's side counts only what the stack below did not.
+        if self.inside || !self.counted.inside.load(Ordering::Acquire) {
+            let took = self.started.elapsed();
+            self.counted
+                .stats
+                .record(&self.method, code, took, self.host.as_deref());
+        }
+        if self.inside {
+            self.counted.inside.store(true, Ordering::Release);
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.done(None);
+        }
+    }
+}
+
 /// `client`, counting its requests in `stats`.
 pub(crate) fn counting(client: Client, stats: Arc<RequestStats>) -> Client {
     let namespace = client.default_namespace().to_owned();
@@ -213,15 +263,11 @@ impl Service<Request<Body>> for Outer {
             inside: Arc::default(),
         };
         request.extensions_mut().insert(counted.clone());
-        let method = request.method().clone();
+        let mut pending = Pending::new(counted, request.method().clone(), None, false);
         let client = self.client.clone();
         Box::pin(async move {
-            let started = Instant::now();
             let result = client.send(request).await;
-            if !counted.inside.load(Ordering::Acquire) {
-                let code = result.as_ref().ok().map(Response::status);
-                counted.stats.record(&method, code, started.elapsed(), None);
-            }
+            pending.done(result.as_ref().ok().map(Response::status));
             result.map_err(BoxError::from)
         })
     }
@@ -263,19 +309,19 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let counted = request.extensions().get::<Counted>().cloned();
-        let method = request.method().clone();
-        let host = request.uri().authority().map(|a| a.as_str().to_owned());
+        let mut pending = request
+            .extensions()
+            .get::<Counted>()
+            .cloned()
+            .map(|counted| {
+                let host = request.uri().authority().map(|a| a.as_str().to_owned());
+                Pending::new(counted, request.method().clone(), host, true)
+            });
         let response = self.inner.call(request);
         Box::pin(async move {
-            let started = Instant::now();
             let result = response.await;
-            if let Some(counted) = counted {
-                let code = result.as_ref().ok().map(Response::status);
-                counted
-                    .stats
-                    .record(&method, code, started.elapsed(), host.as_deref());
-                counted.inside.store(true, Ordering::Release);
+            if let Some(pending) = &mut pending {
+                pending.done(result.as_ref().ok().map(Response::status));
             }
             result
         })
@@ -285,6 +331,30 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_request_given_up_before_its_answer_is_counted_without_a_code() {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let stats = Arc::<RequestStats>::default();
+        let client = counting(Client::new(service, "default"), stats.clone());
+        let asked = tokio::spawn(async move {
+            client
+                .send(
+                    Request::get("/api/v1/namespaces")
+                        .body(Body::empty())
+                        .unwrap(),
+                )
+                .await
+        });
+        let (request, _answer) = handle.next_request().await.expect("a request");
+        assert!(request.extensions().get::<Counted>().is_some());
+        asked.abort();
+        assert!(asked.await.unwrap_err().is_cancelled());
+        let counts = stats.counts();
+        assert_eq!(counts.len(), 1, "{counts:?}");
+        assert_eq!((counts[0].code, counts[0].count), (None, 1));
+        assert_eq!(stats.latencies()[0].count, 1);
+    }
 
     #[test]
     fn counts_by_method_and_status_with_cumulative_buckets() {

@@ -20,6 +20,10 @@ use prometheus_client::{
 ///   each took until its response's head, by HTTP method, in client-go's
 ///   buckets ([`LATENCY_BUCKETS`]).
 ///
+/// `kube-fleet-manager`'s `Manager` registers it already: register it
+/// yourself only in a registry of your own, and once (a second collector
+/// would repeat every series).
+///
 /// `host` is the API server's `host:port`, empty where the cluster's client
 /// is not kube-fleet's own (see [`RequestStats`]). A cluster's series go
 /// when it leaves the fleet, and start from zero when it is engaged again.
