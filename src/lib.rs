@@ -81,6 +81,7 @@
 #![forbid(unsafe_code)]
 
 mod action;
+pub mod apply;
 mod backoff;
 pub mod cache;
 pub mod client;
@@ -88,8 +89,11 @@ mod cluster;
 mod cluster_name;
 pub mod controller;
 mod error;
+pub mod finalizer;
 mod fleet;
+pub mod fleetwide;
 mod object_request;
+pub mod ownership;
 pub mod provider;
 mod queue;
 pub mod rbac;
@@ -106,7 +110,7 @@ pub use error::TerminalError;
 pub use fleet::{Fleet, FleetEvent, FleetSubscription};
 pub use object_request::ObjectRequest;
 pub use reason::ReconcileReason;
-pub use request::McRequest;
+pub use request::{McRequest, ObjectKey};
 pub use token_bucket::TokenBucket;
 
 /// The README's code, compiled with the doc tests so that what it shows

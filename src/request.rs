@@ -59,3 +59,57 @@ impl fmt::Display for McRequest {
         }
     }
 }
+
+/// An object's namespace and name, without its cluster: what a mapper names
+/// when the cluster is chosen elsewhere (see
+/// [`Controller::watches_across`](crate::Controller::watches_across)).
+///
+/// ```
+/// use kube_fleet::{McRequest, ObjectKey};
+///
+/// let key = ObjectKey::new(Some("default"), "web");
+/// assert_eq!(key.in_cluster("east".into()), McRequest::new("east", Some("default"), "web"));
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub struct ObjectKey {
+    /// The object's namespace; `None` for cluster-scoped objects.
+    pub namespace: Option<String>,
+    /// The object's name.
+    pub name: String,
+}
+
+impl ObjectKey {
+    /// The key `namespace/name`.
+    pub fn new(namespace: Option<impl Into<String>>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.map(Into::into),
+            name: name.into(),
+        }
+    }
+
+    /// The key of `object`.
+    pub fn of<K: Resource>(object: &K) -> Self {
+        Self {
+            namespace: object.namespace(),
+            name: object.name_any(),
+        }
+    }
+
+    /// The request for this object in `cluster`.
+    pub fn in_cluster(self, cluster: ClusterName) -> McRequest {
+        McRequest {
+            cluster,
+            namespace: self.namespace,
+            name: self.name,
+        }
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.namespace {
+            Some(namespace) => write!(f, "{namespace}/{}", self.name),
+            None => f.write_str(&self.name),
+        }
+    }
+}

@@ -61,7 +61,7 @@ pub use status::{ClusterStatus, ControllerStatus};
 pub use watch::Watch;
 
 use crate::{
-    Action, ClusterName, Fleet, McRequest, ObjectRequest,
+    Action, ClusterName, Fleet, McRequest, ObjectKey, ObjectRequest,
     cache::{Change, ClusterCache, Shape, TypeInfo, Watchable},
 };
 pub(crate) use deliver::read;
@@ -96,7 +96,7 @@ pub enum Error {
 /// What a [`Watch`] says of a type `T`, checked: its type information, its
 /// namespace (none for a cluster-scoped type), and whether its objects live
 /// in namespaces.
-struct Resolved<T: Watchable> {
+pub(crate) struct Resolved<T: Watchable> {
     dyntype: T::DynamicType,
     config: watcher::Config,
     clusters: Option<Clusters>,
@@ -106,7 +106,33 @@ struct Resolved<T: Watchable> {
 }
 
 impl<T: Watchable> Resolved<T> {
-    fn from(watch: Watch) -> Result<Self, String> {
+    /// The shared watch this describes in `cluster`, started if none runs:
+    /// the same one a controller's trigger with this watch reads.
+    pub(crate) fn watch_in(&self, cluster: &crate::Cluster) -> Arc<crate::cache::SharedWatch<T>> {
+        let cache = if self.namespaced {
+            cluster.cache()
+        } else {
+            cluster.cache().whole()
+        };
+        cache.watch_shaped::<T>(
+            &self.dyntype,
+            self.namespace.as_deref(),
+            &self.shape,
+            &self.config,
+        )
+    }
+
+    /// The clusters the watch is limited to, if any.
+    pub(crate) fn clusters(&self) -> Option<&Clusters> {
+        self.clusters.as_ref()
+    }
+
+    /// The watched type's information.
+    pub(crate) fn dyntype(&self) -> &T::DynamicType {
+        &self.dyntype
+    }
+
+    pub(crate) fn from(watch: Watch) -> Result<Self, String> {
         let Watch {
             config,
             clusters,
@@ -331,6 +357,7 @@ impl<K: Watchable> Controller<K> {
                     mapper: Arc::new(trigger::for_self::<K>),
                     filters: Vec::new(),
                     related: None,
+                    across: None,
                 };
                 (Some(trigger), owner, watch.clusters, Vec::new())
             }
@@ -374,10 +401,26 @@ impl<K: Watchable> Controller<K> {
     /// Adds a trigger for `T`, watched as `watch` says, with `mapper`; a
     /// watch built wrong is recorded, and reported when the controller runs.
     fn add_trigger<T, M>(
+        self,
+        watch: Watch,
+        source: trigger::Source<T>,
+        mapper: impl FnOnce(&Owner) -> M,
+    ) -> Self
+    where
+        T: Watchable,
+        M: Fn(&ClusterName, &Change<T>) -> Vec<McRequest> + Send + Sync + 'static,
+    {
+        self.add_trigger_across(watch, source, mapper, None)
+    }
+
+    /// [`add_trigger`](Self::add_trigger), for a trigger whose requests go
+    /// to the clusters `across` selects when it is `Some`.
+    fn add_trigger_across<T, M>(
         mut self,
         watch: Watch,
         source: trigger::Source<T>,
         mapper: impl FnOnce(&Owner) -> M,
+        across: Option<(Clusters, trigger::KeyMapper<T>)>,
     ) -> Self
     where
         T: Watchable,
@@ -397,6 +440,7 @@ impl<K: Watchable> Controller<K> {
                     mapper: Arc::new(mapper(&self.owner)),
                     filters: Vec::new(),
                     related,
+                    across,
                 }));
             }
             Err(problem) => self.problems.push(problem),
@@ -474,6 +518,25 @@ impl<K: Watchable> Controller<K> {
         })
     }
 
+    /// Also reconciles the parent of every `Child` that names a `K` as its
+    /// parent through [`PARENT_ANNOTATION`](crate::ownership::PARENT_ANNOTATION),
+    /// in whichever cluster the child lives (see [`Watch::in_clusters`]):
+    /// the parent's request names the parent's own cluster. See
+    /// [`ownership`](crate::ownership) for making such children and cleaning
+    /// them up.
+    pub fn owns_across<Child: Watchable>(self, watch: impl Into<Watch>) -> Self
+    where
+        K: kube::Resource<DynamicType = ()>,
+    {
+        self.add_trigger(watch.into(), ClusterCache::watch_shaped::<Child>, |_| {
+            |_: &ClusterName, change: &Change<Child>| {
+                crate::ownership::parents_of::<K, Child>(change.object().as_ref())
+                    .into_iter()
+                    .collect()
+            }
+        })
+    }
+
     /// Like [`owns`](Self::owns), but watches only the children's metadata.
     pub fn owns_metadata<Child: Watchable>(self, watch: impl Into<Watch>) -> Self {
         self.add_trigger(
@@ -546,6 +609,51 @@ impl<K: Watchable> Controller<K> {
                     mapper(cluster, change.object()).into_iter().collect()
                 }
             },
+        )
+    }
+
+    /// Also reconciles, in every cluster `to` selects, the objects `mapper`
+    /// names when an `Other` object changes in a cluster where it is watched
+    /// (see [`Watch::in_clusters`]): a change in one cluster makes work in
+    /// all of a set of others. `to` is read when the change is taken in, so
+    /// the requests go to the clusters engaged then, and a cluster that
+    /// joins later is given the requests that every `Other` object already
+    /// watched makes, as soon as it joins. Only clusters where the
+    /// controller watches `K` take part (others `to` selects are skipped).
+    ///
+    /// A hub ConfigMap that every member cluster should hold a copy of:
+    ///
+    /// ```no_run
+    /// # use k8s_openapi::api::core::v1::ConfigMap;
+    /// # use kube::runtime::watcher;
+    /// # use kube_fleet::{Controller, Fleet, ObjectKey, controller::{Clusters, Watch}};
+    /// # fn example(fleet: &Fleet) -> Controller<ConfigMap> {
+    /// let in_hub = Watch::new(watcher::Config::default().labels("copy=everywhere"))
+    ///     .in_clusters(Clusters::Local);
+    /// Controller::<ConfigMap>::new(fleet, watcher::Config::default())
+    ///     .clusters(Clusters::Provided)
+    ///     .watches_across::<ConfigMap, _>(in_hub, Clusters::Provided, |_hub, source| {
+    ///         [ObjectKey::of(source)]
+    ///     })
+    /// # }
+    /// ```
+    pub fn watches_across<Other, I>(
+        self,
+        watch: impl Into<Watch>,
+        to: Clusters,
+        mapper: impl Fn(&ClusterName, &Other) -> I + Send + Sync + 'static,
+    ) -> Self
+    where
+        Other: Watchable,
+        I: IntoIterator<Item = ObjectKey>,
+    {
+        let keys: trigger::KeyMapper<Other> =
+            Arc::new(move |cluster, object| mapper(cluster, object).into_iter().collect());
+        self.add_trigger_across(
+            watch.into(),
+            ClusterCache::watch_shaped::<Other>,
+            |_| |_: &ClusterName, _: &Change<Other>| Vec::new(),
+            Some((to, keys)),
         )
     }
 

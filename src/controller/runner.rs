@@ -28,10 +28,10 @@ use tower::{BoxError, Service};
 use super::{
     Clusters, Config, ControllerStatus, Error, ErrorPolicy, QueueDepth,
     deliver::{Deliver, Misaddressed},
-    trigger::{Started, Trigger, panic_message},
+    trigger::{Dest, Started, Trigger, panic_message},
 };
 use crate::{
-    Action, Cluster, ClusterName, Fleet, McRequest, ReconcileReason, TerminalError,
+    Action, Cluster, ClusterName, Fleet, McRequest, ObjectKey, ReconcileReason, TerminalError,
     cache::error_chain,
     fleet::FleetEvent,
     queue::{Lane, Outcome, Queue},
@@ -97,7 +97,7 @@ enum ClusterItem {
     Synced,
     /// The sync timeout passed again without that.
     StillSyncing,
-    Request(McRequest, Lane, ReconcileReason),
+    Request(Dest, Lane, ReconcileReason),
 }
 
 /// A reconcile's key and its result; `None` if its cluster had left (or was
@@ -498,6 +498,10 @@ impl Runner {
             // it: it takes no part in the queue's fair share.
             self.queue.unserve(&name);
         }
+        if controlled {
+            // Held with the cluster's other keys until its watches sync.
+            self.joined(&name);
+        }
         let synced = Box::pin(join_all(watches.iter().map(|w| w.synced())));
         let timeout = self.sync_timeout;
         let gate = stream::unfold(Some(synced), move |synced| async move {
@@ -517,6 +521,26 @@ impl Runner {
         .map(|(request, lane, reason)| ClusterItem::Request(request, lane, reason));
         // Replaces the stream of an earlier engagement of the same name.
         self.incoming.insert(name, gate.chain(requests).boxed());
+    }
+
+    /// Queues, in `joined`, what every object that watches mapping across
+    /// clusters hold now asks for there.
+    fn joined(&mut self, joined: &ClusterName) {
+        let mut requests = Vec::new();
+        for (i, trigger) in self.triggers.iter().enumerate() {
+            for source in self.engaged.values() {
+                let watched = match trigger.clusters() {
+                    Some(clusters) if i > 0 => clusters.selects(source.name()),
+                    _ => self.selection.selects(source.name()),
+                };
+                if watched {
+                    requests.extend(trigger.joined(joined, source));
+                }
+            }
+        }
+        for request in requests {
+            self.accept(request, Lane::Listed, ReconcileReason::Listed);
+        }
     }
 
     fn disengage(&mut self, name: &ClusterName) {
@@ -555,7 +579,12 @@ impl Runner {
                     tracing::warn!(controller = %self.name, %status, "watches have not synced; the cluster's keys wait");
                 }
             }
-            ClusterItem::Request(request, lane, reason) => self.accept(request, lane, reason),
+            ClusterItem::Request(Dest::One(request), lane, reason) => {
+                self.accept(request, lane, reason);
+            }
+            ClusterItem::Request(Dest::Across(to, key), lane, reason) => {
+                self.accept_across(&to, &key, lane, &reason);
+            }
         }
     }
 
@@ -581,6 +610,26 @@ impl Runner {
         match (self.admit)(request) {
             Ok(request) => self.queue.push(request, lane, reason),
             Err((request, problem)) => self.misaddressed(&request, problem),
+        }
+    }
+
+    /// Queues the request for `key` in every engaged cluster that `to`
+    /// selects and where the controller watches its type.
+    fn accept_across(
+        &mut self,
+        to: &Clusters,
+        key: &ObjectKey,
+        lane: Lane,
+        reason: &ReconcileReason,
+    ) {
+        let clusters: Vec<ClusterName> = self
+            .engaged
+            .keys()
+            .filter(|name| to.selects(name) && self.selection.selects(name))
+            .cloned()
+            .collect();
+        for cluster in clusters {
+            self.accept(key.clone().in_cluster(cluster), lane, reason.clone());
         }
     }
 

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use super::Clusters;
 use crate::{
-    Cluster, ClusterName, McRequest, ReconcileReason,
+    Cluster, ClusterName, McRequest, ObjectKey, ReconcileReason,
     cache::{Change, ClusterCache, Sealed, Shape, SharedWatch, TypeInfo, WatchProbe},
     queue::Lane,
 };
@@ -37,6 +37,14 @@ pub(crate) trait Trigger: Send + Sync {
 
     /// The resource the watch reads, for its RBAC rules.
     fn watched(&self) -> Watched;
+
+    /// The requests in `joined`, a cluster that has just joined, that the
+    /// objects the watch in `source` holds now make: for a trigger whose
+    /// mapper names objects in other clusters
+    /// ([`Controller::watches_across`](super::Controller::watches_across)).
+    fn joined(&self, _joined: &ClusterName, _source: &Cluster) -> Vec<McRequest> {
+        Vec::new()
+    }
 }
 
 /// A resource a controller reads or writes, as RBAC rules name it.
@@ -77,7 +85,17 @@ pub(crate) struct Started {
 }
 
 /// A request a trigger made, the lane it waits in, and why.
-pub(crate) type Triggered = (McRequest, Lane, ReconcileReason);
+pub(crate) type Triggered = (Dest, Lane, ReconcileReason);
+
+/// Where a trigger's request goes.
+#[derive(Clone, Debug)]
+pub(crate) enum Dest {
+    /// To one object in one cluster.
+    One(McRequest),
+    /// To an object of this key in every cluster the selection picks,
+    /// among those engaged when the request is taken in.
+    Across(Clusters, ObjectKey),
+}
 
 pub(crate) type Source<T> = fn(
     &ClusterCache,
@@ -87,6 +105,8 @@ pub(crate) type Source<T> = fn(
     &watcher::Config,
 ) -> Arc<SharedWatch<T>>;
 type Mapper<T> = Arc<dyn Fn(&ClusterName, &Change<T>) -> Vec<McRequest> + Send + Sync>;
+/// Names objects to reconcile in every cluster of a selection.
+pub(crate) type KeyMapper<T> = Arc<dyn Fn(&ClusterName, &T) -> Vec<ObjectKey> + Send + Sync>;
 /// Makes a fresh filter per cluster stream, since a filter may keep state
 /// (a predicate remembers what it saw of each object).
 pub(crate) type FilterFactory<T> =
@@ -110,6 +130,9 @@ pub(crate) struct WatchTrigger<T: Resource<DynamicType: TypeInfo> + 'static> {
     /// The kind of a related type (owned or watched); `None` for the
     /// controller's own type.
     pub(crate) related: Option<Arc<str>>,
+    /// For a trigger that makes requests in other clusters: the clusters,
+    /// and what it asks for there. Its `mapper` then makes none.
+    pub(crate) across: Option<(Clusters, KeyMapper<T>)>,
 }
 
 impl<T> WatchTrigger<T>
@@ -142,8 +165,8 @@ where
         let subscribe = {
             let (watch, name) = (watch.clone(), cluster.name().clone());
             let (mapper, filters) = (self.mapper.clone(), self.filters.clone());
-            let related = self.related.clone();
-            move || requests(&watch, name, mapper, &filters, related)
+            let (related, across) = (self.related.clone(), self.across.clone());
+            move || requests(&watch, name, mapper, across, &filters, related)
         };
         Started {
             shared: watch.clone(),
@@ -175,6 +198,24 @@ where
     fn watched(&self) -> Watched {
         Watched::of::<T>(&self.dyntype)
     }
+
+    fn joined(&self, joined: &ClusterName, source: &Cluster) -> Vec<McRequest> {
+        let Some((to, keys)) = &self.across else {
+            return Vec::new();
+        };
+        if !to.selects(joined) {
+            return Vec::new();
+        }
+        let name = source.name();
+        self.watch(source)
+            .store()
+            .state()
+            .into_iter()
+            .filter_map(|object| contained(name, "mapper", || keys(name, &object)))
+            .flatten()
+            .map(|key| key.in_cluster(joined.clone()))
+            .collect()
+    }
 }
 
 /// The requests that the changes `watch` reports make in the cluster `name`.
@@ -182,6 +223,7 @@ fn requests<T>(
     watch: &Arc<SharedWatch<T>>,
     name: ClusterName,
     mapper: Mapper<T>,
+    across: Option<(Clusters, KeyMapper<T>)>,
     filters: &[FilterFactory<T>],
     related: Option<Arc<str>>,
 ) -> BoxStream<'static, Triggered>
@@ -202,8 +244,16 @@ where
                     .iter_mut()
                     .fold(true, |keep, filter| filter(&change) & keep)
             });
-            let requests = match passed {
-                Some(true) => contained(&name, "mapper", || mapper(&name, &change)),
+            let requests: Option<Vec<Dest>> = match (passed, &across) {
+                (Some(true), None) => contained(&name, "mapper", || mapper(&name, &change))
+                    .map(|requests| requests.into_iter().map(Dest::One).collect()),
+                (Some(true), Some((to, keys))) => {
+                    contained(&name, "mapper", || keys(&name, change.object())).map(|keys| {
+                        keys.into_iter()
+                            .map(|key| Dest::Across(to.clone(), key))
+                            .collect()
+                    })
+                }
                 _ => None,
             };
             let reason = match (&related, lane) {

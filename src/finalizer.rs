@@ -1,0 +1,244 @@
+//! A finalizer for a reconciler's own objects, with kube-runtime's
+//! semantics, answering the fleet's [`Action`] and taking [`BoxError`]s.
+//!
+//! [`finalizer`] (or [`ObjectRequest::finalize`] from a reconcile) makes
+//! sure that cleanup runs before an object goes:
+//!
+//! - an object that lacks the finalizer and is not being deleted is given
+//!   it, and nothing else happens in this run (the write changes the object,
+//!   so it is reconciled again, now with the finalizer);
+//! - an object that has it and is not being deleted is handed to the
+//!   reconciler as [`Event::Apply`];
+//! - an object being deleted that has it is handed over as
+//!   [`Event::Cleanup`]; once cleanup succeeds the finalizer is removed, and
+//!   the API server deletes the object when no other finalizer holds it;
+//! - an object being deleted without it is left alone.
+//!
+//! The finalizer is added and removed by JSON patches that test its place
+//! first, so a concurrent change of the object's finalizers makes the write
+//! fail (and the key retry) rather than drop someone else's finalizer.
+//! Errors from the reconciler come back unchanged, so a
+//! [`TerminalError`](crate::TerminalError) stays terminal.
+//!
+//! ```no_run
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use kube_fleet::{Action, ObjectRequest, finalizer::Event};
+//! use tower::BoxError;
+//!
+//! async fn reconcile(request: ObjectRequest<ConfigMap>) -> Result<Action, BoxError> {
+//!     request
+//!         .finalize("example.com/cleanup", |event| async move {
+//!             match event {
+//!                 Event::Apply(config_map) => { /* create what it describes */ }
+//!                 Event::Cleanup(config_map) => { /* delete what it made, wherever it is */ }
+//!             }
+//!             Ok(Action::await_change())
+//!         })
+//!         .await
+//! }
+//! # drop(tower::service_fn(reconcile));
+//! ```
+
+use std::{fmt::Debug, future::Future, sync::Arc};
+
+use json_patch::{AddOperation, PatchOperation, RemoveOperation, TestOperation};
+use kube::{
+    Api, Resource, ResourceExt,
+    api::{ApiResource, DynamicObject, Patch, PatchParams},
+};
+use serde::{Serialize, de::DeserializeOwned};
+use tower::BoxError;
+
+use crate::{Action, ObjectRequest};
+
+/// What the reconciler is asked to do with the object.
+#[derive(Debug)]
+pub enum Event<K> {
+    /// The object exists and carries the finalizer: make the world match it.
+    Apply(Arc<K>),
+    /// The object is being deleted: undo what it made. The finalizer is
+    /// removed once this succeeds; on an error it stays, and the cleanup
+    /// is retried.
+    Cleanup(Arc<K>),
+}
+
+/// Adding or removing the finalizer failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FinalizerError {
+    /// The finalizer could not be added.
+    #[error("adding finalizer {finalizer} to {object}: {source}")]
+    Add {
+        /// The finalizer.
+        finalizer: String,
+        /// The object, as `kind namespace/name`.
+        object: String,
+        /// The API server's error.
+        source: kube::Error,
+    },
+    /// The finalizer could not be removed after cleanup.
+    #[error("removing finalizer {finalizer} from {object} after cleanup: {source}")]
+    Remove {
+        /// The finalizer.
+        finalizer: String,
+        /// The object, as `kind namespace/name`.
+        object: String,
+        /// The API server's error.
+        source: kube::Error,
+    },
+    /// The object has no name, so no write can reach it.
+    #[error("{0} has no name")]
+    Unnamed(String),
+}
+
+/// Runs `reconcile` under the finalizer `name` on `object`, written through
+/// `api`: see the [module docs](self).
+pub async fn finalizer<K, F, Fut>(
+    api: &Api<K>,
+    name: &str,
+    object: Arc<K>,
+    reconcile: F,
+) -> Result<Action, BoxError>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + Debug,
+    K::DynamicType: Default,
+    F: FnOnce(Event<K>) -> Fut,
+    Fut: Future<Output = Result<Action, BoxError>>,
+{
+    let patch = |object_name: String, patch: json_patch::Patch| async move {
+        api.patch::<()>(&object_name, &PatchParams::default(), &Patch::Json(patch))
+            .await
+            .map(drop)
+    };
+    run(patch, name, object, reconcile).await
+}
+
+/// [`finalizer`], writing through `patch`.
+async fn run<K, F, Fut, P, PFut>(
+    patch: P,
+    name: &str,
+    object: Arc<K>,
+    reconcile: F,
+) -> Result<Action, BoxError>
+where
+    K: Resource,
+    K::DynamicType: Default,
+    F: FnOnce(Event<K>) -> Fut,
+    Fut: Future<Output = Result<Action, BoxError>>,
+    P: Fn(String, json_patch::Patch) -> PFut,
+    PFut: Future<Output = Result<(), kube::Error>>,
+{
+    let described = describe(object.as_ref());
+    let Some(object_name) = object.meta().name.clone() else {
+        return Err(FinalizerError::Unnamed(described).into());
+    };
+    let deleting = object.meta().deletion_timestamp.is_some();
+    let place = object.finalizers().iter().position(|f| f == name);
+    match (deleting, place) {
+        (false, Some(_)) => reconcile(Event::Apply(object)).await,
+        (true, Some(at)) => {
+            let action = reconcile(Event::Cleanup(object)).await?;
+            let path = format!("/metadata/finalizers/{at}");
+            let test = PatchOperation::Test(TestOperation {
+                path: path.parse().expect("a JSON pointer"),
+                value: name.into(),
+            });
+            let remove = PatchOperation::Remove(RemoveOperation {
+                path: path.parse().expect("a JSON pointer"),
+            });
+            patch(object_name, json_patch::Patch(vec![test, remove]))
+                .await
+                .map_err(|source| FinalizerError::Remove {
+                    finalizer: name.to_owned(),
+                    object: described,
+                    source,
+                })?;
+            Ok(action)
+        }
+        (false, None) => {
+            let operations = if object.finalizers().is_empty() {
+                vec![
+                    PatchOperation::Test(TestOperation {
+                        path: "/metadata/finalizers".parse().expect("a JSON pointer"),
+                        value: serde_json::Value::Null,
+                    }),
+                    PatchOperation::Add(AddOperation {
+                        path: "/metadata/finalizers".parse().expect("a JSON pointer"),
+                        value: vec![name].into(),
+                    }),
+                ]
+            } else {
+                vec![
+                    // The list as it was seen, or the write fails.
+                    PatchOperation::Test(TestOperation {
+                        path: "/metadata/finalizers".parse().expect("a JSON pointer"),
+                        value: object.finalizers().to_vec().into(),
+                    }),
+                    PatchOperation::Add(AddOperation {
+                        path: "/metadata/finalizers/-".parse().expect("a JSON pointer"),
+                        value: name.into(),
+                    }),
+                ]
+            };
+            patch(object_name, json_patch::Patch(operations))
+                .await
+                .map_err(|source| FinalizerError::Add {
+                    finalizer: name.to_owned(),
+                    object: described,
+                    source,
+                })?;
+            // The write changes the object: it is reconciled again.
+            Ok(Action::await_change())
+        }
+        (true, None) => Ok(Action::await_change()),
+    }
+}
+
+fn describe<K: Resource>(object: &K) -> String
+where
+    K::DynamicType: Default,
+{
+    let kind = K::kind(&K::DynamicType::default()).into_owned();
+    match object.namespace() {
+        Some(namespace) => format!("{kind} {namespace}/{}", object.name_any()),
+        None => format!("{kind} {}", object.name_any()),
+    }
+}
+
+impl<K> ObjectRequest<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + Debug,
+{
+    /// Runs `reconcile` on the request's object under the finalizer `name`,
+    /// written through the request's cluster: see [`finalizer`]. With no
+    /// object (deleted, or no longer matched by the watch) it does nothing.
+    pub async fn finalize<F, Fut>(&self, name: &str, reconcile: F) -> Result<Action, BoxError>
+    where
+        F: FnOnce(Event<K>) -> Fut,
+        Fut: Future<Output = Result<Action, BoxError>>,
+    {
+        let Some(object) = self.object.clone() else {
+            return Ok(Action::await_change());
+        };
+        let resource = ApiResource::erase::<K>(&());
+        let api = match &self.request.namespace {
+            Some(namespace) => {
+                Api::<DynamicObject>::namespaced_with(self.cluster.client(), namespace, &resource)
+            }
+            None => Api::<DynamicObject>::all_with(self.cluster.client(), &resource),
+        };
+        let patch = |object_name: String, patch: json_patch::Patch| {
+            let api = api.clone();
+            async move {
+                api.patch(
+                    &object_name,
+                    &PatchParams::default(),
+                    &Patch::Json::<()>(patch),
+                )
+                .await
+                .map(drop)
+            }
+        };
+        run(patch, name, object, reconcile).await
+    }
+}

@@ -1,0 +1,571 @@
+//! Owners in one cluster of objects in others, which Kubernetes' owner
+//! references cannot express (they name an object of the same cluster).
+//!
+//! A child made for a parent in another cluster carries the parent's
+//! reference as an annotation, [`PARENT_ANNOTATION`] (its cluster, API
+//! version, kind, namespace, name and UID, as JSON), and the parent's UID as
+//! a label, [`PARENT_UID_LABEL`], to select the children of one parent by.
+//! [`ParentRef::adopt`] sets both. Then:
+//!
+//! - [`Controller::owns_across`](crate::Controller::owns_across) reconciles
+//!   the parent whenever one of its children changes or goes, in whichever
+//!   cluster it lives;
+//! - [`Children::of`] finds a parent's children in every cluster, from the
+//!   clusters' caches;
+//! - [`Children::delete`], called from the parent's finalizer cleanup,
+//!   deletes them in every engaged cluster;
+//! - [`Children::sweep`] deletes the children of a parent that is gone, or
+//!   was made again under the same name (another UID).
+//!
+//! # Clusters that are down when a parent goes
+//!
+//! The parent's finalizer does not wait for them. [`Children::delete`]
+//! deletes in every engaged cluster whose API server answers within its
+//! timeout, and reports the others as skipped (not engaged, not synced, or
+//! no answer) rather than failing; a server that answers with an error
+//! (forbidden, a conflict, a server error) fails the cleanup, which is then
+//! retried, so a cluster that is up is never left with orphans. The parent's
+//! deletion is recorded where it cannot be lost: each child carries its
+//! parent's UID, and a parent that no longer exists under that UID proves
+//! the child an orphan. When a skipped cluster comes back (is engaged
+//! again, or its watch lists again), its children are listed, each maps to
+//! its parent's key, and the parent's reconcile finds no parent and calls
+//! [`Children::sweep`], which deletes them. This holds across restarts of
+//! the controller, since nothing is kept in memory. A child whose parent's
+//! cluster is not engaged is left alone until it is: nothing can tell
+//! whether its parent still exists.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use kube::{Api, api::{Patch, PatchParams}, runtime::watcher};
+//! use kube_fleet::{
+//!     Action, Controller, Fleet, ObjectRequest,
+//!     controller::{Clusters, Watch},
+//!     finalizer::Event,
+//!     ownership::{Children, ParentRef},
+//! };
+//! use tower::BoxError;
+//!
+//! # async fn example(fleet: Fleet) -> Result<(), BoxError> {
+//! // Parents: ConfigMaps in the local cluster. Children: copies in the members.
+//! let children = Children::<ConfigMap>::new(&fleet, Watch::new(watcher::Config::default()).in_clusters(Clusters::Provided));
+//! let controller = Controller::<ConfigMap>::new(&fleet, Watch::new(watcher::Config::default().labels("copy=yes")))
+//!     .clusters(Clusters::Local)
+//!     .owns_across::<ConfigMap>(Watch::new(watcher::Config::default()).in_clusters(Clusters::Provided));
+//! let reconcile = move |request: ObjectRequest<ConfigMap>| {
+//!     let (children, fleet) = (children.clone(), fleet.clone());
+//!     async move {
+//!         if request.object.is_none() {
+//!             children.sweep(&request).await?; // the parent is gone: its orphans go too
+//!             return Ok(Action::await_change());
+//!         }
+//!         request
+//!             .finalize("example.com/copies", |event| async move {
+//!                 match event {
+//!                     Event::Apply(parent) => {
+//!                         let parent_ref = ParentRef::of(request.cluster.name(), parent.as_ref())?;
+//!                         for member in fleet.clusters().iter().filter(|c| !c.name().is_local()) {
+//!                             let mut copy = ConfigMap { data: parent.data.clone(), ..Default::default() };
+//!                             copy.metadata.name = parent.metadata.name.clone();
+//!                             parent_ref.adopt(&mut copy);
+//!                             Api::<ConfigMap>::namespaced(member.client(), "default")
+//!                                 .patch(copy.metadata.name.as_deref().unwrap(), &PatchParams::apply("copier").force(), &Patch::Apply(&copy))
+//!                                 .await?;
+//!                         }
+//!                     }
+//!                     Event::Cleanup(_) => {
+//!                         children.delete(&request, Duration::from_secs(10)).await?;
+//!                     }
+//!                 }
+//!                 Ok(Action::await_change())
+//!             })
+//!             .await
+//!     }
+//! };
+//! controller.run(tower::service_fn(reconcile)).await?;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::{collections::BTreeMap, fmt, time::Duration};
+
+use kube::{
+    Api, Resource, ResourceExt,
+    api::{DeleteParams, Preconditions},
+};
+use serde::de::DeserializeOwned;
+use tower::BoxError;
+
+use crate::{
+    ClusterName, Fleet, McRequest, ObjectKey, ObjectRequest,
+    cache::Watchable,
+    controller::Watch,
+    fleetwide::{FleetStore, InCluster, for_each_cluster},
+};
+
+/// The annotation on a child that names its parent in another cluster:
+/// JSON with `cluster`, `apiVersion`, `kind`, `namespace` (for a namespaced
+/// parent), `name` and `uid`.
+pub const PARENT_ANNOTATION: &str = "kube-fleet.dev/parent";
+
+/// The label on a child that holds its parent's UID.
+pub const PARENT_UID_LABEL: &str = "kube-fleet.dev/parent-uid";
+
+/// The name of the index a [`Children`] store keeps, by parent key.
+const BY_PARENT: &str = "kube-fleet.dev/parent";
+
+/// A parent in some cluster, as its children in other clusters name it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ParentRef {
+    /// The parent's cluster.
+    pub cluster: ClusterName,
+    /// The parent's API version (`group/version`, or `version` for the core
+    /// group).
+    pub api_version: String,
+    /// The parent's kind.
+    pub kind: String,
+    /// The parent's namespace; `None` for a cluster-scoped parent.
+    pub namespace: Option<String>,
+    /// The parent's name.
+    pub name: String,
+    /// The parent's UID.
+    pub uid: String,
+}
+
+/// Why a parent reference cannot be made or read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ParentRefError {
+    /// The parent has no UID or no name: it was not read from the API server.
+    #[error("{kind} {name} has no {missing}: a parent must be read from its API server")]
+    Incomplete {
+        /// The parent's kind.
+        kind: String,
+        /// The parent's name, if any.
+        name: String,
+        /// What is missing.
+        missing: &'static str,
+    },
+    /// A child's annotation is not a parent reference.
+    #[error("annotation {PARENT_ANNOTATION} of {child} is not a parent reference: {reason}")]
+    Malformed {
+        /// The child, as `namespace/name`.
+        child: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl ParentRef {
+    /// The reference to `parent`, which lives in `cluster`.
+    pub fn of<P: Resource<DynamicType = ()>>(
+        cluster: &ClusterName,
+        parent: &P,
+    ) -> Result<Self, ParentRefError> {
+        let kind = P::kind(&()).into_owned();
+        let missing = |missing| ParentRefError::Incomplete {
+            kind: kind.clone(),
+            name: parent.name_any(),
+            missing,
+        };
+        let name = parent.meta().name.clone().ok_or_else(|| missing("name"))?;
+        let uid = parent.meta().uid.clone().ok_or_else(|| missing("uid"))?;
+        Ok(Self {
+            cluster: cluster.clone(),
+            api_version: P::api_version(&()).into_owned(),
+            kind,
+            namespace: parent.namespace(),
+            name,
+            uid,
+        })
+    }
+
+    /// The reference to a request's object; `None` if the object is gone.
+    pub fn of_request<P: Resource<DynamicType = ()>>(
+        request: &ObjectRequest<P>,
+    ) -> Option<Result<Self, ParentRefError>> {
+        let parent = request.object.as_ref()?;
+        Some(Self::of(request.cluster.name(), parent.as_ref()))
+    }
+
+    /// The parent `child` names, if it carries [`PARENT_ANNOTATION`].
+    pub fn of_child<C: Resource>(child: &C) -> Option<Result<Self, ParentRefError>> {
+        let value = child.annotations().get(PARENT_ANNOTATION)?;
+        let malformed = |reason: String| ParentRefError::Malformed {
+            child: ObjectKey::of(child).to_string(),
+            reason,
+        };
+        let parsed: serde_json::Value = match serde_json::from_str(value) {
+            Ok(parsed) => parsed,
+            Err(error) => return Some(Err(malformed(error.to_string()))),
+        };
+        let field = |name: &str| parsed.get(name).and_then(|v| v.as_str()).map(str::to_owned);
+        let required =
+            |name: &'static str| field(name).ok_or_else(|| malformed(format!("no {name}")));
+        Some((|| {
+            Ok(Self {
+                cluster: ClusterName::new(required("cluster")?),
+                api_version: required("apiVersion")?,
+                kind: required("kind")?,
+                namespace: field("namespace"),
+                name: required("name")?,
+                uid: required("uid")?,
+            })
+        })())
+    }
+
+    /// Marks `child` as this parent's: sets [`PARENT_ANNOTATION`] and
+    /// [`PARENT_UID_LABEL`], keeping its other annotations and labels.
+    pub fn adopt<C: Resource>(&self, child: &mut C) {
+        child
+            .annotations_mut()
+            .insert(PARENT_ANNOTATION.to_owned(), self.annotation());
+        child
+            .labels_mut()
+            .insert(PARENT_UID_LABEL.to_owned(), self.uid.clone());
+    }
+
+    /// The value of [`PARENT_ANNOTATION`] for this parent.
+    pub fn annotation(&self) -> String {
+        let mut fields = BTreeMap::new();
+        fields.insert("cluster", self.cluster.as_str());
+        fields.insert("apiVersion", &self.api_version);
+        fields.insert("kind", &self.kind);
+        if let Some(namespace) = &self.namespace {
+            fields.insert("namespace", namespace);
+        }
+        fields.insert("name", &self.name);
+        fields.insert("uid", &self.uid);
+        serde_json::to_string(&fields).expect("strings serialize")
+    }
+
+    /// The request that reconciles the parent.
+    pub fn request(&self) -> McRequest {
+        McRequest::new(
+            self.cluster.clone(),
+            self.namespace.clone(),
+            self.name.clone(),
+        )
+    }
+
+    /// Whether the parent is a `P`: same kind and API group.
+    pub fn is_a<P: Resource<DynamicType = ()>>(&self) -> bool {
+        self.kind == P::kind(&()) && group(&self.api_version) == P::group(&())
+    }
+
+    /// The label selector of this parent's children.
+    pub fn selector(&self) -> String {
+        format!("{PARENT_UID_LABEL}={}", self.uid)
+    }
+
+    /// The parent's identity without its UID: what its children are indexed by.
+    fn key(&self) -> String {
+        parent_key(
+            &self.cluster,
+            group(&self.api_version),
+            &self.kind,
+            self.namespace.as_deref(),
+            &self.name,
+        )
+    }
+}
+
+impl fmt::Display for ParentRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.kind, self.request())
+    }
+}
+
+fn group(api_version: &str) -> &str {
+    api_version.rsplit_once('/').map_or("", |(group, _)| group)
+}
+
+fn parent_key(
+    cluster: &ClusterName,
+    group: &str,
+    kind: &str,
+    namespace: Option<&str>,
+    name: &str,
+) -> String {
+    // Newlines are in no cluster, group, kind, namespace or name.
+    format!(
+        "{}\n{group}\n{kind}\n{}\n{name}",
+        cluster.as_str(),
+        namespace.unwrap_or("")
+    )
+}
+
+/// The requests for the parents of kind `P` a child names.
+pub(crate) fn parents_of<P, C>(child: &C) -> Option<McRequest>
+where
+    P: Resource<DynamicType = ()>,
+    C: Resource,
+{
+    match ParentRef::of_child(child)? {
+        Ok(parent) if parent.is_a::<P>() => Some(parent.request()),
+        Ok(_) => None,
+        Err(error) => {
+            tracing::warn!(%error, "a child's parent reference is unreadable; it maps to no parent");
+            None
+        }
+    }
+}
+
+/// What [`Children::delete`] did.
+#[derive(Debug, Default)]
+#[non_exhaustive]
+pub struct Deleted {
+    /// The children deleted (or found gone already), each as the request
+    /// for it in its cluster.
+    pub deleted: Vec<McRequest>,
+    /// The clusters skipped, and why: they will be swept when they are
+    /// engaged again or list again.
+    pub skipped: Vec<(ClusterName, String)>,
+}
+
+/// The children of type `C` that parents in other clusters own, across
+/// the fleet: see the [module docs](self).
+///
+/// It reads them from a [`FleetStore`] of `C`, shared with the watch of a
+/// controller that [`owns_across`](crate::Controller::owns_across) them with
+/// the same [`Watch`], indexed by parent. Cheap to clone.
+pub struct Children<C: Watchable> {
+    fleet: Fleet,
+    store: FleetStore<C>,
+    concurrency: usize,
+}
+
+impl<C: Watchable> Clone for Children<C> {
+    fn clone(&self) -> Self {
+        Self {
+            fleet: self.fleet.clone(),
+            store: self.store.clone(),
+            concurrency: self.concurrency,
+        }
+    }
+}
+
+impl<C: Watchable> fmt::Debug for Children<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Children")
+            .field("store", &self.store)
+            .finish()
+    }
+}
+
+impl<C> Children<C>
+where
+    C: Watchable<DynamicType = ()> + serde::Serialize,
+{
+    /// The children of type `C`, watched as `watch` says (by default in
+    /// every cluster). Create it inside a tokio runtime.
+    pub fn new(fleet: &Fleet, watch: impl Into<Watch>) -> Self {
+        let store = FleetStore::<C>::new(fleet, watch).with_index(BY_PARENT, |child: &C| {
+            match ParentRef::of_child(child) {
+                Some(Ok(parent)) => vec![parent.key()],
+                _ => Vec::new(),
+            }
+        });
+        Self {
+            fleet: fleet.clone(),
+            store,
+            concurrency: 16,
+        }
+    }
+
+    /// Deletes in at most `limit` clusters at once (default 16).
+    #[must_use]
+    pub fn concurrency(mut self, limit: usize) -> Self {
+        self.concurrency = limit.max(1);
+        self
+    }
+
+    /// The store the children are read from.
+    pub fn store(&self) -> &FleetStore<C> {
+        &self.store
+    }
+
+    /// Every child that names the request's object as its parent (by
+    /// cluster, kind, namespace and name), whatever UID it names, in every
+    /// cluster the store reads.
+    pub fn of<P: Resource<DynamicType = ()>>(
+        &self,
+        parent: &ObjectRequest<P>,
+    ) -> Vec<InCluster<C>> {
+        let key = request_key::<P>(&parent.request);
+        self.store.indexed(BY_PARENT, &key).unwrap_or_default()
+    }
+
+    /// The children of the request's object as it is now (same UID).
+    pub fn owned<P: Resource<DynamicType = ()>>(
+        &self,
+        parent: &ObjectRequest<P>,
+    ) -> Vec<InCluster<C>> {
+        let Some(uid) = parent.object.as_ref().and_then(|p| p.meta().uid.clone()) else {
+            return Vec::new();
+        };
+        self.of(parent)
+            .into_iter()
+            .filter(|child| child.object.labels().get(PARENT_UID_LABEL) == Some(&uid))
+            .collect()
+    }
+
+    /// Deletes every child of the request's object, for its finalizer's
+    /// cleanup: in each engaged cluster whose watch of `C` has synced, each
+    /// child that names the parent, bounded by `timeout` per cluster.
+    /// Clusters that are not engaged, have not synced or do not answer are
+    /// skipped and reported (they are swept when they come back); an
+    /// error from a server that answers fails the whole call, to be retried.
+    pub async fn delete<P: Resource<DynamicType = ()>>(
+        &self,
+        parent: &ObjectRequest<P>,
+        timeout: Duration,
+    ) -> Result<Deleted, BoxError> {
+        let children = self.of(parent);
+        self.delete_children(children, timeout).await
+    }
+
+    /// Deletes the children of the request's parent key whose parent is
+    /// gone: all of them when the request has no object, else those that
+    /// name another UID (a parent deleted and made again). For the parent's
+    /// reconcile; returns what it did, as [`delete`](Self::delete) does.
+    pub async fn sweep<P: Resource<DynamicType = ()>>(
+        &self,
+        parent: &ObjectRequest<P>,
+    ) -> Result<Deleted, BoxError> {
+        let uid = parent.object.as_ref().and_then(|p| p.meta().uid.clone());
+        let orphans: Vec<_> = self
+            .of(parent)
+            .into_iter()
+            .filter(|child| {
+                uid.is_none() || child.object.labels().get(PARENT_UID_LABEL) != uid.as_ref()
+            })
+            .collect();
+        if !orphans.is_empty() {
+            tracing::info!(parent = %parent.request, orphans = orphans.len(), "deleting children whose parent is gone");
+        }
+        self.delete_children(orphans, Duration::from_secs(30)).await
+    }
+
+    async fn delete_children(
+        &self,
+        children: Vec<InCluster<C>>,
+        timeout: Duration,
+    ) -> Result<Deleted, BoxError> {
+        let mut by_cluster: BTreeMap<ClusterName, Vec<std::sync::Arc<C>>> = BTreeMap::new();
+        for child in children {
+            by_cluster
+                .entry(child.cluster)
+                .or_default()
+                .push(child.object);
+        }
+        let mut deleted = Deleted::default();
+        let mut clusters = Vec::new();
+        for (name, children) in by_cluster {
+            match self.fleet.get(&name) {
+                Some(cluster) => clusters.push((cluster, children)),
+                None => deleted.skipped.push((name, "not engaged".into())),
+            }
+        }
+        for name in self.store.unsynced() {
+            deleted
+                .skipped
+                .push((name, "its watch has not synced".into()));
+        }
+        let mut work: std::collections::HashMap<ClusterName, Vec<std::sync::Arc<C>>> = clusters
+            .iter()
+            .map(|(cluster, children)| (cluster.name().clone(), children.clone()))
+            .collect();
+        let outcome = for_each_cluster(
+            clusters.into_iter().map(|(cluster, _)| cluster),
+            self.concurrency,
+            timeout,
+            |cluster| {
+                let children = work.remove(cluster.name()).unwrap_or_default();
+                async move {
+                    let mut gone = Vec::new();
+                    for child in children {
+                        delete_one(&cluster, child.as_ref()).await?;
+                        gone.push(ObjectKey::of(child.as_ref()));
+                    }
+                    Ok::<_, BoxError>(gone)
+                }
+            },
+        )
+        .await;
+        let mut failures = Vec::new();
+        for (cluster, result) in outcome.outcomes {
+            match result {
+                Ok(gone) => deleted
+                    .deleted
+                    .extend(gone.into_iter().map(|key| key.in_cluster(cluster.clone()))),
+                Err(error) if unreachable(&*error) => {
+                    deleted.skipped.push((cluster, error.to_string()));
+                }
+                Err(error) => failures.push(format!("{cluster}: {error}")),
+            }
+        }
+        if !deleted.skipped.is_empty() {
+            tracing::warn!(skipped = ?deleted.skipped, "children in clusters that are down are left for the sweep when they return");
+        }
+        if failures.is_empty() {
+            Ok(deleted)
+        } else {
+            Err(format!("deleting children failed in {}", failures.join("; ")).into())
+        }
+    }
+}
+
+/// Deletes `child` in `cluster`, if it is still the same object.
+async fn delete_one<C>(cluster: &crate::Cluster, child: &C) -> Result<(), BoxError>
+where
+    C: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug,
+{
+    let resource = kube::api::ApiResource::erase::<C>(&());
+    let api = match child.namespace() {
+        Some(namespace) => Api::<kube::api::DynamicObject>::namespaced_with(
+            cluster.client(),
+            &namespace,
+            &resource,
+        ),
+        None => Api::<kube::api::DynamicObject>::all_with(cluster.client(), &resource),
+    };
+    let params = DeleteParams {
+        preconditions: child.meta().uid.clone().map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    match api.delete(&child.name_any(), &params).await {
+        Ok(_) => Ok(()),
+        // Gone already, or replaced by another object of that name.
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Whether `error` says the server gave no answer (it is down or cut off),
+/// rather than an answer that was an error.
+fn unreachable(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if let Some(kube::Error::Api(_)) = error.downcast_ref::<kube::Error>() {
+            return false;
+        }
+        next = error.source();
+    }
+    true
+}
+
+fn request_key<P: Resource<DynamicType = ()>>(request: &McRequest) -> String {
+    parent_key(
+        &request.cluster,
+        &P::group(&()),
+        &P::kind(&()),
+        request.namespace.as_deref(),
+        &request.name,
+    )
+}
