@@ -14,12 +14,13 @@ use kube::{
         reflector::Store,
     },
 };
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OnceCell};
 
 use crate::{
-    ClusterName,
+    ClusterIdentity, ClusterName, IdentityError,
     cache::{ClusterCache, NamespaceView, Watchable},
     client::{RequestStats, counting},
+    identity,
 };
 
 /// One engaged cluster: its name, a client, and its shared cache.
@@ -55,6 +56,8 @@ struct Inner {
     leaving: Notify,
     /// One event recorder per reporting controller, made on first use.
     recorders: Mutex<HashMap<Arc<str>, Recorder>>,
+    /// Read on first use, once per engagement.
+    identity: OnceCell<ClusterIdentity>,
 }
 
 impl fmt::Debug for Cluster {
@@ -62,6 +65,7 @@ impl fmt::Debug for Cluster {
         f.debug_struct("Cluster")
             .field("name", &self.inner.name)
             .field("engaged", &self.is_engaged())
+            .field("identity", &self.inner.identity.get())
             .field("cache", &self.inner.cache)
             .finish_non_exhaustive()
     }
@@ -108,6 +112,7 @@ impl Cluster {
                 left: AtomicBool::new(false),
                 leaving: Notify::new(),
                 recorders: Mutex::default(),
+                identity: OnceCell::new(),
             }),
         }
     }
@@ -164,6 +169,64 @@ impl Cluster {
         let recorder = Recorder::new(self.client(), Reporter::from(controller));
         recorders.insert(controller.into(), recorder.clone());
         recorder
+    }
+
+    /// The cluster's own ID, and the clusterset it belongs to, as the About
+    /// API (KEP-2149) defines them:
+    ///
+    /// - the ID is the `spec.value` of the cluster's `ClusterProperty`
+    ///   `cluster.clusterset.k8s.io` (`about.k8s.io/v1alpha1`) where it has
+    ///   one, else the UID of its `kube-system` namespace (see
+    ///   [`IdSource`](crate::IdSource));
+    /// - the clusterset is the `spec.value` of its `ClusterProperty`
+    ///   `clusterset.k8s.io`, if it has one.
+    ///
+    /// Where the fleet names a cluster as its provider sees it, the ID is
+    /// the same whichever provider or process engaged the cluster.
+    ///
+    /// Read through this cluster's [`client`](Self::client) on the first
+    /// call, and kept for the rest of the engagement: the ID of a cluster
+    /// in a clusterset does not change while it is a member, and a property
+    /// set or changed later is seen in the next engagement (when the fleet
+    /// engages the name again). Concurrent calls wait for one read. A
+    /// failed read is not kept: the next call reads again.
+    ///
+    /// A property that is missing, or a cluster that does not serve
+    /// `ClusterProperty` at all, is "not found" and falls back as above;
+    /// any other failure is an [`IdentityError`] naming the cluster and
+    /// what was being read, never an ID from elsewhere: a cluster whose
+    /// `ClusterProperty` the client may not read does not get its
+    /// `kube-system` UID instead. The reads are bounded by the client's own
+    /// timeouts; wrap the call in `tokio::time::timeout` for a tighter
+    /// bound.
+    ///
+    /// The reads need `get` on `namespaces` and on `clusterproperties` of
+    /// `about.k8s.io` ([`ClusterIdentity::rules`]), the second even where
+    /// the cluster does not serve `ClusterProperty`.
+    ///
+    /// A cluster that is a namespace of a host ([`of_view`](Self::of_view))
+    /// reads the host's properties and `kube-system`: every namespace of
+    /// one host has the host's identity.
+    ///
+    /// ```no_run
+    /// # async fn example(cluster: kube_fleet::Cluster) -> Result<(), kube_fleet::IdentityError> {
+    /// let identity = cluster.identity().await?;
+    /// tracing::info!(
+    ///     cluster = %cluster.name(),
+    ///     id = identity.id(),
+    ///     clusterset = identity.clusterset(),
+    ///     "engaged",
+    /// );
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn identity(&self) -> Result<ClusterIdentity, IdentityError> {
+        let inner = &self.inner;
+        inner
+            .identity
+            .get_or_try_init(|| identity::read(&inner.name, inner.client.clone()))
+            .await
+            .cloned()
     }
 
     /// Whether this engagement still holds: `false` once the fleet has
