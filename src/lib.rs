@@ -125,3 +125,8 @@ struct ReadmeDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/providers.md")]
 struct ProvidersDoctests;
+
+/// The cluster identity guide's code, compiled with the doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/identity.md")]
+struct IdentityDoctests;

@@ -16,7 +16,10 @@
 //!
 //! [`Permissions::to_yaml`] prints both as ClusterRoles, for `kubectl
 //! apply`; [`Permissions::cluster_role`] builds either as a `k8s-openapi`
-//! object, to create through the API.
+//! object, to create through the API. Rights that no watch declares (what
+//! a reconciler reads outside its watches, a cluster's
+//! [identity](crate::ClusterIdentity::rules)) are added with
+//! [`Permissions::grant`].
 //!
 //! ```
 //! use k8s_openapi::api::core::v1::{ConfigMap, Secret};
