@@ -146,13 +146,17 @@ where
             let remove = PatchOperation::Remove(RemoveOperation {
                 path: path.parse().expect("a JSON pointer"),
             });
-            patch(object_name, json_patch::Patch(vec![test, remove]))
-                .await
-                .map_err(|source| FinalizerError::Remove {
-                    finalizer: name.to_owned(),
-                    object: described,
-                    source,
-                })?;
+            let removed = patch(object_name, json_patch::Patch(vec![test, remove])).await;
+            // Gone already: a run before this one removed the finalizer.
+            let removed = match removed {
+                Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+                other => other,
+            };
+            removed.map_err(|source| FinalizerError::Remove {
+                finalizer: name.to_owned(),
+                object: described,
+                source,
+            })?;
             Ok(action)
         }
         (false, None) => {

@@ -121,6 +121,33 @@ impl Fleet {
         }
     }
 
+    /// Every cluster engaged from now on (a cluster engaged again under its
+    /// name included), as it joins: to act when the fleet grows, such as
+    /// reconciling every parent that should reach the newcomer with
+    /// [`Controller::reconcile_all_on`](crate::Controller::reconcile_all_on).
+    ///
+    /// ```no_run
+    /// # use futures::StreamExt;
+    /// # use k8s_openapi::api::core::v1::ConfigMap;
+    /// # use kube::runtime::watcher;
+    /// # use kube_fleet::{Controller, Fleet};
+    /// # fn example(fleet: &Fleet) -> Controller<ConfigMap> {
+    /// Controller::<ConfigMap>::new(fleet, watcher::Config::default())
+    ///     .reconcile_all_on(fleet.joins().map(|_| ()))
+    /// # }
+    /// ```
+    pub fn joins(&self) -> impl Stream<Item = Cluster> + Send + 'static {
+        let events = self.subscribe().events;
+        futures::stream::unfold(events, |mut events| async move {
+            loop {
+                match events.recv().await? {
+                    FleetEvent::Engaged(cluster) => return Some((cluster, events)),
+                    FleetEvent::Disengaged(_) => {}
+                }
+            }
+        })
+    }
+
     /// Engages `name` through `client`; the cluster is visible at once.
     ///
     /// Engaging a name that is engaged already replaces that cluster: the

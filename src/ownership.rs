@@ -89,7 +89,14 @@
 //! # }
 //! ```
 
-use std::{collections::BTreeMap, fmt, time::Duration};
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    fmt,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use futures::StreamExt;
 
 use kube::{
     Api, Resource, ResourceExt,
@@ -335,6 +342,9 @@ pub struct Children<C: Watchable> {
     fleet: Fleet,
     store: FleetStore<C>,
     concurrency: usize,
+    /// The parents whose children a cleanup or sweep had to skip, by the
+    /// cluster skipped.
+    pending: Arc<Mutex<HashMap<ClusterName, HashSet<McRequest>>>>,
 }
 
 impl<C: Watchable> Clone for Children<C> {
@@ -343,6 +353,7 @@ impl<C: Watchable> Clone for Children<C> {
             fleet: self.fleet.clone(),
             store: self.store.clone(),
             concurrency: self.concurrency,
+            pending: self.pending.clone(),
         }
     }
 }
@@ -372,6 +383,7 @@ where
             fleet: fleet.clone(),
             store,
             concurrency: 16,
+            pending: Arc::default(),
         }
     }
 
@@ -424,7 +436,8 @@ where
         timeout: Duration,
     ) -> Result<Deleted, BoxError> {
         let children = self.of(parent);
-        self.delete_children(children, timeout).await
+        self.delete_children(&parent.request, children, timeout)
+            .await
     }
 
     /// Deletes the children of the request's parent key whose parent is
@@ -446,15 +459,56 @@ where
         if !orphans.is_empty() {
             tracing::info!(parent = %parent.request, orphans = orphans.len(), "deleting children whose parent is gone");
         }
-        self.delete_children(orphans, Duration::from_secs(30)).await
+        self.delete_children(&parent.request, orphans, Duration::from_secs(30))
+            .await
+    }
+
+    /// The requests of parents whose cleanup skipped a cluster that is
+    /// engaged now, every `every`: give it to the parents' controller
+    /// ([`Controller::reconcile_on`](crate::Controller::reconcile_on)) so
+    /// that a cluster that was down, and came back without leaving the
+    /// fleet, is swept. Parents skipped in clusters that are no longer
+    /// engaged are forgotten: such a cluster is swept when it is engaged
+    /// again, since its children are then listed anew.
+    pub fn sweeps(
+        &self,
+        every: Duration,
+    ) -> impl futures::Stream<Item = McRequest> + Send + 'static {
+        let (fleet, pending) = (self.fleet.clone(), self.pending.clone());
+        let ticks = futures::stream::unfold((), move |()| async move {
+            tokio::time::sleep(every).await;
+            Some(((), ()))
+        });
+        ticks.flat_map(move |()| {
+            let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
+            pending.retain(|cluster, _| fleet.get(cluster).is_some());
+            let requests: Vec<McRequest> = pending.values().flatten().cloned().collect();
+            futures::stream::iter(requests)
+        })
+    }
+
+    fn record(&self, cluster: &ClusterName, parent: &McRequest, skipped: bool) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if skipped {
+            pending
+                .entry(cluster.clone())
+                .or_default()
+                .insert(parent.clone());
+        } else if let Some(parents) = pending.get_mut(cluster) {
+            parents.remove(parent);
+            if parents.is_empty() {
+                pending.remove(cluster);
+            }
+        }
     }
 
     async fn delete_children(
         &self,
+        parent: &McRequest,
         children: Vec<InCluster<C>>,
         timeout: Duration,
     ) -> Result<Deleted, BoxError> {
-        let mut by_cluster: BTreeMap<ClusterName, Vec<std::sync::Arc<C>>> = BTreeMap::new();
+        let mut by_cluster: BTreeMap<ClusterName, Vec<Arc<C>>> = BTreeMap::new();
         for child in children {
             by_cluster
                 .entry(child.cluster)
@@ -474,7 +528,7 @@ where
                 .skipped
                 .push((name, "its watch has not synced".into()));
         }
-        let mut work: std::collections::HashMap<ClusterName, Vec<std::sync::Arc<C>>> = clusters
+        let mut work: std::collections::HashMap<ClusterName, Vec<Arc<C>>> = clusters
             .iter()
             .map(|(cluster, children)| (cluster.name().clone(), children.clone()))
             .collect();
@@ -497,6 +551,9 @@ where
         .await;
         let mut failures = Vec::new();
         for (cluster, result) in outcome.outcomes {
+            if result.is_ok() {
+                self.record(&cluster, parent, false);
+            }
             match result {
                 Ok(gone) => deleted
                     .deleted
@@ -506,6 +563,9 @@ where
                 }
                 Err(error) => failures.push(format!("{cluster}: {error}")),
             }
+        }
+        for (cluster, _) in &deleted.skipped {
+            self.record(cluster, parent, true);
         }
         if !deleted.skipped.is_empty() {
             tracing::warn!(skipped = ?deleted.skipped, "children in clusters that are down are left for the sweep when they return");
