@@ -11,8 +11,6 @@ mod fanout;
 #[path = "../support/mod.rs"]
 mod support;
 
-use std::time::Duration;
-
 use fanout::{FanoutJob, FanoutJobSpec};
 use k8s_openapi::api::batch::v1::Job;
 use kube::{
@@ -52,7 +50,7 @@ async fn main() -> Result<(), BoxError> {
     );
     fanouts.create(&PostParams::default(), &hello).await?;
     for cluster in env.clusters() {
-        wait(&format!("the Job in {}", cluster.name()), || async {
+        support::wait_for(&format!("the Job in {}", cluster.name()), || async {
             Ok(Api::<Job>::namespaced(cluster.client(), "default")
                 .get_opt("hello")
                 .await?
@@ -71,7 +69,7 @@ async fn main() -> Result<(), BoxError> {
     tracing::info!("the FanoutJob is deleted: its Jobs go from every cluster");
     fanouts.delete("hello", &DeleteParams::default()).await?;
     for cluster in env.clusters() {
-        wait(&format!("the Job in {} to go", cluster.name()), || async {
+        support::wait_for(&format!("the Job in {} to go", cluster.name()), || async {
             Ok(Api::<Job>::namespaced(cluster.client(), "default")
                 .get_opt("hello")
                 .await?
@@ -79,7 +77,7 @@ async fn main() -> Result<(), BoxError> {
         })
         .await?;
     }
-    wait("the FanoutJob to go", || async {
+    support::wait_for("the FanoutJob to go", || async {
         Ok(fanouts.get_opt("hello").await?.is_none())
     })
     .await?;
@@ -93,7 +91,7 @@ async fn main() -> Result<(), BoxError> {
 }
 
 async fn print_status(fanouts: &Api<FanoutJob>, phase: &str) -> Result<(), BoxError> {
-    wait(&format!("phase {phase}"), || async {
+    support::wait_for(&format!("phase {phase}"), || async {
         let status = fanouts.get("hello").await?.status.unwrap_or_default();
         Ok(status.phase == phase)
     })
@@ -101,22 +99,4 @@ async fn print_status(fanouts: &Api<FanoutJob>, phase: &str) -> Result<(), BoxEr
     let status = fanouts.get("hello").await?.status.unwrap_or_default();
     tracing::info!(phase = %status.phase, message = %status.message, clusters = ?status.clusters, "FanoutJob hello");
     Ok(())
-}
-
-/// Waits up to a minute for `check` to hold.
-async fn wait<F, Fut>(what: &str, check: F) -> Result<(), BoxError>
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = Result<bool, BoxError>>,
-{
-    tokio::time::timeout(Duration::from_secs(60), async {
-        loop {
-            if check().await? {
-                return Ok::<_, BoxError>(());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await
-    .map_err(|_| format!("timed out waiting for {what}"))?
 }

@@ -84,3 +84,21 @@ pub fn arg(flag: &str) -> Option<String> {
 pub fn flag(flag: &str) -> bool {
     std::env::args().any(|a| a == flag)
 }
+
+/// Waits up to a minute for `check` to hold, or fails naming `what`.
+pub async fn wait_for<F, Fut>(what: &str, check: F) -> Result<(), BoxError>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<bool, BoxError>>,
+{
+    tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            if check().await? {
+                return Ok::<_, BoxError>(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .map_err(|_| format!("timed out waiting for {what}"))?
+}
