@@ -1,0 +1,176 @@
+//! Two controllers: `push`, in the hub, copies ConfigMaps labelled
+//! `kube-fleet.dev/sync=true` into every provider cluster; `revert`, in each
+//! provider cluster, puts back a copy that drifted from the hub's and deletes
+//! a copy whose hub ConfigMap is gone.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, ObjectMeta, Preconditions},
+    runtime::watcher,
+};
+use kube_fleet::{
+    Action, ClusterName, Controller, Fleet, ObjectKey, ObjectRequest,
+    apply::apply,
+    controller::{Clusters, Watch},
+    finalizer::Event,
+    fleetwide::{FleetStore, for_each_cluster},
+    ownership::{Children, PARENT_UID_LABEL, ParentRef},
+};
+use tower::{BoxError, service_fn};
+
+/// The label that asks for a hub ConfigMap to be pushed.
+pub const SYNC: &str = "kube-fleet.dev/sync";
+/// The field manager of the copies.
+const MANAGER: &str = "sync-local-to-remote";
+/// The finalizer that deletes the copies before a hub ConfigMap goes.
+pub const FINALIZER: &str = "kube-fleet.dev/sync";
+
+fn in_hub() -> Watch {
+    Watch::new(watcher::Config::default().labels(&format!("{SYNC}=true")))
+        .in_clusters(Clusters::Local)
+}
+
+fn copies() -> Watch {
+    Watch::new(watcher::Config::default().labels(PARENT_UID_LABEL)).in_clusters(Clusters::Provided)
+}
+
+/// Runs both controllers on `fleet`, whose local cluster is the hub.
+pub async fn run(fleet: Fleet) -> Result<(), BoxError> {
+    let (push, revert) = tokio::join!(push(fleet.clone()), revert(fleet));
+    push.and(revert)
+}
+
+/// The hub's controller: pushes each labelled ConfigMap to every provider
+/// cluster, and deletes the copies when it goes.
+async fn push(fleet: Fleet) -> Result<(), BoxError> {
+    let children = Children::<ConfigMap>::new(&fleet, copies());
+    let controller = Controller::<ConfigMap>::new(&fleet, in_hub())
+        .named("push")
+        .clusters(Clusters::Local)
+        .reconcile_all_on(fleet.joins().map(|_| ()))
+        .reconcile_on(children.sweeps(Duration::from_secs(5)));
+    let reconcile = move |request: ObjectRequest<ConfigMap>| {
+        let (fleet, children) = (fleet.clone(), children.clone());
+        async move {
+            if request.object.is_none() {
+                children.sweep(&request).await?;
+                return Ok(Action::await_change());
+            }
+            request
+                .finalize(FINALIZER, |event| async {
+                    match event {
+                        Event::Apply(source) => {
+                            let parent = ParentRef::of(request.cluster.name(), source.as_ref())?;
+                            let copy = copy_of(&source, &parent);
+                            let members = fleet
+                                .clusters()
+                                .into_iter()
+                                .filter(|c| !c.name().is_local());
+                            for_each_cluster(members, 8, Duration::from_secs(10), |cluster| {
+                                let copy = copy.clone();
+                                async move {
+                                    let namespace = copy.namespace().unwrap_or_default();
+                                    let api =
+                                        Api::<ConfigMap>::namespaced(cluster.client(), &namespace);
+                                    apply(&api, MANAGER, &copy).await?;
+                                    Ok(())
+                                }
+                            })
+                            .await
+                            .into_result()?;
+                        }
+                        Event::Cleanup(_) => {
+                            children.delete(&request, Duration::from_secs(10)).await?;
+                        }
+                    }
+                    Ok(Action::await_change())
+                })
+                .await
+        }
+    };
+    controller.run(service_fn(reconcile)).await?;
+    Ok(())
+}
+
+/// Each provider cluster's controller: a copy that differs from the hub's
+/// ConfigMap is put back; a copy whose hub ConfigMap is gone is deleted.
+async fn revert(fleet: Fleet) -> Result<(), BoxError> {
+    let hub = FleetStore::<ConfigMap>::new(&fleet, in_hub());
+    let controller = Controller::<ConfigMap>::new(&fleet, copies())
+        .named("revert")
+        .clusters(Clusters::Provided);
+    let reconcile = move |request: ObjectRequest<ConfigMap>| {
+        let hub = hub.clone();
+        async move {
+            let Some(copy) = &request.object else {
+                return Ok(Action::await_change());
+            };
+            let Some(Ok(parent)) = ParentRef::of_child(copy.as_ref()) else {
+                return Ok(Action::await_change()); // not a copy of ours
+            };
+            // Until the hub's ConfigMaps are known, nothing is proven.
+            if hub.in_cluster(parent.cluster.as_str()).is_none() || !hub.unsynced().is_empty() {
+                return Ok(Action::requeue(Duration::from_secs(1)));
+            }
+            let key = ObjectKey::new(parent.namespace.clone(), parent.name.clone());
+            let api = Api::<ConfigMap>::namespaced(
+                request.cluster.client(),
+                &copy.namespace().unwrap_or_default(),
+            );
+            match hub.get(parent.cluster.as_str(), &key) {
+                Some(source) if source.metadata.uid.as_deref() == Some(parent.uid.as_str()) => {
+                    if copy.data != source.data || copy.binary_data != source.binary_data {
+                        tracing::info!(%request, "drifted from the hub: putting it back");
+                        apply(&api, MANAGER, &copy_of(&source, &parent)).await?;
+                    }
+                }
+                _ => {
+                    tracing::info!(%request, "its hub ConfigMap is gone: deleting it");
+                    let params = DeleteParams {
+                        preconditions: copy.metadata.uid.clone().map(|uid| Preconditions {
+                            uid: Some(uid),
+                            resource_version: None,
+                        }),
+                        ..DeleteParams::default()
+                    };
+                    match api.delete(&copy.name_any(), &params).await {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                        Err(error) => return Err(error.into()),
+                    }
+                }
+            }
+            Ok::<_, BoxError>(Action::await_change())
+        }
+    };
+    controller.run(service_fn(reconcile)).await?;
+    Ok(())
+}
+
+/// The copy of a hub ConfigMap: same name, namespace and data, marked as
+/// its child.
+pub fn copy_of(source: &ConfigMap, parent: &ParentRef) -> ConfigMap {
+    let mut copy = ConfigMap {
+        metadata: ObjectMeta {
+            name: source.metadata.name.clone(),
+            namespace: source.metadata.namespace.clone(),
+            ..ObjectMeta::default()
+        },
+        data: source.data.clone(),
+        binary_data: source.binary_data.clone(),
+        immutable: None,
+    };
+    parent.adopt(&mut copy);
+    copy
+}
+
+/// The name the hub has in the fleet.
+pub fn hub() -> ClusterName {
+    ClusterName::local()
+}
