@@ -130,3 +130,14 @@ struct ProvidersDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/identity.md")]
 struct IdentityDoctests;
+
+/// The controller patterns chapter's code, compiled with the doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/patterns.md")]
+struct PatternsDoctests;
+
+/// The cross-cluster mapping and ownership chapter's code, compiled with the
+/// doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/cross-cluster.md")]
+struct CrossClusterDoctests;

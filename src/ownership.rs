@@ -62,7 +62,7 @@
 //!             return Ok(Action::await_change());
 //!         }
 //!         request
-//!             .finalize("example.com/copies", |event| async move {
+//!             .finalize("example.com/copies", |event| async {
 //!                 match event {
 //!                     Event::Apply(parent) => {
 //!                         let parent_ref = ParentRef::of(request.cluster.name(), parent.as_ref())?;
