@@ -141,3 +141,46 @@ struct PatternsDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/cross-cluster.md")]
 struct CrossClusterDoctests;
+
+/// The book's introduction, compiled with the doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/introduction.md")]
+struct IntroductionDoctests;
+
+/// The getting-started chapter's code, compiled with the doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/getting-started.md")]
+struct GettingStartedDoctests;
+
+/// The core concepts chapter's code, compiled with the doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/concepts.md")]
+struct ConceptsDoctests;
+
+/// The testing chapter's code, compiled with the doc tests (the unit tests
+/// there run).
+#[cfg(doctest)]
+#[doc = include_str!("../docs/testing.md")]
+struct TestingDoctests;
+
+/// The credentials chapter's code, compiled with the doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/credentials.md")]
+struct CredentialsDoctests;
+
+/// The contributing chapter, checked with the doc tests (its blocks are
+/// shell and text).
+#[cfg(doctest)]
+#[doc = include_str!("../docs/contributing.md")]
+struct ContributingDoctests;
+
+/// The layers chapter's code, compiled with the doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/layers.md")]
+struct LayersDoctests;
+
+/// The benchmarks chapter, checked with the doc tests (its blocks are
+/// shell).
+#[cfg(doctest)]
+#[doc = include_str!("../docs/benchmarks.md")]
+struct BenchmarksDoctests;
