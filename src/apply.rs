@@ -3,7 +3,11 @@
 //!
 //! - [`apply`] applies an object as a field manager, forcing ownership of
 //!   the fields it sets, after dropping what a server-side apply must not
-//!   carry (an object read back from the API server can be applied as is).
+//!   carry (its version, UID, managed fields, status). Build the object
+//!   with only the fields your controller means to own: applying an object
+//!   read from the cache would take every field it holds (other
+//!   controllers' labels and finalizers among them), and fields you own
+//!   stay as you applied them until you apply without them.
 //! - [`apply_status`] applies only the status subresource: the body is made
 //!   from the type's API version and kind, the name and the status you give.
 //! - [`set_condition`] adds or updates a `metav1.Condition` in a list,
@@ -43,9 +47,10 @@ use serde_json::{Value, json};
 /// Applies `object` through `api` as `manager` (server-side apply, forcing
 /// conflicts: the manager takes the fields it sets). `metadata.managedFields`,
 /// `resourceVersion`, `uid`, `creationTimestamp`, `generation` and `status`
-/// are dropped first, so that an object read from the cache can be changed
-/// and applied; apply the status with [`apply_status`]. Returns the object
-/// as the server has it after the apply.
+/// are dropped first; apply the status with [`apply_status`]. Build
+/// `object` with only the fields the manager owns (see the
+/// [module docs](self)). Returns the object as the server has it after the
+/// apply.
 pub async fn apply<K>(api: &Api<K>, manager: &str, object: &K) -> Result<K, kube::Error>
 where
     K: Resource + Serialize + Clone + DeserializeOwned + Debug,

@@ -56,7 +56,9 @@ use crate::{Action, ObjectRequest};
 pub enum Event<K> {
     /// The object exists and carries the finalizer: make the world match it.
     Apply(Arc<K>),
-    /// The object is being deleted: undo what it made. The finalizer is
+    /// The object is being deleted (or, with
+    /// [`finalize_if`](crate::ObjectRequest::finalize_if), is no longer the
+    /// reconciler's): undo what it made. The finalizer is
     /// removed once this succeeds; on an error it stays, and the cleanup
     /// is retried.
     Cleanup(Arc<K>),
@@ -110,14 +112,16 @@ where
             .await
             .map(drop)
     };
-    run(patch, name, object, reconcile).await
+    run(patch, name, object, true, reconcile).await
 }
 
-/// [`finalizer`], writing through `patch`.
+/// [`finalizer`], writing through `patch`; an object that is not `wanted`
+/// is treated as one being deleted.
 async fn run<K, F, Fut, P, PFut>(
     patch: P,
     name: &str,
     object: Arc<K>,
+    wanted: bool,
     reconcile: F,
 ) -> Result<Action, BoxError>
 where
@@ -132,7 +136,7 @@ where
     let Some(object_name) = object.meta().name.clone() else {
         return Err(FinalizerError::Unnamed(described).into());
     };
-    let deleting = object.meta().deletion_timestamp.is_some();
+    let deleting = object.meta().deletion_timestamp.is_some() || !wanted;
     let place = object.finalizers().iter().position(|f| f == name);
     match (deleting, place) {
         (false, Some(_)) => reconcile(Event::Apply(object)).await,
@@ -216,7 +220,52 @@ where
     /// Runs `reconcile` on the request's object under the finalizer `name`,
     /// written through the request's cluster: see [`finalizer`]. With no
     /// object (deleted, or no longer matched by the watch) it does nothing.
+    ///
+    /// A watch with a label or field selector tells an object that stops
+    /// matching as deleted, so its reconcile has no object, and a finalizer
+    /// it carries stays: the object can then never be deleted. Watch such
+    /// objects without the selector, and say which are the reconciler's
+    /// with [`finalize_if`](Self::finalize_if).
     pub async fn finalize<F, Fut>(&self, name: &str, reconcile: F) -> Result<Action, BoxError>
+    where
+        F: FnOnce(Event<K>) -> Fut,
+        Fut: Future<Output = Result<Action, BoxError>>,
+    {
+        self.finalize_if(true, name, reconcile).await
+    }
+
+    /// [`finalize`](Self::finalize) for an object that is the reconciler's
+    /// only while `wanted` (it carries a label, say): while it is, as
+    /// `finalize`; once it is not, an object that carries the finalizer is
+    /// cleaned up ([`Event::Cleanup`]) and the finalizer removed, as if it
+    /// were being deleted, and one that does not carry it is left alone.
+    ///
+    /// ```no_run
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube::ResourceExt;
+    /// use kube_fleet::{Action, ObjectRequest, finalizer::Event};
+    /// use tower::BoxError;
+    ///
+    /// async fn reconcile(request: ObjectRequest<ConfigMap>) -> Result<Action, BoxError> {
+    ///     let wanted = request.object.as_ref().is_some_and(|cm| cm.labels().contains_key("copy"));
+    ///     request
+    ///         .finalize_if(wanted, "example.com/copies", |event| async move {
+    ///             match event {
+    ///                 Event::Apply(_) => { /* make the copies */ }
+    ///                 Event::Cleanup(_) => { /* delete them: deleted, or no longer labelled */ }
+    ///             }
+    ///             Ok(Action::await_change())
+    ///         })
+    ///         .await
+    /// }
+    /// # drop(tower::service_fn(reconcile));
+    /// ```
+    pub async fn finalize_if<F, Fut>(
+        &self,
+        wanted: bool,
+        name: &str,
+        reconcile: F,
+    ) -> Result<Action, BoxError>
     where
         F: FnOnce(Event<K>) -> Fut,
         Fut: Future<Output = Result<Action, BoxError>>,
@@ -243,6 +292,6 @@ where
                 .map(drop)
             }
         };
-        run(patch, name, object, reconcile).await
+        run(patch, name, object, wanted, reconcile).await
     }
 }

@@ -23,23 +23,28 @@
 //! deletes in every engaged cluster whose API server answers within its
 //! timeout, and reports the others as skipped (not engaged, not synced, or
 //! no answer) rather than failing; a server that answers with an error
-//! (forbidden, a conflict, a server error) fails the cleanup, which is then
-//! retried, so a cluster that is up is never left with orphans. The parent's
-//! deletion is recorded where it cannot be lost: each child carries its
-//! parent's UID, and a parent that no longer exists under that UID proves
-//! the child an orphan. When a skipped cluster comes back (is engaged
-//! again, or its watch lists again), its children are listed, each maps to
-//! its parent's key, and the parent's reconcile finds no parent and calls
-//! [`Children::sweep`], which deletes them. This holds across restarts of
-//! the controller, since nothing is kept in memory. A child whose parent's
-//! cluster is not engaged is left alone until it is: nothing can tell
-//! whether its parent still exists.
+//! (forbidden, a server error) fails the cleanup, which is then retried, so
+//! a cluster that is up is never left with orphans. The parent's deletion is
+//! recorded where it cannot be lost: each child carries its parent's UID,
+//! and a parent that no longer exists under that UID proves the child an
+//! orphan. A skipped child is deleted by [`Children::sweep`] in the parent's
+//! reconcile, which runs again for it:
+//!
+//! - when its cluster is engaged again (by its provider, or after a restart)
+//!   or is served for the first time: the controller is told of every child
+//!   there, and each wakes its parent;
+//! - when its cluster stayed engaged and answers again:
+//!   [`Children::sweeps`] asks for the parent again until a cleanup or sweep
+//!   reaches that cluster (wire it with `reconcile_on`).
+//!
+//! A child whose parent's cluster is not engaged is left alone until it is:
+//! nothing can tell whether its parent still exists.
 //!
 //! ```no_run
 //! use std::time::Duration;
 //!
 //! use k8s_openapi::api::core::v1::ConfigMap;
-//! use kube::{Api, api::{Patch, PatchParams}, runtime::watcher};
+//! use kube::{Api, ResourceExt, api::{Patch, PatchParams}, runtime::watcher};
 //! use kube_fleet::{
 //!     Action, Controller, Fleet, ObjectRequest,
 //!     controller::{Clusters, Watch},
@@ -49,11 +54,15 @@
 //! use tower::BoxError;
 //!
 //! # async fn example(fleet: Fleet) -> Result<(), BoxError> {
-//! // Parents: ConfigMaps in the local cluster. Children: copies in the members.
-//! let children = Children::<ConfigMap>::new(&fleet, Watch::new(watcher::Config::default()).in_clusters(Clusters::Provided));
-//! let controller = Controller::<ConfigMap>::new(&fleet, Watch::new(watcher::Config::default().labels("copy=yes")))
+//! // Parents: ConfigMaps labelled `copy=yes` in the local cluster (watched
+//! // without a selector, so that one whose label goes is seen and released).
+//! // Children: their copies in the members, labelled `copy-of-hub=yes`.
+//! let copies = Watch::new(watcher::Config::default().labels("copy-of-hub=yes")).in_clusters(Clusters::Provided);
+//! let children = Children::<ConfigMap>::new(&fleet, copies.clone());
+//! let controller = Controller::<ConfigMap>::new(&fleet, Watch::new(watcher::Config::default()))
 //!     .clusters(Clusters::Local)
-//!     .owns_across::<ConfigMap>(Watch::new(watcher::Config::default()).in_clusters(Clusters::Provided));
+//!     .owns_across::<ConfigMap>(copies) // a copy changed or deleted wakes its parent
+//!     .reconcile_on(children.sweeps(Duration::from_secs(30))); // members that were down
 //! let reconcile = move |request: ObjectRequest<ConfigMap>| {
 //!     let (children, fleet) = (children.clone(), fleet.clone());
 //!     async move {
@@ -61,14 +70,17 @@
 //!             children.sweep(&request).await?; // the parent is gone: its orphans go too
 //!             return Ok(Action::await_change());
 //!         }
+//!         let wanted = request.object.as_ref().is_some_and(|p| p.labels().get("copy").is_some_and(|v| v == "yes"));
 //!         request
-//!             .finalize("example.com/copies", |event| async {
+//!             .finalize_if(wanted, "example.com/copies", |event| async {
 //!                 match event {
 //!                     Event::Apply(parent) => {
+//!                         children.sweep(&request).await?; // copies of an earlier parent of this name
 //!                         let parent_ref = ParentRef::of(request.cluster.name(), parent.as_ref())?;
 //!                         for member in fleet.clusters().iter().filter(|c| !c.name().is_local()) {
 //!                             let mut copy = ConfigMap { data: parent.data.clone(), ..Default::default() };
 //!                             copy.metadata.name = parent.metadata.name.clone();
+//!                             copy.labels_mut().insert("copy-of-hub".into(), "yes".into());
 //!                             parent_ref.adopt(&mut copy);
 //!                             Api::<ConfigMap>::namespaced(member.client(), "default")
 //!                                 .patch(copy.metadata.name.as_deref().unwrap(), &PatchParams::apply("copier").force(), &Patch::Apply(&copy))
@@ -107,7 +119,7 @@ use tower::BoxError;
 
 use crate::{
     ClusterName, Fleet, McRequest, ObjectKey, ObjectRequest,
-    cache::Watchable,
+    cache::{WatchState, Watchable},
     controller::Watch,
     fleetwide::{FleetStore, InCluster, for_each_cluster},
 };
@@ -119,9 +131,6 @@ pub const PARENT_ANNOTATION: &str = "kube-fleet.dev/parent";
 
 /// The label on a child that holds its parent's UID.
 pub const PARENT_UID_LABEL: &str = "kube-fleet.dev/parent-uid";
-
-/// The name of the index a [`Children`] store keeps, by parent key.
-const BY_PARENT: &str = "kube-fleet.dev/parent";
 
 /// A parent in some cluster, as its children in other clusters name it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -327,8 +336,8 @@ pub struct Deleted {
     /// The children deleted (or found gone already), each as the request
     /// for it in its cluster.
     pub deleted: Vec<McRequest>,
-    /// The clusters skipped, and why: they will be swept when they are
-    /// engaged again or list again.
+    /// The clusters skipped, and why (see the [module docs](self) for when
+    /// they are swept).
     pub skipped: Vec<(ClusterName, String)>,
 }
 
@@ -371,17 +380,12 @@ where
     C: Watchable<DynamicType = ()> + serde::Serialize,
 {
     /// The children of type `C`, watched as `watch` says (by default in
-    /// every cluster). Create it inside a tokio runtime.
+    /// every cluster). Panics if the watch is built wrong, as
+    /// [`FleetStore::new`] does. Create it inside a tokio runtime.
     pub fn new(fleet: &Fleet, watch: impl Into<Watch>) -> Self {
-        let store = FleetStore::<C>::new(fleet, watch).with_index(BY_PARENT, |child: &C| {
-            match ParentRef::of_child(child) {
-                Some(Ok(parent)) => vec![parent.key()],
-                _ => Vec::new(),
-            }
-        });
         Self {
             fleet: fleet.clone(),
-            store,
+            store: FleetStore::<C>::new(fleet, watch),
             concurrency: 16,
             pending: Arc::default(),
         }
@@ -401,16 +405,39 @@ where
 
     /// Every child that names the request's object as its parent (by
     /// cluster, kind, namespace and name), whatever UID it names, in every
+    /// cluster the store reads, each with the parent reference it carries.
+    /// Read from the clusters' stores as they are now: a child that the
+    /// controller has heard of is there.
+    fn named_by<P: Resource<DynamicType = ()>>(
+        &self,
+        parent: &McRequest,
+    ) -> Vec<(InCluster<C>, ParentRef)> {
+        let key = request_key::<P>(parent);
+        self.store
+            .list()
+            .into_iter()
+            .filter_map(|child| match ParentRef::of_child(child.object.as_ref()) {
+                Some(Ok(named)) if named.key() == key => Some((child, named)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Every child that names the request's object as its parent (by
+    /// cluster, kind, namespace and name), whatever UID it names, in every
     /// cluster the store reads.
     pub fn of<P: Resource<DynamicType = ()>>(
         &self,
         parent: &ObjectRequest<P>,
     ) -> Vec<InCluster<C>> {
-        let key = request_key::<P>(&parent.request);
-        self.store.indexed(BY_PARENT, &key).unwrap_or_default()
+        self.named_by::<P>(&parent.request)
+            .into_iter()
+            .map(|(child, _)| child)
+            .collect()
     }
 
-    /// The children of the request's object as it is now (same UID).
+    /// The children of the request's object as it is now (the UID they
+    /// name is its UID).
     pub fn owned<P: Resource<DynamicType = ()>>(
         &self,
         parent: &ObjectRequest<P>,
@@ -418,18 +445,19 @@ where
         let Some(uid) = parent.object.as_ref().and_then(|p| p.meta().uid.clone()) else {
             return Vec::new();
         };
-        self.of(parent)
+        self.named_by::<P>(&parent.request)
             .into_iter()
-            .filter(|child| child.object.labels().get(PARENT_UID_LABEL) == Some(&uid))
+            .filter(|(_, named)| named.uid == uid)
+            .map(|(child, _)| child)
             .collect()
     }
 
     /// Deletes every child of the request's object, for its finalizer's
-    /// cleanup: in each engaged cluster whose watch of `C` has synced, each
-    /// child that names the parent, bounded by `timeout` per cluster.
-    /// Clusters that are not engaged, have not synced or do not answer are
-    /// skipped and reported (they are swept when they come back); an
-    /// error from a server that answers fails the whole call, to be retried.
+    /// cleanup, in every engaged cluster the store reads, bounded by
+    /// `timeout` per cluster. A cluster that is not engaged, whose watch
+    /// has not synced, or that gives no answer is skipped and reported, not
+    /// waited for (see the [module docs](self) for how it is swept later);
+    /// an error from a server that answers fails the call, to be retried.
     pub async fn delete<P: Resource<DynamicType = ()>>(
         &self,
         parent: &ObjectRequest<P>,
@@ -443,18 +471,18 @@ where
     /// Deletes the children of the request's parent key whose parent is
     /// gone: all of them when the request has no object, else those that
     /// name another UID (a parent deleted and made again). For the parent's
-    /// reconcile; returns what it did, as [`delete`](Self::delete) does.
+    /// reconcile; skips clusters as [`delete`](Self::delete) does, with a
+    /// timeout of 30 s per cluster.
     pub async fn sweep<P: Resource<DynamicType = ()>>(
         &self,
         parent: &ObjectRequest<P>,
     ) -> Result<Deleted, BoxError> {
         let uid = parent.object.as_ref().and_then(|p| p.meta().uid.clone());
         let orphans: Vec<_> = self
-            .of(parent)
+            .named_by::<P>(&parent.request)
             .into_iter()
-            .filter(|child| {
-                uid.is_none() || child.object.labels().get(PARENT_UID_LABEL) != uid.as_ref()
-            })
+            .filter(|(_, named)| uid.as_ref() != Some(&named.uid))
+            .map(|(child, _)| child)
             .collect();
         if !orphans.is_empty() {
             tracing::info!(parent = %parent.request, orphans = orphans.len(), "deleting children whose parent is gone");
@@ -463,13 +491,16 @@ where
             .await
     }
 
-    /// The requests of parents whose cleanup skipped a cluster that is
-    /// engaged now, every `every`: give it to the parents' controller
+    /// The requests of parents whose cleanup or sweep found a cluster that
+    /// gave no answer, every `every`, while that cluster stays engaged: give
+    /// it to the parents' controller
     /// ([`Controller::reconcile_on`](crate::Controller::reconcile_on)) so
-    /// that a cluster that was down, and came back without leaving the
-    /// fleet, is swept. Parents skipped in clusters that are no longer
-    /// engaged are forgotten: such a cluster is swept when it is engaged
-    /// again, since its children are then listed anew.
+    /// that a cluster that was down, and answers again without leaving the
+    /// fleet, is swept. A parent is asked for until a cleanup or sweep
+    /// reaches that cluster; a cluster that leaves is forgotten here (when
+    /// it is engaged again its children are listed anew, and each wakes its
+    /// parent). The record is in memory: after a restart every cluster is
+    /// engaged anew, which covers it.
     pub fn sweeps(
         &self,
         every: Duration,
@@ -485,6 +516,12 @@ where
             let requests: Vec<McRequest> = pending.values().flatten().cloned().collect();
             futures::stream::iter(requests)
         })
+    }
+
+    /// How many parents wait for a sweep of a cluster that gave no answer.
+    pub fn pending(&self) -> usize {
+        let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        pending.values().map(HashSet::len).sum()
     }
 
     fn record(&self, cluster: &ClusterName, parent: &McRequest, skipped: bool) {
@@ -508,6 +545,25 @@ where
         children: Vec<InCluster<C>>,
         timeout: Duration,
     ) -> Result<Deleted, BoxError> {
+        let mut deleted = Deleted::default();
+        // Clusters whose children are not all known: reported, not recorded,
+        // since their children are listed to the controller once they are
+        // served (a first sync, or an engagement anew) and each wakes its
+        // parent then.
+        let read: HashMap<ClusterName, WatchState> = self.store.clusters().into_iter().collect();
+        for cluster in self.fleet.clusters() {
+            let name = cluster.name();
+            if !self.store.reads(name) {
+                continue;
+            }
+            match read.get(name) {
+                None => deleted.skipped.push((name.clone(), "not read yet".into())),
+                Some(state) if *state != WatchState::Synced => deleted
+                    .skipped
+                    .push((name.clone(), "its watch has not synced".into())),
+                Some(_) => {}
+            }
+        }
         let mut by_cluster: BTreeMap<ClusterName, Vec<Arc<C>>> = BTreeMap::new();
         for child in children {
             by_cluster
@@ -515,7 +571,6 @@ where
                 .or_default()
                 .push(child.object);
         }
-        let mut deleted = Deleted::default();
         let mut clusters = Vec::new();
         for (name, children) in by_cluster {
             match self.fleet.get(&name) {
@@ -523,12 +578,7 @@ where
                 None => deleted.skipped.push((name, "not engaged".into())),
             }
         }
-        for name in self.store.unsynced() {
-            deleted
-                .skipped
-                .push((name, "its watch has not synced".into()));
-        }
-        let mut work: std::collections::HashMap<ClusterName, Vec<Arc<C>>> = clusters
+        let mut work: HashMap<ClusterName, Vec<Arc<C>>> = clusters
             .iter()
             .map(|(cluster, children)| (cluster.name().clone(), children.clone()))
             .collect();
@@ -550,25 +600,31 @@ where
         )
         .await;
         let mut failures = Vec::new();
+        let mut unanswered = HashSet::new();
         for (cluster, result) in outcome.outcomes {
-            if result.is_ok() {
-                self.record(&cluster, parent, false);
-            }
             match result {
                 Ok(gone) => deleted
                     .deleted
                     .extend(gone.into_iter().map(|key| key.in_cluster(cluster.clone()))),
                 Err(error) if unreachable(&*error) => {
+                    unanswered.insert(cluster.clone());
                     deleted.skipped.push((cluster, error.to_string()));
                 }
                 Err(error) => failures.push(format!("{cluster}: {error}")),
             }
         }
-        for (cluster, _) in &deleted.skipped {
+        // Every synced cluster that answered (or had nothing to delete) is
+        // done for this parent; those that gave no answer wait for a sweep.
+        for (cluster, state) in &read {
+            if *state == WatchState::Synced && !unanswered.contains(cluster) {
+                self.record(cluster, parent, false);
+            }
+        }
+        for cluster in &unanswered {
             self.record(cluster, parent, true);
         }
         if !deleted.skipped.is_empty() {
-            tracing::warn!(skipped = ?deleted.skipped, "children in clusters that are down are left for the sweep when they return");
+            tracing::warn!(parent = %parent, skipped = ?deleted.skipped, "children in clusters that are down are left for a sweep when they return");
         }
         if failures.is_empty() {
             Ok(deleted)

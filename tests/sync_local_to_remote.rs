@@ -5,12 +5,12 @@ mod sync;
 
 use std::{future::Future, time::Duration};
 
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::{
     Api,
     api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
 };
-use kube_fleet::{Fleet, provider::ProgrammaticProvider};
+use kube_fleet::{Fleet, ownership::ParentRef, provider::ProgrammaticProvider};
 use kube_fleet_envtest::Envtest;
 use serde_json::json;
 
@@ -54,6 +54,12 @@ fn settings(mode: &str) -> ConfigMap {
         data: Some([("mode".to_owned(), mode.to_owned())].into()),
         ..ConfigMap::default()
     }
+}
+
+fn named(name: &str) -> ConfigMap {
+    let mut config_map = settings("fast");
+    config_map.metadata.name = Some(name.into());
+    config_map
 }
 
 #[tokio::test]
@@ -126,4 +132,108 @@ async fn labelled_config_maps_reach_every_remote_drift_is_reverted_and_deletion_
     link.restore();
     all_hold(&[api(1)], None, "edge-1's copy to go").await;
     controllers.abort();
+}
+
+async fn setup() -> (Envtest, Fleet) {
+    let env = Envtest::start(2).await.unwrap();
+    let fleet = Fleet::new();
+    fleet.engage(sync::hub(), env.clusters()[0].client());
+    let (provider, remotes) = ProgrammaticProvider::new();
+    tokio::spawn({
+        let fleet = fleet.clone();
+        async move { fleet.run(provider).await }
+    });
+    remotes.add("edge-1", env.clusters()[1].client());
+    tokio::spawn(async move {
+        futures::future::pending::<()>().await;
+        drop(remotes)
+    });
+    tokio::spawn(sync::run(fleet.clone()));
+    (env, fleet)
+}
+
+/// A hub ConfigMap whose label is removed has its copies deleted and its
+/// finalizer released, so it can be deleted.
+#[tokio::test]
+async fn unlabelling_then_deleting_a_hub_config_map_completes() {
+    let (env, _fleet) = setup().await;
+    let hub = Api::<ConfigMap>::namespaced(env.clusters()[0].client(), "default");
+    let edge = Api::<ConfigMap>::namespaced(env.clusters()[1].client(), "default");
+    hub.create(&PostParams::default(), &named("a"))
+        .await
+        .unwrap();
+    eventually("copy", || async {
+        edge.get_opt("a").await.unwrap().is_some()
+    })
+    .await;
+    hub.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {sync::SYNC: null}}})),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    hub.delete("a", &DeleteParams::default()).await.unwrap();
+    eventually("the unlabelled hub ConfigMap to go", || async {
+        hub.get_opt("a").await.unwrap().is_none()
+    })
+    .await;
+}
+
+/// A ConfigMap in a remote that another controller made for a parent of
+/// another kind (a Secret in the hub) is left alone.
+#[tokio::test]
+async fn revert_leaves_other_parents_children_alone() {
+    let (env, _fleet) = setup().await;
+    let hub_secrets = Api::<Secret>::namespaced(env.clusters()[0].client(), "default");
+    let edge = Api::<ConfigMap>::namespaced(env.clusters()[1].client(), "default");
+    let secret = hub_secrets
+        .create(
+            &PostParams::default(),
+            &Secret {
+                metadata: ObjectMeta {
+                    name: Some("creds".into()),
+                    ..ObjectMeta::default()
+                },
+                ..Secret::default()
+            },
+        )
+        .await
+        .unwrap();
+    let parent = ParentRef::of(&sync::hub(), &secret).unwrap();
+    let mut child = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("creds-info".into()),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    };
+    parent.adopt(&mut child);
+    edge.create(&PostParams::default(), &child).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        edge.get_opt("creds-info").await.unwrap().is_some(),
+        "revert deleted a child of a hub Secret that the sync controller never made"
+    );
+}
+
+/// A copy deleted by hand in a remote is made again.
+#[tokio::test]
+async fn a_copy_deleted_by_hand_comes_back() {
+    let (env, _fleet) = setup().await;
+    let hub = Api::<ConfigMap>::namespaced(env.clusters()[0].client(), "default");
+    let edge = Api::<ConfigMap>::namespaced(env.clusters()[1].client(), "default");
+    hub.create(&PostParams::default(), &named("b"))
+        .await
+        .unwrap();
+    eventually("copy", || async {
+        edge.get_opt("b").await.unwrap().is_some()
+    })
+    .await;
+    edge.delete("b", &DeleteParams::default()).await.unwrap();
+    eventually("the copy to come back", || async {
+        edge.get_opt("b").await.unwrap().is_some()
+    })
+    .await;
 }

@@ -17,8 +17,9 @@ use kube::{
     runtime::watcher,
 };
 use kube_fleet::{
-    Action, Cluster, Controller, Fleet, ObjectRequest,
+    Action, Cluster, ClusterName, Controller, Fleet, ObjectRequest,
     apply::apply_status,
+    cache::WatchState,
     controller::{Clusters, Watch},
     finalizer::Event,
     fleetwide::for_each_cluster,
@@ -129,10 +130,25 @@ async fn apply(
 ) -> Result<Action, BoxError> {
     let parent = ParentRef::of(request.cluster.name(), fanout.as_ref())?;
     let namespace = fanout.namespace().unwrap_or_default();
+    // Jobs of an earlier FanoutJob of this name go first.
+    children.sweep(request).await?;
     let existing = children.owned(request);
+    // Clusters whose Jobs are not all known yet (just joined, say) keep
+    // their last state, and get their Job once they are.
+    let known: Vec<ClusterName> = children
+        .store()
+        .clusters()
+        .into_iter()
+        .filter(|(_, state)| *state == WatchState::Synced)
+        .map(|(name, _)| name)
+        .collect();
+    let previous = fanout.status.clone().unwrap_or_default();
     let job = job(fanout, &parent);
     // Create the Job where it is missing; a Job's template cannot change.
-    let mut clusters = fleet.clusters();
+    let (mut clusters, unknown): (Vec<Cluster>, Vec<Cluster>) = fleet
+        .clusters()
+        .into_iter()
+        .partition(|cluster| known.contains(cluster.name()));
     clusters.sort_by(|a, b| a.name().cmp(b.name()));
     let created = for_each_cluster(clusters, 8, Duration::from_secs(10), |cluster| {
         let has = existing
@@ -186,6 +202,19 @@ async fn apply(
         };
         status.clusters.insert(label, state);
     }
+    for cluster in &unknown {
+        let label = shown(cluster);
+        let last = previous.clusters.get(&label).cloned();
+        let state = last.unwrap_or_else(|| "Unknown".to_owned());
+        match state.as_str() {
+            "Failed" => failed.push(label.clone()),
+            "Complete" => {}
+            _ => running.push(label.clone()),
+        }
+        status.clusters.insert(label, state);
+    }
+    failed.sort();
+    running.sort();
     (status.phase, status.message) = if !failed.is_empty() {
         (
             "Error".into(),
@@ -209,7 +238,11 @@ async fn apply(
         let api = Api::<FanoutJob>::namespaced(request.cluster.client(), &namespace);
         apply_status(&api, MANAGER, &fanout.name_any(), &status).await?;
     }
-    Ok(Action::await_change())
+    if unknown.is_empty() {
+        Ok(Action::await_change())
+    } else {
+        Ok(Action::requeue(Duration::from_secs(1)))
+    }
 }
 
 /// The Job a `FanoutJob` asks for, marked as its child.

@@ -81,11 +81,17 @@ async fn reconcile(
         }
         (Some(source), Some(mirror)) => {
             let want = mirror_of(&source);
-            if mirror.type_ != want.type_ {
-                // A Secret's type cannot change: make it anew.
+            let frozen = mirror.immutable == Some(true)
+                && (mirror.data != want.data || mirror.immutable != want.immutable);
+            if mirror.type_ != want.type_ || frozen {
+                // A Secret's type cannot change, nor an immutable one's
+                // data: make it anew.
                 delete(&api, mirror).await?;
                 api.create(&PostParams::default(), &want).await?;
-            } else if mirror.data != want.data || mirror.string_data.is_some() {
+            } else if mirror.data != want.data
+                || mirror.immutable != want.immutable
+                || mirror.string_data.is_some()
+            {
                 // Changed at the source, or edited by hand: put it back.
                 let mut put = want;
                 put.metadata.resource_version = mirror.resource_version();

@@ -20,7 +20,7 @@ use kube_fleet::{
     controller::{Clusters, Watch},
     finalizer::Event,
     fleetwide::{FleetStore, for_each_cluster},
-    ownership::{Children, PARENT_UID_LABEL, ParentRef},
+    ownership::{Children, ParentRef},
 };
 use tower::{BoxError, service_fn};
 
@@ -31,13 +31,23 @@ const MANAGER: &str = "sync-local-to-remote";
 /// The finalizer that deletes the copies before a hub ConfigMap goes.
 pub const FINALIZER: &str = "kube-fleet.dev/sync";
 
+/// The label on every copy.
+pub const COPY: &str = "kube-fleet.dev/sync-copy";
+
+/// The hub's ConfigMaps, all of them: one whose label is removed must still
+/// be seen, to delete its copies and release its finalizer.
 fn in_hub() -> Watch {
-    Watch::new(watcher::Config::default().labels(&format!("{SYNC}=true")))
-        .in_clusters(Clusters::Local)
+    Watch::new(watcher::Config::default()).in_clusters(Clusters::Local)
+}
+
+/// Whether a hub ConfigMap asks to be pushed.
+fn wanted(source: &ConfigMap) -> bool {
+    source.labels().get(SYNC).is_some_and(|v| v == "true")
 }
 
 fn copies() -> Watch {
-    Watch::new(watcher::Config::default().labels(PARENT_UID_LABEL)).in_clusters(Clusters::Provided)
+    Watch::new(watcher::Config::default().labels(&format!("{COPY}=true")))
+        .in_clusters(Clusters::Provided)
 }
 
 /// Runs both controllers on `fleet`, whose local cluster is the hub.
@@ -53,6 +63,8 @@ async fn push(fleet: Fleet) -> Result<(), BoxError> {
     let controller = Controller::<ConfigMap>::new(&fleet, in_hub())
         .named("push")
         .clusters(Clusters::Local)
+        // A copy changed or deleted by hand wakes its hub ConfigMap.
+        .owns_across::<ConfigMap>(copies())
         .reconcile_all_on(fleet.joins().map(|_| ()))
         .reconcile_on(children.sweeps(Duration::from_secs(5)));
     let reconcile = move |request: ObjectRequest<ConfigMap>| {
@@ -62,8 +74,9 @@ async fn push(fleet: Fleet) -> Result<(), BoxError> {
                 children.sweep(&request).await?;
                 return Ok(Action::await_change());
             }
+            let asked = request.object.as_deref().is_some_and(wanted);
             request
-                .finalize(FINALIZER, |event| async {
+                .finalize_if(asked, FINALIZER, |event| async {
                     match event {
                         Event::Apply(source) => {
                             let parent = ParentRef::of(request.cluster.name(), source.as_ref())?;
@@ -114,6 +127,9 @@ async fn revert(fleet: Fleet) -> Result<(), BoxError> {
             let Some(Ok(parent)) = ParentRef::of_child(copy.as_ref()) else {
                 return Ok(Action::await_change()); // not a copy of ours
             };
+            if !parent.is_a::<ConfigMap>() || !parent.cluster.is_local() {
+                return Ok(Action::await_change()); // not a copy of a hub ConfigMap
+            }
             // Until the hub's ConfigMaps are known, nothing is proven.
             if hub.in_cluster(parent.cluster.as_str()).is_none() || !hub.unsynced().is_empty() {
                 return Ok(Action::requeue(Duration::from_secs(1)));
@@ -124,7 +140,10 @@ async fn revert(fleet: Fleet) -> Result<(), BoxError> {
                 &copy.namespace().unwrap_or_default(),
             );
             match hub.get(parent.cluster.as_str(), &key) {
-                Some(source) if source.metadata.uid.as_deref() == Some(parent.uid.as_str()) => {
+                Some(source)
+                    if source.metadata.uid.as_deref() == Some(parent.uid.as_str())
+                        && wanted(&source) =>
+                {
                     if copy.data != source.data || copy.binary_data != source.binary_data {
                         tracing::info!(%request, "drifted from the hub: putting it back");
                         apply(&api, MANAGER, &copy_of(&source, &parent)).await?;
@@ -132,10 +151,11 @@ async fn revert(fleet: Fleet) -> Result<(), BoxError> {
                 }
                 _ => {
                     tracing::info!(%request, "its hub ConfigMap is gone: deleting it");
+                    // Only this version: one the hub adopted since is kept.
                     let params = DeleteParams {
-                        preconditions: copy.metadata.uid.clone().map(|uid| Preconditions {
-                            uid: Some(uid),
-                            resource_version: None,
+                        preconditions: Some(Preconditions {
+                            uid: copy.metadata.uid.clone(),
+                            resource_version: copy.metadata.resource_version.clone(),
                         }),
                         ..DeleteParams::default()
                     };
@@ -166,6 +186,7 @@ pub fn copy_of(source: &ConfigMap, parent: &ParentRef) -> ConfigMap {
         binary_data: source.binary_data.clone(),
         immutable: None,
     };
+    copy.labels_mut().insert(COPY.to_owned(), "true".to_owned());
     parent.adopt(&mut copy);
     copy
 }

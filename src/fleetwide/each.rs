@@ -3,7 +3,7 @@
 
 use std::{fmt, future::Future, time::Duration};
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use tower::BoxError;
 
 use crate::{Cluster, ClusterName};
@@ -134,10 +134,18 @@ where
                     "cluster {} left the fleet",
                     shown(&name)
                 ))),
-                Some(run) => match tokio::time::timeout(timeout, run).await {
-                    Ok(outcome) => outcome,
-                    Err(_) => Err(format!("no answer within {timeout:?}").into()),
-                },
+                Some(run) => {
+                    let run = std::panic::AssertUnwindSafe(run).catch_unwind();
+                    match tokio::time::timeout(timeout, run).await {
+                        Ok(Ok(outcome)) => outcome,
+                        Ok(Err(panic)) => Err(format!(
+                            "the work panicked: {}",
+                            crate::controller::panic_message(panic.as_ref())
+                        )
+                        .into()),
+                        Err(_) => Err(format!("no answer within {timeout:?}").into()),
+                    }
+                }
             };
             (i, name, outcome)
         }
@@ -203,6 +211,25 @@ mod tests {
             error.to_string(),
             "2 of 4 clusters failed: b: refused; c: no answer within 5s"
         );
+    }
+
+    #[tokio::test]
+    async fn work_that_panics_in_one_cluster_is_that_cluster_s_error() {
+        let done = for_each_cluster(
+            [cluster("a"), cluster("b")],
+            2,
+            Duration::from_secs(1),
+            |cluster| async move {
+                if cluster.name() == "a" {
+                    panic!("bad input in a");
+                }
+                Ok::<_, BoxError>(())
+            },
+        )
+        .await;
+        let failed: Vec<_> = done.errors().map(|(n, e)| format!("{n}: {e}")).collect();
+        assert_eq!(failed, ["a: the work panicked: bad input in a"]);
+        assert_eq!(done.successes().count(), 1);
     }
 
     #[tokio::test]

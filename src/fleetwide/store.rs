@@ -300,6 +300,13 @@ impl<K: Watchable> FleetStore<K> {
 
     /// The objects found under `value` in the index `index`, in every
     /// cluster; `None` if there is no index of that name.
+    ///
+    /// An index follows the clusters' stores a moment behind them: the
+    /// store's task indexes each change after the store has it, so a
+    /// reconcile that a change woke may read the index before that change
+    /// is in it. Where that matters (deleting what an index no longer
+    /// lists, say), read [`list`](Self::list) or
+    /// [`in_cluster`](Self::in_cluster), which are current.
     pub fn indexed(&self, index: &str, value: &str) -> Option<Vec<InCluster<K>>> {
         let state = self.inner.state();
         let found = state.indexes.get(index)?;
@@ -318,6 +325,12 @@ impl<K: Watchable> FleetStore<K> {
                 })
                 .collect(),
         )
+    }
+
+    /// Whether the store reads (or will read, once it is engaged) the
+    /// cluster `name`: whether its [`Watch`] selects it.
+    pub fn reads(&self, name: &ClusterName) -> bool {
+        self.inner.selects(name)
     }
 
     /// The clusters the store reads, with the state of its watch in each.

@@ -1,0 +1,198 @@
+//! Cross-cluster ownership on real API servers: a parent whose cleanup
+//! skipped a cluster is asked for again only until that cluster is known to
+//! hold none of its children.
+
+use std::{sync::Arc, time::Duration};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api,
+    api::{DeleteParams, ObjectMeta, PostParams},
+    runtime::watcher,
+};
+use kube_fleet::{
+    Action, ClusterName, Controller, Fleet, ObjectRequest,
+    controller::{Clusters, Watch},
+    finalizer::Event,
+    ownership::{Children, PARENT_UID_LABEL, ParentRef},
+};
+use kube_fleet_envtest::Envtest;
+use tokio::sync::mpsc;
+use tower::{BoxError, service_fn};
+
+async fn eventually<F, Fut>(what: &str, check: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let waited = tokio::time::timeout(Duration::from_secs(60), async {
+        while !check().await {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "timed out waiting for {what}");
+}
+
+fn cm(name: &str, labels: &[(&str, &str)]) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("default".into()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    }
+}
+
+fn start(fleet: &Fleet) -> (Children<ConfigMap>, mpsc::UnboundedReceiver<String>) {
+    let children = Children::<ConfigMap>::new(
+        fleet,
+        Watch::new(watcher::Config::default().labels(PARENT_UID_LABEL))
+            .in_clusters(Clusters::Provided),
+    );
+    let (tx, rx) = mpsc::unbounded_channel();
+    let controller =
+        Controller::<ConfigMap>::new(fleet, watcher::Config::default().labels("parent=yes"))
+            .clusters(Clusters::Local)
+            .reconcile_on(children.sweeps(Duration::from_millis(200)));
+    let fleet2 = fleet.clone();
+    let ch = children.clone();
+    let tx = Arc::new(tx);
+    tokio::spawn(controller.run(service_fn(move |request: ObjectRequest<ConfigMap>| {
+        let (children, fleet, tx) = (ch.clone(), fleet2.clone(), tx.clone());
+        async move {
+            let _ = tx.send(request.request.name.clone());
+            if request.object.is_none() {
+                children.sweep(&request).await?;
+                return Ok(Action::await_change());
+            }
+            request
+                .finalize("adv.example.com/children", |event| async {
+                    match event {
+                        Event::Apply(parent) => {
+                            let parent = ParentRef::of(request.cluster.name(), parent.as_ref())?;
+                            let m1 = fleet.get("m1").unwrap();
+                            let mut child = cm(&request.request.name, &[]);
+                            parent.adopt(&mut child);
+                            match Api::<ConfigMap>::namespaced(m1.client(), "default")
+                                .create(&PostParams::default(), &child)
+                                .await
+                            {
+                                Ok(_) => {}
+                                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                                Err(e) => return Err(e.into()),
+                            }
+                        }
+                        Event::Cleanup(_) => {
+                            let done = children.delete(&request, Duration::from_secs(2)).await?;
+                            tracing::info!(deleted = ?done.deleted, skipped = ?done.skipped, "cleanup");
+                        }
+                    }
+                    Ok::<_, BoxError>(Action::await_change())
+                })
+                .await
+        }
+    })));
+    (children, rx)
+}
+
+async fn count_for(
+    rx: &mut mpsc::UnboundedReceiver<String>,
+    name: &str,
+    during: Duration,
+) -> usize {
+    while rx.try_recv().is_ok() {}
+    tokio::time::sleep(during).await;
+    let mut n = 0;
+    while let Ok(seen) = rx.try_recv() {
+        if seen == name {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// A member whose watch of the children cannot sync (here: forbidden) holds
+/// no parent in the sweep record: its children are listed once it syncs.
+#[tokio::test]
+async fn an_unsynced_member_makes_every_gone_parent_reconcile_forever() {
+    let env = Envtest::start(2).await.unwrap();
+    let fleet = Fleet::new();
+    fleet.engage(ClusterName::local(), env.clusters()[0].client());
+    fleet.engage("m1", env.clusters()[1].client());
+    // Same server, no RBAC: its watches are forbidden, never synced.
+    fleet.engage("m2", env.clusters()[1].client_for("alice", &[]).unwrap());
+    let (children, mut rx) = start(&fleet);
+    let hub = Api::<ConfigMap>::namespaced(env.clusters()[0].client(), "default");
+    let m1 = Api::<ConfigMap>::namespaced(env.clusters()[1].client(), "default");
+    hub.create(&PostParams::default(), &cm("p", &[("parent", "yes")]))
+        .await
+        .unwrap();
+    eventually("child in m1", || async {
+        m1.get_opt("p").await.unwrap().is_some()
+    })
+    .await;
+    hub.delete("p", &DeleteParams::default()).await.unwrap();
+    eventually("parent gone", || async {
+        hub.get_opt("p").await.unwrap().is_none()
+    })
+    .await;
+    eventually("child gone", || async {
+        m1.get_opt("p").await.unwrap().is_none()
+    })
+    .await;
+    let n = count_for(&mut rx, "p", Duration::from_secs(3)).await;
+    assert!(
+        n <= 1,
+        "a gone parent with no children left anywhere was reconciled {n} times in 3s"
+    );
+    assert_eq!(children.pending(), 0);
+}
+
+/// A member that had not synced yet when the parent went (it was joining,
+/// or unreachable) and that holds none of its children once synced is not
+/// asked about again.
+#[tokio::test]
+async fn a_member_that_syncs_later_without_children_is_never_cleared() {
+    let env = Envtest::start(2).await.unwrap();
+    let fleet = Fleet::new();
+    fleet.engage(ClusterName::local(), env.clusters()[0].client());
+    fleet.engage("m1", env.clusters()[1].client());
+    let link = env.clusters()[1].link().unwrap();
+    link.cut_off();
+    fleet.engage("m2", link.client());
+    let (children, mut rx) = start(&fleet);
+    let hub = Api::<ConfigMap>::namespaced(env.clusters()[0].client(), "default");
+    let m1 = Api::<ConfigMap>::namespaced(env.clusters()[1].client(), "default");
+    hub.create(&PostParams::default(), &cm("q", &[("parent", "yes")]))
+        .await
+        .unwrap();
+    eventually("child in m1", || async {
+        m1.get_opt("q").await.unwrap().is_some()
+    })
+    .await;
+    hub.delete("q", &DeleteParams::default()).await.unwrap();
+    eventually("parent gone", || async {
+        hub.get_opt("q").await.unwrap().is_none()
+    })
+    .await;
+    link.restore();
+    eventually("m2 synced", || async {
+        children.store().unsynced().is_empty()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let n = count_for(&mut rx, "q", Duration::from_secs(3)).await;
+    assert!(
+        n <= 1,
+        "a swept parent was reconciled {n} times in 3s after every member synced"
+    );
+    assert_eq!(children.pending(), 0);
+}
