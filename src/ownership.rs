@@ -21,21 +21,27 @@
 //!
 //! The parent's finalizer does not wait for them. [`Children::delete`]
 //! deletes in every engaged cluster whose API server answers within its
-//! timeout, and reports the others as skipped (not engaged, not synced, or
-//! no answer) rather than failing; a server that answers with an error
-//! (forbidden, a server error) fails the cleanup, which is then retried, so
-//! a cluster that is up is never left with orphans. The parent's deletion is
-//! recorded where it cannot be lost: each child carries its parent's UID,
-//! and a parent that no longer exists under that UID proves the child an
-//! orphan. A skipped child is deleted by [`Children::sweep`] in the parent's
-//! reconcile, which runs again for it:
+//! timeout, and reports the others as skipped (not read yet, its watch not
+//! synced, or no answer: a connection error, the timeout, or a gateway's
+//! 502 to 504) rather than failing. A server that answers with an error
+//! (forbidden, a server error) fails the cleanup, which is then retried.
+//! The parent's deletion is recorded where it cannot be lost: each child
+//! carries its parent's UID, and a parent that no longer exists under that
+//! UID proves the child an orphan. A skipped child is deleted by
+//! [`Children::sweep`] in the parent's reconcile, which runs again for it:
 //!
 //! - when its cluster is engaged again (by its provider, or after a restart)
 //!   or is served for the first time: the controller is told of every child
 //!   there, and each wakes its parent;
-//! - when its cluster stayed engaged and answers again:
-//!   [`Children::sweeps`] asks for the parent again until a cleanup or sweep
-//!   reaches that cluster (wire it with `reconcile_on`).
+//! - while its cluster stays engaged: [`Children::sweeps`] asks for the
+//!   parent again until the cluster's watch has synced and holds no child
+//!   naming it (wire it with `reconcile_on`, and call `sweep` on every run
+//!   of the parent's reconcile, so that each request does the work).
+//!
+//! A parent that is *released* rather than deleted
+//! ([`ObjectRequest::finalize_if`] with `wanted` false) still exists, so its
+//! UID proves nothing: for it, [`Children::delete`] fails while any cluster
+//! was skipped, and the finalizer stays until every cluster was reached.
 //!
 //! A child whose parent's cluster is not engaged is left alone until it is:
 //! nothing can tell whether its parent still exists.
@@ -276,7 +282,7 @@ impl ParentRef {
         format!("{PARENT_UID_LABEL}={}", self.uid)
     }
 
-    /// The parent's identity without its UID: what its children are indexed by.
+    /// The parent's identity without its UID: what its children are found by.
     fn key(&self) -> String {
         parent_key(
             &self.cluster,
@@ -346,14 +352,17 @@ pub struct Deleted {
 ///
 /// It reads them from a [`FleetStore`] of `C`, shared with the watch of a
 /// controller that [`owns_across`](crate::Controller::owns_across) them with
-/// the same [`Watch`], indexed by parent. Cheap to clone.
+/// the same [`Watch`]. Cheap to clone.
 pub struct Children<C: Watchable> {
     fleet: Fleet,
     store: FleetStore<C>,
     concurrency: usize,
     /// The parents whose children a cleanup or sweep had to skip, by the
     /// cluster skipped.
-    pending: Arc<Mutex<HashMap<ClusterName, HashSet<McRequest>>>>,
+    /// For each, whether that cluster gave no answer (asked about again
+    /// every time) rather than having children not known yet (asked about
+    /// once its watch has synced).
+    pending: Arc<Mutex<HashMap<ClusterName, HashMap<McRequest, bool>>>>,
 }
 
 impl<C: Watchable> Clone for Children<C> {
@@ -454,18 +463,42 @@ where
 
     /// Deletes every child of the request's object, for its finalizer's
     /// cleanup, in every engaged cluster the store reads, bounded by
-    /// `timeout` per cluster. A cluster that is not engaged, whose watch
-    /// has not synced, or that gives no answer is skipped and reported, not
-    /// waited for (see the [module docs](self) for how it is swept later);
-    /// an error from a server that answers fails the call, to be retried.
+    /// `timeout` per cluster. A cluster the store has not read yet, whose
+    /// watch has not synced, or that gives no answer is skipped and
+    /// reported, not waited for (see the [module docs](self) for how it is
+    /// swept later), unless the parent stays (is not being deleted): then
+    /// any skipped cluster fails the call. An error from a server that
+    /// answers fails the call, to be retried.
     pub async fn delete<P: Resource<DynamicType = ()>>(
         &self,
         parent: &ObjectRequest<P>,
         timeout: Duration,
     ) -> Result<Deleted, BoxError> {
         let children = self.of(parent);
-        self.delete_children(&parent.request, children, timeout)
-            .await
+        let deleted = self
+            .delete_children(&parent.request, children, timeout)
+            .await?;
+        // A parent that stays (released by `finalize_if`, not deleted) does
+        // not prove its children orphans by its absence: every cluster must
+        // be reached before it lets them go.
+        let staying = parent
+            .object
+            .as_ref()
+            .is_some_and(|p| p.meta().deletion_timestamp.is_none());
+        if staying && !deleted.skipped.is_empty() {
+            let skipped: Vec<String> = deleted
+                .skipped
+                .iter()
+                .map(|(cluster, why)| format!("{}: {why}", crate::fleetwide::shown(cluster)))
+                .collect();
+            return Err(format!(
+                "{} stays, so its children must go from every cluster first; not reached: {}",
+                parent.request,
+                skipped.join("; ")
+            )
+            .into());
+        }
+        Ok(deleted)
     }
 
     /// Deletes the children of the request's parent key whose parent is
@@ -491,16 +524,18 @@ where
             .await
     }
 
-    /// The requests of parents whose cleanup or sweep found a cluster that
-    /// gave no answer, every `every`, while that cluster stays engaged: give
-    /// it to the parents' controller
-    /// ([`Controller::reconcile_on`](crate::Controller::reconcile_on)) so
-    /// that a cluster that was down, and answers again without leaving the
-    /// fleet, is swept. A parent is asked for until a cleanup or sweep
-    /// reaches that cluster; a cluster that leaves is forgotten here (when
-    /// it is engaged again its children are listed anew, and each wakes its
-    /// parent). The record is in memory: after a restart every cluster is
-    /// engaged anew, which covers it.
+    /// The requests of parents whose cleanup or sweep skipped a cluster
+    /// that is still engaged, every `every`: give it to the parents'
+    /// controller ([`Controller::reconcile_on`](crate::Controller::reconcile_on))
+    /// so that a cluster that was down, and answers again without leaving
+    /// the fleet, is swept. The parent's reconcile should call
+    /// [`sweep`](Self::sweep) on every run (its children of an earlier UID
+    /// go, and the record of each cluster it reaches is cleared). A parent
+    /// is asked for until a cleanup or sweep reaches the cluster, or the
+    /// cluster's watch has synced and holds no child naming it; a cluster
+    /// that leaves is forgotten here (when it is engaged again its children
+    /// are listed anew, and each wakes its parent). The record is in memory:
+    /// after a restart every cluster is engaged anew, which covers it.
     pub fn sweeps(
         &self,
         every: Duration,
@@ -510,10 +545,34 @@ where
             tokio::time::sleep(every).await;
             Some(((), ()))
         });
+        let store = self.store.clone();
         ticks.flat_map(move |()| {
+            let synced: HashMap<ClusterName, WatchState> = store.clusters().into_iter().collect();
             let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
             pending.retain(|cluster, _| fleet.get(cluster).is_some());
-            let requests: Vec<McRequest> = pending.values().flatten().cloned().collect();
+            let mut requests = Vec::new();
+            for (cluster, parents) in pending.iter_mut() {
+                // A cluster whose children are not known: ask for the
+                // parents it gave no answer for; the others wait for it.
+                if synced.get(cluster) != Some(&WatchState::Synced) {
+                    let unanswered = parents.iter().filter(|(_, unanswered)| **unanswered);
+                    requests.extend(unanswered.map(|(parent, _)| parent.clone()));
+                    continue;
+                }
+                let keys: HashSet<String> = store
+                    .in_cluster(cluster.as_str())
+                    .unwrap_or_default()
+                    .iter()
+                    .filter_map(|child| match ParentRef::of_child(child.as_ref()) {
+                        Some(Ok(named)) => Some(named.key()),
+                        _ => None,
+                    })
+                    .collect();
+                // A parent with no child left there is done with it.
+                parents.retain(|parent, _| keys.iter().any(|key| key_names(key, parent)));
+                requests.extend(parents.keys().cloned());
+            }
+            pending.retain(|_, parents| !parents.is_empty());
             futures::stream::iter(requests)
         })
     }
@@ -521,20 +580,29 @@ where
     /// How many parents wait for a sweep of a cluster that gave no answer.
     pub fn pending(&self) -> usize {
         let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        pending.values().map(HashSet::len).sum()
+        pending.values().map(HashMap::len).sum()
     }
 
-    fn record(&self, cluster: &ClusterName, parent: &McRequest, skipped: bool) {
+    /// Records that `cluster` was skipped for `parent` (`Some(unanswered)`),
+    /// or clears that (`None`).
+    fn record(&self, cluster: &ClusterName, parent: &McRequest, skipped: Option<bool>) {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        if skipped {
-            pending
-                .entry(cluster.clone())
-                .or_default()
-                .insert(parent.clone());
-        } else if let Some(parents) = pending.get_mut(cluster) {
-            parents.remove(parent);
-            if parents.is_empty() {
-                pending.remove(cluster);
+        match skipped {
+            Some(unanswered) => {
+                let entry = pending
+                    .entry(cluster.clone())
+                    .or_default()
+                    .entry(parent.clone())
+                    .or_default();
+                *entry |= unanswered;
+            }
+            None => {
+                if let Some(parents) = pending.get_mut(cluster) {
+                    parents.remove(parent);
+                    if parents.is_empty() {
+                        pending.remove(cluster);
+                    }
+                }
             }
         }
     }
@@ -560,7 +628,7 @@ where
                 None => deleted.skipped.push((name.clone(), "not read yet".into())),
                 Some(state) if *state != WatchState::Synced => deleted
                     .skipped
-                    .push((name.clone(), "its watch has not synced".into())),
+                    .push((name.clone(), format!("its watch is {state}"))),
                 Some(_) => {}
             }
         }
@@ -615,13 +683,18 @@ where
         }
         // Every synced cluster that answered (or had nothing to delete) is
         // done for this parent; those that gave no answer wait for a sweep.
+        let skipped: HashSet<&ClusterName> = deleted.skipped.iter().map(|(c, _)| c).collect();
         for (cluster, state) in &read {
-            if *state == WatchState::Synced && !unanswered.contains(cluster) {
-                self.record(cluster, parent, false);
+            if *state == WatchState::Synced && !skipped.contains(cluster) {
+                self.record(cluster, parent, None);
             }
         }
-        for cluster in &unanswered {
-            self.record(cluster, parent, true);
+        // Those that gave no answer, or whose children are not all known,
+        // are asked about again once they are (see `sweeps`).
+        for (cluster, _) in &deleted.skipped {
+            if self.fleet.get(cluster).is_some() {
+                self.record(cluster, parent, Some(unanswered.contains(cluster)));
+            }
         }
         if !deleted.skipped.is_empty() {
             tracing::warn!(parent = %parent, skipped = ?deleted.skipped, "children in clusters that are down are left for a sweep when they return");
@@ -663,17 +736,43 @@ where
     }
 }
 
-/// Whether `error` says the server gave no answer (it is down or cut off),
-/// rather than an answer that was an error.
+/// Whether `error` says the server gave no answer (it is down, cut off, or
+/// a gateway in front of it says so), rather than an answer that was an
+/// error.
 fn unreachable(error: &(dyn std::error::Error + 'static)) -> bool {
+    if crate::fleetwide::unanswered(error) {
+        return true;
+    }
     let mut next = Some(error);
     while let Some(error) = next {
-        if let Some(kube::Error::Api(_)) = error.downcast_ref::<kube::Error>() {
-            return false;
+        match error.downcast_ref::<kube::Error>() {
+            Some(kube::Error::Api(status)) => return matches!(status.code, 502..=504),
+            Some(
+                kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::HttpError(_),
+            ) => return true,
+            _ => {}
         }
         next = error.source();
     }
-    true
+    false
+}
+
+/// Whether the parent key `key` is that of `parent`'s request (any kind:
+/// a `Children` holds the children of one parent type's controller).
+fn key_names(key: &str, parent: &McRequest) -> bool {
+    let mut parts = key.split('\n');
+    let (Some(cluster), Some(_), Some(_), Some(namespace), Some(name)) = (
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+    ) else {
+        return false;
+    };
+    cluster == parent.cluster.as_str()
+        && namespace == parent.namespace.as_deref().unwrap_or("")
+        && name == parent.name
 }
 
 fn request_key<P: Resource<DynamicType = ()>>(request: &McRequest) -> String {

@@ -12,7 +12,7 @@
 //! that works in the local cluster only ([`Clusters::Local`]) needs rules
 //! there only, one that works in the providers' clusters
 //! ([`Clusters::Provided`]) in the members only, and one that works in all
-//! or in [matching](Clusters::Matching) clusters in both.
+//! or in [matching](crate::controller::Clusters::Matching) clusters in both.
 //!
 //! [`Permissions::to_yaml`] prints both as ClusterRoles, for `kubectl
 //! apply`; [`Permissions::cluster_role`] builds either as a `k8s-openapi`

@@ -3,7 +3,9 @@
 
 mod support;
 
-use std::{future::Future, time::Duration};
+use support::eventually;
+
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
@@ -17,20 +19,6 @@ use kube_fleet::{
 };
 use kube_fleet_envtest::Envtest;
 use tower::BoxError;
-
-async fn eventually<F, Fut>(what: &str, check: F)
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let waited = tokio::time::timeout(Duration::from_secs(60), async {
-        while !check().await {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
-    assert!(waited.is_ok(), "timed out waiting for {what}");
-}
 
 async fn create(client: kube::Client, name: &str, team: &str) {
     let config_map = ConfigMap {

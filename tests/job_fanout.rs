@@ -4,8 +4,11 @@
 
 #[path = "../examples/job-fanout/fanout.rs"]
 mod fanout;
+mod support;
 
-use std::{future::Future, time::Duration};
+use support::eventually;
+
+use std::time::Duration;
 
 use fanout::{FanoutJob, FanoutJobSpec, FanoutJobStatus};
 use k8s_openapi::api::batch::v1::Job;
@@ -78,20 +81,6 @@ async fn job(client: Client, name: &str) -> Option<Job> {
         .get_opt(name)
         .await
         .unwrap()
-}
-
-async fn eventually<F, Fut>(what: &str, check: F)
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let waited = tokio::time::timeout(Duration::from_secs(60), async {
-        while !check().await {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await;
-    assert!(waited.is_ok(), "timed out waiting for {what}");
 }
 
 async fn status(fanouts: &Api<FanoutJob>, name: &str) -> FanoutJobStatus {

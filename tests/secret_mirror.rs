@@ -2,8 +2,11 @@
 
 #[path = "../examples/secret-mirror/mirror.rs"]
 mod mirror;
+mod support;
 
-use std::{collections::BTreeMap, future::Future, time::Duration};
+use support::eventually;
+
+use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::{ByteString, api::core::v1::Secret};
 use kube::{
@@ -34,20 +37,6 @@ async fn value(api: &Api<Secret>, name: &str) -> Option<String> {
     let secret = api.get_opt(name).await.unwrap()?;
     let bytes = secret.data?.get("key")?.clone();
     Some(String::from_utf8_lossy(&bytes.0).into_owned())
-}
-
-async fn eventually<F, Fut>(what: &str, check: F)
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let waited = tokio::time::timeout(Duration::from_secs(60), async {
-        while !check().await {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await;
-    assert!(waited.is_ok(), "timed out waiting for {what}");
 }
 
 async fn all_hold(apis: &[Api<Secret>], name: &str, want: Option<&str>, what: &str) {

@@ -1,9 +1,12 @@
 //! The sync-local-to-remote example's two controllers on real API servers.
 
+mod support;
 #[path = "../examples/sync-local-to-remote/sync.rs"]
 mod sync;
 
-use std::{future::Future, time::Duration};
+use support::eventually;
+
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::{
@@ -13,20 +16,6 @@ use kube::{
 use kube_fleet::{Fleet, ownership::ParentRef, provider::ProgrammaticProvider};
 use kube_fleet_envtest::Envtest;
 use serde_json::json;
-
-async fn eventually<F, Fut>(what: &str, check: F)
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let waited = tokio::time::timeout(Duration::from_secs(60), async {
-        while !check().await {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await;
-    assert!(waited.is_ok(), "timed out waiting for {what}");
-}
 
 async fn mode(api: &Api<ConfigMap>, name: &str) -> Option<String> {
     api.get_opt(name).await.unwrap()?.data?.get("mode").cloned()

@@ -130,9 +130,11 @@ async fn apply(
 ) -> Result<Action, BoxError> {
     let parent = ParentRef::of(request.cluster.name(), fanout.as_ref())?;
     let namespace = fanout.namespace().unwrap_or_default();
-    // Jobs of an earlier FanoutJob of this name go first.
-    children.sweep(request).await?;
-    let existing = children.owned(request);
+    // Jobs of an earlier FanoutJob of this name go; a cluster where that
+    // fails holds up no other (its next sweep comes with the next run).
+    if let Err(error) = children.sweep(request).await {
+        tracing::warn!(%request, %error, "Jobs of an earlier FanoutJob of this name remain");
+    }
     // Clusters whose Jobs are not all known yet (just joined, say) keep
     // their last state, and get their Job once they are.
     let known: Vec<ClusterName> = children
@@ -142,6 +144,7 @@ async fn apply(
         .filter(|(_, state)| *state == WatchState::Synced)
         .map(|(name, _)| name)
         .collect();
+    let existing = children.owned(request);
     let previous = fanout.status.clone().unwrap_or_default();
     let job = job(fanout, &parent);
     // Create the Job where it is missing; a Job's template cannot change.
@@ -241,7 +244,7 @@ async fn apply(
     if unknown.is_empty() {
         Ok(Action::await_change())
     } else {
-        Ok(Action::requeue(Duration::from_secs(1)))
+        Ok(Action::requeue(Duration::from_secs(5)))
     }
 }
 

@@ -40,9 +40,11 @@ fn in_hub() -> Watch {
     Watch::new(watcher::Config::default()).in_clusters(Clusters::Local)
 }
 
-/// Whether a hub ConfigMap asks to be pushed.
+/// Whether a hub ConfigMap asks to be pushed: labelled, and not being
+/// deleted.
 fn wanted(source: &ConfigMap) -> bool {
     source.labels().get(SYNC).is_some_and(|v| v == "true")
+        && source.metadata.deletion_timestamp.is_none()
 }
 
 fn copies() -> Watch {
@@ -79,6 +81,8 @@ async fn push(fleet: Fleet) -> Result<(), BoxError> {
                 .finalize_if(asked, FINALIZER, |event| async {
                     match event {
                         Event::Apply(source) => {
+                            // Copies of an earlier ConfigMap of this name go.
+                            children.sweep(&request).await?;
                             let parent = ParentRef::of(request.cluster.name(), source.as_ref())?;
                             let copy = copy_of(&source, &parent);
                             let members = fleet

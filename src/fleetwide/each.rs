@@ -86,6 +86,27 @@ impl fmt::Display for ClusterErrors {
 
 impl std::error::Error for ClusterErrors {}
 
+/// The work in a cluster gave no answer within its timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("no answer within {0:?}")]
+pub(crate) struct NoAnswer(Duration);
+
+/// The cluster left the fleet before its turn.
+#[derive(Debug, thiserror::Error)]
+#[error("cluster {} left the fleet", shown(.0))]
+pub(crate) struct Left(ClusterName);
+
+/// The work in a cluster panicked.
+#[derive(Debug, thiserror::Error)]
+#[error("the work panicked: {0}")]
+pub(crate) struct Panicked(String);
+
+/// Whether `error` says that a cluster gave no answer or had left (rather
+/// than answering with an error, or the work failing on its own).
+pub(crate) fn unanswered(error: &(dyn std::error::Error + 'static)) -> bool {
+    error.is::<NoAnswer>() || error.is::<Left>()
+}
+
 /// A cluster's name in a message: the local cluster's is empty.
 pub(crate) fn shown(name: &ClusterName) -> &str {
     if name.is_local() {
@@ -126,24 +147,27 @@ where
 {
     let runs = clusters.into_iter().enumerate().map(|(i, cluster)| {
         let name = cluster.name().clone();
-        let engaged = cluster.is_engaged();
-        let run = engaged.then(|| work(cluster));
+        let run = if cluster.is_engaged() {
+            // The work's synchronous part may panic too.
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(cluster)))
+                .map_err(|panic| Panicked(crate::controller::panic_message(panic.as_ref())))
+        } else {
+            Err(Panicked(String::new()))
+        };
         async move {
             let outcome = match run {
-                None => Err(BoxError::from(format!(
-                    "cluster {} left the fleet",
-                    shown(&name)
-                ))),
-                Some(run) => {
+                Err(Panicked(message)) if message.is_empty() => {
+                    Err(BoxError::from(Left(name.clone())))
+                }
+                Err(panicked) => Err(BoxError::from(panicked)),
+                Ok(run) => {
                     let run = std::panic::AssertUnwindSafe(run).catch_unwind();
                     match tokio::time::timeout(timeout, run).await {
                         Ok(Ok(outcome)) => outcome,
-                        Ok(Err(panic)) => Err(format!(
-                            "the work panicked: {}",
-                            crate::controller::panic_message(panic.as_ref())
-                        )
-                        .into()),
-                        Err(_) => Err(format!("no answer within {timeout:?}").into()),
+                        Ok(Err(panic)) => {
+                            Err(Panicked(crate::controller::panic_message(panic.as_ref())).into())
+                        }
+                        Err(_) => Err(NoAnswer(timeout).into()),
                     }
                 }
             };

@@ -44,4 +44,5 @@ mod each;
 mod store;
 
 pub use each::{ClusterErrors, PerCluster, for_each_cluster};
+pub(crate) use each::{shown, unanswered};
 pub use store::{FleetStore, InCluster, InvalidWatch};

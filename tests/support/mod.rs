@@ -281,3 +281,18 @@ impl Running {
         .unwrap_or_else(|_| panic!("cluster {name} not served within {PATIENCE:?}"));
     }
 }
+
+/// Waits up to a minute for `check` to hold, or fails the test naming `what`.
+pub async fn eventually<F, Fut>(what: &str, check: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let waited = tokio::time::timeout(Duration::from_secs(60), async {
+        while !check().await {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "timed out waiting for {what}");
+}
