@@ -250,6 +250,21 @@ impl Cluster {
         }
     }
 
+    /// An API for objects of the static type `K` in `namespace` (all
+    /// namespaces, or a cluster-scoped type, for `None`), through this
+    /// cluster's client: written for any scope, where kube's typed `Api`
+    /// constructors each want theirs known.
+    pub(crate) fn api_for<K: kube::Resource<DynamicType = ()>>(
+        &self,
+        namespace: Option<&str>,
+    ) -> kube::Api<kube::api::DynamicObject> {
+        let resource = kube::api::ApiResource::erase::<K>(&());
+        match namespace {
+            Some(namespace) => kube::Api::namespaced_with(self.client(), namespace, &resource),
+            None => kube::Api::all_with(self.client(), &resource),
+        }
+    }
+
     /// Whether `other` is the same engagement (not only the same name).
     pub(crate) fn same_engagement(&self, other: &Cluster) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)

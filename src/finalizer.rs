@@ -44,7 +44,7 @@ use std::{fmt::Debug, future::Future, sync::Arc};
 use json_patch::{AddOperation, PatchOperation, RemoveOperation, TestOperation};
 use kube::{
     Api, Resource, ResourceExt,
-    api::{ApiResource, DynamicObject, Patch, PatchParams},
+    api::{Patch, PatchParams},
 };
 use serde::{Serialize, de::DeserializeOwned};
 use tower::BoxError;
@@ -273,13 +273,7 @@ where
         let Some(object) = self.object.clone() else {
             return Ok(Action::await_change());
         };
-        let resource = ApiResource::erase::<K>(&());
-        let api = match &self.request.namespace {
-            Some(namespace) => {
-                Api::<DynamicObject>::namespaced_with(self.cluster.client(), namespace, &resource)
-            }
-            None => Api::<DynamicObject>::all_with(self.cluster.client(), &resource),
-        };
+        let api = self.cluster.api_for::<K>(self.request.namespace.as_deref());
         let patch = |object_name: String, patch: json_patch::Patch| {
             let api = api.clone();
             async move {

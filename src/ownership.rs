@@ -117,7 +117,7 @@ use std::{
 use futures::StreamExt;
 
 use kube::{
-    Api, Resource, ResourceExt,
+    Resource, ResourceExt,
     api::{DeleteParams, Preconditions},
 };
 use serde::de::DeserializeOwned;
@@ -632,40 +632,32 @@ where
                 Some(_) => {}
             }
         }
-        let mut by_cluster: BTreeMap<ClusterName, Vec<Arc<C>>> = BTreeMap::new();
+        let mut work: BTreeMap<ClusterName, Vec<Arc<C>>> = BTreeMap::new();
         for child in children {
-            by_cluster
-                .entry(child.cluster)
-                .or_default()
-                .push(child.object);
+            work.entry(child.cluster).or_default().push(child.object);
         }
         let mut clusters = Vec::new();
-        for (name, children) in by_cluster {
-            match self.fleet.get(&name) {
-                Some(cluster) => clusters.push((cluster, children)),
-                None => deleted.skipped.push((name, "not engaged".into())),
+        work.retain(|name, _| match self.fleet.get(name) {
+            Some(cluster) => {
+                clusters.push(cluster);
+                true
             }
-        }
-        let mut work: HashMap<ClusterName, Vec<Arc<C>>> = clusters
-            .iter()
-            .map(|(cluster, children)| (cluster.name().clone(), children.clone()))
-            .collect();
-        let outcome = for_each_cluster(
-            clusters.into_iter().map(|(cluster, _)| cluster),
-            self.concurrency,
-            timeout,
-            |cluster| {
-                let children = work.remove(cluster.name()).unwrap_or_default();
-                async move {
-                    let mut gone = Vec::new();
-                    for child in children {
-                        delete_one(&cluster, child.as_ref()).await?;
-                        gone.push(ObjectKey::of(child.as_ref()));
-                    }
-                    Ok::<_, BoxError>(gone)
+            None => {
+                deleted.skipped.push((name.clone(), "not engaged".into()));
+                false
+            }
+        });
+        let outcome = for_each_cluster(clusters, self.concurrency, timeout, |cluster| {
+            let children = work.remove(cluster.name()).unwrap_or_default();
+            async move {
+                let mut gone = Vec::new();
+                for child in children {
+                    delete_one(&cluster, child.as_ref()).await?;
+                    gone.push(ObjectKey::of(child.as_ref()));
                 }
-            },
-        )
+                Ok::<_, BoxError>(gone)
+            }
+        })
         .await;
         let mut failures = Vec::new();
         let mut unanswered = HashSet::new();
@@ -712,15 +704,7 @@ async fn delete_one<C>(cluster: &crate::Cluster, child: &C) -> Result<(), BoxErr
 where
     C: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug,
 {
-    let resource = kube::api::ApiResource::erase::<C>(&());
-    let api = match child.namespace() {
-        Some(namespace) => Api::<kube::api::DynamicObject>::namespaced_with(
-            cluster.client(),
-            &namespace,
-            &resource,
-        ),
-        None => Api::<kube::api::DynamicObject>::all_with(cluster.client(), &resource),
-    };
+    let api = cluster.api_for::<C>(child.namespace().as_deref());
     let params = DeleteParams {
         preconditions: child.meta().uid.clone().map(|uid| Preconditions {
             uid: Some(uid),

@@ -251,52 +251,29 @@ async fn deleting_the_parent_deletes_its_jobs_everywhere_also_in_clusters_that_w
 
 #[tokio::test]
 async fn a_parent_made_again_under_its_name_gets_its_own_job_in_a_member_that_was_down() {
-    let env = Envtest::start(2).await.unwrap();
-    let hub = &env.clusters()[0];
-    hub.install_crds([FanoutJob::crd()]).await.unwrap();
-    let fleet = Fleet::new();
-    fleet.engage(ClusterName::local(), hub.client());
-    let (provider, members) = ProgrammaticProvider::new();
-    tokio::spawn({
-        let fleet = fleet.clone();
-        async move { fleet.run(provider).await }
-    });
-    let link = env.clusters()[1].link().unwrap();
-    members.add("member-1", link.client());
-    tokio::spawn(fanout::run(fleet.clone()));
-    let fanouts = Api::<FanoutJob>::namespaced(hub.client(), "default");
-    let make = || {
-        FanoutJob::new(
-            "p",
-            FanoutJobSpec {
-                image: "busybox".into(),
-                command: vec![],
-            },
-        )
-    };
-    fanouts
-        .create(&PostParams::default(), &make())
-        .await
-        .unwrap();
-    let member = env.clusters()[1].client();
+    let setup = setup(1).await;
+    let link = member(&setup, 1).link().unwrap();
+    setup.members.add("member-1", link.client());
+    create(&setup.fanouts, "p").await;
     eventually("Job in member", || async {
-        job(member.clone(), "p").await.is_some()
+        job(member(&setup, 1).client(), "p").await.is_some()
     })
     .await;
     link.cut_off();
-    fanouts.delete("p", &DeleteParams::default()).await.unwrap();
-    eventually("parent gone", || async {
-        fanouts.get_opt("p").await.unwrap().is_none()
-    })
-    .await;
-    let again = fanouts
-        .create(&PostParams::default(), &make())
+    setup
+        .fanouts
+        .delete("p", &DeleteParams::default())
         .await
         .unwrap();
-    let uid = again.metadata.uid.clone().unwrap();
+    eventually("parent gone", || async {
+        setup.fanouts.get_opt("p").await.unwrap().is_none()
+    })
+    .await;
+    create(&setup.fanouts, "p").await;
+    let uid = setup.fanouts.get("p").await.unwrap().metadata.uid.unwrap();
     link.restore();
     eventually("the member's Job to belong to the new parent", || async {
-        job(member.clone(), "p")
+        job(member(&setup, 1).client(), "p")
             .await
             .and_then(|j| j.metadata.labels)
             .is_some_and(|l| l.get(PARENT_UID_LABEL) == Some(&uid))
@@ -308,52 +285,24 @@ async fn a_parent_made_again_under_its_name_gets_its_own_job_in_a_member_that_wa
 /// credentials, say) and its new watch has not synced yet.
 #[tokio::test]
 async fn a_finished_fanout_stays_finished_when_a_member_is_engaged_again() {
-    let env = Envtest::start(2).await.unwrap();
-    let hub = &env.clusters()[0];
-    hub.install_crds([FanoutJob::crd()]).await.unwrap();
-    let fleet = Fleet::new();
-    fleet.engage(ClusterName::local(), hub.client());
-    let (provider, members) = ProgrammaticProvider::new();
-    tokio::spawn({
-        let fleet = fleet.clone();
-        async move { fleet.run(provider).await }
-    });
-    members.add("member-1", env.clusters()[1].client());
-    tokio::spawn(fanout::run(fleet.clone()));
-    let fanouts = Api::<FanoutJob>::namespaced(hub.client(), "default");
-    fanouts
-        .create(
-            &PostParams::default(),
-            &FanoutJob::new(
-                "f",
-                FanoutJobSpec {
-                    image: "busybox".into(),
-                    command: vec![],
-                },
-            ),
-        )
-        .await
-        .unwrap();
-    for c in env.clusters() {
-        let c = c.client();
-        eventually("Job", || async { job(c.clone(), "f").await.is_some() }).await;
-        fanout::finish_job(c, "default", "f", true).await.unwrap();
-    }
-    let phase = || async {
-        fanouts
-            .get("f")
+    let setup = setup(1).await;
+    setup.members.add("member-1", member(&setup, 1).client());
+    create(&setup.fanouts, "f").await;
+    for cluster in setup.env.clusters() {
+        eventually("Job", || async {
+            job(cluster.client(), "f").await.is_some()
+        })
+        .await;
+        fanout::finish_job(cluster.client(), "default", "f", true)
             .await
-            .unwrap()
-            .status
-            .unwrap_or_default()
-            .phase
-    };
-    eventually("Finished", || async { phase().await == "Finished" }).await;
+            .unwrap();
+    }
+    phase_is(&setup.fanouts, "f", "Finished").await;
     // The same member, engaged again through a slow link.
-    let link = env.clusters()[1].link().unwrap();
+    let link = member(&setup, 1).link().unwrap();
     link.hang();
-    members.add("member-1", link.client());
+    setup.members.add("member-1", link.client());
     tokio::time::sleep(Duration::from_secs(12)).await;
-    let status = fanouts.get("f").await.unwrap().status.unwrap_or_default();
+    let status = status(&setup.fanouts, "f").await;
     assert_eq!(status.phase, "Finished", "{status:?}");
 }

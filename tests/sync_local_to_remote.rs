@@ -13,9 +13,15 @@ use kube::{
     Api,
     api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
 };
-use kube_fleet::{Fleet, ownership::ParentRef, provider::ProgrammaticProvider};
+use kube_fleet::{
+    Fleet,
+    ownership::ParentRef,
+    provider::{ProgrammaticHandle, ProgrammaticProvider},
+};
 use kube_fleet_envtest::Envtest;
 use serde_json::json;
+use tokio::task::JoinHandle;
+use tower::BoxError;
 
 async fn mode(api: &Api<ConfigMap>, name: &str) -> Option<String> {
     api.get_opt(name).await.unwrap()?.data?.get("mode").cloned()
@@ -51,21 +57,34 @@ fn named(name: &str) -> ConfigMap {
     config_map
 }
 
-#[tokio::test]
-async fn labelled_config_maps_reach_every_remote_drift_is_reverted_and_deletion_follows() {
-    let env = Envtest::start(4).await.unwrap();
+/// A hub with both controllers running, and `remotes` more clusters that
+/// are not engaged yet: the handle engages them.
+async fn setup(
+    remotes: usize,
+) -> (
+    Envtest,
+    ProgrammaticHandle,
+    JoinHandle<Result<(), BoxError>>,
+) {
+    let env = Envtest::start(remotes + 1).await.unwrap();
     let fleet = Fleet::new();
     fleet.engage(sync::hub(), env.clusters()[0].client());
-    let (provider, remotes) = ProgrammaticProvider::new();
+    let (provider, handle) = ProgrammaticProvider::new();
     tokio::spawn({
         let fleet = fleet.clone();
         async move { fleet.run(provider).await }
     });
+    let controllers = tokio::spawn(sync::run(fleet));
+    (env, handle, controllers)
+}
+
+#[tokio::test]
+async fn labelled_config_maps_reach_every_remote_drift_is_reverted_and_deletion_follows() {
+    let (env, remotes, controllers) = setup(3).await;
     // edge-1 is reached through a link, to cut the controllers off from it.
     let link = env.clusters()[1].link().unwrap();
     remotes.add("edge-1", link.client());
     remotes.add("edge-2", env.clusters()[2].client());
-    let controllers = tokio::spawn(sync::run(fleet.clone()));
     let api = |i: usize| Api::<ConfigMap>::namespaced(env.clusters()[i].client(), "default");
     let hub = api(0);
 
@@ -123,29 +142,12 @@ async fn labelled_config_maps_reach_every_remote_drift_is_reverted_and_deletion_
     controllers.abort();
 }
 
-async fn setup() -> (Envtest, Fleet) {
-    let env = Envtest::start(2).await.unwrap();
-    let fleet = Fleet::new();
-    fleet.engage(sync::hub(), env.clusters()[0].client());
-    let (provider, remotes) = ProgrammaticProvider::new();
-    tokio::spawn({
-        let fleet = fleet.clone();
-        async move { fleet.run(provider).await }
-    });
-    remotes.add("edge-1", env.clusters()[1].client());
-    tokio::spawn(async move {
-        futures::future::pending::<()>().await;
-        drop(remotes)
-    });
-    tokio::spawn(sync::run(fleet.clone()));
-    (env, fleet)
-}
-
 /// A hub ConfigMap whose label is removed has its copies deleted and its
 /// finalizer released, so it can be deleted.
 #[tokio::test]
 async fn unlabelling_then_deleting_a_hub_config_map_completes() {
-    let (env, _fleet) = setup().await;
+    let (env, remotes, _controllers) = setup(1).await;
+    remotes.add("edge-1", env.clusters()[1].client());
     let hub = Api::<ConfigMap>::namespaced(env.clusters()[0].client(), "default");
     let edge = Api::<ConfigMap>::namespaced(env.clusters()[1].client(), "default");
     hub.create(&PostParams::default(), &named("a"))
@@ -174,7 +176,8 @@ async fn unlabelling_then_deleting_a_hub_config_map_completes() {
 /// another kind (a Secret in the hub) is left alone.
 #[tokio::test]
 async fn revert_leaves_other_parents_children_alone() {
-    let (env, _fleet) = setup().await;
+    let (env, remotes, _controllers) = setup(1).await;
+    remotes.add("edge-1", env.clusters()[1].client());
     let hub_secrets = Api::<Secret>::namespaced(env.clusters()[0].client(), "default");
     let edge = Api::<ConfigMap>::namespaced(env.clusters()[1].client(), "default");
     let secret = hub_secrets
@@ -210,7 +213,8 @@ async fn revert_leaves_other_parents_children_alone() {
 /// A copy deleted by hand in a remote is made again.
 #[tokio::test]
 async fn a_copy_deleted_by_hand_comes_back() {
-    let (env, _fleet) = setup().await;
+    let (env, remotes, _controllers) = setup(1).await;
+    remotes.add("edge-1", env.clusters()[1].client());
     let hub = Api::<ConfigMap>::namespaced(env.clusters()[0].client(), "default");
     let edge = Api::<ConfigMap>::namespaced(env.clusters()[1].client(), "default");
     hub.create(&PostParams::default(), &named("b"))

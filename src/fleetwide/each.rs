@@ -147,19 +147,16 @@ where
 {
     let runs = clusters.into_iter().enumerate().map(|(i, cluster)| {
         let name = cluster.name().clone();
-        let run = if cluster.is_engaged() {
+        let run: Result<Fut, BoxError> = if cluster.is_engaged() {
             // The work's synchronous part may panic too.
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(cluster)))
-                .map_err(|panic| Panicked(crate::controller::panic_message(panic.as_ref())))
+                .map_err(|panic| Panicked(crate::controller::panic_message(panic.as_ref())).into())
         } else {
-            Err(Panicked(String::new()))
+            Err(Left(name.clone()).into())
         };
         async move {
             let outcome = match run {
-                Err(Panicked(message)) if message.is_empty() => {
-                    Err(BoxError::from(Left(name.clone())))
-                }
-                Err(panicked) => Err(BoxError::from(panicked)),
+                Err(error) => Err(error),
                 Ok(run) => {
                     let run = std::panic::AssertUnwindSafe(run).catch_unwind();
                     match tokio::time::timeout(timeout, run).await {
