@@ -43,6 +43,13 @@
 //! UID proves nothing: for it, [`Children::delete`] fails while any cluster
 //! was skipped, and the finalizer stays until every cluster was reached.
 //!
+//! The same holds for a child that reaches its cluster's store after the
+//! cleanup read the stores (made a moment before the parent went): it wakes
+//! its parent, whose sweep deletes it. Both need the controller to
+//! [`owns_across`](crate::Controller::owns_across) the children with the
+//! [`Watch`] the [`Children`] read, and its reconcile to call
+//! [`Children::sweep`] when the request's object is gone.
+//!
 //! A child whose parent's cluster is not engaged is left alone until it is:
 //! nothing can tell whether its parent still exists.
 //!
@@ -469,6 +476,14 @@ where
     /// swept later), unless the parent stays (is not being deleted): then
     /// any skipped cluster fails the call. An error from a server that
     /// answers fails the call, to be retried.
+    ///
+    /// It deletes the children the clusters' stores hold. A child made a
+    /// moment before the parent went may reach its store only after this
+    /// read: the controller must
+    /// [`owns_across`](crate::Controller::owns_across) the children with the
+    /// same [`Watch`], so that the child wakes its gone parent, and call
+    /// [`sweep`](Self::sweep) when the request's object is gone, which
+    /// deletes it.
     pub async fn delete<P: Resource<DynamicType = ()>>(
         &self,
         parent: &ObjectRequest<P>,

@@ -42,15 +42,17 @@ fn cm(name: &str, labels: &[(&str, &str)]) -> ConfigMap {
 }
 
 fn start(fleet: &Fleet) -> (Children<ConfigMap>, mpsc::UnboundedReceiver<String>) {
-    let children = Children::<ConfigMap>::new(
-        fleet,
-        Watch::new(watcher::Config::default().labels(PARENT_UID_LABEL))
-            .in_clusters(Clusters::Provided),
-    );
+    let copies = Watch::new(watcher::Config::default().labels(PARENT_UID_LABEL))
+        .in_clusters(Clusters::Provided);
+    let children = Children::<ConfigMap>::new(fleet, copies.clone());
     let (tx, rx) = mpsc::unbounded_channel();
+    // As the docs wire it: a child that reaches its cluster's store only
+    // after the parent's cleanup read it wakes the parent, whose sweep
+    // deletes it.
     let controller =
         Controller::<ConfigMap>::new(fleet, watcher::Config::default().labels("parent=yes"))
             .clusters(Clusters::Local)
+            .owns_across::<ConfigMap>(copies)
             .reconcile_on(children.sweeps(Duration::from_millis(200)));
     let fleet2 = fleet.clone();
     let ch = children.clone();
@@ -187,5 +189,47 @@ async fn a_member_that_syncs_later_without_children_is_never_cleared() {
         n <= 1,
         "a swept parent was reconciled {n} times in 3s after every member synced"
     );
+    assert_eq!(children.pending(), 0);
+}
+
+/// A child that reaches its cluster's store only after its parent's cleanup
+/// read the stores (made a moment before the parent went, or by a writer
+/// that lagged) wakes its parent, whose sweep deletes it.
+#[tokio::test]
+async fn a_child_that_appears_after_its_parent_went_is_swept() {
+    let env = Envtest::start(2).await.unwrap();
+    let fleet = Fleet::new();
+    fleet.engage(ClusterName::local(), env.clusters()[0].client());
+    fleet.engage("m1", env.clusters()[1].client());
+    let (children, _rx) = start(&fleet);
+    let hub = Api::<ConfigMap>::namespaced(env.clusters()[0].client(), "default");
+    let m1 = Api::<ConfigMap>::namespaced(env.clusters()[1].client(), "default");
+    let parent = hub
+        .create(&PostParams::default(), &cm("r", &[("parent", "yes")]))
+        .await
+        .unwrap();
+    eventually("child in m1", || async {
+        m1.get_opt("r").await.unwrap().is_some()
+    })
+    .await;
+    hub.delete("r", &DeleteParams::default()).await.unwrap();
+    eventually("parent gone", || async {
+        hub.get_opt("r").await.unwrap().is_none()
+    })
+    .await;
+    eventually("child gone", || async {
+        m1.get_opt("r").await.unwrap().is_none()
+    })
+    .await;
+    // The late child: it names the parent that is gone.
+    let mut late = cm("r-late", &[]);
+    ParentRef::of(&ClusterName::local(), &parent)
+        .unwrap()
+        .adopt(&mut late);
+    m1.create(&PostParams::default(), &late).await.unwrap();
+    eventually("late child gone", || async {
+        m1.get_opt("r-late").await.unwrap().is_none()
+    })
+    .await;
     assert_eq!(children.pending(), 0);
 }
