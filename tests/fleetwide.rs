@@ -72,8 +72,9 @@ async fn a_fleet_store_reads_and_indexes_every_cluster_and_forgets_one_that_leav
     });
     assert!(store.indexed("no-such-index", "red").is_none());
     fleet.engage("b", b.client());
+    // The index follows the stores a moment behind.
     eventually("both clusters read", || async {
-        found(&store, "red").len() == 2
+        found(&store, "red").len() == 2 && found(&store, "blue").len() == 1
     })
     .await;
     assert_eq!(found(&store, "red"), ["a/one", "b/two"]);
@@ -93,10 +94,9 @@ async fn a_fleet_store_reads_and_indexes_every_cluster_and_forgets_one_that_leav
     // A cluster that leaves is forgotten, in reads and in the index.
     fleet.disengage("b");
     eventually("b forgotten", || async {
-        found(&store, "red") == ["a/one"]
+        found(&store, "red") == ["a/one"] && found(&store, "blue") == ["a/four"]
     })
     .await;
-    assert_eq!(found(&store, "blue"), ["a/four"]);
     assert!(store.in_cluster("b").is_none());
     // And read again when it comes back.
     fleet.engage("b", b.client());
@@ -114,7 +114,7 @@ async fn work_in_every_cluster_goes_on_when_one_hangs_and_that_one_is_named() {
     link.hang();
     let mut clusters = fleet.clusters();
     clusters.sort_by(|x, y| x.name().cmp(y.name()));
-    let done = for_each_cluster(clusters, 2, Duration::from_secs(3), |cluster| async move {
+    let done = for_each_cluster(clusters, 2, Duration::from_secs(8), |cluster| async move {
         Api::<ConfigMap>::namespaced(cluster.client(), "default")
             .create(&PostParams::default(), &support::config_map("made"))
             .await?;
@@ -125,7 +125,7 @@ async fn work_in_every_cluster_goes_on_when_one_hangs_and_that_one_is_named() {
         .errors()
         .map(|(name, e)| format!("{name}: {e}"))
         .collect();
-    assert_eq!(failed, ["hung: no answer within 3s"]);
+    assert_eq!(failed, ["hung: no answer within 8s"]);
     assert_eq!(done.successes().count(), 2);
     for i in [0, 2] {
         let api = Api::<ConfigMap>::namespaced(env.clusters()[i].client(), "default");

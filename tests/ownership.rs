@@ -141,6 +141,16 @@ async fn a_member_that_cannot_sync_asks_for_no_parent_until_it_does() {
         m1.get_opt("p").await.unwrap().is_none()
     })
     .await;
+    // The child's deletion, once seen, wakes the gone parent once more.
+    eventually("child gone from m1's store", || async {
+        children
+            .store()
+            .in_cluster("m1")
+            .unwrap_or_default()
+            .is_empty()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let n = count_for(&mut rx, "p", Duration::from_secs(3)).await;
     assert!(
         n <= 1,

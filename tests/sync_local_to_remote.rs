@@ -224,6 +224,19 @@ async fn a_copy_deleted_by_hand_comes_back() {
         edge.get_opt("b").await.unwrap().is_some()
     })
     .await;
+    // Drift reverted: the remote's watch of the copies has seen this one,
+    // so that it sees its deletion too.
+    edge.patch(
+        "b",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "data": { "mode": "drifted" } })),
+    )
+    .await
+    .unwrap();
+    eventually("drift reverted", || async {
+        mode(&edge, "b").await.as_deref() == Some("fast")
+    })
+    .await;
     edge.delete("b", &DeleteParams::default()).await.unwrap();
     eventually("the copy to come back", || async {
         edge.get_opt("b").await.unwrap().is_some()
