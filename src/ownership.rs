@@ -42,10 +42,13 @@
 //! ([`ObjectRequest::finalize_if`] with `wanted` false) still exists, so its
 //! UID proves nothing: for it, [`Children::delete`] fails while any cluster
 //! was skipped, and the finalizer stays until every cluster was reached.
+//! Once the finalizer is gone, [`Children::release`], called on every run
+//! that finds the parent unwanted, deletes the children that show up later.
 //!
 //! The same holds for a child that reaches its cluster's store after the
 //! cleanup read the stores (made a moment before the parent went): it wakes
-//! its parent, whose sweep deletes it. Both need the controller to
+//! its parent, whose sweep deletes it (or, for a released parent, its
+//! [`Children::release`]). Both need the controller to
 //! [`owns_across`](crate::Controller::owns_across) the children with the
 //! [`Watch`] the [`Children`] read, and its reconcile to call
 //! [`Children::sweep`] when the request's object is gone.
@@ -84,6 +87,9 @@
 //!             return Ok(Action::await_change());
 //!         }
 //!         let wanted = request.object.as_ref().is_some_and(|p| p.labels().get("copy").is_some_and(|v| v == "yes"));
+//!         if !wanted {
+//!             children.release(&request).await?; // copies that arrive after it was released
+//!         }
 //!         request
 //!             .finalize_if(wanted, "example.com/copies", |event| async {
 //!                 match event {
@@ -396,8 +402,11 @@ where
     C: Watchable<DynamicType = ()> + serde::Serialize,
 {
     /// The children of type `C`, watched as `watch` says (by default in
-    /// every cluster). Panics if the watch is built wrong, as
-    /// [`FleetStore::new`] does. Create it inside a tokio runtime.
+    /// every cluster). Give the controller's
+    /// [`owns_across`](crate::Controller::owns_across) the same `Watch`,
+    /// with [`Watch::in_clusters`] set: `owns_across` otherwise watches
+    /// only the controller's own clusters. Panics if the watch is built
+    /// wrong, as [`FleetStore::new`] does. Create it inside a tokio runtime.
     pub fn new(fleet: &Fleet, watch: impl Into<Watch>) -> Self {
         Self {
             fleet: fleet.clone(),
@@ -429,9 +438,19 @@ where
         parent: &McRequest,
     ) -> Vec<(InCluster<C>, ParentRef)> {
         let key = request_key::<P>(parent);
+        // A parent's name is in its children's annotation as it is (names
+        // need no escaping in JSON): a cheap test before the parse.
+        let names = |child: &InCluster<C>| {
+            child
+                .object
+                .annotations()
+                .get(PARENT_ANNOTATION)
+                .is_some_and(|value| value.contains(parent.name.as_str()))
+        };
         self.store
             .list()
             .into_iter()
+            .filter(names)
             .filter_map(|child| match ParentRef::of_child(child.object.as_ref()) {
                 Some(Ok(named)) if named.key() == key => Some((child, named)),
                 _ => None,
@@ -491,7 +510,7 @@ where
     ) -> Result<Deleted, BoxError> {
         let children = self.of(parent);
         let deleted = self
-            .delete_children(&parent.request, children, timeout)
+            .delete_children(&parent.request, children, timeout, Unknown::Remember)
             .await?;
         // A parent that stays (released by `finalize_if`, not deleted) does
         // not prove its children orphans by its absence: every cluster must
@@ -535,8 +554,44 @@ where
         if !orphans.is_empty() {
             tracing::info!(parent = %parent.request, orphans = orphans.len(), "deleting children whose parent is gone");
         }
-        self.delete_children(&parent.request, orphans, Duration::from_secs(30))
-            .await
+        self.delete_children(
+            &parent.request,
+            orphans,
+            Duration::from_secs(30),
+            Unknown::Remember,
+        )
+        .await
+    }
+
+    /// Deletes every child of the request's object, which exists but is no
+    /// longer the reconciler's (the `wanted` false of
+    /// [`ObjectRequest::finalize_if`]: its label was removed, say). Call it
+    /// on every run of the parent's reconcile that finds the object
+    /// unwanted: a child made a moment before the parent was released
+    /// reaches its cluster's store after the cleanup read it, wakes its
+    /// parent through [`owns_across`](crate::Controller::owns_across), and
+    /// goes here. Skips clusters as [`sweep`](Self::sweep) does, without
+    /// failing; one that gave no answer is asked about again through
+    /// [`sweeps`](Self::sweeps), one whose children are not known yet lists
+    /// them to the controller once it is served, and each wakes its parent.
+    ///
+    /// It reads the stores: each call costs a pass over the children held,
+    /// no API call unless a child is found.
+    pub async fn release<P: Resource<DynamicType = ()>>(
+        &self,
+        parent: &ObjectRequest<P>,
+    ) -> Result<Deleted, BoxError> {
+        let children = self.of(parent);
+        if !children.is_empty() {
+            tracing::info!(parent = %parent.request, children = children.len(), "deleting children of a released parent");
+        }
+        self.delete_children(
+            &parent.request,
+            children,
+            Duration::from_secs(30),
+            Unknown::Forget,
+        )
+        .await
     }
 
     /// The requests of parents whose cleanup or sweep skipped a cluster
@@ -627,6 +682,7 @@ where
         parent: &McRequest,
         children: Vec<InCluster<C>>,
         timeout: Duration,
+        unknown: Unknown,
     ) -> Result<Deleted, BoxError> {
         let mut deleted = Deleted::default();
         // Clusters whose children are not all known: reported, not recorded,
@@ -699,8 +755,9 @@ where
         // Those that gave no answer, or whose children are not all known,
         // are asked about again once they are (see `sweeps`).
         for (cluster, _) in &deleted.skipped {
-            if self.fleet.get(cluster).is_some() {
-                self.record(cluster, parent, Some(unanswered.contains(cluster)));
+            let answered = !unanswered.contains(cluster);
+            if self.fleet.get(cluster).is_some() && !(answered && unknown == Unknown::Forget) {
+                self.record(cluster, parent, Some(!answered));
             }
         }
         if !deleted.skipped.is_empty() {
@@ -712,6 +769,16 @@ where
             Err(format!("deleting children failed in {}", failures.join("; ")).into())
         }
     }
+}
+
+/// What a deletion does about a cluster whose children are not known yet.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Unknown {
+    /// The parent is asked about again once the cluster's watch syncs.
+    Remember,
+    /// Nothing: the parent stays, and the cluster's children, once listed,
+    /// wake it.
+    Forget,
 }
 
 /// Deletes `child` in `cluster`, if it is still the same object.

@@ -11,7 +11,7 @@ use std::{sync::Arc, time::Duration};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
     Api,
-    api::{DeleteParams, ObjectMeta, PostParams},
+    api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
 use kube_fleet::{
@@ -49,11 +49,10 @@ fn start(fleet: &Fleet) -> (Children<ConfigMap>, mpsc::UnboundedReceiver<String>
     // As the docs wire it: a child that reaches its cluster's store only
     // after the parent's cleanup read it wakes the parent, whose sweep
     // deletes it.
-    let controller =
-        Controller::<ConfigMap>::new(fleet, watcher::Config::default().labels("parent=yes"))
-            .clusters(Clusters::Local)
-            .owns_across::<ConfigMap>(copies)
-            .reconcile_on(children.sweeps(Duration::from_millis(200)));
+    let controller = Controller::<ConfigMap>::new(fleet, watcher::Config::default())
+        .clusters(Clusters::Local)
+        .owns_across::<ConfigMap>(copies)
+        .reconcile_on(children.sweeps(Duration::from_millis(200)));
     let fleet2 = fleet.clone();
     let ch = children.clone();
     let tx = Arc::new(tx);
@@ -65,8 +64,17 @@ fn start(fleet: &Fleet) -> (Children<ConfigMap>, mpsc::UnboundedReceiver<String>
                 children.sweep(&request).await?;
                 return Ok(Action::await_change());
             }
+            let wanted = request.object.as_ref().is_some_and(|p| {
+                p.metadata
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| l.get("parent").is_some_and(|v| v == "yes"))
+            });
+            if !wanted {
+                children.release(&request).await?;
+            }
             request
-                .finalize("adv.example.com/children", |event| async {
+                .finalize_if(wanted, "adv.example.com/children", |event| async {
                     match event {
                         Event::Apply(parent) => {
                             let parent = ParentRef::of(request.cluster.name(), parent.as_ref())?;
@@ -93,6 +101,35 @@ fn start(fleet: &Fleet) -> (Children<ConfigMap>, mpsc::UnboundedReceiver<String>
         }
     })));
     (children, rx)
+}
+
+/// A hub and one member, the controller of `start` running, and a parent
+/// `name` in the hub whose child has reached the member.
+async fn hub_and_member_with_child(
+    name: &str,
+) -> (
+    Envtest,
+    Children<ConfigMap>,
+    Api<ConfigMap>,
+    Api<ConfigMap>,
+    ConfigMap,
+) {
+    let env = Envtest::start(2).await.unwrap();
+    let fleet = Fleet::new();
+    fleet.engage(ClusterName::local(), env.clusters()[0].client());
+    fleet.engage("m1", env.clusters()[1].client());
+    let (children, _rx) = start(&fleet);
+    let hub = Api::<ConfigMap>::namespaced(env.clusters()[0].client(), "default");
+    let m1 = Api::<ConfigMap>::namespaced(env.clusters()[1].client(), "default");
+    let parent = hub
+        .create(&PostParams::default(), &cm(name, &[("parent", "yes")]))
+        .await
+        .unwrap();
+    eventually("child in m1", || async {
+        m1.get_opt(name).await.unwrap().is_some()
+    })
+    .await;
+    (env, children, hub, m1, parent)
 }
 
 async fn count_for(
@@ -207,21 +244,7 @@ async fn a_member_that_syncs_later_without_children_is_never_cleared() {
 /// that lagged) wakes its parent, whose sweep deletes it.
 #[tokio::test]
 async fn a_child_that_appears_after_its_parent_went_is_swept() {
-    let env = Envtest::start(2).await.unwrap();
-    let fleet = Fleet::new();
-    fleet.engage(ClusterName::local(), env.clusters()[0].client());
-    fleet.engage("m1", env.clusters()[1].client());
-    let (children, _rx) = start(&fleet);
-    let hub = Api::<ConfigMap>::namespaced(env.clusters()[0].client(), "default");
-    let m1 = Api::<ConfigMap>::namespaced(env.clusters()[1].client(), "default");
-    let parent = hub
-        .create(&PostParams::default(), &cm("r", &[("parent", "yes")]))
-        .await
-        .unwrap();
-    eventually("child in m1", || async {
-        m1.get_opt("r").await.unwrap().is_some()
-    })
-    .await;
+    let (_env, children, hub, m1, parent) = hub_and_member_with_child("r").await;
     hub.delete("r", &DeleteParams::default()).await.unwrap();
     eventually("parent gone", || async {
         hub.get_opt("r").await.unwrap().is_none()
@@ -241,5 +264,49 @@ async fn a_child_that_appears_after_its_parent_went_is_swept() {
         m1.get_opt("r-late").await.unwrap().is_none()
     })
     .await;
+    assert_eq!(children.pending(), 0);
+}
+
+/// A parent released (its label removed) rather than deleted: its children
+/// go, and so does one that shows up afterwards (made a moment before the
+/// release, or by a writer that lagged), while the parent stays.
+#[tokio::test]
+async fn a_child_that_appears_after_its_parent_was_released_goes() {
+    let (_env, children, hub, m1, _) = hub_and_member_with_child("s").await;
+    hub.patch(
+        "s",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({ "metadata": { "labels": { "parent": null } } })),
+    )
+    .await
+    .unwrap();
+    eventually("child gone", || async {
+        m1.get_opt("s").await.unwrap().is_none()
+    })
+    .await;
+    eventually("finalizer gone", || async {
+        hub.get("s")
+            .await
+            .unwrap()
+            .metadata
+            .finalizers
+            .unwrap_or_default()
+            .is_empty()
+    })
+    .await;
+    let parent = hub.get("s").await.unwrap();
+    let mut late = cm("s-late", &[]);
+    ParentRef::of(&ClusterName::local(), &parent)
+        .unwrap()
+        .adopt(&mut late);
+    m1.create(&PostParams::default(), &late).await.unwrap();
+    eventually("late child gone", || async {
+        m1.get_opt("s-late").await.unwrap().is_none()
+    })
+    .await;
+    assert!(
+        hub.get_opt("s").await.unwrap().is_some(),
+        "the parent stays"
+    );
     assert_eq!(children.pending(), 0);
 }

@@ -77,6 +77,10 @@ async fn push(fleet: Fleet) -> Result<(), BoxError> {
                 return Ok(Action::await_change());
             }
             let asked = request.object.as_deref().is_some_and(wanted);
+            if !asked {
+                // Copies pushed a moment before its label went, seen since.
+                children.release(&request).await?;
+            }
             request
                 .finalize_if(asked, FINALIZER, |event| async {
                     match event {

@@ -524,6 +524,11 @@ impl<K: Watchable> Controller<K> {
     /// the parent's request names the parent's own cluster. See
     /// [`ownership`](crate::ownership) for making such children and cleaning
     /// them up.
+    ///
+    /// Name the clusters the children live in with [`Watch::in_clusters`]:
+    /// without it the watch runs in the controller's own clusters only,
+    /// while a [`Children`](crate::ownership::Children) given the same
+    /// `Watch` reads every cluster.
     pub fn owns_across<Child: Watchable>(self, watch: impl Into<Watch>) -> Self
     where
         K: kube::Resource<DynamicType = ()>,
