@@ -36,14 +36,17 @@
 //! - while its cluster stays engaged: [`Children::sweeps`] asks for the
 //!   parent again until the cluster's watch has synced and holds no child
 //!   naming it (wire it with `reconcile_on`, and call `sweep` on every run
-//!   of the parent's reconcile, so that each request does the work).
+//!   of the parent's reconcile that finds it gone, and `release` on every
+//!   run that finds it unwanted, so that each request does the work).
 //!
 //! A parent that is *released* rather than deleted
 //! ([`ObjectRequest::finalize_if`] with `wanted` false) still exists, so its
-//! UID proves nothing: for it, [`Children::delete`] fails while any cluster
-//! was skipped, and the finalizer stays until every cluster was reached.
-//! Once the finalizer is gone, [`Children::release`], called on every run
-//! that finds the parent unwanted, deletes the children that show up later.
+//! UID proves nothing: for it, [`Children::delete`] fails while a cluster
+//! that holds its children gives no answer, and the finalizer stays until
+//! that cluster was reached. Once the finalizer is gone,
+//! [`Children::release`], called on every run that finds the parent
+//! unwanted, deletes the children that show up later (in a cluster whose
+//! children were not known yet, or made a moment before the release).
 //!
 //! The same holds for a child that reaches its cluster's store after the
 //! cleanup read the stores (made a moment before the parent went): it wakes
@@ -51,7 +54,8 @@
 //! [`Children::release`]). Both need the controller to
 //! [`owns_across`](crate::Controller::owns_across) the children with the
 //! [`Watch`] the [`Children`] read, and its reconcile to call
-//! [`Children::sweep`] when the request's object is gone.
+//! [`Children::sweep`] when the request's object is gone and
+//! [`Children::release`] when it is unwanted.
 //!
 //! A child whose parent's cluster is not engaged is left alone until it is:
 //! nothing can tell whether its parent still exists.
@@ -87,8 +91,8 @@
 //!             return Ok(Action::await_change());
 //!         }
 //!         let wanted = request.object.as_ref().is_some_and(|p| p.labels().get("copy").is_some_and(|v| v == "yes"));
-//!         if !wanted {
-//!             children.release(&request).await?; // copies that arrive after it was released
+//!         if !wanted && !request.object.as_ref().is_some_and(|p| p.finalizers().iter().any(|f| f == "example.com/copies")) {
+//!             children.release(&request).await?; // released: copies that show up later go too
 //!         }
 //!         request
 //!             .finalize_if(wanted, "example.com/copies", |event| async {
@@ -438,19 +442,18 @@ where
         parent: &McRequest,
     ) -> Vec<(InCluster<C>, ParentRef)> {
         let key = request_key::<P>(parent);
-        // A parent's name is in its children's annotation as it is (names
-        // need no escaping in JSON): a cheap test before the parse.
-        let names = |child: &InCluster<C>| {
+        // A cheap test before the parse: the parent's name is in its
+        // children's annotation as it is, unless JSON escapes it (then the
+        // annotation holds a backslash).
+        let names = |child: &C| {
             child
-                .object
                 .annotations()
                 .get(PARENT_ANNOTATION)
-                .is_some_and(|value| value.contains(parent.name.as_str()))
+                .is_some_and(|value| value.contains(parent.name.as_str()) || value.contains('\\'))
         };
         self.store
-            .list()
+            .list_where(names)
             .into_iter()
-            .filter(names)
             .filter_map(|child| match ParentRef::of_child(child.object.as_ref()) {
                 Some(Ok(named)) if named.key() == key => Some((child, named)),
                 _ => None,
@@ -493,8 +496,10 @@ where
     /// watch has not synced, or that gives no answer is skipped and
     /// reported, not waited for (see the [module docs](self) for how it is
     /// swept later), unless the parent stays (is not being deleted): then
-    /// any skipped cluster fails the call. An error from a server that
-    /// answers fails the call, to be retried.
+    /// a cluster that holds its children and gives no answer fails the
+    /// call (for those in clusters not known yet, see
+    /// [`release`](Self::release)). An error from a server that answers
+    /// fails the call, to be retried.
     ///
     /// It deletes the children the clusters' stores hold. A child made a
     /// moment before the parent went may reach its store only after this
@@ -509,7 +514,7 @@ where
         timeout: Duration,
     ) -> Result<Deleted, BoxError> {
         let children = self.of(parent);
-        let deleted = self
+        let (deleted, unanswered) = self
             .delete_children(&parent.request, children, timeout, Unknown::Remember)
             .await?;
         // A parent that stays (released by `finalize_if`, not deleted) does
@@ -519,16 +524,21 @@ where
             .object
             .as_ref()
             .is_some_and(|p| p.meta().deletion_timestamp.is_none());
-        if staying && !deleted.skipped.is_empty() {
-            let skipped: Vec<String> = deleted
-                .skipped
-                .iter()
-                .map(|(cluster, why)| format!("{}: {why}", crate::fleetwide::shown(cluster)))
-                .collect();
+        // Children that a cluster holds but could not delete (it gave no
+        // answer) keep the finalizer. Those in clusters whose children are
+        // not known yet are listed to the controller when they are, and
+        // `release` deletes them then.
+        let unreached: Vec<String> = deleted
+            .skipped
+            .iter()
+            .filter(|(cluster, _)| unanswered.contains(cluster))
+            .map(|(cluster, why)| format!("{}: {why}", crate::fleetwide::shown(cluster)))
+            .collect();
+        if staying && !unreached.is_empty() {
             return Err(format!(
                 "{} stays, so its children must go from every cluster first; not reached: {}",
                 parent.request,
-                skipped.join("; ")
+                unreached.join("; ")
             )
             .into());
         }
@@ -561,16 +571,19 @@ where
             Unknown::Remember,
         )
         .await
+        .map(|(deleted, _)| deleted)
     }
 
     /// Deletes every child of the request's object, which exists but is no
     /// longer the reconciler's (the `wanted` false of
     /// [`ObjectRequest::finalize_if`]: its label was removed, say). Call it
     /// on every run of the parent's reconcile that finds the object
-    /// unwanted: a child made a moment before the parent was released
-    /// reaches its cluster's store after the cleanup read it, wakes its
-    /// parent through [`owns_across`](crate::Controller::owns_across), and
-    /// goes here. Skips clusters as [`sweep`](Self::sweep) does, without
+    /// unwanted and without the finalizer (while the finalizer is there, its
+    /// cleanup's [`delete`](Self::delete) does this): a child made a moment
+    /// before the parent was released, or in a cluster whose children were
+    /// not known yet, reaches its cluster's store after the cleanup read it,
+    /// wakes its parent through
+    /// [`owns_across`](crate::Controller::owns_across), and goes here. Skips clusters as [`sweep`](Self::sweep) does, without
     /// failing; one that gave no answer is asked about again through
     /// [`sweeps`](Self::sweeps), one whose children are not known yet lists
     /// them to the controller once it is served, and each wakes its parent.
@@ -592,6 +605,7 @@ where
             Unknown::Forget,
         )
         .await
+        .map(|(deleted, _)| deleted)
     }
 
     /// The requests of parents whose cleanup or sweep skipped a cluster
@@ -683,7 +697,7 @@ where
         children: Vec<InCluster<C>>,
         timeout: Duration,
         unknown: Unknown,
-    ) -> Result<Deleted, BoxError> {
+    ) -> Result<(Deleted, HashSet<ClusterName>), BoxError> {
         let mut deleted = Deleted::default();
         // Clusters whose children are not all known: reported, not recorded,
         // since their children are listed to the controller once they are
@@ -754,17 +768,25 @@ where
         }
         // Those that gave no answer, or whose children are not all known,
         // are asked about again once they are (see `sweeps`).
+        // With `Unknown::Forget`, a cluster the store has not read yet is
+        // still remembered: the controller may have listed its children
+        // before the store followed it, and would not be told again.
+        let mut recorded = false;
         for (cluster, _) in &deleted.skipped {
             let answered = !unanswered.contains(cluster);
-            if self.fleet.get(cluster).is_some() && !(answered && unknown == Unknown::Forget) {
+            let forget = answered && unknown == Unknown::Forget && read.contains_key(cluster);
+            if self.fleet.get(cluster).is_some() && !forget {
                 self.record(cluster, parent, Some(!answered));
+                recorded = true;
             }
         }
-        if !deleted.skipped.is_empty() {
+        if recorded {
             tracing::warn!(parent = %parent, skipped = ?deleted.skipped, "children in clusters that are down are left for a sweep when they return");
+        } else if !deleted.skipped.is_empty() {
+            tracing::debug!(parent = %parent, skipped = ?deleted.skipped, "clusters whose children are not known yet wake the parent once they are");
         }
         if failures.is_empty() {
-            Ok(deleted)
+            Ok((deleted, unanswered))
         } else {
             Err(format!("deleting children failed in {}", failures.join("; ")).into())
         }
@@ -776,8 +798,8 @@ where
 enum Unknown {
     /// The parent is asked about again once the cluster's watch syncs.
     Remember,
-    /// Nothing: the parent stays, and the cluster's children, once listed,
-    /// wake it.
+    /// Nothing, once the store reads the cluster: the parent stays, and the
+    /// cluster's children, once listed, wake it.
     Forget,
 }
 

@@ -70,7 +70,13 @@ fn start(fleet: &Fleet) -> (Children<ConfigMap>, mpsc::UnboundedReceiver<String>
                     .as_ref()
                     .is_some_and(|l| l.get("parent").is_some_and(|v| v == "yes"))
             });
-            if !wanted {
+            let finalizing = request.object.as_ref().is_some_and(|p| {
+                p.metadata
+                    .finalizers
+                    .as_ref()
+                    .is_some_and(|f| f.iter().any(|f| f == "adv.example.com/children"))
+            });
+            if !wanted && !finalizing {
                 children.release(&request).await?;
             }
             request
@@ -132,6 +138,27 @@ async fn hub_and_member_with_child(
     (env, children, hub, m1, parent)
 }
 
+/// A hub, a member m1, and a member m2 whose watches are forbidden (never
+/// synced), with the controller of `start` running.
+async fn with_a_member_that_cannot_sync() -> (
+    Envtest,
+    Children<ConfigMap>,
+    mpsc::UnboundedReceiver<String>,
+    Api<ConfigMap>,
+    Api<ConfigMap>,
+) {
+    let env = Envtest::start(2).await.unwrap();
+    let fleet = Fleet::new();
+    fleet.engage(ClusterName::local(), env.clusters()[0].client());
+    fleet.engage("m1", env.clusters()[1].client());
+    // Same server, no RBAC: its watches are forbidden, never synced.
+    fleet.engage("m2", env.clusters()[1].client_for("alice", &[]).unwrap());
+    let (children, rx) = start(&fleet);
+    let hub = Api::<ConfigMap>::namespaced(env.clusters()[0].client(), "default");
+    let m1 = Api::<ConfigMap>::namespaced(env.clusters()[1].client(), "default");
+    (env, children, rx, hub, m1)
+}
+
 async fn count_for(
     rx: &mut mpsc::UnboundedReceiver<String>,
     name: &str,
@@ -153,15 +180,7 @@ async fn count_for(
 /// watch syncs.
 #[tokio::test]
 async fn a_member_that_cannot_sync_asks_for_no_parent_until_it_does() {
-    let env = Envtest::start(2).await.unwrap();
-    let fleet = Fleet::new();
-    fleet.engage(ClusterName::local(), env.clusters()[0].client());
-    fleet.engage("m1", env.clusters()[1].client());
-    // Same server, no RBAC: its watches are forbidden, never synced.
-    fleet.engage("m2", env.clusters()[1].client_for("alice", &[]).unwrap());
-    let (children, mut rx) = start(&fleet);
-    let hub = Api::<ConfigMap>::namespaced(env.clusters()[0].client(), "default");
-    let m1 = Api::<ConfigMap>::namespaced(env.clusters()[1].client(), "default");
+    let (_env, children, mut rx, hub, m1) = with_a_member_that_cannot_sync().await;
     hub.create(&PostParams::default(), &cm("p", &[("parent", "yes")]))
         .await
         .unwrap();
@@ -309,4 +328,44 @@ async fn a_child_that_appears_after_its_parent_was_released_goes() {
         "the parent stays"
     );
     assert_eq!(children.pending(), 0);
+}
+
+/// A member whose children are not known (its watch cannot sync) holds up
+/// no released parent: the finalizer comes off once the members that answer
+/// are cleaned.
+#[tokio::test]
+async fn a_member_that_cannot_sync_holds_up_no_released_parent() {
+    let (_env, children, _rx, hub, m1) = with_a_member_that_cannot_sync().await;
+    hub.create(&PostParams::default(), &cm("t", &[("parent", "yes")]))
+        .await
+        .unwrap();
+    eventually("child in m1", || async {
+        m1.get_opt("t").await.unwrap().is_some()
+    })
+    .await;
+    hub.patch(
+        "t",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({ "metadata": { "labels": { "parent": null } } })),
+    )
+    .await
+    .unwrap();
+    eventually("child gone", || async {
+        m1.get_opt("t").await.unwrap().is_none()
+    })
+    .await;
+    eventually("finalizer gone", || async {
+        hub.get("t")
+            .await
+            .unwrap()
+            .metadata
+            .finalizers
+            .unwrap_or_default()
+            .is_empty()
+    })
+    .await;
+    // Remembered for m2 only by the cleanup; the releases that follow, of
+    // this and every other unwanted ConfigMap, record nothing.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(children.pending(), 1);
 }

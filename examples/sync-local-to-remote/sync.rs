@@ -77,8 +77,13 @@ async fn push(fleet: Fleet) -> Result<(), BoxError> {
                 return Ok(Action::await_change());
             }
             let asked = request.object.as_deref().is_some_and(wanted);
-            if !asked {
-                // Copies pushed a moment before its label went, seen since.
+            let finalizing = request
+                .object
+                .as_ref()
+                .is_some_and(|cm| cm.finalizers().iter().any(|f| f == FINALIZER));
+            if !asked && !finalizing {
+                // Released: copies that show up since (pushed a moment
+                // before its label went) go too.
                 children.release(&request).await?;
             }
             request

@@ -270,15 +270,32 @@ impl<K: Watchable> FleetStore<K> {
 
     /// Every object held, in every cluster whose watch has listed.
     pub fn list(&self) -> Vec<InCluster<K>> {
-        let state = self.inner.state();
-        state
-            .watches
-            .iter()
-            .flat_map(|(cluster, (_, watch))| {
-                watch.store().state().into_iter().map(|object| InCluster {
-                    cluster: cluster.clone(),
-                    object,
-                })
+        self.list_where(|_| true)
+    }
+
+    /// The objects held for which `keep` holds, in every cluster whose
+    /// watch has listed.
+    pub(crate) fn list_where(&self, keep: impl Fn(&K) -> bool) -> Vec<InCluster<K>> {
+        // Read outside the lock, which the task that follows the fleet needs.
+        let stores: Vec<_> = {
+            let state = self.inner.state();
+            state
+                .watches
+                .iter()
+                .map(|(cluster, (_, watch))| (cluster.clone(), watch.store()))
+                .collect()
+        };
+        stores
+            .into_iter()
+            .flat_map(|(cluster, store)| {
+                store
+                    .state()
+                    .into_iter()
+                    .filter(|object| keep(object))
+                    .map(move |object| InCluster {
+                        cluster: cluster.clone(),
+                        object,
+                    })
             })
             .collect()
     }
@@ -286,9 +303,11 @@ impl<K: Watchable> FleetStore<K> {
     /// The objects held in the cluster `cluster`; `None` if the store does
     /// not read that cluster (not engaged, not selected, or not yet seen).
     pub fn in_cluster(&self, cluster: &str) -> Option<Vec<Arc<K>>> {
-        let state = self.inner.state();
-        let (_, watch) = state.watches.get(cluster)?;
-        Some(watch.store().state())
+        let store = {
+            let state = self.inner.state();
+            state.watches.get(cluster)?.1.store()
+        };
+        Some(store.state())
     }
 
     /// The object `key` in the cluster `cluster`, if held.
