@@ -127,6 +127,12 @@ async fn hub_and_member_with_child(
     let (children, _rx) = start(&fleet);
     let hub = Api::<ConfigMap>::namespaced(env.clusters()[0].client(), "default");
     let m1 = Api::<ConfigMap>::namespaced(env.clusters()[1].client(), "default");
+    let parent = parent_with_child(&hub, &m1, name).await;
+    (env, children, hub, m1, parent)
+}
+
+/// Makes the parent `name` in the hub and waits for its child in m1.
+async fn parent_with_child(hub: &Api<ConfigMap>, m1: &Api<ConfigMap>, name: &str) -> ConfigMap {
     let parent = hub
         .create(&PostParams::default(), &cm(name, &[("parent", "yes")]))
         .await
@@ -135,7 +141,28 @@ async fn hub_and_member_with_child(
         m1.get_opt(name).await.unwrap().is_some()
     })
     .await;
-    (env, children, hub, m1, parent)
+    parent
+}
+
+/// Removes the parent `name`'s label, and waits for its child in m1 and its
+/// finalizer to go.
+async fn released(hub: &Api<ConfigMap>, m1: &Api<ConfigMap>, name: &str) {
+    hub.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({ "metadata": { "labels": { "parent": null } } })),
+    )
+    .await
+    .unwrap();
+    eventually("child gone", || async {
+        m1.get_opt(name).await.unwrap().is_none()
+    })
+    .await;
+    eventually("finalizer gone", || async {
+        let parent = hub.get(name).await.unwrap();
+        parent.metadata.finalizers.unwrap_or_default().is_empty()
+    })
+    .await;
 }
 
 /// A hub, a member m1, and a member m2 whose watches are forbidden (never
@@ -181,13 +208,7 @@ async fn count_for(
 #[tokio::test]
 async fn a_member_that_cannot_sync_asks_for_no_parent_until_it_does() {
     let (_env, children, mut rx, hub, m1) = with_a_member_that_cannot_sync().await;
-    hub.create(&PostParams::default(), &cm("p", &[("parent", "yes")]))
-        .await
-        .unwrap();
-    eventually("child in m1", || async {
-        m1.get_opt("p").await.unwrap().is_some()
-    })
-    .await;
+    parent_with_child(&hub, &m1, "p").await;
     hub.delete("p", &DeleteParams::default()).await.unwrap();
     eventually("parent gone", || async {
         hub.get_opt("p").await.unwrap().is_none()
@@ -232,13 +253,7 @@ async fn a_member_that_syncs_later_without_children_is_never_cleared() {
     let (children, mut rx) = start(&fleet);
     let hub = Api::<ConfigMap>::namespaced(env.clusters()[0].client(), "default");
     let m1 = Api::<ConfigMap>::namespaced(env.clusters()[1].client(), "default");
-    hub.create(&PostParams::default(), &cm("q", &[("parent", "yes")]))
-        .await
-        .unwrap();
-    eventually("child in m1", || async {
-        m1.get_opt("q").await.unwrap().is_some()
-    })
-    .await;
+    parent_with_child(&hub, &m1, "q").await;
     hub.delete("q", &DeleteParams::default()).await.unwrap();
     eventually("parent gone", || async {
         hub.get_opt("q").await.unwrap().is_none()
@@ -292,27 +307,7 @@ async fn a_child_that_appears_after_its_parent_went_is_swept() {
 #[tokio::test]
 async fn a_child_that_appears_after_its_parent_was_released_goes() {
     let (_env, children, hub, m1, _) = hub_and_member_with_child("s").await;
-    hub.patch(
-        "s",
-        &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({ "metadata": { "labels": { "parent": null } } })),
-    )
-    .await
-    .unwrap();
-    eventually("child gone", || async {
-        m1.get_opt("s").await.unwrap().is_none()
-    })
-    .await;
-    eventually("finalizer gone", || async {
-        hub.get("s")
-            .await
-            .unwrap()
-            .metadata
-            .finalizers
-            .unwrap_or_default()
-            .is_empty()
-    })
-    .await;
+    released(&hub, &m1, "s").await;
     let parent = hub.get("s").await.unwrap();
     let mut late = cm("s-late", &[]);
     ParentRef::of(&ClusterName::local(), &parent)
@@ -336,34 +331,8 @@ async fn a_child_that_appears_after_its_parent_was_released_goes() {
 #[tokio::test]
 async fn a_member_that_cannot_sync_holds_up_no_released_parent() {
     let (_env, children, _rx, hub, m1) = with_a_member_that_cannot_sync().await;
-    hub.create(&PostParams::default(), &cm("t", &[("parent", "yes")]))
-        .await
-        .unwrap();
-    eventually("child in m1", || async {
-        m1.get_opt("t").await.unwrap().is_some()
-    })
-    .await;
-    hub.patch(
-        "t",
-        &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({ "metadata": { "labels": { "parent": null } } })),
-    )
-    .await
-    .unwrap();
-    eventually("child gone", || async {
-        m1.get_opt("t").await.unwrap().is_none()
-    })
-    .await;
-    eventually("finalizer gone", || async {
-        hub.get("t")
-            .await
-            .unwrap()
-            .metadata
-            .finalizers
-            .unwrap_or_default()
-            .is_empty()
-    })
-    .await;
+    parent_with_child(&hub, &m1, "t").await;
+    released(&hub, &m1, "t").await;
     // Remembered for m2 only by the cleanup; the releases that follow, of
     // this and every other unwanted ConfigMap, record nothing.
     tokio::time::sleep(Duration::from_secs(1)).await;
