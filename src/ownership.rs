@@ -42,8 +42,8 @@
 //! A parent that is *released* rather than deleted
 //! ([`ObjectRequest::finalize_if`] with `wanted` false) still exists, so its
 //! UID proves nothing: for it, [`Children::delete`] fails while a cluster
-//! that holds its children gives no answer, and the finalizer stays until
-//! that cluster was reached. Once the finalizer is gone,
+//! whose store holds its children gives no answer, and the finalizer stays
+//! until that cluster was reached. Once the finalizer is gone,
 //! [`Children::release`], called on every run that finds the parent
 //! unwanted, deletes the children that show up later (in a cluster whose
 //! children were not known yet, or made a moment before the release).
@@ -59,6 +59,13 @@
 //!
 //! A child whose parent's cluster is not engaged is left alone until it is:
 //! nothing can tell whether its parent still exists.
+//!
+//! The controller is told of a member's children once it serves that
+//! member: once every one of its watches there has synced. In a member
+//! where another of its watches cannot sync, children are noticed only
+//! through [`Children::sweeps`], whose record is in memory; keep the
+//! children's watch the controller's only one in the members, or every
+//! watch there syncable.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -496,8 +503,8 @@ where
     /// watch has not synced, or that gives no answer is skipped and
     /// reported, not waited for (see the [module docs](self) for how it is
     /// swept later), unless the parent stays (is not being deleted): then
-    /// a cluster that holds its children and gives no answer fails the
-    /// call (for those in clusters not known yet, see
+    /// a cluster whose store holds its children and that gives no answer
+    /// fails the call (for those in clusters not known yet, see
     /// [`release`](Self::release)). An error from a server that answers
     /// fails the call, to be retried.
     ///
@@ -513,9 +520,12 @@ where
         parent: &ObjectRequest<P>,
         timeout: Duration,
     ) -> Result<Deleted, BoxError> {
+        // The clusters' states before their children are read: a cluster
+        // that syncs in between counts as not synced, not as holding none.
+        let read = self.states();
         let children = self.of(parent);
         let (deleted, unanswered) = self
-            .delete_children(&parent.request, children, timeout, Unknown::Remember)
+            .delete_children(&parent.request, read, children, timeout, Unknown::Remember)
             .await?;
         // A parent that stays (released by `finalize_if`, not deleted) does
         // not prove its children orphans by its absence: every cluster must
@@ -555,6 +565,7 @@ where
         parent: &ObjectRequest<P>,
     ) -> Result<Deleted, BoxError> {
         let uid = parent.object.as_ref().and_then(|p| p.meta().uid.clone());
+        let read = self.states();
         let orphans: Vec<_> = self
             .named_by::<P>(&parent.request)
             .into_iter()
@@ -566,6 +577,7 @@ where
         }
         self.delete_children(
             &parent.request,
+            read,
             orphans,
             Duration::from_secs(30),
             Unknown::Remember,
@@ -583,10 +595,14 @@ where
     /// before the parent was released, or in a cluster whose children were
     /// not known yet, reaches its cluster's store after the cleanup read it,
     /// wakes its parent through
-    /// [`owns_across`](crate::Controller::owns_across), and goes here. Skips clusters as [`sweep`](Self::sweep) does, without
-    /// failing; one that gave no answer is asked about again through
-    /// [`sweeps`](Self::sweeps), one whose children are not known yet lists
-    /// them to the controller once it is served, and each wakes its parent.
+    /// [`owns_across`](crate::Controller::owns_across), and goes here.
+    ///
+    /// Skips clusters as [`sweep`](Self::sweep) does, without failing: one
+    /// that gave no answer, or that the store has not read yet, is asked
+    /// about again through [`sweeps`](Self::sweeps) (wire it); one whose
+    /// watch has not synced lists its children to the controller once the
+    /// controller serves it (every one of its watches there has synced),
+    /// and each wakes its parent.
     ///
     /// It reads the stores: each call costs a pass over the children held,
     /// no API call unless a child is found.
@@ -594,12 +610,14 @@ where
         &self,
         parent: &ObjectRequest<P>,
     ) -> Result<Deleted, BoxError> {
+        let read = self.states();
         let children = self.of(parent);
         if !children.is_empty() {
             tracing::info!(parent = %parent.request, children = children.len(), "deleting children of a released parent");
         }
         self.delete_children(
             &parent.request,
+            read,
             children,
             Duration::from_secs(30),
             Unknown::Forget,
@@ -691,19 +709,22 @@ where
         }
     }
 
+    /// The state of each cluster's watch of the children.
+    fn states(&self) -> HashMap<ClusterName, WatchState> {
+        self.store.clusters().into_iter().collect()
+    }
+
     async fn delete_children(
         &self,
         parent: &McRequest,
+        read: HashMap<ClusterName, WatchState>,
         children: Vec<InCluster<C>>,
         timeout: Duration,
         unknown: Unknown,
     ) -> Result<(Deleted, HashSet<ClusterName>), BoxError> {
         let mut deleted = Deleted::default();
-        // Clusters whose children are not all known: reported, not recorded,
-        // since their children are listed to the controller once they are
-        // served (a first sync, or an engagement anew) and each wakes its
-        // parent then.
-        let read: HashMap<ClusterName, WatchState> = self.store.clusters().into_iter().collect();
+        // Clusters whose children are not all known: reported, and recorded
+        // below as `unknown` says.
         for cluster in self.fleet.clusters() {
             let name = cluster.name();
             if !self.store.reads(name) {
