@@ -10,7 +10,7 @@ use std::{sync::Arc, time::Duration};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
-    Api,
+    Api, ResourceExt,
     api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
@@ -64,17 +64,10 @@ fn start(fleet: &Fleet) -> (Children<ConfigMap>, mpsc::UnboundedReceiver<String>
                 children.sweep(&request).await?;
                 return Ok(Action::await_change());
             }
-            let wanted = request.object.as_ref().is_some_and(|p| {
-                p.metadata
-                    .labels
-                    .as_ref()
-                    .is_some_and(|l| l.get("parent").is_some_and(|v| v == "yes"))
-            });
-            let finalizing = request.object.as_ref().is_some_and(|p| {
-                p.metadata
-                    .finalizers
-                    .as_ref()
-                    .is_some_and(|f| f.iter().any(|f| f == "adv.example.com/children"))
+            let object = request.object.as_deref();
+            let wanted = object.is_some_and(|p| p.labels().get("parent").is_some_and(|v| v == "yes"));
+            let finalizing = object.is_some_and(|p| {
+                p.finalizers().iter().any(|f| f == "adv.example.com/children")
             });
             if !wanted && !finalizing {
                 children.release(&request).await?;
@@ -186,6 +179,29 @@ async fn with_a_member_that_cannot_sync() -> (
     (env, children, rx, hub, m1)
 }
 
+/// Deletes the parent `name` in the hub and waits for it to be gone.
+async fn deleted(hub: &Api<ConfigMap>, name: &str) {
+    hub.delete(name, &DeleteParams::default()).await.unwrap();
+    eventually("parent gone", || async {
+        hub.get_opt(name).await.unwrap().is_none()
+    })
+    .await;
+}
+
+/// Makes a child `name` of `parent` in m1, as a late writer would, and
+/// waits for it to be deleted.
+async fn late_child_goes(m1: &Api<ConfigMap>, parent: &ConfigMap, name: &str) {
+    let mut late = cm(name, &[]);
+    ParentRef::of(&ClusterName::local(), parent)
+        .unwrap()
+        .adopt(&mut late);
+    m1.create(&PostParams::default(), &late).await.unwrap();
+    eventually("late child gone", || async {
+        m1.get_opt(name).await.unwrap().is_none()
+    })
+    .await;
+}
+
 async fn count_for(
     rx: &mut mpsc::UnboundedReceiver<String>,
     name: &str,
@@ -209,11 +225,7 @@ async fn count_for(
 async fn a_member_that_cannot_sync_asks_for_no_parent_until_it_does() {
     let (_env, children, mut rx, hub, m1) = with_a_member_that_cannot_sync().await;
     parent_with_child(&hub, &m1, "p").await;
-    hub.delete("p", &DeleteParams::default()).await.unwrap();
-    eventually("parent gone", || async {
-        hub.get_opt("p").await.unwrap().is_none()
-    })
-    .await;
+    deleted(&hub, "p").await;
     eventually("child gone", || async {
         m1.get_opt("p").await.unwrap().is_none()
     })
@@ -254,11 +266,7 @@ async fn a_member_that_syncs_later_without_children_is_never_cleared() {
     let hub = Api::<ConfigMap>::namespaced(env.clusters()[0].client(), "default");
     let m1 = Api::<ConfigMap>::namespaced(env.clusters()[1].client(), "default");
     parent_with_child(&hub, &m1, "q").await;
-    hub.delete("q", &DeleteParams::default()).await.unwrap();
-    eventually("parent gone", || async {
-        hub.get_opt("q").await.unwrap().is_none()
-    })
-    .await;
+    deleted(&hub, "q").await;
     link.restore();
     eventually("m2 synced", || async {
         children.store().unsynced().is_empty()
@@ -279,25 +287,13 @@ async fn a_member_that_syncs_later_without_children_is_never_cleared() {
 #[tokio::test]
 async fn a_child_that_appears_after_its_parent_went_is_swept() {
     let (_env, children, hub, m1, parent) = hub_and_member_with_child("r").await;
-    hub.delete("r", &DeleteParams::default()).await.unwrap();
-    eventually("parent gone", || async {
-        hub.get_opt("r").await.unwrap().is_none()
-    })
-    .await;
+    deleted(&hub, "r").await;
     eventually("child gone", || async {
         m1.get_opt("r").await.unwrap().is_none()
     })
     .await;
     // The late child: it names the parent that is gone.
-    let mut late = cm("r-late", &[]);
-    ParentRef::of(&ClusterName::local(), &parent)
-        .unwrap()
-        .adopt(&mut late);
-    m1.create(&PostParams::default(), &late).await.unwrap();
-    eventually("late child gone", || async {
-        m1.get_opt("r-late").await.unwrap().is_none()
-    })
-    .await;
+    late_child_goes(&m1, &parent, "r-late").await;
     assert_eq!(children.pending(), 0);
 }
 
@@ -309,15 +305,7 @@ async fn a_child_that_appears_after_its_parent_was_released_goes() {
     let (_env, children, hub, m1, _) = hub_and_member_with_child("s").await;
     released(&hub, &m1, "s").await;
     let parent = hub.get("s").await.unwrap();
-    let mut late = cm("s-late", &[]);
-    ParentRef::of(&ClusterName::local(), &parent)
-        .unwrap()
-        .adopt(&mut late);
-    m1.create(&PostParams::default(), &late).await.unwrap();
-    eventually("late child gone", || async {
-        m1.get_opt("s-late").await.unwrap().is_none()
-    })
-    .await;
+    late_child_goes(&m1, &parent, "s-late").await;
     assert!(
         hub.get_opt("s").await.unwrap().is_some(),
         "the parent stays"
