@@ -19,7 +19,7 @@ use kube::{
     runtime::watcher,
 };
 use kube_fleet::{
-    Action, Controller, Fleet, FleetEvent, McRequest, ObjectRequest, provider::Problems,
+    Action, Cluster, Controller, Fleet, FleetEvent, McRequest, ObjectRequest, provider::Problems,
 };
 use kube_fleet_envtest::{Envtest, TestCluster};
 use kube_fleet_provider_cluster_inventory::{
@@ -212,7 +212,8 @@ async fn create_config_map(cluster: &TestCluster, name: &str) {
 
 struct Running {
     fleet: Fleet,
-    reconciles: mpsc::UnboundedReceiver<McRequest>,
+    /// Each reconcile, with the engagement of its cluster it ran against.
+    reconciles: mpsc::UnboundedReceiver<(McRequest, Cluster)>,
     problems: Problems,
     events: mpsc::UnboundedReceiver<FleetEvent>,
 }
@@ -225,7 +226,7 @@ fn run(provider: ClusterProfileProvider) -> Running {
     let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default());
     tokio::spawn(controller.run(tower::service_fn(
         move |request: ObjectRequest<ConfigMap>| {
-            let _ = tx.send(request.request);
+            let _ = tx.send((request.request, request.cluster));
             async { Ok::<_, BoxError>(Action::await_change()) }
         },
     )));
@@ -242,12 +243,15 @@ fn run(provider: ClusterProfileProvider) -> Running {
 }
 
 impl Running {
-    /// Waits until each of `names` in `cluster` is reconciled, in any order.
+    /// Waits until each of `names` in `cluster` is reconciled, in any order,
+    /// by the engagement of `cluster` that is current when it is read.
     async fn reconciled(&mut self, cluster: &str, names: &[&str]) {
         let mut left: Vec<&str> = names.to_vec();
         tokio::time::timeout(PATIENCE, async {
-            while let Some(request) = self.reconciles.recv().await {
-                if request.cluster.as_ref() == cluster {
+            while let Some((request, ran_against)) = self.reconciles.recv().await {
+                // One that ran against an engagement replaced since is not
+                // counted: what is awaited is reconciled by the current one.
+                if request.cluster.as_ref() == cluster && ran_against.is_engaged() {
                     left.retain(|name| *name != request.name);
                 }
                 if left.is_empty() {
@@ -256,7 +260,9 @@ impl Running {
             }
         })
         .await
-        .unwrap_or_else(|_| panic!("{cluster}: {names:?} not reconciled within {PATIENCE:?}"));
+        .unwrap_or_else(|_| {
+            panic!("{cluster}: {left:?} of {names:?} not reconciled within {PATIENCE:?}")
+        });
     }
 
     /// The next fleet event, as `+name` (engaged) or `-name` (disengaged).
@@ -425,7 +431,6 @@ async fn healthy_profiles_engage_through_the_plugin_which_refreshes_tokens_and_f
     .await;
     create_config_map(one, "while-moving").await;
     assert_eq!(running.event().await, "+default/one");
-    while running.reconciles.try_recv().is_ok() {}
     running
         .reconciled("default/one", &["on-one", "while-moving", "after-rotation"])
         .await;
