@@ -226,6 +226,9 @@ fn run(provider: ClusterProfileProvider) -> Running {
     let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default());
     tokio::spawn(controller.run(tower::service_fn(
         move |request: ObjectRequest<ConfigMap>| {
+            // Sent as the reconcile is called, not in the future: a handle
+            // of a replaced engagement (which holds its client) is read
+            // before any of its successor's, so none outlives the waits.
             let _ = tx.send((request.request, request.cluster));
             async { Ok::<_, BoxError>(Action::await_change()) }
         },
