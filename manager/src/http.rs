@@ -7,7 +7,7 @@ use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode, body::Incoming, header, service::service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::{encoding::text::encode, registry::Registry};
-use tokio::{net::TcpListener, task::JoinSet};
+use tokio::{net::TcpListener, sync::watch, task::JoinSet};
 
 use crate::readiness::Readiness;
 
@@ -25,17 +25,26 @@ const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Serves the endpoints on `listener` until dropped; each connection in a
-/// task of its own, ended with the server.
-pub(crate) async fn serve(listener: TcpListener, endpoints: Arc<Endpoints>) -> std::io::Error {
+/// Serves the endpoints on `listener`, each connection in a task of its
+/// own, until `stop` turns true or its sender goes. Then it closes the
+/// listener and ends every connection before it returns. Dropped, it ends
+/// them too, as their tasks are next polled.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    endpoints: Arc<Endpoints>,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut connections = JoinSet::new();
     loop {
         if connections.len() >= MAX_CONNECTIONS {
             // Full: a connection must end before another is accepted.
-            connections.join_next().await;
-            continue;
+            tokio::select! {
+                () = stopped(&mut stop) => break,
+                _ = connections.join_next() => continue,
+            }
         }
         let (stream, _) = tokio::select! {
+            () = stopped(&mut stop) => break,
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 // A connection that failed as it was accepted, or a lack of
@@ -64,6 +73,13 @@ pub(crate) async fn serve(listener: TcpListener, endpoints: Arc<Endpoints>) -> s
             }
         });
     }
+    drop(listener);
+    connections.shutdown().await;
+}
+
+/// Resolves once `stop` turns true or its sender goes.
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
 }
 
 fn answer(endpoints: &Endpoints, request: &Request<Incoming>) -> Response<Full<Bytes>> {

@@ -316,6 +316,9 @@ impl Manager {
     /// Runs everything until the shutdown signal, or until the first fatal
     /// error: a controller that fails, leadership lost, the endpoints' socket
     /// failing. On an error the controllers are stopped before it returns.
+    /// The endpoints answer until the controllers have stopped, and are
+    /// closed when it returns: their port is free again and no connection
+    /// is answered any more.
     pub async fn run(self) -> Result<(), Error> {
         let Self {
             fleet,
@@ -457,138 +460,161 @@ impl Manager {
             }
         };
         let mut tasks = Tasks::default();
+        // Told to stop as `run` returns, the server closes its listener and
+        // ends its connections; `run` waits for that.
+        let (stop_serving, serving_stops) = watch::channel(false);
+        let mut served = None;
         let mut server = match listener {
             Some(listener) => {
-                let address = listener.local_addr().ok();
-                tracing::info!(?address, "serving /healthz, /readyz and /metrics");
-                let handle = tokio::spawn(serve(listener, endpoints.clone()));
+                let address = listener
+                    .local_addr()
+                    .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+                tracing::info!(%address, "serving /healthz, /readyz and /metrics");
+                let handle = tokio::spawn(serve(listener, endpoints.clone(), serving_stops));
                 tasks.0.push(handle.abort_handle());
+                let ended = handle
+                    .map(|ended| ended.map_err(|error| error.to_string()))
+                    .boxed()
+                    .shared();
+                served = Some(ended.clone());
                 async move {
-                    let source = handle
+                    // Only a panic or an abort ends it before it is told to.
+                    let reason = ended
                         .await
-                        .unwrap_or_else(|e| std::io::Error::other(e.to_string()));
+                        .err()
+                        .unwrap_or_else(|| "the server ended".to_owned());
                     Error::Serve {
-                        address: address.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0))),
-                        source,
+                        address,
+                        source: std::io::Error::other(reason),
                     }
                 }
                 .boxed()
             }
             None => futures::future::pending().boxed(),
         };
-        for provider in providers.into_iter().flatten() {
-            let fleet = fleet.clone();
-            let run = tokio::spawn(async move { fleet.run(provider).await });
-            tasks.0.push(run.abort_handle());
-        }
-        let mut shutdown = shutdown.unwrap_or_else(|| futures::future::pending().boxed());
-        let mut elector_done = elector.is_none();
-        let mut elector = elector.unwrap_or_else(|| futures::future::pending().boxed());
-
-        // Wait to lead.
-        if let Some(lease) = &lease {
-            tracing::info!(%lease, "waiting to lead");
-            let mut leading = role.clone();
-            tokio::select! {
-                result = &mut elector => return result,
-                error = &mut server => {
-                    let _ = stop_election.send(true);
-                    let _ = elector.await;
-                    return Err(error);
-                }
-                () = &mut shutdown => {
-                    let _ = stop_election.send(true);
-                    return elector.await;
-                }
-                _ = async { leading.wait_for(|role| *role == Role::Leading).await.is_ok() } => {}
+        let result = async {
+            for provider in providers.into_iter().flatten() {
+                let fleet = fleet.clone();
+                let run = tokio::spawn(async move { fleet.run(provider).await });
+                tasks.0.push(run.abort_handle());
             }
-        }
+            let mut shutdown = shutdown.unwrap_or_else(|| futures::future::pending().boxed());
+            let mut elector_done = elector.is_none();
+            let mut elector = elector.unwrap_or_else(|| futures::future::pending().boxed());
 
-        // Lead: run the controllers until they stop.
-        let (halt, halted) = watch::channel(false);
-        let mut running: FuturesUnordered<_> = controllers
-            .into_iter()
-            .map(|added| {
-                let mut halted = halted.clone();
-                let signal = async move {
-                    let _ = halted.wait_for(|halt| *halt).await;
+            // Wait to lead.
+            if let Some(lease) = &lease {
+                tracing::info!(%lease, "waiting to lead");
+                let mut leading = role.clone();
+                tokio::select! {
+                    result = &mut elector => return result,
+                    error = &mut server => {
+                        let _ = stop_election.send(true);
+                        let _ = elector.await;
+                        return Err(error);
+                    }
+                    () = &mut shutdown => {
+                        let _ = stop_election.send(true);
+                        return elector.await;
+                    }
+                    _ = async { leading.wait_for(|role| *role == Role::Leading).await.is_ok() } => {}
                 }
-                .boxed();
-                added.started.store(true, Ordering::SeqCst);
-                let handle = tokio::spawn((added.start)(signal, gate.clone()));
-                tasks.0.push(handle.abort_handle());
-                let name = added.name;
-                let started = added.started;
-                async move {
-                    let ended = handle.await;
-                    started.store(false, Ordering::SeqCst);
-                    (name, ended)
-                }
-            })
-            .collect();
-        let mut error: Option<Error> = None;
-        let mut halting = false;
-        loop {
-            if running.is_empty() && (halting || error.is_some()) {
-                break;
             }
-            tokio::select! {
-                () = &mut shutdown, if !halting => {
-                    tracing::info!("shutting down");
-                    halting = true;
+
+            // Lead: run the controllers until they stop.
+            let (halt, halted) = watch::channel(false);
+            let mut running: FuturesUnordered<_> = controllers
+                .into_iter()
+                .map(|added| {
+                    let mut halted = halted.clone();
+                    let signal = async move {
+                        let _ = halted.wait_for(|halt| *halt).await;
+                    }
+                    .boxed();
+                    added.started.store(true, Ordering::SeqCst);
+                    let handle = tokio::spawn((added.start)(signal, gate.clone()));
+                    tasks.0.push(handle.abort_handle());
+                    let name = added.name;
+                    let started = added.started;
+                    async move {
+                        let ended = handle.await;
+                        started.store(false, Ordering::SeqCst);
+                        (name, ended)
+                    }
+                })
+                .collect();
+            let mut error: Option<Error> = None;
+            let mut halting = false;
+            loop {
+                if running.is_empty() && (halting || error.is_some()) {
+                    break;
                 }
-                Some((controller, ended)) = running.next() => match ended {
-                    Ok(Ok(())) => {
-                        if !halting {
-                            tracing::info!(%controller, "controller stopped");
+                tokio::select! {
+                    () = &mut shutdown, if !halting => {
+                        tracing::info!("shutting down");
+                        halting = true;
+                    }
+                    Some((controller, ended)) = running.next() => match ended {
+                        Ok(Ok(())) => {
+                            if !halting {
+                                tracing::info!(%controller, "controller stopped");
+                            }
                         }
-                    }
-                    Ok(Err(source)) => {
-                        error.get_or_insert(Error::Controller { controller, source });
+                        Ok(Err(source)) => {
+                            error.get_or_insert(Error::Controller { controller, source });
+                            halting = true;
+                        }
+                        Err(join) => {
+                            error.get_or_insert(Error::Panicked { controller, message: join.to_string() });
+                            halting = true;
+                        }
+                    },
+                    result = &mut elector, if !elector_done => {
+                        elector_done = true;
+                        if let Err(lost) = result {
+                            error.get_or_insert(lost);
+                        }
                         halting = true;
                     }
-                    Err(join) => {
-                        error.get_or_insert(Error::Panicked { controller, message: join.to_string() });
+                    failed = &mut server => {
+                        error.get_or_insert(failed);
                         halting = true;
+                        server = futures::future::pending().boxed();
                     }
-                },
-                result = &mut elector, if !elector_done => {
-                    elector_done = true;
-                    if let Err(lost) = result {
-                        error.get_or_insert(lost);
-                    }
-                    halting = true;
                 }
-                failed = &mut server => {
-                    error.get_or_insert(failed);
-                    halting = true;
-                    server = futures::future::pending().boxed();
+                if halting {
+                    let _ = halt.send(true);
                 }
             }
-            if halting {
-                let _ = halt.send(true);
+            // The controllers have returned; a reconcile they cancelled ends
+            // as its task is next polled. Only then may the Lease go.
+            if tokio::time::timeout(std::time::Duration::from_secs(5), validity.drained())
+                .await
+                .is_err()
+            {
+                tracing::warn!("reconciles still running 5 s after the controllers stopped");
+                // Another replica must not start while they might run: the
+                // Lease is left to expire rather than released.
+                release.store(false, Ordering::SeqCst);
+            }
+            let _ = stop_election.send(true);
+            if !elector_done && let Err(lost) = elector.await {
+                error.get_or_insert(lost);
+            }
+            match error {
+                Some(error) => Err(error),
+                None => Ok(()),
             }
         }
-        // The controllers have returned; a reconcile they cancelled ends
-        // as its task is next polled. Only then may the Lease go.
-        if tokio::time::timeout(std::time::Duration::from_secs(5), validity.drained())
-            .await
-            .is_err()
-        {
-            tracing::warn!("reconciles still running 5 s after the controllers stopped");
-            // Another replica must not start while they might run: the
-            // Lease is left to expire rather than released.
-            release.store(false, Ordering::SeqCst);
-        }
-        let _ = stop_election.send(true);
-        if !elector_done && let Err(lost) = elector.await {
-            error.get_or_insert(lost);
+        .await;
+        // Closed before `run` returns: the port is free again and no
+        // connection, kept alive or new, is answered.
+        let _ = stop_serving.send(true);
+        if let Some(served) = served {
+            let _ = served.await;
         }
         drop(endpoints);
-        match error {
-            Some(error) => Err(error),
-            None => Ok(()),
-        }
+        result
     }
 }
 

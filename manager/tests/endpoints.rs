@@ -186,10 +186,13 @@ async fn endpoints_report_health_readiness_by_cluster_and_metrics() {
     let _ = stop.send(());
     let ended = tokio::time::timeout(PATIENCE, run).await.expect("stops");
     assert!(ended.expect("the manager's task").is_ok());
+    // Closed once `run` has returned: the connection kept alive is not
+    // answered, and the port is free for another manager.
     assert!(
         endpoints.get("/healthz").await.is_err(),
         "no endpoints after the stop"
     );
+    std::net::TcpListener::bind(("127.0.0.1", port)).expect("the port is free again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
