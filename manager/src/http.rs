@@ -39,11 +39,14 @@ pub(crate) async fn serve(
         if connections.len() >= MAX_CONNECTIONS {
             // Full: a connection must end before another is accepted.
             tokio::select! {
+                biased;
                 () = stopped(&mut stop) => break,
                 _ = connections.join_next() => continue,
             }
         }
+        // A stop comes first: nothing is accepted once it is asked for.
         let (stream, _) = tokio::select! {
+            biased;
             () = stopped(&mut stop) => break,
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -52,8 +55,10 @@ pub(crate) async fn serve(
                 // stop the operator, so wait and go on.
                 Err(error) => {
                     tracing::warn!(%error, "accepting a connection to the endpoints");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
+                    tokio::select! {
+                        () = stopped(&mut stop) => break,
+                        () = tokio::time::sleep(std::time::Duration::from_millis(100)) => continue,
+                    }
                 }
             },
             Some(_) = connections.join_next() => continue,

@@ -314,11 +314,12 @@ impl Manager {
     }
 
     /// Runs everything until the shutdown signal, or until the first fatal
-    /// error: a controller that fails, leadership lost, the endpoints' socket
-    /// failing. On an error the controllers are stopped before it returns.
+    /// error: a controller that fails, leadership lost, the endpoints' server
+    /// panicking. On an error the controllers are stopped before it returns.
     /// The endpoints answer until the controllers have stopped, and are
     /// closed when it returns: their port is free again and no connection
-    /// is answered any more.
+    /// is answered any more. A `run` future dropped rather than awaited to
+    /// its end closes them a moment later, as their tasks are next polled.
     pub async fn run(self) -> Result<(), Error> {
         let Self {
             fleet,
@@ -476,9 +477,9 @@ impl Manager {
                     .map(|ended| ended.map_err(|error| error.to_string()))
                     .boxed()
                     .shared();
-                served = Some(ended.clone());
+                served = Some((address, ended.clone()));
                 async move {
-                    // Only a panic or an abort ends it before it is told to.
+                    // Only a panic ends it before it is told to.
                     let reason = ended
                         .await
                         .err()
@@ -610,8 +611,16 @@ impl Manager {
         // Closed before `run` returns: the port is free again and no
         // connection, kept alive or new, is answered.
         let _ = stop_serving.send(true);
-        if let Some(served) = served {
-            let _ = served.await;
+        let mut result = result;
+        if let Some((address, served)) = served
+            && let Err(reason) = served.await
+        {
+            // A panic while nothing watched the server (the controllers
+            // stopping, the Lease going) is reported all the same.
+            result = result.and(Err(Error::Serve {
+                address,
+                source: std::io::Error::other(reason),
+            }));
         }
         drop(endpoints);
         result
