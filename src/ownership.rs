@@ -162,6 +162,10 @@ pub const PARENT_ANNOTATION: &str = "kube-fleet.dev/parent";
 /// The label on a child that holds its parent's UID.
 pub const PARENT_UID_LABEL: &str = "kube-fleet.dev/parent-uid";
 
+/// How long [`Children::sweep`] and [`Children::release`] wait for each
+/// cluster's deletes.
+const SWEEP_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// A parent in some cluster, as its children in other clusters name it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ParentRef {
@@ -579,7 +583,7 @@ where
             &parent.request,
             read,
             orphans,
-            Duration::from_secs(30),
+            SWEEP_TIMEOUT,
             Unknown::Remember,
         )
         .await
@@ -619,7 +623,7 @@ where
             &parent.request,
             read,
             children,
-            Duration::from_secs(30),
+            SWEEP_TIMEOUT,
             Unknown::Forget,
         )
         .await

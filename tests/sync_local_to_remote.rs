@@ -27,6 +27,17 @@ async fn mode(api: &Api<ConfigMap>, name: &str) -> Option<String> {
     api.get_opt(name).await.unwrap()?.data?.get("mode").cloned()
 }
 
+/// Edits the copy `name` by hand.
+async fn drift(api: &Api<ConfigMap>, name: &str) {
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "data": { "mode": "drifted" } })),
+    )
+    .await
+    .unwrap();
+}
+
 async fn all_hold(apis: &[Api<ConfigMap>], want: Option<&str>, what: &str) {
     eventually(what, || async {
         for api in apis {
@@ -103,14 +114,7 @@ async fn labelled_config_maps_reach_every_remote_drift_is_reverted_and_deletion_
     );
 
     // Drift in one remote is reverted there.
-    api(2)
-        .patch(
-            "settings",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "data": { "mode": "drifted" } })),
-        )
-        .await
-        .unwrap();
+    drift(&api(2), "settings").await;
     all_hold(&[api(2)], Some("fast"), "the drift reverted").await;
 
     // Updates propagate; a remote that joins later gets the copy.
@@ -226,13 +230,7 @@ async fn a_copy_deleted_by_hand_comes_back() {
     .await;
     // Drift reverted: the remote's watch of the copies has seen this one,
     // so that it sees its deletion too.
-    edge.patch(
-        "b",
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "data": { "mode": "drifted" } })),
-    )
-    .await
-    .unwrap();
+    drift(&edge, "b").await;
     eventually("drift reverted", || async {
         mode(&edge, "b").await.as_deref() == Some("fast")
     })
