@@ -65,6 +65,7 @@ pub struct TestCluster {
     proxy: FaultProxy,
     ca: CertificateAuthority,
     kubeconfig: Kubeconfig,
+    kubeconfig_yaml: String,
     kubeconfig_path: PathBuf,
     client: Client,
     timeout: Duration,
@@ -155,7 +156,7 @@ impl TestCluster {
                 std::io::Error::other(e),
             )
         })?;
-        fs::write(&kubeconfig_path, yaml)
+        fs::write(&kubeconfig_path, &yaml)
             .map_err(|e| Error::io(format!("writing {}", kubeconfig_path.display()), e))?;
         let client = kubeconfig::client(kubeconfig.clone(), name)?;
         let cluster = Self {
@@ -166,6 +167,7 @@ impl TestCluster {
             proxy,
             ca: pki.ca,
             kubeconfig,
+            kubeconfig_yaml: yaml,
             kubeconfig_path,
             client,
             timeout,
@@ -194,6 +196,81 @@ impl TestCluster {
     /// Where the same kubeconfig is written as a file; it is removed with the fleet.
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig_path
+    }
+
+    /// The same kubeconfig as YAML, the text a kubeconfig file or Secret
+    /// holds: what a test puts into a Secret for a provider to read.
+    ///
+    /// ```no_run
+    /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+    /// use k8s_openapi::{ByteString, api::core::v1::Secret};
+    /// use kube::{Api, api::{ObjectMeta, PostParams}};
+    ///
+    /// let fleet = kube_fleet_envtest::Envtest::start(2).await?;
+    /// let (hub, east) = (&fleet.clusters()[0], &fleet.clusters()[1]);
+    /// let secret = Secret {
+    ///     metadata: ObjectMeta { name: Some("east".into()), ..ObjectMeta::default() },
+    ///     data: Some([("kubeconfig".to_owned(), ByteString(east.kubeconfig_yaml().into()))].into()),
+    ///     ..Secret::default()
+    /// };
+    /// Api::<Secret>::default_namespaced(hub.client())
+    ///     .create(&PostParams::default(), &secret)
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn kubeconfig_yaml(&self) -> &str {
+        &self.kubeconfig_yaml
+    }
+
+    /// The admin kubeconfig with its credentials handed out by an exec
+    /// credential plugin: a shell script, written beside the kubeconfig
+    /// file, that runs `before` (any shell text: `sleep 3`, `exit 1`,
+    /// `echo $$ >> runs`) and then prints an `ExecCredential` holding the
+    /// admin's client certificate.
+    ///
+    /// It is for tests of what a program does with slow, failing or
+    /// counted plugins; a program must allow exec plugins to use it. Each
+    /// call writes a new script.
+    ///
+    /// ```no_run
+    /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+    /// let fleet = kube_fleet_envtest::Envtest::start(1).await?;
+    /// // A plugin that takes two seconds to answer.
+    /// let slow = fleet.clusters()[0].exec_kubeconfig("sleep 2")?;
+    /// let config = kube::Config::from_custom_kubeconfig(slow, &Default::default()).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn exec_kubeconfig(&self, before: &str) -> Result<Kubeconfig> {
+        use std::os::unix::fs::PermissionsExt;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        static PLUGINS: AtomicUsize = AtomicUsize::new(0);
+        let n = PLUGINS.fetch_add(1, Ordering::Relaxed);
+        let dir = self.kubeconfig_path.with_file_name(format!("plugin-{n}"));
+        fs::create_dir_all(&dir)
+            .map_err(|e| Error::io(format!("creating directory {}", dir.display()), e))?;
+        let admin = self
+            .ca
+            .client_certificate(&format!("{}-admin", self.name), &["system:masters"])?;
+        let credential = kubeconfig::exec_credential(&admin);
+        let credential_path = dir.join("credential.json");
+        let write = |path: &Path, text: &str| {
+            fs::write(path, text).map_err(|e| Error::io(format!("writing {}", path.display()), e))
+        };
+        write(&credential_path, &credential.to_string())?;
+        let plugin = dir.join("plugin");
+        write(
+            &plugin,
+            &format!("#!/bin/sh\n{before}\ncat '{}'\n", credential_path.display()),
+        )?;
+        fs::set_permissions(&plugin, fs::Permissions::from_mode(0o755))
+            .map_err(|e| Error::io(format!("making {} executable", plugin.display()), e))?;
+        Ok(kubeconfig::with_exec(
+            &self.kubeconfig,
+            &plugin.display().to_string(),
+        ))
     }
 
     /// The admin kubeconfig pointed at the API server itself, past the

@@ -3,7 +3,10 @@
 use base64::{Engine, engine::general_purpose::STANDARD};
 use kube::{
     Client, Config,
-    config::{AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext},
+    config::{
+        AuthInfo, Cluster, Context, ExecConfig, Kubeconfig, NamedAuthInfo, NamedCluster,
+        NamedContext,
+    },
 };
 
 use crate::{
@@ -69,6 +72,33 @@ pub(crate) fn with_server(kubeconfig: &Kubeconfig, server: &str) -> Kubeconfig {
     if let Some(cluster) = kubeconfig.clusters[0].cluster.as_mut() {
         cluster.server = Some(server.to_owned());
     }
+    kubeconfig
+}
+
+/// The `ExecCredential` a plugin prints to hand out `credentials`.
+pub(crate) fn exec_credential(credentials: &ClientCertificate) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "kind": "ExecCredential",
+        "status": {
+            "clientCertificateData": credentials.cert,
+            "clientKeyData": credentials.key,
+        }
+    })
+}
+
+/// The same kubeconfig with its user's credentials taken from the exec
+/// plugin `command` instead.
+pub(crate) fn with_exec(kubeconfig: &Kubeconfig, command: &str) -> Kubeconfig {
+    let mut kubeconfig = kubeconfig.clone();
+    kubeconfig.auth_infos[0].auth_info = Some(AuthInfo {
+        exec: Some(ExecConfig {
+            api_version: Some("client.authentication.k8s.io/v1".to_owned()),
+            command: Some(command.to_owned()),
+            ..ExecConfig::default()
+        }),
+        ..AuthInfo::default()
+    });
     kubeconfig
 }
 

@@ -59,6 +59,13 @@ type Build = Arc<dyn Fn() -> BoxFuture<'static, Result<Client, BuildError>> + Se
 /// failure is reported to [`Problems`] under the source's name, and cleared
 /// when the cluster is engaged or no longer wanted.
 ///
+/// Only the version wanted when a build completes is ever engaged: a build
+/// overtaken by a newer version, by [`unwant`](Self::unwant) or by
+/// [`hold`](Self::hold) is dropped when it completes, whatever was engaged
+/// before. A source that stops giving credentials (a Secret whose key was
+/// removed, which is how an operator revokes them) calls `hold`, so a
+/// rotation still being built when the key went is never engaged.
+///
 /// ```
 /// use std::time::Duration;
 /// use kube_fleet::provider::{BuildError, ClusterEvent, Engagements, Problems};
@@ -102,10 +109,12 @@ struct Entry {
     source: String,
     hash: u64,
     generation: u64,
-    build: Build,
-    /// Whether the fleet holds this cluster now (from this version or an
-    /// earlier one).
-    engaged: bool,
+    /// Builds this version again while it is waiting; dropped once it is
+    /// engaged, so no credential outlives its use.
+    build: Option<Build>,
+    /// The version the fleet holds this cluster from now, if it does (this
+    /// version or an earlier one).
+    engaged: Option<u64>,
     state: State,
     /// Why this version gave no client, while it is refused or waiting.
     problem: Option<String>,
@@ -190,14 +199,33 @@ impl Engagements {
         self.generations += 1;
         let generation = self.generations;
         let build: Build = Arc::new(move || build().boxed());
-        let engaged = self.entries.get(&name).is_some_and(|e| e.engaged);
+        let engaged = self.entries.get(&name).and_then(|e| e.engaged);
+        if engaged == Some(hash) {
+            // Back to the version engaged now, while another was being
+            // built or was held: that one is dropped, this one stays.
+            let source = source.into();
+            self.problems.clear(&source);
+            self.entries.insert(
+                name,
+                Entry {
+                    source,
+                    hash,
+                    generation,
+                    build: None,
+                    engaged,
+                    state: State::Engaged,
+                    problem: None,
+                },
+            );
+            return;
+        }
         self.entries.insert(
             name.clone(),
             Entry {
                 source: source.into(),
                 hash,
                 generation,
-                build: build.clone(),
+                build: Some(build.clone()),
                 engaged,
                 state: State::Building,
                 problem: None,
@@ -206,13 +234,76 @@ impl Engagements {
         self.start(name, generation, &build);
     }
 
+    /// The source of `name` gives no version now (its key is gone, or
+    /// empty), but leaves a cluster engaged from it as it was: that cluster
+    /// stays engaged, from the version it was engaged from, and a version
+    /// being built or waiting to be built again is dropped, never to be
+    /// engaged. A cluster not engaged is no longer wanted, as with
+    /// [`unwant`](Self::unwant). The provider reports why to [`Problems`]
+    /// after this call, which clears the source's problem.
+    ///
+    /// Wanting the engaged version again later builds nothing; any other
+    /// version is built as usual.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use kube_fleet::provider::{ClusterEvent, Engagements, Problems};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut engagements = Engagements::new(Problems::new(), Duration::from_secs(30));
+    /// let config = kube::Config::new("https://east.example.com:6443".parse()?);
+    /// let client = kube::Client::try_from(config)?;
+    /// let first = client.clone();
+    /// engagements.want("east", "Secret fleet/east", 1, move || {
+    ///     let client = first.clone();
+    ///     async move { Ok(client) }
+    /// });
+    /// assert!(matches!(engagements.next().await, ClusterEvent::Engage { .. }));
+    ///
+    /// // A rotation whose credential plugin is slow, then the key is removed.
+    /// engagements.want("east", "Secret fleet/east", 2, move || {
+    ///     let client = client.clone();
+    ///     async move {
+    ///         tokio::time::sleep(Duration::from_secs(5)).await;
+    ///         Ok(client)
+    ///     }
+    /// });
+    /// engagements.hold("east");
+    /// // The rotation is never engaged; version 1 stays.
+    /// let next = tokio::time::timeout(Duration::from_secs(60), engagements.next()).await;
+    /// assert!(next.is_err());
+    /// assert!(engagements.is_engaged("east"));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn hold(&mut self, name: &str) {
+        let Some(entry) = self.entries.get_mut(name) else {
+            return;
+        };
+        let Some(engaged) = entry.engaged else {
+            self.unwant(name);
+            return;
+        };
+        self.problems.clear(&entry.source);
+        if entry.state != State::Engaged || entry.hash != engaged {
+            tracing::info!(cluster = %name, source = %entry.source, "a version being built is dropped: its source gives no client now; the cluster stays as it was engaged");
+        }
+        self.generations += 1;
+        entry.generation = self.generations;
+        entry.hash = engaged;
+        entry.build = None;
+        entry.state = State::Engaged;
+        entry.problem = None;
+    }
+
     /// The cluster `name` should not be engaged (its source is gone, or
     /// says it is not ready): it is disengaged if it was engaged, a build
     /// under way is forgotten, and its source's problem is cleared.
     pub fn unwant(&mut self, name: &str) {
         if let Some(entry) = self.entries.remove(name) {
             self.problems.clear(&entry.source);
-            if entry.engaged {
+            if entry.engaged.is_some() {
                 tracing::info!(cluster = %name, source = %entry.source, "disengaging a cluster");
                 self.ready.push_back(ClusterEvent::Disengage {
                     name: ClusterName::new(name),
@@ -223,7 +314,7 @@ impl Engagements {
 
     /// Whether the fleet holds the cluster `name` now, from any version.
     pub fn is_engaged(&self, name: &str) -> bool {
-        self.entries.get(name).is_some_and(|e| e.engaged)
+        self.entries.get(name).is_some_and(|e| e.engaged.is_some())
     }
 
     /// Whether the cluster `name` is wanted (engaged, being built, refused
@@ -259,8 +350,9 @@ impl Engagements {
                     && entry.state == State::Waiting
                 {
                     entry.state = State::Building;
-                    let build = entry.build.clone();
-                    self.start(name, generation, &build);
+                    if let Some(build) = entry.build.clone() {
+                        self.start(name, generation, &build);
+                    }
                 }
                 continue;
             }
@@ -294,8 +386,9 @@ impl Engagements {
         match built.result {
             Ok(client) => {
                 self.problems.clear(&entry.source);
-                tracing::info!(cluster = %name, source = %entry.source, again = entry.engaged, "engaging a cluster");
-                entry.engaged = true;
+                tracing::info!(cluster = %name, source = %entry.source, again = entry.engaged.is_some(), "engaging a cluster");
+                entry.engaged = Some(entry.hash);
+                entry.build = None;
                 entry.state = State::Engaged;
                 self.ready.push_back(ClusterEvent::Engage { name, client });
                 return;
@@ -314,7 +407,7 @@ impl Engagements {
                 self.retries.insert((name.clone(), entry.generation), retry);
             }
         }
-        if std::mem::take(&mut entry.engaged) {
+        if entry.engaged.take().is_some() {
             tracing::info!(cluster = %name, source = %entry.source, "disengaging a cluster: its source gives no client now");
             self.ready.push_back(ClusterEvent::Disengage { name });
         }
@@ -438,6 +531,74 @@ mod tests {
         );
         assert!(!engagements.is_engaged("a"));
         assert!(engagements.is_wanted("a"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_build_held_before_it_completes_is_never_engaged() {
+        let problems = Problems::new();
+        let mut engagements = Engagements::new(problems.clone(), Duration::from_secs(30));
+        engagements.want("a", "Secret a/a", 1, || async { Ok(client()) });
+        assert_eq!(name(&engagements.next().await), ("engage", "a".to_owned()));
+        let slow = || async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Ok(client())
+        };
+        // A rotation being built when the key goes.
+        engagements.want("a", "Secret a/a", 2, slow);
+        engagements.hold("a");
+        problems.report("Secret a/a", "has no key");
+        assert!(
+            tokio::time::timeout(Duration::from_secs(60), engagements.next())
+                .await
+                .is_err(),
+            "the held rotation was engaged"
+        );
+        assert!(engagements.is_engaged("a"));
+        assert_eq!(problems.get("Secret a/a").as_deref(), Some("has no key"));
+        // The engaged version back: nothing to build, nothing to engage.
+        engagements.want("a", "Secret a/a", 1, || async {
+            panic!("the engaged version was built again")
+        });
+        assert!(
+            tokio::time::timeout(Duration::from_secs(60), engagements.next())
+                .await
+                .is_err()
+        );
+        assert_eq!(problems.get("Secret a/a"), None);
+        // The rotation back: built and engaged.
+        engagements.want("a", "Secret a/a", 2, slow);
+        assert_eq!(name(&engagements.next().await), ("engage", "a".to_owned()));
+        // A held version waiting to be built again is dropped too.
+        engagements.want("a", "Secret a/a", 3, || async {
+            Err(BuildError::Unavailable("the plugin failed".into()))
+        });
+        assert_eq!(
+            name(&engagements.next().await),
+            ("disengage", "a".to_owned())
+        );
+        engagements.hold("a");
+        assert!(!engagements.is_wanted("a"));
+        assert!(
+            tokio::time::timeout(Duration::from_secs(600), engagements.next())
+                .await
+                .is_err()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_cluster_never_engaged_is_no_longer_wanted() {
+        let mut engagements = Engagements::new(Problems::new(), Duration::from_secs(30));
+        engagements.want("a", "a", 1, || async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Ok(client())
+        });
+        engagements.hold("a");
+        assert!(!engagements.is_wanted("a"));
+        assert!(
+            tokio::time::timeout(Duration::from_secs(60), engagements.next())
+                .await
+                .is_err()
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -232,11 +232,9 @@ impl<K: ClusterObject> State<K> {
                 );
             }
             Some(None) => {
-                // A version built from bytes it no longer holds must not be
-                // engaged later.
-                if !self.engagements.is_engaged(key) {
-                    self.engagements.unwant(key);
-                }
+                // A version built from bytes it no longer holds is never
+                // engaged, even if its build is under way.
+                self.engagements.hold(key);
                 self.problems.report(
                     &source,
                     format!(

@@ -436,3 +436,57 @@ async fn v1beta1_clusters_are_read_by_control_plane_ready_or_by_a_test_of_ones_o
     .await;
     assert_eq!(by_phase.event().await, "-default/provisioned");
 }
+
+#[tokio::test]
+async fn a_key_removed_while_its_rotation_is_built_leaves_the_rotation_unengaged() {
+    let env = Envtest::start(2).await.unwrap();
+    let (hub, one) = (&env.clusters()[0], &env.clusters()[1]);
+    hub.install_crds([v1beta2::Cluster::crd()]).await.unwrap();
+    create_config_map(one, "on-one").await;
+    create_cluster::<v1beta2::Cluster>(hub, "one", serde_json::json!({})).await;
+    set_status::<v1beta2::Cluster>(hub, "one", initialized()).await;
+    put_secret(hub, "one", Some(&text(one.kubeconfig()))).await;
+    let provider = ClusterApiProvider::new(hub.client())
+        .policy(kube_fleet::provider::kubeconfig::KubeconfigPolicy::default().allow_exec());
+    let mut running = run(provider);
+    assert_eq!(running.event().await, "+default/one");
+    running.reconciled("default/one", "on-one").await;
+    let engaged = running.fleet.get("default/one").unwrap();
+
+    // Rotated to credentials from a plugin that takes a while, then the key
+    // is removed before the plugin has answered.
+    let dir = std::env::temp_dir().join(format!("capi-revoked-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let answered = dir.join("answered");
+    let rotated = one
+        .exec_kubeconfig(&format!("sleep 2; touch '{}'", answered.display()))
+        .unwrap();
+    put_secret(hub, "one", Some(&text(&rotated))).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    put_secret(hub, "one", None).await;
+    let problem = running.problem("Cluster default/one").await;
+    assert!(problem.contains("has no key"), "{problem}");
+
+    // The plugin answers; its credentials are never engaged.
+    tokio::time::timeout(PATIENCE, async {
+        while !answered.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the plugin answered");
+    // Kube may run it once more for the build.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    running.quiet().await;
+    assert!(
+        engaged.is_engaged(),
+        "the cluster engaged before was replaced"
+    );
+    let problem = running.problems.get("Cluster default/one");
+    assert!(
+        problem.as_deref().is_some_and(|p| p.contains("has no key")),
+        "{problem:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

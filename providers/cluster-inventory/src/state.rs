@@ -274,10 +274,8 @@ impl State {
                     }
                     [(name, None)] => {
                         // A version built from bytes it no longer holds
-                        // must not be engaged later.
-                        if !self.engagements.is_engaged(key) {
-                            self.engagements.unwant(key);
-                        }
+                        // is never engaged, even if its build is under way.
+                        self.engagements.hold(key);
                         self.problems.report(
                             &source,
                             format!(

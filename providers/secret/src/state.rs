@@ -115,11 +115,9 @@ impl State {
             .map(|value| value.0.as_slice())
             .filter(|bytes| !bytes.is_empty());
         let Some(bytes) = bytes else {
-            // A version built from bytes it no longer holds must not be
-            // engaged later.
-            if !self.engagements.is_engaged(&name) {
-                self.engagements.unwant(&name);
-            }
+            // A version built from bytes it no longer holds is never
+            // engaged, even if its build is under way.
+            self.engagements.hold(&name);
             self.problems.report(
                 source,
                 format!(

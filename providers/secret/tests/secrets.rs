@@ -540,3 +540,76 @@ async fn a_credential_plugin_that_fails_for_a_while_is_tried_again() {
     assert!(running.problems.get("Secret default/east").is_none());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Waits until `path` exists.
+async fn exists(path: &std::path::Path) {
+    tokio::time::timeout(PATIENCE, async {
+        while !path.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{} not there within {PATIENCE:?}", path.display()));
+}
+
+#[tokio::test]
+async fn a_key_removed_while_its_rotation_is_built_leaves_the_rotation_unengaged() {
+    let env = Envtest::start(2).await.unwrap();
+    let (hub, east) = (&env.clusters()[0], &env.clusters()[1]);
+    create(east, "on-east").await;
+    put(
+        hub,
+        secret("east", &[("kubeconfig", &text(east.kubeconfig()))]),
+    )
+    .await;
+    let provider = SecretProvider::new(hub.client(), NAMESPACE)
+        .policy(kube_fleet::provider::kubeconfig::KubeconfigPolicy::default().allow_exec());
+    let mut running = run(provider);
+    running.reconciled("east", "on-east").await;
+    let engaged = running.fleet.get("east").unwrap();
+    assert_eq!(running.engagements(), ["east"]);
+
+    // Rotated to credentials from a plugin that takes a while, then the key
+    // is removed before the plugin has answered.
+    let dir = tempfile_dir("revoked");
+    let answered = dir.join("answered");
+    let rotated = east
+        .exec_kubeconfig(&format!("sleep 2; touch '{}'", answered.display()))
+        .unwrap();
+    put(hub, secret("east", &[("kubeconfig", &text(&rotated))])).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    secrets(hub)
+        .patch(
+            "east",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "data": { "kubeconfig": null } })),
+        )
+        .await
+        .unwrap();
+    let problem = running.problem_of("Secret default/east").await;
+    assert!(problem.contains("has no key"), "{problem}");
+
+    // The plugin answers (kube may run it once more for the build); its
+    // credentials are never engaged.
+    exists(&answered).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(running.engagements(), Vec::<String>::new());
+    assert!(
+        engaged.is_engaged(),
+        "the cluster engaged before was replaced"
+    );
+    let problem = running.problems.get("Secret default/east");
+    assert!(
+        problem.as_deref().is_some_and(|p| p.contains("has no key")),
+        "{problem:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A new, empty directory for a test's files.
+fn tempfile_dir(what: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("{what}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
