@@ -19,7 +19,7 @@ use tokio::sync::{Notify, OnceCell};
 use crate::{
     ClusterIdentity, ClusterName, IdentityError,
     cache::{ClusterCache, NamespaceView, Watchable},
-    client::{RequestStats, counting},
+    client::{Reachability, RequestStats, counting},
     identity,
 };
 
@@ -51,6 +51,7 @@ struct Inner {
     client: Client,
     cache: ClusterCache,
     requests: Arc<RequestStats>,
+    reachability: Arc<Reachability>,
     /// Read before every reconcile, so a flag rather than a lock.
     left: AtomicBool,
     leaving: Notify,
@@ -78,9 +79,10 @@ impl Cluster {
     pub fn new(name: impl Into<ClusterName>, client: Client) -> Self {
         let name = name.into();
         let requests = Arc::<RequestStats>::default();
-        let client = counting(client, requests.clone());
+        let reachability = Arc::new(Reachability::new(name.clone()));
+        let client = counting(client, requests.clone(), reachability.clone());
         let cache = ClusterCache::new(name.clone(), client.clone());
-        Self::with_cache(name, client, cache, requests)
+        Self::with_cache(name, client, cache, requests, reachability)
     }
 
     /// The cluster that is `view`'s namespace of its host: its client
@@ -92,9 +94,10 @@ impl Cluster {
     pub fn of_view(name: impl Into<ClusterName>, view: &NamespaceView) -> Self {
         let name = name.into();
         let requests = Arc::<RequestStats>::default();
-        let client = counting(view.client(), requests.clone());
+        let reachability = Arc::new(Reachability::new(name.clone()));
+        let client = counting(view.client(), requests.clone(), reachability.clone());
         let cache = ClusterCache::of_view(name.clone(), view);
-        Self::with_cache(name, client, cache, requests)
+        Self::with_cache(name, client, cache, requests, reachability)
     }
 
     fn with_cache(
@@ -102,6 +105,7 @@ impl Cluster {
         client: Client,
         cache: ClusterCache,
         requests: Arc<RequestStats>,
+        reachability: Arc<Reachability>,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -109,6 +113,7 @@ impl Cluster {
                 client,
                 cache,
                 requests,
+                reachability,
                 left: AtomicBool::new(false),
                 leaving: Notify::new(),
                 recorders: Mutex::default(),
@@ -270,7 +275,13 @@ impl Cluster {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
+    /// Whether the cluster answers, as its client's requests find it.
+    pub(crate) fn reachability(&self) -> &Reachability {
+        &self.inner.reachability
+    }
+
     pub(crate) fn leave(&self) {
+        self.inner.reachability.close();
         self.inner.left.store(true, Ordering::Release);
         self.inner.leaving.notify_waiters();
     }

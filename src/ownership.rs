@@ -375,6 +375,20 @@ pub struct Deleted {
     pub skipped: Vec<(ClusterName, String)>,
 }
 
+impl Deleted {
+    /// Notes that `cluster` was skipped for `why`: one entry per cluster,
+    /// with every cause.
+    fn skip(&mut self, cluster: &ClusterName, why: String) {
+        match self.skipped.iter_mut().find(|(c, _)| c == cluster) {
+            Some((_, causes)) => {
+                causes.push_str("; ");
+                causes.push_str(&why);
+            }
+            None => self.skipped.push((cluster.clone(), why)),
+        }
+    }
+}
+
 /// The children of type `C` that parents in other clusters own, across
 /// the fleet: see the [module docs](self).
 ///
@@ -683,15 +697,25 @@ where
         })
     }
 
-    /// How many parents wait for a sweep of a cluster that gave no answer.
+    /// How many parents wait for a sweep of a cluster they skipped, counted
+    /// once per parent and cluster, whether the cluster gave no answer or
+    /// its children were not known yet.
+    ///
+    /// An entry goes at once when a cleanup, [`sweep`](Self::sweep) or
+    /// [`release`](Self::release) of that parent reaches the cluster;
+    /// otherwise on a tick of [`sweeps`](Self::sweeps) that finds the
+    /// cluster gone from the fleet, or synced with no child naming the
+    /// parent. So a cluster that answers again stays counted for up to one
+    /// `sweeps` period.
     pub fn pending(&self) -> usize {
         let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         pending.values().map(HashMap::len).sum()
     }
 
     /// Records that `cluster` was skipped for `parent` (`Some(unanswered)`),
-    /// or clears that (`None`).
-    fn record(&self, cluster: &ClusterName, parent: &McRequest, skipped: Option<bool>) {
+    /// or clears that (`None`). Whether it is news: the cluster newly gives
+    /// no answer for this parent.
+    fn record(&self, cluster: &ClusterName, parent: &McRequest, skipped: Option<bool>) -> bool {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         match skipped {
             Some(unanswered) => {
@@ -700,7 +724,9 @@ where
                     .or_default()
                     .entry(parent.clone())
                     .or_default();
+                let news = unanswered && !*entry;
                 *entry |= unanswered;
+                news
             }
             None => {
                 if let Some(parents) = pending.get_mut(cluster) {
@@ -709,6 +735,7 @@ where
                         pending.remove(cluster);
                     }
                 }
+                false
             }
         }
     }
@@ -735,10 +762,10 @@ where
                 continue;
             }
             match read.get(name) {
-                None => deleted.skipped.push((name.clone(), "not read yet".into())),
-                Some(state) if *state != WatchState::Synced => deleted
-                    .skipped
-                    .push((name.clone(), format!("its watch is {state}"))),
+                None => deleted.skip(name, "not read yet".into()),
+                Some(state) if *state != WatchState::Synced => {
+                    deleted.skip(name, format!("its watch is {state}"))
+                }
                 Some(_) => {}
             }
         }
@@ -753,7 +780,7 @@ where
                 true
             }
             None => {
-                deleted.skipped.push((name.clone(), "not engaged".into()));
+                deleted.skip(name, "not engaged".into());
                 false
             }
         });
@@ -778,7 +805,7 @@ where
                     .extend(gone.into_iter().map(|key| key.in_cluster(cluster.clone()))),
                 Err(error) if unreachable(&*error) => {
                     unanswered.insert(cluster.clone());
-                    deleted.skipped.push((cluster, error.to_string()));
+                    deleted.skip(&cluster, error.to_string());
                 }
                 Err(error) => failures.push(format!("{cluster}: {error}")),
             }
@@ -797,16 +824,21 @@ where
         // still remembered: the controller may have listed its children
         // before the store followed it, and would not be told again.
         let mut recorded = false;
+        let mut news = false;
         for (cluster, _) in &deleted.skipped {
             let answered = !unanswered.contains(cluster);
             let forget = answered && unknown == Unknown::Forget && read.contains_key(cluster);
             if self.fleet.get(cluster).is_some() && !forget {
-                self.record(cluster, parent, Some(!answered));
+                news |= self.record(cluster, parent, Some(!answered));
                 recorded = true;
             }
         }
-        if recorded {
+        // Told once per parent and cluster: a cleanup retried while a
+        // cluster stays down says nothing new.
+        if news {
             tracing::warn!(parent = %parent, skipped = ?deleted.skipped, "children in clusters that are down are left for a sweep when they return");
+        } else if recorded {
+            tracing::debug!(parent = %parent, skipped = ?deleted.skipped, "children in clusters still down are left for a sweep when they return");
         } else if !deleted.skipped.is_empty() {
             tracing::debug!(parent = %parent, skipped = ?deleted.skipped, "clusters whose children are not known yet wake the parent once they are");
         }
@@ -853,21 +885,7 @@ where
 /// a gateway in front of it says so), rather than an answer that was an
 /// error.
 fn unreachable(error: &(dyn std::error::Error + 'static)) -> bool {
-    if crate::fleetwide::unanswered(error) {
-        return true;
-    }
-    let mut next = Some(error);
-    while let Some(error) = next {
-        match error.downcast_ref::<kube::Error>() {
-            Some(kube::Error::Api(status)) => return matches!(status.code, 502..=504),
-            Some(
-                kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::HttpError(_),
-            ) => return true,
-            _ => {}
-        }
-        next = error.source();
-    }
-    false
+    crate::fleetwide::unanswered(error) || crate::client::is_unanswered(error)
 }
 
 /// Whether the parent key `key` is that of `parent`'s request (any kind:

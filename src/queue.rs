@@ -15,7 +15,7 @@
 //! at most one backlog key, and the backlog still gets every other turn.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     pin::Pin,
     task::{Context, Poll},
     time::Duration,
@@ -87,6 +87,10 @@ pub(crate) enum Outcome {
     /// The run failed: run it again after the key's backoff, or after the
     /// given delay.
     Failure(Option<Duration>),
+    /// The run failed because its cluster gave no answer: run it again
+    /// after the key's backoff, or as soon as the cluster answers again
+    /// ([`answering`](Queue::answering)).
+    Unanswered,
     /// The run did not start, or was cut short, because its cluster left or
     /// was replaced: run it again at once, unless its cluster was purged.
     Interrupted,
@@ -132,6 +136,9 @@ struct ClusterQueue {
     bucket: Option<Tokens>,
     /// A token of `bucket` is taken for the next key.
     has_token: bool,
+    /// Keys whose last run failed for want of an answer from the cluster
+    /// (some may have run since: only those still delayed count).
+    unanswered: HashSet<McRequest>,
 }
 
 impl ClusterQueue {
@@ -570,7 +577,20 @@ impl Queue {
                 let at = now + delay.min(MAX_DELAY);
                 Some((at, Lane::Changed, ReconcileReason::ErrorRetry))
             }
+            Outcome::Unanswered => {
+                state.failures = state.failures.saturating_add(1);
+                let delay = self.backoff.jittered(state.failures, self.jitter.next());
+                let at = now + delay.min(MAX_DELAY);
+                Some((at, Lane::Changed, ReconcileReason::ErrorRetry))
+            }
         };
+        if !purged && let Some(cluster) = self.clusters.get_mut(&key.cluster) {
+            if outcome == Outcome::Unanswered {
+                cluster.unanswered.insert(key.clone());
+            } else if !cluster.unanswered.is_empty() {
+                cluster.unanswered.remove(key);
+            }
+        }
         // The sooner of the two runs, and its reason.
         let next = match (next, rerun) {
             (Some((a, la, ra)), Some((b, lb, rb))) => {
@@ -594,6 +614,38 @@ impl Queue {
             self.take_turn(&key.cluster);
             self.refresh(&key.cluster);
         }
+    }
+
+    /// The cluster answers again: its keys that wait out their backoff
+    /// because it gave no answer run now, each when the queue admits it
+    /// (its limits and fair share hold as for any other key). Says how
+    /// many.
+    pub(crate) fn answering(&mut self, cluster: &ClusterName) -> usize {
+        let Some(keys) = self
+            .clusters
+            .get_mut(cluster)
+            .map(|entry| std::mem::take(&mut entry.unanswered))
+        else {
+            return 0;
+        };
+        let now = Instant::now();
+        let mut woken = 0;
+        for key in keys {
+            let Some(KeyState {
+                phase: Phase::Delayed { slot, .. },
+                ..
+            }) = self.keys.get(&key)
+            else {
+                // Running, or ready already: nothing to hurry.
+                continue;
+            };
+            let slot = *slot;
+            self.delayed.remove(&slot);
+            self.cluster_mut(cluster).delayed -= 1;
+            self.enqueue(key, now, Lane::Changed);
+            woken += 1;
+        }
+        woken
     }
 
     /// Holds `cluster`'s keys until [`release`](Self::release): the
@@ -1200,6 +1252,63 @@ mod tests {
         }
         assert_eq!(k, key("quiet", "edited"));
         assert!(started.elapsed() <= Duration::from_millis(200));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keys_that_failed_for_want_of_an_answer_run_once_their_cluster_answers() {
+        let mut queue = queue_with(Limits {
+            cluster_concurrency: Some(1),
+            ..Limits::default()
+        });
+        for name in ["down-1", "down-2", "own-error", "requeued"] {
+            push(&mut queue, key("east", name));
+        }
+        push(&mut queue, key("west", "down"));
+        // Each fails again and again, so that its backoff grows long; the
+        // last time, one succeeds and asks to run in an hour instead.
+        for round in 0..12 {
+            while let Some(k) = ready_now(&mut queue) {
+                let outcome = match k.name.as_str() {
+                    "own-error" => Outcome::Failure(None),
+                    "requeued" if round == 11 => {
+                        Outcome::Success(Action::requeue(Duration::from_secs(3600)))
+                    }
+                    _ => Outcome::Unanswered,
+                };
+                queue.complete(&k, outcome);
+            }
+            tokio::time::advance(Duration::from_secs(30)).await;
+        }
+        while let Some(k) = ready_now(&mut queue) {
+            let own = k.name == "own-error";
+            queue.complete(
+                &k,
+                if own {
+                    Outcome::Failure(None)
+                } else {
+                    Outcome::Unanswered
+                },
+            );
+        }
+        assert!(queue.failures(&key("east", "down-1")) >= 12);
+        assert_eq!(ready_now(&mut queue), None, "all wait");
+
+        // Only east's keys that failed for want of an answer run now, one
+        // at a time as east's limit says.
+        assert_eq!(queue.answering(&"east".into()), 2);
+        let mut ran = Vec::new();
+        while let Some(k) = ready_now(&mut queue) {
+            assert_eq!(ready_now(&mut queue), None, "the cluster's limit holds");
+            queue.complete(&k, success());
+            ran.push(k.name);
+        }
+        ran.sort();
+        assert_eq!(ran, ["down-1", "down-2"]);
+        assert_eq!(queue.failures(&key("east", "down-1")), 0);
+        // Told again, nothing is left to hurry; west is told of its own.
+        assert_eq!(queue.answering(&"east".into()), 0);
+        assert_eq!(queue.answering(&"west".into()), 1);
+        assert_eq!(ready_now(&mut queue), Some(key("west", "down")));
     }
 
     #[tokio::test(start_paused = true)]

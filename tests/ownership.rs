@@ -326,3 +326,69 @@ async fn a_member_that_cannot_sync_holds_up_no_released_parent() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(children.pending(), 1);
 }
+
+/// A member cut off while its store still holds a child: its watch fails
+/// and the child cannot be deleted, and the cleanup names the member once,
+/// with both causes.
+#[tokio::test]
+async fn a_skipped_cluster_is_named_once_with_every_cause() {
+    let env = Envtest::start(2).await.unwrap();
+    let fleet = Fleet::new();
+    let hub_cluster = fleet.engage(ClusterName::local(), env.clusters()[0].client());
+    let link = env.clusters()[1].link().unwrap();
+    fleet.engage("m1", link.client());
+    let children = Children::<ConfigMap>::new(
+        &fleet,
+        Watch::new(watcher::Config::default().labels(PARENT_UID_LABEL))
+            .in_clusters(Clusters::Provided),
+    );
+    let hub = Api::<ConfigMap>::namespaced(env.clusters()[0].client(), "default");
+    let m1 = Api::<ConfigMap>::namespaced(env.clusters()[1].client(), "default");
+    // Being deleted, so that the cleanup reports what it skipped.
+    let mut parent = cm("p", &[]);
+    parent.metadata.finalizers = Some(vec!["test/hold".into()]);
+    hub.create(&PostParams::default(), &parent).await.unwrap();
+    hub.delete("p", &DeleteParams::default()).await.unwrap();
+    let parent = hub.get("p").await.unwrap();
+    let mut child = cm("p", &[]);
+    ParentRef::of(&ClusterName::local(), &parent)
+        .unwrap()
+        .adopt(&mut child);
+    m1.create(&PostParams::default(), &child).await.unwrap();
+    let request = ObjectRequest::new(
+        hub_cluster,
+        kube_fleet::McRequest::new(ClusterName::local(), Some("default"), "p"),
+        Some(Arc::new(parent)),
+    );
+    eventually("the child in the member's store", || async {
+        !children.of(&request).is_empty()
+    })
+    .await;
+
+    link.cut_off();
+    eventually("the member's watch failing", || async {
+        children
+            .store()
+            .clusters()
+            .iter()
+            .any(|(name, state)| name == "m1" && !state.is_synced())
+    })
+    .await;
+    let deleted = children
+        .delete(&request, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(deleted.skipped.len(), 1, "{:?}", deleted.skipped);
+    let (cluster, why) = &deleted.skipped[0];
+    assert_eq!(cluster, "m1");
+    assert!(why.contains("its watch is"), "{why}");
+    assert!(why.contains("; "), "one cause only: {why}");
+    link.restore();
+    hub.patch(
+        "p",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({ "metadata": { "finalizers": null } })),
+    )
+    .await
+    .unwrap();
+}

@@ -127,8 +127,9 @@ impl Manager {
     }
 
     /// Runs `provider` in the fleet ([`Fleet::run`]) for as long as the
-    /// manager runs, on every replica: clusters are engaged, and their
-    /// watches started, whether or not this replica leads. With
+    /// manager runs, on every replica: clusters are engaged whether or not
+    /// this replica leads (the watches there start with the controllers,
+    /// once it leads). With
     /// [sharding](Self::sharding), the fleet engages only the clusters this
     /// replica runs.
     pub fn provider(mut self, provider: impl Stream<Item = ClusterEvent> + Send + 'static) -> Self {

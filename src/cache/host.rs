@@ -24,12 +24,15 @@ use tokio::task::AbortHandle;
 use tower::BoxError;
 
 use super::{
-    ClusterCache, Shape, SharedWatch, TypeInfo, Watchable, error_chain,
+    ClusterCache, Shape, SharedWatch, TypeInfo, Watchable,
     state::{FailureLog, Health},
     watch::{Hub, apply},
     watch_key,
 };
-use crate::ClusterName;
+use crate::{
+    ClusterName,
+    client::{error_chain, is_unanswered},
+};
 
 /// The cache of a cluster whose namespaces are engaged as clusters of their
 /// own, each through a [`NamespaceView`]: what a namespace provider builds
@@ -388,7 +391,7 @@ async fn feed<K, S>(
             Ok(event) => event,
             Err(error) => {
                 let reason = error_chain(&error);
-                failures.failed(&host, &kind, &reason);
+                failures.failed(&host, &kind, &reason, is_unanswered(&error));
                 let mut parts = lock(&parts);
                 if parts.health.fail(&reason) {
                     parts.tell_health();

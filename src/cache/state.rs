@@ -92,8 +92,21 @@ pub(crate) struct FailureLog {
 
 impl FailureLog {
     /// Logs that the watch of `kind` in `cluster` failed for `reason`: as a
-    /// warning if the cause is new, at debug level if it is the last one.
-    pub(crate) fn failed(&mut self, cluster: &crate::ClusterName, kind: &str, reason: &str) {
+    /// warning if the cause is new, at debug level if it is the last one
+    /// or if the cluster gave no answer (`unanswered`): that the cluster
+    /// stops and starts answering is told once for all its requests, by
+    /// its client (`client::reachability`).
+    pub(crate) fn failed(
+        &mut self,
+        cluster: &crate::ClusterName,
+        kind: &str,
+        reason: &str,
+        unanswered: bool,
+    ) {
+        if unanswered {
+            tracing::debug!(%cluster, %kind, %reason, "watch failed: the cluster gives no answer; retrying with backoff");
+            return;
+        }
         if self.last.as_deref() == Some(reason) {
             tracing::debug!(%cluster, %kind, %reason, "watch failed again");
         } else {

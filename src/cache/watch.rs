@@ -19,11 +19,14 @@ use kube::{
 use tokio::{sync::watch, task::AbortHandle};
 
 use super::{
-    TypeInfo, error_chain,
+    TypeInfo,
     state::{FailureLog, Health, WatchState, WatchStatus},
     subscription::{Inbox, Note, Subscription, key_of},
 };
-use crate::ClusterName;
+use crate::{
+    ClusterName,
+    client::{error_chain, is_unanswered},
+};
 
 /// The subscribers of a watch, and whether it has listed yet (a subscriber
 /// that comes later is told of the objects already there).
@@ -293,7 +296,7 @@ async fn run<K, S>(
             Ok(event) => event,
             Err(error) => {
                 let reason = error_chain(&error);
-                failures.failed(&cluster, &kind, &reason);
+                failures.failed(&cluster, &kind, &reason, is_unanswered(&error));
                 hub.health.send_if_modified(|health| health.fail(&reason));
                 continue;
             }

@@ -44,19 +44,26 @@
 //! [`Client::valid_until`] for client certificates issued by an exec plugin.
 //!
 //! HTTP/2 needs rustls (the default features `rustls-tls` and `ring`, or
-//! `aws-lc-rs`). Where it is not available the client is kube's own, over
-//! HTTP/1.1: built with only `openssl-tls`, for a plain `http://` URL, or
-//! through a proxy ([`Config::proxy_url`]). [`ClientOptions::http1_only`]
-//! asks for HTTP/1.1 everywhere.
+//! `aws-lc-rs`). A plain `http://` URL is spoken to in HTTP/1.1, as is
+//! every cluster with [`ClientOptions::http1_only`], by the same stack.
+//! Where that stack is not available the client is kube's own, over
+//! HTTP/1.1: built with only `openssl-tls`, or through a proxy
+//! ([`Config::proxy_url`]); kube's own client also logs every failed
+//! request as an `ERROR`, where this one leaves a cluster that does not
+//! answer to be told once, as it stops and as it starts answering again.
 
 use std::time::Duration;
 
 use kube::{Client, Config};
 
+mod error;
+mod reachability;
 mod requests;
 #[cfg(feature = "rustls-tls")]
 mod route;
 
+pub(crate) use error::{error_chain, is_unanswered};
+pub(crate) use reachability::Reachability;
 pub(crate) use requests::counting;
 pub use requests::{LATENCY_BUCKETS, RequestCount, RequestLatency, RequestStats};
 
@@ -160,26 +167,25 @@ impl ClientOptions {
     ///
     /// As [`client`](fn@client).
     pub fn client(&self, config: Config) -> Result<Client, kube::Error> {
-        let plain = config.cluster_url.scheme() != Some(&http::uri::Scheme::HTTPS);
-        if !self.http2 || plain || config.proxy_url.is_some() {
+        if config.proxy_url.is_some() {
             return Client::try_from(config);
         }
-        self.multiplexed(config)
+        self.own(config)
     }
 
     #[cfg(not(feature = "rustls-tls"))]
-    fn multiplexed(&self, config: Config) -> Result<Client, kube::Error> {
+    fn own(&self, config: Config) -> Result<Client, kube::Error> {
         Client::try_from(config)
     }
 
     #[cfg(feature = "rustls-tls")]
-    fn multiplexed(&self, config: Config) -> Result<Client, kube::Error> {
+    fn own(&self, config: Config) -> Result<Client, kube::Error> {
         use hyper_util::{
             client::legacy::{self, connect::HttpConnector},
             rt::{TokioExecutor, TokioTimer},
         };
-        use kube::client::{Body, ConfigExt, retry::RetryPolicy};
-        use tower::{ServiceBuilder, retry::RetryLayer};
+        use kube::client::{Body, ConfigExt};
+        use tower::{BoxError, ServiceExt};
 
         // As kube's own builder: with aws-lc-rs chosen, it is the process's
         // provider unless one is installed already (with both backends
@@ -192,6 +198,13 @@ impl ClientOptions {
         let mut tcp = HttpConnector::new();
         tcp.enforce_http(false);
         tcp.set_nodelay(true);
+        if config.cluster_url.scheme() != Some(&http::uri::Scheme::HTTPS) {
+            // A plain `http://` URL: HTTP/1.1 without TLS.
+            let http = legacy::Client::builder(TokioExecutor::new())
+                .pool_timer(TokioTimer::new())
+                .build::<_, Body>(timeouts(&config, tcp));
+            return stack(config, http.map_err(BoxError::from));
+        }
         let mut tls = config.rustls_client_config()?;
         // A client talks to one server: room for its sessions, not rustls's
         // default of 256 servers' (5 KiB per client, measured).
@@ -215,21 +228,20 @@ impl ClientOptions {
                 None => https,
             }
         };
-        let timeouts = |connector| {
-            let mut connector = hyper_timeout::TimeoutConnector::new(connector);
-            connector.set_connect_timeout(config.connect_timeout);
-            connector.set_read_timeout(config.read_timeout);
-            connector.set_write_timeout(config.write_timeout);
-            connector.set_reset_reader_on_write(config.reset_reader_on_write);
-            connector
-        };
+        let http1 = https().enable_http1().wrap_connector(tcp.clone());
+        let http1 = legacy::Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .build::<_, Body>(timeouts(&config, http1));
+        if !self.http2 {
+            return stack(config, http1.map_err(BoxError::from));
+        }
         // Two pools: HTTP/2 only, so that requests made together wait for
         // one connection instead of each dialing its own; and HTTP/1.1 for
         // what HTTP/2 cannot carry.
         // Offering HTTP/1.1 too lets a server without HTTP/2 complete the
         // handshake, which `RequireHttp2` then turns into an error that
         // sends the request over HTTP/1.1.
-        let http2 = https().enable_all_versions().wrap_connector(tcp.clone());
+        let http2 = https().enable_all_versions().wrap_connector(tcp);
         let http2 = legacy::Client::builder(TokioExecutor::new())
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
@@ -237,24 +249,60 @@ impl ClientOptions {
             .http2_keep_alive_interval(self.keep_alive_interval)
             .http2_keep_alive_timeout(self.keep_alive_timeout)
             .http2_keep_alive_while_idle(true)
-            .build::<_, Body>(route::RequireHttp2(timeouts(http2)));
-        let http1 = https().enable_http1().wrap_connector(tcp);
-        let http1 = legacy::Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .build::<_, Body>(timeouts(http1));
-        let http = route::Route::new(http2, http1, self.max_streams);
-
-        let retry = config
-            .default_retry
-            .then(|| RetryLayer::new(RetryPolicy::server_retry()));
-        let service = ServiceBuilder::new()
-            .layer(config.base_uri_layer())
-            .option_layer(retry)
-            // Below the retries, so that each attempt is counted.
-            .layer(requests::CountLayer)
-            .option_layer(config.auth_layer()?)
-            .layer(config.extra_headers_layer()?)
-            .service(http);
-        Ok(Client::new(service, config.default_namespace))
+            .build::<_, Body>(route::RequireHttp2(timeouts(&config, http2)));
+        stack(config, route::Route::new(http2, http1, self.max_streams))
     }
+}
+
+/// `connector` with the connect, read and write timeouts of `config`.
+#[cfg(feature = "rustls-tls")]
+fn timeouts<C>(config: &Config, connector: C) -> hyper_timeout::TimeoutConnector<C>
+where
+    C: tower::Service<http::Uri> + Send,
+    C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin,
+    C::Future: Send + 'static,
+    C::Error: Into<tower::BoxError>,
+{
+    let mut connector = hyper_timeout::TimeoutConnector::new(connector);
+    connector.set_connect_timeout(config.connect_timeout);
+    connector.set_read_timeout(config.read_timeout);
+    connector.set_write_timeout(config.write_timeout);
+    connector.set_reset_reader_on_write(config.reset_reader_on_write);
+    connector
+}
+
+/// The client over `http`, with what kube's builder puts around it from
+/// `config` but its `tracing` of each request, which logs every failed
+/// request to a cluster that is down as an `ERROR` (the cluster's
+/// reachability is told once instead: `reachability`).
+#[cfg(feature = "rustls-tls")]
+fn stack<S, B>(config: Config, http: S) -> Result<Client, kube::Error>
+where
+    S: tower::Service<
+            http::Request<kube::client::Body>,
+            Response = http::Response<B>,
+            Error = tower::BoxError,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = hyper::body::Bytes> + Send + 'static,
+    B::Error: Into<tower::BoxError>,
+{
+    use kube::client::{ConfigExt, retry::RetryPolicy};
+    use tower::{ServiceBuilder, retry::RetryLayer};
+
+    let retry = config
+        .default_retry
+        .then(|| RetryLayer::new(RetryPolicy::server_retry()));
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(retry)
+        // Below the retries, so that each attempt is counted.
+        .layer(requests::CountLayer)
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .service(http);
+    Ok(Client::new(service, config.default_namespace))
 }

@@ -15,6 +15,11 @@ use kube::{Client, client::Body};
 use tokio::time::Instant;
 use tower::{BoxError, Service};
 
+use super::{
+    error::{error_chain, is_unanswered},
+    reachability::Reachability,
+};
+
 /// The upper bounds, in seconds, of the latency histogram's buckets:
 /// client-go's for `rest_client_request_duration_seconds`.
 pub const LATENCY_BUCKETS: [f64; 12] = [
@@ -233,11 +238,21 @@ impl Drop for Pending {
     }
 }
 
-/// `client`, counting its requests in `stats`.
-pub(crate) fn counting(client: Client, stats: Arc<RequestStats>) -> Client {
+/// `client`, counting its requests in `stats` and telling `reachability`
+/// whether they were answered.
+pub(crate) fn counting(
+    client: Client,
+    stats: Arc<RequestStats>,
+    reachability: Arc<Reachability>,
+) -> Client {
     let namespace = client.default_namespace().to_owned();
     let valid_until = *client.valid_until();
-    Client::new(Outer { client, stats }, namespace).with_valid_until(valid_until)
+    let outer = Outer {
+        client,
+        stats,
+        reachability,
+    };
+    Client::new(outer, namespace).with_valid_until(valid_until)
 }
 
 /// The cluster's side: marks each request for counting, and counts it
@@ -246,6 +261,7 @@ pub(crate) fn counting(client: Client, stats: Arc<RequestStats>) -> Client {
 struct Outer {
     client: Client,
     stats: Arc<RequestStats>,
+    reachability: Arc<Reachability>,
 }
 
 impl Service<Request<Body>> for Outer {
@@ -265,9 +281,19 @@ impl Service<Request<Body>> for Outer {
         request.extensions_mut().insert(counted.clone());
         let mut pending = Pending::new(counted, request.method().clone(), None, false);
         let client = self.client.clone();
+        let reachability = self.reachability.clone();
         Box::pin(async move {
             let result = client.send(request).await;
-            pending.done(result.as_ref().ok().map(Response::status));
+            let status = result.as_ref().ok().map(Response::status);
+            pending.done(status);
+            match &result {
+                Ok(_) => reachability.heard(status, String::new, &client),
+                Err(error) if is_unanswered(error) => {
+                    reachability.heard(None, || error_chain(error), &client);
+                }
+                // Answered, with an error of the server's or the client's own.
+                Err(_) => {}
+            }
             result.map_err(BoxError::from)
         })
     }
@@ -336,7 +362,8 @@ mod tests {
     async fn a_request_given_up_before_its_answer_is_counted_without_a_code() {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let stats = Arc::<RequestStats>::default();
-        let client = counting(Client::new(service, "default"), stats.clone());
+        let reachability = Arc::new(Reachability::new("test".into()));
+        let client = counting(Client::new(service, "default"), stats.clone(), reachability);
         let asked = tokio::spawn(async move {
             client
                 .send(

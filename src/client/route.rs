@@ -205,7 +205,7 @@ where
                     drop(stream);
                     if state.http2_on() {
                         tracing::debug!(
-                            error = %crate::cache::error_chain(&error),
+                            error = %crate::client::error_chain(&error),
                             "no HTTP/2 from the server; speaking HTTP/1.1 for a while"
                         );
                         state.http2_off();

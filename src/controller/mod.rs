@@ -12,8 +12,8 @@
 //!
 //! use k8s_openapi::api::core::v1::ConfigMap;
 //! use kube::runtime::watcher;
-//! use kube_fleet::{Action, Controller, Fleet, ObjectRequest};
-//! use tower::{BoxError, ServiceBuilder, service_fn};
+//! use kube_fleet::{Action, Controller, Fleet, ObjectRequest, controller::Config};
+//! use tower::{BoxError, service_fn};
 //!
 //! # async fn example(fleet: Fleet) -> Result<(), kube_fleet::controller::Error> {
 //! let reconcile = service_fn(|request: ObjectRequest<ConfigMap>| async move {
@@ -24,10 +24,17 @@
 //!     Ok::<_, BoxError>(Action::requeue(Duration::from_secs(300)))
 //! });
 //! Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
-//!     .run(ServiceBuilder::new().concurrency_limit(8).service(reconcile))
+//!     // At most 8 reconciles at once, shared fairly between the clusters.
+//!     .with_config(Config::default().concurrency(8))
+//!     .run(reconcile)
 //!     .await
 //! # }
 //! ```
+//!
+//! Limit concurrency with [`Config`], not with tower's `ConcurrencyLimit`
+//! layer: the queue hands each cluster its fair share of the slots, where a
+//! layer, which cannot see which cluster a request is for, lets one hung
+//! cluster hold every slot.
 //!
 //! [`owns`]: Controller::owns
 //! [`watches`]: Controller::watches

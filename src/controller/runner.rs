@@ -32,7 +32,7 @@ use super::{
 };
 use crate::{
     Action, Cluster, ClusterName, Fleet, McRequest, ObjectKey, ReconcileReason, TerminalError,
-    cache::error_chain,
+    client::{error_chain, is_unanswered},
     fleet::FleetEvent,
     queue::{Lane, Outcome, Queue},
 };
@@ -97,6 +97,8 @@ enum ClusterItem {
     Synced,
     /// The sync timeout passed again without that.
     StillSyncing,
+    /// The cluster answers again after it gave no answer.
+    Answering,
     Request(Dest, Lane, ReconcileReason),
 }
 
@@ -490,6 +492,7 @@ impl Runner {
             self.controlled
                 .insert(name.clone(), started[0].shared.clone());
         }
+        let recoveries = cluster.reachability().recoveries();
         self.status.start(cluster, watches.clone());
         if controlled || !self.needs_watch {
             self.queue.hold(&name);
@@ -519,8 +522,17 @@ impl Runner {
         })
         .flatten()
         .map(|(request, lane, reason)| ClusterItem::Request(request, lane, reason));
+        // Its keys that failed for want of an answer run as soon as it
+        // answers again, rather than after their backoff.
+        let answering = stream::unfold(recoveries, |mut recoveries| async move {
+            recoveries.changed().await.ok()?;
+            Some((ClusterItem::Answering, recoveries))
+        });
         // Replaces the stream of an earlier engagement of the same name.
-        self.incoming.insert(name, gate.chain(requests).boxed());
+        self.incoming.insert(
+            name,
+            stream::select(gate.chain(requests), answering).boxed(),
+        );
     }
 
     /// Queues, in `joined`, what every object that watches mapping across
@@ -573,6 +585,12 @@ impl Runner {
                 tracing::info!(controller = %self.name, cluster = %name, "watches synced; serving the cluster");
                 self.queue.release(&name);
                 self.status.serve(&name);
+            }
+            ClusterItem::Answering => {
+                let woken = self.queue.answering(&name);
+                if woken > 0 {
+                    tracing::info!(controller = %self.name, cluster = %name, keys = woken, "the cluster answers again: its keys that failed for want of an answer run now");
+                }
             }
             ClusterItem::StillSyncing => {
                 if let Some(status) = self.status.cluster(name.as_str()) {
@@ -677,6 +695,12 @@ impl Runner {
             Some(Some(after)) => {
                 tracing::warn!(controller = %self.name, request = %key, error = %reason, ?after, "reconcile failed; retrying when the error policy says");
                 Outcome::Failure(Some(after))
+            }
+            // The cluster's own transitions are logged once, as it stops
+            // and starts answering (`client::reachability`).
+            None if is_unanswered(error) => {
+                tracing::debug!(controller = %self.name, request = %key, error = %reason, "reconcile failed: the cluster gives no answer; retrying after backoff, or once it answers");
+                Outcome::Unanswered
             }
             None => {
                 tracing::warn!(controller = %self.name, request = %key, error = %reason, "reconcile failed; retrying after backoff");

@@ -204,7 +204,7 @@ pub fn parse(yaml: &str, origin: &str) -> Result<Kubeconfig, KubeconfigError> {
             None => "invalid YAML".to_owned(),
         }),
         // The other errors are fixed texts (a wrong kind or apiVersion).
-        other => malformed(crate::cache::error_chain(&other)),
+        other => malformed(crate::client::error_chain(&other)),
     })?;
     if kubeconfig.contexts.is_empty() {
         return Err(malformed("it defines no context".to_owned()));
@@ -711,7 +711,7 @@ async fn load(
         .map_err(|error| KubeconfigError::Invalid {
             origin: origin.to_owned(),
             context: context.to_owned(),
-            reason: crate::cache::error_chain(&error),
+            reason: crate::client::error_chain(&error),
         })
 }
 
@@ -1007,7 +1007,7 @@ contexts:
             panic!("the first runs work");
         };
         let error = client.apiserver_version().await.unwrap_err();
-        let text = crate::cache::error_chain(&error);
+        let text = crate::client::error_chain(&error);
         assert!(text.contains("credentials could not be obtained"), "{text}");
         assert!(!text.contains("SECRET"), "{text}");
         std::fs::remove_dir_all(&dir).unwrap();

@@ -30,7 +30,7 @@ use crate::{ClusterName, cache::NamespaceView};
 /// alone: kube's text of it quotes a credential plugin's command line,
 /// environment and output, which may hold secrets.
 pub fn describe(error: &(dyn std::error::Error + 'static)) -> String {
-    crate::cache::error_chain(error)
+    crate::client::error_chain(error)
 }
 
 /// A change in the set of clusters a provider knows.

@@ -1,0 +1,185 @@
+//! A cluster whose API server stops for a while under load: the keys that
+//! failed while it gave no answer run as soon as it answers again, not
+//! after their backoff.
+
+mod support;
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api,
+    api::{ListParams, Patch, PatchParams},
+    runtime::watcher,
+};
+use kube_fleet::{Action, Backoff, Controller, ObjectRequest, controller::Config};
+use kube_fleet_envtest::Envtest;
+use support::{Running, create_config_map};
+use tower::BoxError;
+
+const OBJECTS: usize = 40;
+const ROUND: &str = "kube-fleet.dev/round";
+
+/// The round each ConfigMap of `api` was last reconciled in.
+async fn rounds(api: &Api<ConfigMap>) -> Vec<u64> {
+    api.list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|cm| {
+            cm.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("cm-"))
+        })
+        .map(|cm| {
+            cm.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ROUND))
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(0)
+        })
+        .collect()
+}
+
+/// Waits until every ConfigMap of `api` was reconciled in `round` or
+/// later, and says how long that took.
+async fn converged(api: &Api<ConfigMap>, round: u64) -> Duration {
+    let began = Instant::now();
+    let waited = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let seen = rounds(api).await;
+            if seen.len() == OBJECTS && seen.iter().all(|r| *r >= round) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    if waited.is_err() {
+        panic!("round {round} not reached: {:?}", rounds(api).await);
+    }
+    began.elapsed()
+}
+
+/// What is logged at `WARN` and above on this thread (the test's runtime
+/// has one), until the guard goes.
+fn capture_warnings() -> (Arc<Mutex<Vec<u8>>>, tracing::subscriber::DefaultGuard) {
+    #[derive(Clone)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buffer = Buffer(Arc::default());
+    let logs = buffer.0.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || buffer.clone())
+        .finish();
+    (logs, tracing::subscriber::set_default(subscriber))
+}
+
+/// The lines logged so far that hold every one of `words`.
+fn lines_with(logs: &Mutex<Vec<u8>>, words: &[&str]) -> Vec<String> {
+    String::from_utf8_lossy(&logs.lock().unwrap())
+        .lines()
+        .filter(|line| words.iter().all(|w| line.contains(w)))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn keys_that_failed_while_their_cluster_was_down_run_as_soon_as_it_answers() {
+    let (logs, _guard) = capture_warnings();
+    let env = Envtest::start(2).await.unwrap();
+    let (busy, down) = (&env.clusters()[0], &env.clusters()[1]);
+    for cluster in env.clusters() {
+        for i in 0..OBJECTS {
+            create_config_map(cluster.client(), &format!("cm-{i}")).await;
+        }
+    }
+    // Every reconcile writes the round it runs in and asks to run again in
+    // a second: steady load on both clusters. A failure waits out a
+    // backoff of twenty seconds at first, longer than the cluster is down,
+    // so that only its return can make its keys run sooner.
+    let round = Arc::new(AtomicU64::new(1));
+    let reconcile = tower::service_fn({
+        let round = round.clone();
+        move |request: ObjectRequest<ConfigMap>| {
+            let round = round.load(Ordering::SeqCst);
+            async move {
+                let namespace = request.request.namespace.as_deref().unwrap_or("default");
+                let api: Api<ConfigMap> = Api::namespaced(request.cluster.client(), namespace);
+                let patch = serde_json::json!({
+                    "metadata": { "annotations": BTreeMap::from([(ROUND, round.to_string())]) }
+                });
+                api.patch(
+                    &request.request.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await?;
+                Ok::<_, BoxError>(Action::requeue(Duration::from_secs(1)))
+            }
+        }
+    });
+    let backoff = Backoff {
+        base: Duration::from_secs(20),
+        max: Duration::from_secs(60),
+        jitter: 0.0,
+    };
+    let mut running = Running::new();
+    let controller = Controller::<ConfigMap>::new(&running.fleet, watcher::Config::default())
+        .with_config(Config::default().backoff(backoff));
+    running.spawn(controller, reconcile);
+    running.add_all(&env);
+    let (busy, down) = (
+        Api::<ConfigMap>::default_namespaced(busy.client()),
+        (down, Api::<ConfigMap>::default_namespaced(down.client())),
+    );
+    converged(&busy, 1).await;
+    converged(&down.1, 1).await;
+
+    // Down for six seconds under load: every key of the cluster fails
+    // within a second, and backs off.
+    down.0.stop();
+    round.store(2, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    converged(&busy, 2).await;
+    // A cluster being down is told once, not once per failed request.
+    let down_lines = lines_with(&logs, &["cluster-1", "does not answer"]);
+    assert_eq!(down_lines.len(), 1, "{down_lines:#?}");
+    let failures = lines_with(&logs, &["reconcile failed"]);
+    assert!(failures.is_empty(), "{failures:#?}");
+    let errors = lines_with(&logs, &["ERROR"]);
+    assert!(errors.is_empty(), "{errors:#?}");
+    down.0.restart().await.unwrap();
+    // Measured from when the API server is ready again (it answered a
+    // moment before).
+    let took = converged(&down.1, 2).await;
+    eprintln!("the cluster's keys converged {took:?} after its API server was ready again");
+    // Their backoff alone would keep them waiting for about fifteen
+    // seconds more.
+    assert!(
+        took < Duration::from_millis(2500),
+        "the cluster's keys took {took:?} to run after it answered again"
+    );
+    let back = lines_with(&logs, &["cluster-1", "answers again"]);
+    assert!(!back.is_empty(), "its return was not told");
+}
