@@ -110,6 +110,20 @@ async fn resolve(
     Ok(resource)
 }
 
+/// Why a watch of `kind` at `api_version` failed, as its status tells it:
+/// a resource the cluster does not serve says so in those words, where the
+/// API server's plain-text 404 reads as an error that could not be parsed.
+pub(super) fn failure_reason(error: &watcher::Error, kind: &str, api_version: &str) -> String {
+    if not_served(error) {
+        format!(
+            "{kind} ({api_version}) is not served by this cluster (its CRD is not installed, or \
+             does not serve this version)"
+        )
+    } else {
+        crate::client::error_chain(error)
+    }
+}
+
 /// Whether `error` says the resource being watched is not served (any
 /// more): its CRD was deleted, or no longer serves that version.
 fn not_served(error: &watcher::Error) -> bool {

@@ -29,10 +29,7 @@ use super::{
     watch::{Hub, apply},
     watch_key,
 };
-use crate::{
-    ClusterName,
-    client::{error_chain, is_unanswered},
-};
+use crate::{ClusterName, client::is_unanswered};
 
 /// The cache of a cluster whose namespaces are engaged as clusters of their
 /// own, each through a [`NamespaceView`]: what a namespace provider builds
@@ -386,11 +383,12 @@ async fn feed<K, S>(
     let mut events = std::pin::pin!(events.default_backoff());
     let mut failures = FailureLog::default();
     let kind = K::kind(&dyntype).into_owned();
+    let api_version = K::api_version(&dyntype).into_owned();
     while let Some(event) = events.next().await {
         let event = match event {
             Ok(event) => event,
             Err(error) => {
-                let reason = error_chain(&error);
+                let reason = super::discovery::failure_reason(&error, &kind, &api_version);
                 failures.failed(&host, &kind, &reason, is_unanswered(&error));
                 let mut parts = lock(&parts);
                 if parts.health.fail(&reason) {

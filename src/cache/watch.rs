@@ -23,10 +23,7 @@ use super::{
     state::{FailureLog, Health, WatchState, WatchStatus},
     subscription::{Inbox, Note, Subscription, key_of},
 };
-use crate::{
-    ClusterName,
-    client::{error_chain, is_unanswered},
-};
+use crate::{ClusterName, client::is_unanswered};
 
 /// The subscribers of a watch, and whether it has listed yet (a subscriber
 /// that comes later is told of the objects already there).
@@ -291,11 +288,12 @@ async fn run<K, S>(
     let mut events = std::pin::pin!(events.default_backoff());
     let mut failures = FailureLog::default();
     let kind = K::kind(&dyntype).into_owned();
+    let api_version = K::api_version(&dyntype).into_owned();
     while let Some(event) = events.next().await {
         let event = match event {
             Ok(event) => event,
             Err(error) => {
-                let reason = error_chain(&error);
+                let reason = super::discovery::failure_reason(&error, &kind, &api_version);
                 failures.failed(&cluster, &kind, &reason, is_unanswered(&error));
                 hub.health.send_if_modified(|health| health.fail(&reason));
                 continue;
