@@ -52,6 +52,8 @@ struct Inner {
     cache: ClusterCache,
     requests: Arc<RequestStats>,
     reachability: Arc<Reachability>,
+    /// The reachability is a host's, which outlives this engagement.
+    shares_reachability: bool,
     /// Read before every reconcile, so a flag rather than a lock.
     left: AtomicBool,
     leaving: Notify,
@@ -94,10 +96,16 @@ impl Cluster {
     pub fn of_view(name: impl Into<ClusterName>, view: &NamespaceView) -> Self {
         let name = name.into();
         let requests = Arc::<RequestStats>::default();
-        let reachability = Arc::new(Reachability::new(name.clone()));
+        // The host's, shared with its other namespaces: a view that leaves
+        // does not end it.
+        let reachability = view.host().reachability().clone();
         let client = counting(view.client(), requests.clone(), reachability.clone());
         let cache = ClusterCache::of_view(name.clone(), view);
-        Self::with_cache(name, client, cache, requests, reachability)
+        let mut cluster = Self::with_cache(name, client, cache, requests, reachability);
+        Arc::get_mut(&mut cluster.inner)
+            .expect("not shared yet")
+            .shares_reachability = true;
+        cluster
     }
 
     fn with_cache(
@@ -114,6 +122,7 @@ impl Cluster {
                 cache,
                 requests,
                 reachability,
+                shares_reachability: false,
                 left: AtomicBool::new(false),
                 leaving: Notify::new(),
                 recorders: Mutex::default(),
@@ -281,7 +290,9 @@ impl Cluster {
     }
 
     pub(crate) fn leave(&self) {
-        self.inner.reachability.close();
+        if !self.inner.shares_reachability {
+            self.inner.reachability.close();
+        }
         self.inner.left.store(true, Ordering::Release);
         self.inner.leaving.notify_waiters();
     }

@@ -67,6 +67,8 @@ enum Phase {
     Running {
         rerun: Option<(Instant, Lane, ReconcileReason)>,
         purged: bool,
+        /// How many times its cluster had answered again when it started.
+        recoveries: u64,
     },
     /// Nothing scheduled; kept only to remember failures for the backoff.
     Idle,
@@ -139,6 +141,8 @@ struct ClusterQueue {
     /// Keys whose last run failed for want of an answer from the cluster
     /// (some may have run since: only those still delayed count).
     unanswered: HashSet<McRequest>,
+    /// How many times the cluster answered again after it did not.
+    recoveries: u64,
 }
 
 impl ClusterQueue {
@@ -533,11 +537,13 @@ impl Queue {
         }
         self.ready_len -= 1;
         self.running_len += 1;
+        let recoveries = cluster.recoveries;
         let reason = match self.keys.get_mut(&key) {
             Some(state) => {
                 state.phase = Phase::Running {
                     rerun: None,
                     purged: false,
+                    recoveries,
                 };
                 state.reason.clone()
             }
@@ -554,10 +560,21 @@ impl Queue {
         let Some(state) = self.keys.get_mut(key) else {
             return;
         };
-        let Phase::Running { rerun, purged } = &mut state.phase else {
+        let Phase::Running {
+            rerun,
+            purged,
+            recoveries,
+        } = &mut state.phase
+        else {
             return;
         };
-        let (rerun, purged) = (rerun.take(), *purged);
+        let (rerun, purged, started_at) = (rerun.take(), *purged, *recoveries);
+        // The cluster answered again while the run waited for it: the run
+        // failed of an outage that is over, and goes again at once.
+        let answered_since = self
+            .clusters
+            .get(&key.cluster)
+            .is_some_and(|cluster| cluster.recoveries != started_at);
         self.running_len -= 1;
         let now = Instant::now();
         let next = match outcome {
@@ -579,7 +596,11 @@ impl Queue {
             }
             Outcome::Unanswered => {
                 state.failures = state.failures.saturating_add(1);
-                let delay = self.backoff.jittered(state.failures, self.jitter.next());
+                let delay = if answered_since {
+                    Duration::ZERO
+                } else {
+                    self.backoff.jittered(state.failures, self.jitter.next())
+                };
                 let at = now + delay.min(MAX_DELAY);
                 Some((at, Lane::Changed, ReconcileReason::ErrorRetry))
             }
@@ -621,11 +642,10 @@ impl Queue {
     /// (its limits and fair share hold as for any other key). Says how
     /// many.
     pub(crate) fn answering(&mut self, cluster: &ClusterName) -> usize {
-        let Some(keys) = self
-            .clusters
-            .get_mut(cluster)
-            .map(|entry| std::mem::take(&mut entry.unanswered))
-        else {
+        let Some(keys) = self.clusters.get_mut(cluster).map(|entry| {
+            entry.recoveries += 1;
+            std::mem::take(&mut entry.unanswered)
+        }) else {
             return 0;
         };
         let now = Instant::now();
@@ -698,7 +718,7 @@ impl Queue {
                     delayed.remove(slot);
                     false
                 }
-                Phase::Running { rerun, purged } => {
+                Phase::Running { rerun, purged, .. } => {
                     *rerun = None;
                     *purged = true;
                     state.failures = 0;
@@ -1309,6 +1329,32 @@ mod tests {
         assert_eq!(queue.answering(&"east".into()), 0);
         assert_eq!(queue.answering(&"west".into()), 1);
         assert_eq!(ready_now(&mut queue), Some(key("west", "down")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_running_when_its_cluster_answers_again_does_not_wait_out_its_backoff() {
+        let mut queue = queue();
+        push(&mut queue, key("east", "slow"));
+        push(&mut queue, key("east", "later"));
+        let slow = ready_now(&mut queue).unwrap();
+        let later = ready_now(&mut queue).unwrap();
+        // The cluster answers again while both wait on a request to it.
+        queue.answering(&"east".into());
+        queue.complete(&slow, Outcome::Unanswered);
+        assert_eq!(
+            ready_now(&mut queue),
+            Some(slow.clone()),
+            "it runs again at once"
+        );
+        queue.complete(&slow, success());
+        assert_eq!(ready_now(&mut queue), None);
+        // So does the other; but a run that started after the cluster
+        // answered and fails for want of an answer backs off.
+        queue.complete(&later, Outcome::Unanswered);
+        let retried = ready_now(&mut queue).unwrap();
+        assert_eq!(retried, later);
+        queue.complete(&retried, Outcome::Unanswered);
+        assert_eq!(ready_now(&mut queue), None, "a new failure backs off");
     }
 
     #[tokio::test(start_paused = true)]

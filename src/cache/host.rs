@@ -29,7 +29,10 @@ use super::{
     watch::{Hub, apply},
     watch_key,
 };
-use crate::{ClusterName, client::is_unanswered};
+use crate::{
+    ClusterName,
+    client::{Reachability, counting, is_unanswered},
+};
 
 /// The cache of a cluster whose namespaces are engaged as clusters of their
 /// own, each through a [`NamespaceView`]: what a namespace provider builds
@@ -86,6 +89,9 @@ struct HostInner {
     /// The host's own cache: its client, its list mode, and the watches of
     /// cluster-scoped types.
     cache: ClusterCache,
+    /// Whether the host answers, as its watches and every namespace's
+    /// requests find it: one for all its namespaces.
+    reachability: Arc<Reachability>,
     /// The split watches, by their key in all namespaces.
     split: Mutex<HashMap<super::WatchKey, Weak<dyn Any + Send + Sync>>>,
 }
@@ -138,12 +144,23 @@ impl NamespaceView {
 impl HostCache {
     /// The cache of the cluster `client` reaches, named `host` in logs.
     pub fn new(host: impl Into<ClusterName>, client: Client) -> Self {
+        let host = host.into();
+        let reachability = Arc::new(Reachability::new(host.clone()));
+        // The host's own requests (its shared watches) are counted under no
+        // cluster; each namespace's count in its own engagement.
+        let client = counting(client, Arc::default(), reachability.clone());
         Self {
             inner: Arc::new(HostInner {
-                cache: ClusterCache::new(host.into(), client),
+                cache: ClusterCache::new(host, client),
+                reachability,
                 split: Mutex::new(HashMap::new()),
             }),
         }
+    }
+
+    /// Whether the host answers, shared by its namespaces.
+    pub(crate) fn reachability(&self) -> &Arc<Reachability> {
+        &self.inner.reachability
     }
 
     /// The namespace `namespace` of the host, to be engaged as a cluster.

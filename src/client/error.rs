@@ -57,42 +57,56 @@ pub(crate) fn is_gateway_failure(status: StatusCode) -> bool {
 }
 
 /// Whether `error`, or an error beneath it, says that a cluster gave no
-/// answer: the connection failed, was refused, closed or timed out, or a
-/// gateway answered `502`-`504` for it. An answer of the server's own (a
-/// `4xx`, a `500`), a credential that could not be obtained, or the
-/// reconciler's own error is not.
+/// answer: the connection failed, was refused, reset or closed, or timed
+/// out, or a gateway answered `502`-`504` for it. An answer of the
+/// server's own (a `4xx`, a `500`), a credential that could not be
+/// obtained, a TLS handshake the client or the server refused (a
+/// certificate that does not verify: the cluster answered, and its
+/// configuration is wrong), or the reconciler's own error is not.
 pub(crate) fn is_unanswered(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut unanswered = false;
     let mut next = Some(error);
     while let Some(error) = next {
-        if is_credential_failure(error) {
+        if is_credential_failure(error) || is_tls_failure(error) {
             return false;
         }
         match error.downcast_ref::<kube::Error>() {
-            Some(kube::Error::Api(status)) => return matches!(status.code, 502..=504),
+            Some(kube::Error::Api(status)) if !unanswered => {
+                return matches!(status.code, 502..=504);
+            }
+            // What failed beneath may still be a credential or TLS failure.
             Some(
                 kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::HttpError(_),
-            ) => {
-                // A service error may wrap a credential failure: look
-                // beneath it first.
-                let mut below = error.source();
-                while let Some(cause) = below {
-                    if is_credential_failure(cause) {
-                        return false;
-                    }
-                    below = cause.source();
-                }
-                return true;
-            }
+            ) => unanswered = true,
             _ => {}
         }
         next = error.source();
     }
-    false
+    unanswered
+}
+
+/// Whether `error` is a TLS failure: rustls's own, or an I/O error that
+/// carries one (as a connector reports it; an I/O error's `source` skips
+/// the error it carries).
+fn is_tls_failure(error: &(dyn std::error::Error + 'static)) -> bool {
+    #[cfg(feature = "rustls-tls")]
+    {
+        let carried = error
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .is_some_and(|inner| inner.is::<rustls::Error>());
+        carried || error.is::<rustls::Error>()
+    }
+    #[cfg(not(feature = "rustls-tls"))]
+    {
+        let _ = error;
+        false
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::error_chain;
+    use super::{error_chain, is_unanswered};
 
     #[derive(Debug, thiserror::Error)]
     #[error("client error (Connect)")]
@@ -108,5 +122,49 @@ mod tests {
             error_chain(&Outer(Inner)),
             "client error (Connect): invalid peer certificate: UnknownIssuer"
         );
+    }
+
+    fn status(code: u16) -> kube::Error {
+        kube::Error::Api(kube::core::Status::failure("", "").with_code(code).boxed())
+    }
+
+    fn connection(inner: std::io::Error) -> kube::Error {
+        kube::Error::Service(Box::new(Outer2(inner)))
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("client error (Connect)")]
+    struct Outer2(#[source] std::io::Error);
+
+    #[test]
+    fn only_errors_that_got_no_answer_count_as_unanswered() {
+        use std::io::{Error, ErrorKind};
+
+        for unanswered in [
+            status(502),
+            status(503),
+            status(504),
+            connection(Error::from(ErrorKind::ConnectionRefused)),
+            connection(Error::from(ErrorKind::TimedOut)),
+        ] {
+            assert!(is_unanswered(&unanswered), "{unanswered}");
+            // Wrapped in a reconciler's error, too.
+            let boxed: tower::BoxError = unanswered.into();
+            assert!(is_unanswered(&*boxed), "{boxed}");
+        }
+        let tls = Error::new(
+            ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        for answered in [
+            status(404),
+            status(409),
+            status(500),
+            connection(tls),
+            kube::Error::Auth(kube::client::AuthError::ExecPluginFailed),
+        ] {
+            assert!(!is_unanswered(&answered), "{answered}");
+        }
+        assert!(!is_unanswered(&Outer(Inner)), "not a client's error");
     }
 }

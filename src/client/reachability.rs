@@ -1,20 +1,24 @@
 //! Whether a cluster answers: what its client's requests find, told once
 //! per change rather than once per request.
 //!
-//! A cluster that stops answering (its API server is down, cut off, or
-//! answers through a gateway with `502`-`504`) is a normal condition in a
-//! fleet. Its client's requests all fail until it is back; each engaged
-//! cluster's [`Reachability`] turns those failures into two transitions,
-//! logged once each at `WARN` with the cause: the cluster stops answering,
-//! and it answers again. While it is down, one request at a time asks it
-//! every [`PROBE_INTERVAL`] whether it is back, so that its return is
-//! noticed within that interval even where nothing else asks (watches and
-//! keys waiting out their backoff): controllers then run at once the keys
-//! that failed for want of an answer.
+//! A cluster that stops answering (its API server is down or cut off) is a
+//! normal condition in a fleet. Its client's requests all fail until it is
+//! back; each engaged cluster's [`Reachability`] turns those failures into
+//! two transitions, logged once each at `WARN` with the cause: the cluster
+//! stops answering, and it answers again. While it is down, one request at
+//! a time asks it whether it is ready (`GET /readyz`), every
+//! [`PROBE_INTERVAL`] for the first [`PROBE_FAST_FOR`] and every
+//! [`PROBE_SLOW_INTERVAL`] after, so that its return is noticed even where
+//! nothing else asks (watches and keys waiting out their backoff):
+//! controllers then run at once the keys that failed for want of an answer.
+//!
+//! A gateway's `502`-`504` may be one API's trouble (an aggregated API that
+//! is down) rather than the cluster's: it marks the cluster down only if the
+//! cluster's own readiness does not answer either.
 
 use std::{
     sync::{
-        Arc, Mutex,
+        Arc, Mutex, Weak,
         atomic::{AtomicBool, Ordering},
     },
     time::Duration,
@@ -22,13 +26,20 @@ use std::{
 
 use http::{Request, StatusCode};
 use kube::{Client, client::Body};
-use tokio::{sync::watch, time::Instant};
+use tokio::{runtime::Handle, sync::watch, time::Instant};
 
-use super::error::is_gateway_failure;
+use super::error::{error_chain, is_gateway_failure};
 use crate::ClusterName;
 
-/// How often a cluster that does not answer is asked whether it is back.
+/// How often a cluster that does not answer is asked whether it is back,
+/// for the first [`PROBE_FAST_FOR`] of an outage.
 pub(crate) const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+
+/// How long a cluster is asked every [`PROBE_INTERVAL`].
+pub(crate) const PROBE_FAST_FOR: Duration = Duration::from_secs(30);
+
+/// How often a cluster that has not answered for longer is asked.
+pub(crate) const PROBE_SLOW_INTERVAL: Duration = Duration::from_secs(5);
 
 /// How long one probe may wait for its answer (a hung server gives none).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -39,11 +50,15 @@ pub(crate) struct Reachability {
     cluster: ClusterName,
     /// Read on every answer, so a flag rather than the lock.
     down: AtomicBool,
+    /// A probe runs (at most one at a time).
+    probing: AtomicBool,
     since: Mutex<Option<Instant>>,
     /// How many times the cluster answered again after it did not.
     recoveries: watch::Sender<u64>,
     /// The engagement has ended: no more probes.
     closed: AtomicBool,
+    /// Where probes run: the runtime the cluster was engaged in.
+    runtime: Option<Handle>,
 }
 
 impl Reachability {
@@ -51,9 +66,11 @@ impl Reachability {
         Self {
             cluster,
             down: AtomicBool::new(false),
+            probing: AtomicBool::new(false),
             since: Mutex::new(None),
             recoveries: watch::Sender::new(0),
             closed: AtomicBool::new(false),
+            runtime: Handle::try_current().ok(),
         }
     }
 
@@ -73,22 +90,32 @@ impl Reachability {
         self.closed.store(true, Ordering::Release);
     }
 
-    /// A request got an answer: `status`, or `None` for none at all (the
-    /// connection failed, or timed out) with `cause` saying why.
-    /// `client` is the cluster's own client, below the counting, which a
-    /// probe asks while the cluster does not answer.
-    pub(crate) fn heard(
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// A request was answered with `status`.
+    pub(crate) fn answered_with(self: &Arc<Self>, status: StatusCode, client: &Client) {
+        if is_gateway_failure(status) {
+            // Asks the cluster itself whether it is there.
+            if self.is_answering() {
+                self.probe(client, true);
+            }
+        } else {
+            self.answered();
+        }
+    }
+
+    /// A request got no answer, for `error` (the connection failed, was
+    /// refused or reset, or timed out). `client` is the cluster's own
+    /// client, below the counting, which a probe asks until it answers.
+    pub(crate) fn unanswered(
         self: &Arc<Self>,
-        status: Option<StatusCode>,
-        cause: impl FnOnce() -> String,
+        error: &(dyn std::error::Error + 'static),
         client: &Client,
     ) {
-        match status {
-            Some(status) if !is_gateway_failure(status) => self.answered(),
-            Some(status) => {
-                self.failed(&format!("it answers {status} (a gateway failure)"), client)
-            }
-            None => self.failed(&cause(), client),
+        if self.went_down(|| error_chain(error)) {
+            self.probe(client, false);
         }
     }
 
@@ -97,7 +124,7 @@ impl Reachability {
             return;
         }
         let since = self.since.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if self.closed.load(Ordering::Acquire) {
+        if self.is_closed() {
             return;
         }
         let after = since.map(|since| since.elapsed()).unwrap_or_default();
@@ -105,41 +132,106 @@ impl Reachability {
         self.recoveries.send_modify(|n| *n += 1);
     }
 
-    fn failed(self: &Arc<Self>, cause: &str, client: &Client) {
-        if self.closed.load(Ordering::Acquire) {
-            return;
+    /// Marks the cluster down; whether that is news.
+    fn went_down(&self, cause: impl FnOnce() -> String) -> bool {
+        if self.is_closed() {
+            return false;
         }
         if self.down.swap(true, Ordering::AcqRel) {
-            tracing::debug!(cluster = %self.cluster, %cause, "the cluster still does not answer");
-            return;
+            tracing::debug!(cluster = %self.cluster, "the cluster still does not answer");
+            return false;
         }
         *self.since.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
-        tracing::warn!(cluster = %self.cluster, %cause, "the cluster does not answer; its requests fail until it is back");
-        tokio::spawn(probe(Arc::downgrade(self), client.clone()));
+        tracing::warn!(cluster = %self.cluster, cause = %cause(), "the cluster does not answer; its requests fail until it is back");
+        true
+    }
+
+    /// Starts the probe, unless one runs: asking at once if `now`, else
+    /// after the interval.
+    fn probe(self: &Arc<Self>, client: &Client, now: bool) {
+        if self.is_closed() || self.probing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let probe = probe(Arc::downgrade(self), client.clone(), now);
+        match &self.runtime {
+            Some(runtime) => drop(runtime.spawn(probe)),
+            None => drop(tokio::spawn(probe)),
+        }
+    }
+
+    /// How long the probe waits before it asks again.
+    fn interval(&self) -> Duration {
+        let since = *self.since.lock().unwrap_or_else(|e| e.into_inner());
+        match since {
+            Some(since) if since.elapsed() >= PROBE_FAST_FOR => PROBE_SLOW_INTERVAL,
+            _ => PROBE_INTERVAL,
+        }
     }
 }
 
-/// Asks the cluster every [`PROBE_INTERVAL`] until it answers, its
-/// engagement ends, or no one holds its client any more.
-async fn probe(reachability: std::sync::Weak<Reachability>, client: Client) {
+/// What one probe found.
+enum Probed {
+    /// The cluster says it is ready, or answers in a way that says nothing
+    /// of its readiness (its readiness may not be read, say).
+    Answered,
+    /// No answer, a gateway's, or not ready: why.
+    NoAnswer(String),
+}
+
+/// Asks the cluster whether it is ready: once, at once, if `now` (to
+/// confirm a gateway's failure); while it does not answer, again after each
+/// interval, until it does, its engagement ends, or no one holds its client
+/// any more.
+async fn probe(reachability: Weak<Reachability>, client: Client, mut now: bool) {
     loop {
-        tokio::time::sleep(PROBE_INTERVAL).await;
+        if !now {
+            let Some(interval) = reachability.upgrade().map(|r| r.interval()) else {
+                return;
+            };
+            tokio::time::sleep(interval).await;
+        }
+        now = false;
         let Some(reachability) = reachability.upgrade() else {
             return;
         };
-        if reachability.closed.load(Ordering::Acquire) || reachability.is_answering() {
+        if reachability.is_closed() {
             return;
         }
-        let request = Request::get("/version")
-            .body(Body::empty())
-            .expect("a static request is valid");
-        match tokio::time::timeout(PROBE_TIMEOUT, client.send(request)).await {
-            Ok(Ok(response)) if !is_gateway_failure(response.status()) => {
-                reachability.answered();
-                return;
+        match ask(&client).await {
+            Probed::Answered => reachability.answered(),
+            Probed::NoAnswer(cause) => {
+                reachability.went_down(|| cause);
             }
-            // Still no answer: asked again after the interval.
-            _ => {}
         }
+        if !reachability.is_answering() {
+            continue;
+        }
+        // Done; a failure that came meanwhile found this probe running, so
+        // it looks again before it goes.
+        reachability.probing.store(false, Ordering::Release);
+        if reachability.is_answering() || reachability.probing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+    }
+}
+
+async fn ask(client: &Client) -> Probed {
+    let request = Request::get("/readyz")
+        .body(Body::empty())
+        .expect("a static request is valid");
+    match tokio::time::timeout(PROBE_TIMEOUT, client.send(request)).await {
+        Ok(Ok(response)) if response.status().is_server_error() => {
+            Probed::NoAnswer(format!("its readiness check answers {}", response.status()))
+        }
+        Ok(Ok(_)) => Probed::Answered,
+        Ok(Err(error)) if super::error::is_unanswered(&error) => {
+            Probed::NoAnswer(error_chain(&error))
+        }
+        // An answer of another kind (a credential that fails, a refused
+        // TLS handshake): the cluster is there.
+        Ok(Err(_)) => Probed::Answered,
+        Err(_) => Probed::NoAnswer(format!(
+            "its readiness check gave no answer in {PROBE_TIMEOUT:?}"
+        )),
     }
 }

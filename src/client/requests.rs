@@ -15,10 +15,7 @@ use kube::{Client, client::Body};
 use tokio::time::Instant;
 use tower::{BoxError, Service};
 
-use super::{
-    error::{error_chain, is_unanswered},
-    reachability::Reachability,
-};
+use super::{error::is_unanswered, reachability::Reachability};
 
 /// The upper bounds, in seconds, of the latency histogram's buckets:
 /// client-go's for `rest_client_request_duration_seconds`.
@@ -274,23 +271,29 @@ impl Service<Request<Body>> for Outer {
     }
 
     fn call(&mut self, mut request: Request<Body>) -> Self::Future {
-        let counted = Counted {
-            stats: self.stats.clone(),
-            inside: Arc::default(),
+        // A request of a client stacked on this one (a namespace's, over its
+        // host's) is counted by that client alone.
+        let mut pending = match request.extensions().get::<Counted>() {
+            Some(_) => None,
+            None => {
+                let counted = Counted {
+                    stats: self.stats.clone(),
+                    inside: Arc::default(),
+                };
+                request.extensions_mut().insert(counted.clone());
+                Some(Pending::new(counted, request.method().clone(), None, false))
+            }
         };
-        request.extensions_mut().insert(counted.clone());
-        let mut pending = Pending::new(counted, request.method().clone(), None, false);
         let client = self.client.clone();
         let reachability = self.reachability.clone();
         Box::pin(async move {
             let result = client.send(request).await;
-            let status = result.as_ref().ok().map(Response::status);
-            pending.done(status);
+            if let Some(pending) = &mut pending {
+                pending.done(result.as_ref().ok().map(Response::status));
+            }
             match &result {
-                Ok(_) => reachability.heard(status, String::new, &client),
-                Err(error) if is_unanswered(error) => {
-                    reachability.heard(None, || error_chain(error), &client);
-                }
+                Ok(response) => reachability.answered_with(response.status(), &client),
+                Err(error) if is_unanswered(error) => reachability.unanswered(error, &client),
                 // Answered, with an error of the server's or the client's own.
                 Err(_) => {}
             }

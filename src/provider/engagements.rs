@@ -239,8 +239,9 @@ impl Engagements {
     /// stays engaged, from the version it was engaged from, and a version
     /// being built or waiting to be built again is dropped, never to be
     /// engaged. A cluster not engaged is no longer wanted, as with
-    /// [`unwant`](Self::unwant). The provider reports why to [`Problems`]
-    /// after this call, which clears the source's problem.
+    /// [`unwant`](Self::unwant). The source's problem is left to the
+    /// provider, which reports why (its report replaces any other), so a
+    /// source held again and again is not told anew each time.
     ///
     /// Wanting the engaged version again later builds nothing; any other
     /// version is built as usual.
@@ -282,10 +283,10 @@ impl Engagements {
             return;
         };
         let Some(engaged) = entry.engaged else {
-            self.unwant(name);
+            // Nothing engaged to keep, and nothing to disengage.
+            self.entries.remove(name);
             return;
         };
-        self.problems.clear(&entry.source);
         if entry.state != State::Engaged || entry.hash != engaged {
             tracing::info!(cluster = %name, source = %entry.source, "a version being built is dropped: its source gives no client now; the cluster stays as it was engaged");
         }

@@ -185,6 +185,41 @@ pub enum KubeconfigError {
     },
 }
 
+impl KubeconfigError {
+    /// Where the kubeconfig came from, as the provider named it.
+    pub fn origin(&self) -> &str {
+        match self {
+            Self::Malformed { origin, .. }
+            | Self::Missing { origin, .. }
+            | Self::Refused { origin, .. }
+            | Self::Unreadable { origin, .. }
+            | Self::Invalid { origin, .. } => origin,
+        }
+    }
+
+    /// What is wrong, without where the kubeconfig came from: the message
+    /// for a problem reported under a name of its own (a context's
+    /// cluster, say).
+    ///
+    /// ```
+    /// use kube_fleet::provider::kubeconfig;
+    ///
+    /// let error = kubeconfig::parse("[", "/etc/fleet/east.yaml").unwrap_err();
+    /// assert_eq!(error.origin(), "/etc/fleet/east.yaml");
+    /// assert!(error.reason().starts_with("not a kubeconfig"));
+    /// ```
+    pub fn reason(&self) -> String {
+        let text = self.to_string();
+        match text
+            .strip_prefix(self.origin())
+            .and_then(|rest| rest.strip_prefix(": "))
+        {
+            Some(reason) => reason.to_owned(),
+            None => text,
+        }
+    }
+}
+
 /// Parses `yaml` (one or more documents, merged as kubectl does), read from
 /// `origin`.
 ///

@@ -48,18 +48,37 @@ impl Problems {
     /// Records that `source` gives no cluster, and why. A message that
     /// differs from the one already there is logged as a warning; the same
     /// one again is not, so a provider may report on every pass.
+    ///
+    /// Every problem has one shape: the source is the key, and the message
+    /// says what is wrong with it. A message that starts with the source's
+    /// own name (an error that names where it came from, `Secret fleet/east,
+    /// key "kubeconfig": not a kubeconfig`) is kept without it.
+    ///
+    /// ```
+    /// use kube_fleet::provider::Problems;
+    ///
+    /// let problems = Problems::new();
+    /// problems.report("Secret fleet/east", "Secret fleet/east, key \"kubeconfig\": not a kubeconfig");
+    /// assert_eq!(
+    ///     problems.get("Secret fleet/east").as_deref(),
+    ///     Some("key \"kubeconfig\": not a kubeconfig"),
+    /// );
+    /// ```
     pub fn report(&self, source: impl Into<String>, message: impl fmt::Display) {
         let source = source.into();
         let message = message.to_string();
+        let message = match message
+            .strip_prefix(source.as_str())
+            .and_then(|rest| rest.strip_prefix(": ").or_else(|| rest.strip_prefix(", ")))
+        {
+            Some(rest) if !rest.is_empty() => rest.to_owned(),
+            _ => message,
+        };
         self.set.send_if_modified(|set| {
             if set.get(&source) == Some(&message) {
                 return false;
             }
-            if message.contains(source.as_str()) {
-                tracing::warn!(source = %source, "{message}");
-            } else {
-                tracing::warn!(source = %source, "{source}: {message}");
-            }
+            tracing::warn!(source = %source, "{source}: {message}");
             set.insert(source, message);
             true
         });

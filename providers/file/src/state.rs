@@ -339,7 +339,9 @@ impl State {
                     );
                     self.ready.push_back(ClusterEvent::Engage { name, client });
                 }
-                Err(error) => self.problems.report(name.as_str(), &error),
+                // Reported under the context's cluster, whose name holds the
+                // file's path: the message says what is wrong.
+                Err(error) => self.problems.report(name.as_str(), error.reason()),
             }
         }
     }
