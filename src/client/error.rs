@@ -3,6 +3,8 @@
 
 use http::StatusCode;
 
+use super::exec::PluginError;
+
 /// An error and every error beneath it, as one line: `a: b: c`.
 ///
 /// A TLS failure reads as what went wrong (an unknown CA, say), not only as
@@ -34,7 +36,8 @@ pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
 
 /// Whether `error` itself is a failure to obtain credentials.
 pub(crate) fn is_credential_failure(error: &(dyn std::error::Error + 'static)) -> bool {
-    error.downcast_ref::<kube::client::AuthError>().is_some()
+    error.is::<PluginError>()
+        || error.downcast_ref::<kube::client::AuthError>().is_some()
         || matches!(
             error.downcast_ref::<kube::Error>(),
             Some(kube::Error::Auth(_))
@@ -42,8 +45,15 @@ pub(crate) fn is_credential_failure(error: &(dyn std::error::Error + 'static)) -
 }
 
 /// What to say of `error` if it is a failure to obtain credentials, whose
-/// own text is not to be repeated.
+/// own text is not to be repeated: kube's quotes a plugin's command line,
+/// environment and output. This crate's own plugin errors say what
+/// happened without them.
 fn credentials_failed(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+    if let Some(plugin) = error.downcast_ref::<PluginError>() {
+        return Some(format!(
+            "the cluster's credentials could not be obtained: {plugin}"
+        ));
+    }
     is_credential_failure(error).then(|| {
         "the cluster's credentials could not be obtained (a credential plugin failed, or a \
          token or certificate file could not be read; details withheld, as they may hold secrets)"

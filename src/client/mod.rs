@@ -57,12 +57,14 @@ use std::time::Duration;
 use kube::{Client, Config};
 
 mod error;
+mod exec;
 mod reachability;
 mod requests;
 #[cfg(feature = "rustls-tls")]
 mod route;
 
 pub(crate) use error::{error_chain, is_unanswered};
+pub(crate) use exec::{ExecToken, PLUGIN_TIMEOUT, resolve as resolve_exec};
 pub(crate) use reachability::Reachability;
 pub(crate) use requests::counting;
 pub use requests::{LATENCY_BUCKETS, RequestCount, RequestLatency, RequestStats};
@@ -167,19 +169,33 @@ impl ClientOptions {
     ///
     /// As [`client`](fn@client).
     pub fn client(&self, config: Config) -> Result<Client, kube::Error> {
-        if config.proxy_url.is_some() {
+        self.client_with(config, None)
+    }
+
+    /// A client for one cluster from its `config`, whose requests carry
+    /// `token` (renewed as it expires), if given.
+    pub(crate) fn client_with(
+        &self,
+        mut config: Config,
+        token: Option<ExecToken>,
+    ) -> Result<Client, kube::Error> {
+        if config.proxy_url.is_some() || cfg!(not(feature = "rustls-tls")) {
+            // kube's own client renews the token itself.
+            if let Some(token) = token {
+                token.into_user(&mut config.auth_info);
+            }
             return Client::try_from(config);
         }
-        self.own(config)
+        self.own(config, token)
     }
 
     #[cfg(not(feature = "rustls-tls"))]
-    fn own(&self, config: Config) -> Result<Client, kube::Error> {
+    fn own(&self, config: Config, _: Option<ExecToken>) -> Result<Client, kube::Error> {
         Client::try_from(config)
     }
 
     #[cfg(feature = "rustls-tls")]
-    fn own(&self, config: Config) -> Result<Client, kube::Error> {
+    fn own(&self, config: Config, token: Option<ExecToken>) -> Result<Client, kube::Error> {
         use hyper_util::{
             client::legacy::{self, connect::HttpConnector},
             rt::{TokioExecutor, TokioTimer},
@@ -203,7 +219,7 @@ impl ClientOptions {
             let http = legacy::Client::builder(TokioExecutor::new())
                 .pool_timer(TokioTimer::new())
                 .build::<_, Body>(timeouts(&config, tcp));
-            return stack(config, http.map_err(BoxError::from));
+            return stack(config, http.map_err(BoxError::from), token);
         }
         let mut tls = config.rustls_client_config()?;
         // A client talks to one server: room for its sessions, not rustls's
@@ -233,7 +249,7 @@ impl ClientOptions {
             .pool_timer(TokioTimer::new())
             .build::<_, Body>(timeouts(&config, http1));
         if !self.http2 {
-            return stack(config, http1.map_err(BoxError::from));
+            return stack(config, http1.map_err(BoxError::from), token);
         }
         // Two pools: HTTP/2 only, so that requests made together wait for
         // one connection instead of each dialing its own; and HTTP/1.1 for
@@ -250,7 +266,11 @@ impl ClientOptions {
             .http2_keep_alive_timeout(self.keep_alive_timeout)
             .http2_keep_alive_while_idle(true)
             .build::<_, Body>(route::RequireHttp2(timeouts(&config, http2)));
-        stack(config, route::Route::new(http2, http1, self.max_streams))
+        stack(
+            config,
+            route::Route::new(http2, http1, self.max_streams),
+            token,
+        )
     }
 }
 
@@ -276,7 +296,7 @@ where
 /// request to a cluster that is down as an `ERROR` (the cluster's
 /// reachability is told once instead: `reachability`).
 #[cfg(feature = "rustls-tls")]
-fn stack<S, B>(config: Config, http: S) -> Result<Client, kube::Error>
+fn stack<S, B>(config: Config, http: S, token: Option<ExecToken>) -> Result<Client, kube::Error>
 where
     S: tower::Service<
             http::Request<kube::client::Body>,
@@ -302,6 +322,7 @@ where
         // Below the retries, so that each attempt is counted.
         .layer(requests::CountLayer)
         .option_layer(config.auth_layer()?)
+        .option_layer(token.map(tower::filter::AsyncFilterLayer::new))
         .layer(config.extra_headers_layer()?)
         .service(http);
     Ok(Client::new(service, config.default_namespace))

@@ -514,20 +514,28 @@ fn checked(
     })
 }
 
-/// How long building a client may take: an exec credential plugin runs
-/// then, and may hang.
-pub const CLIENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long building a client may take, and how long its credential
+/// plugin may run (then it is killed).
+pub const CLIENT_TIMEOUT: std::time::Duration = crate::client::PLUGIN_TIMEOUT;
 
 /// A client (see [`client::client`](crate::client::client)) for the
-/// context `context` of the kubeconfig from `origin`, built off the async
-/// threads (an allowed exec plugin runs now, and blocks) and given up after
+/// context `context` of the kubeconfig from `origin`, given up after
 /// [`CLIENT_TIMEOUT`].
+///
+/// A credential plugin (`exec`) of the context's user runs once, as a
+/// process of its own process group, and its credential (a client
+/// certificate, or a token) takes its place in the client; a token that
+/// expires is renewed by running the plugin again as requests need it. A
+/// plugin that runs longer than [`CLIENT_TIMEOUT`], or whose build is
+/// dropped (the program shuts down, say), is killed with its process
+/// group, and nothing waits for it.
 ///
 /// # Errors
 ///
 /// [`KubeconfigError::Invalid`] if no client can be built. A credential
-/// plugin that fails is reported by its failing, never with its command
-/// line, environment or output, which kube's own error holds and which may
+/// plugin that fails is reported by what happened (it could not start,
+/// its exit status, output that is not an `ExecCredential`, its time ran
+/// out), never with its command line, environment or output, which may
 /// carry secrets.
 pub async fn client(
     config: kube::Config,
@@ -539,26 +547,33 @@ pub async fn client(
         context: context.to_owned(),
         reason,
     };
-    // A plugin that hung on an earlier try still holds its thread and its
-    // process (kube waits on it, and cannot be told to stop): this try
-    // waits for it to end, within the same time limit, rather than start a
-    // second one for the same source.
+    // One build at a time for a source: a retry waits for the try before it.
     let slot = Slot::of(origin, context);
-    let built = tokio::time::timeout(CLIENT_TIMEOUT, async move {
-        let turn = slot.lock.clone().lock_owned().await;
+    let Ok(turn) = tokio::time::timeout(CLIENT_TIMEOUT, slot.lock.clone().lock_owned()).await
+    else {
+        return Err(invalid(format!(
+            "no client: an earlier build of it took longer than {CLIENT_TIMEOUT:?}"
+        )));
+    };
+    let (config, token) = crate::client::resolve_exec(config).await.map_err(|error| {
+        invalid(format!(
+            "no client: its credentials could not be obtained: {error}"
+        ))
+    })?;
+    // What is left reads files (certificates, a CA): off the async threads.
+    let built = tokio::time::timeout(
+        CLIENT_TIMEOUT,
         tokio::task::spawn_blocking(move || {
-            // The turn is given back first, then the slot forgotten.
             let _turn = (turn, slot);
-            crate::client::client(config)
-        })
-        .await
-    })
+            crate::client::ClientOptions::default().client_with(config, token)
+        }),
+    )
     .await;
     match built {
         Ok(Ok(Ok(client))) => Ok(client),
         Ok(Ok(Err(kube::Error::Auth(_)))) => Err(invalid(
-            "no client: its credentials could not be obtained (a credential plugin failed, \
-             or a token or certificate file could not be read)"
+            "no client: its credentials could not be obtained (a token or certificate file \
+             could not be read)"
                 .to_owned(),
         )),
         // The outermost message only: TLS material that does not parse,
@@ -566,7 +581,7 @@ pub async fn client(
         Ok(Ok(Err(error))) => Err(invalid(format!("no client: {error}"))),
         Ok(Err(_)) => Err(invalid("no client: building it panicked".to_owned())),
         Err(_) => Err(invalid(format!(
-            "no client: building it took longer than {CLIENT_TIMEOUT:?} (a credential plugin that hangs?)"
+            "no client: building it took longer than {CLIENT_TIMEOUT:?}"
         ))),
     }
 }
@@ -640,8 +655,9 @@ pub async fn current_client(
 }
 
 /// The turn of one source and context to build a client: one build at a
-/// time each, on a blocking thread that holds the turn until it ends,
-/// whether or not anyone still waits for it.
+/// time each, its credential plugin included; the blocking part that
+/// follows holds the turn until it ends, whether or not anyone still waits
+/// for it.
 struct Slot {
     key: String,
     lock: std::sync::Arc<tokio::sync::Mutex<()>>,
@@ -1013,7 +1029,7 @@ contexts:
         std::fs::create_dir_all(&dir).unwrap();
         let ran = dir.join("ran");
         let script = format!(
-            "echo x >> {m}; if [ $(wc -l < {m}) -gt 2 ]; then echo out-SECRET-1; echo err-SECRET-2 >&2; exit 1; fi; \
+            "echo x >> {m}; if [ $(wc -l < {m}) -gt 1 ]; then echo out-SECRET-1; echo err-SECRET-2 >&2; exit 1; fi; \
              echo '{{\"apiVersion\":\"client.authentication.k8s.io/v1\",\"kind\":\"ExecCredential\",\"status\":{{\"token\":\"t\",\"expirationTimestamp\":\"2000-01-01T00:00:00Z\"}}}}'",
             m = ran.display()
         );

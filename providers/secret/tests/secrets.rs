@@ -614,3 +614,124 @@ fn tempfile_dir(what: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+#[tokio::test]
+async fn a_credential_plugin_runs_once_per_client_and_its_failures_say_what_happened() {
+    let env = Envtest::start(2).await.unwrap();
+    let (hub, east) = (&env.clusters()[0], &env.clusters()[1]);
+    create(east, "on-east").await;
+    let dir = tempfile_dir("plugin-runs");
+    let runs = dir.join("runs");
+    let counted = east
+        .exec_kubeconfig(&format!("echo run >> '{}'", runs.display()))
+        .unwrap();
+    put(hub, secret("east", &[("kubeconfig", &text(&counted))])).await;
+    // One that exits with a failure, one that prints what is not an
+    // ExecCredential: each says which, and neither repeats the output.
+    let exits = east
+        .exec_kubeconfig("echo out-SECRET-1; echo err-SECRET-2 >&2; exit 3")
+        .unwrap();
+    put(hub, secret("exits", &[("kubeconfig", &text(&exits))])).await;
+    let garbage = east
+        .exec_kubeconfig("echo '{ not: out-SECRET-3'; exit 0")
+        .unwrap();
+    put(hub, secret("garbage", &[("kubeconfig", &text(&garbage))])).await;
+
+    let provider = SecretProvider::new(hub.client(), NAMESPACE)
+        .policy(kube_fleet::provider::kubeconfig::KubeconfigPolicy::default().allow_exec());
+    let mut running = run(provider);
+    running.reconciled("east", "on-east").await;
+    create(east, "later").await;
+    running.reconciled("east", "later").await;
+    let ran = std::fs::read_to_string(&runs).unwrap();
+    assert_eq!(
+        ran.lines().count(),
+        1,
+        "the plugin ran {} times",
+        ran.lines().count()
+    );
+
+    let exited = running.problem_of("Secret default/exits").await;
+    assert!(exited.contains("failed (exit status: 3)"), "{exited}");
+    let printed = running.problem_of("Secret default/garbage").await;
+    assert!(
+        printed.contains("output is not an ExecCredential"),
+        "{printed}"
+    );
+    for problem in [&exited, &printed] {
+        assert!(!problem.contains("SECRET"), "{problem}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Whether the process `pid` has ended (gone, or a zombie waiting to be
+/// reaped).
+fn ended(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z')),
+    }
+}
+
+/// A program that stops while a credential plugin hangs: the runtime is
+/// dropped at once, and the plugin, with what it started, is killed.
+#[test]
+fn a_hung_credential_plugin_holds_up_no_exit_and_is_killed() {
+    let harness = tokio::runtime::Runtime::new().unwrap();
+    let env = harness.block_on(Envtest::start(2)).unwrap();
+    let (hub, east) = (&env.clusters()[0], &env.clusters()[1]);
+    let dir = tempfile_dir("plugin-hangs");
+    let (shell, sleep) = (dir.join("shell"), dir.join("sleep"));
+    let hangs = east
+        .exec_kubeconfig(&format!(
+            "echo $$ > '{}'; sleep 15 & echo $! > '{}'; wait",
+            shell.display(),
+            sleep.display()
+        ))
+        .unwrap();
+    harness.block_on(put(hub, secret("east", &[("kubeconfig", &text(&hangs))])));
+
+    // The program: its own runtime, as `#[tokio::main]` makes one.
+    let program = tokio::runtime::Runtime::new().unwrap();
+    let hub_kubeconfig = hub.kubeconfig().clone();
+    program.spawn(async move {
+        let config = kube::Config::from_custom_kubeconfig(hub_kubeconfig, &Default::default())
+            .await
+            .unwrap();
+        let hub = kube::Client::try_from(config).unwrap();
+        let provider = SecretProvider::new(hub, NAMESPACE)
+            .policy(kube_fleet::provider::kubeconfig::KubeconfigPolicy::default().allow_exec());
+        Fleet::new().run(provider).await
+    });
+    let began = std::time::Instant::now();
+    while !(shell.exists() && sleep.exists()) {
+        assert!(began.elapsed() < PATIENCE, "the plugin did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let (shell, sleep) = (
+        std::fs::read_to_string(&shell).unwrap(),
+        std::fs::read_to_string(&sleep).unwrap(),
+    );
+
+    let stopping = std::time::Instant::now();
+    drop(program);
+    let took = stopping.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "the program took {took:?} to stop"
+    );
+    let killed = std::time::Instant::now();
+    while !(ended(&shell) && ended(&sleep)) {
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "the plugin ({shell}) or what it started ({sleep}) still runs"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(env);
+    drop(harness);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
