@@ -78,6 +78,8 @@ enum Phase {
 struct KeyState {
     phase: Phase,
     failures: u32,
+    /// A hash of the error its last run failed with (0 for none).
+    last_error: u64,
     /// Why the key's next (or current) run runs.
     reason: ReconcileReason,
 }
@@ -186,6 +188,7 @@ pub(crate) struct Queue {
     backoff: Backoff,
     jitter: Jitter,
     next_ticket: u64,
+    hasher: std::hash::RandomState,
 }
 
 impl Queue {
@@ -206,6 +209,7 @@ impl Queue {
             backoff,
             jitter: Jitter::new(),
             next_ticket: 0,
+            hasher: std::hash::RandomState::new(),
         }
     }
 
@@ -234,6 +238,7 @@ impl Queue {
                 KeyState {
                     phase: Phase::Idle,
                     failures: 0,
+                    last_error: 0,
                     reason,
                 },
             );
@@ -582,6 +587,7 @@ impl Queue {
             Outcome::Interrupted => Some((now, Lane::Changed, ReconcileReason::ClusterReplaced)),
             Outcome::Success(action) => {
                 state.failures = 0;
+                state.last_error = 0;
                 action.requeue_after().map(|d| {
                     let at = now + d.min(MAX_DELAY);
                     (at, Lane::Changed, ReconcileReason::Requeued)
@@ -738,6 +744,18 @@ impl Queue {
         }
         self.turns.retain(|c| c != cluster);
         // A throttle timer of the purged cluster finds no entry and is ignored.
+    }
+
+    /// Notes that the run of `key` failed with `error`; whether its last
+    /// run failed with the same (a repeat, not news).
+    pub(crate) fn failed_again(&mut self, key: &McRequest, error: &str) -> bool {
+        use std::hash::BuildHasher;
+
+        let Some(state) = self.keys.get_mut(key) else {
+            return false;
+        };
+        let hash = self.hasher.hash_one(error).max(1);
+        std::mem::replace(&mut state.last_error, hash) == hash
     }
 
     /// How many keys wait to run, ready or delayed (not those running).

@@ -183,3 +183,52 @@ async fn keys_that_failed_while_their_cluster_was_down_run_as_soon_as_it_answers
     let back = lines_with(&logs, &["cluster-1", "answers again"]);
     assert!(!back.is_empty(), "its return was not told");
 }
+
+#[tokio::test]
+async fn a_key_that_fails_the_same_way_again_is_told_once() {
+    let (logs, _guard) = capture_warnings();
+    let env = Envtest::start(1).await.unwrap();
+    create_config_map(env.clusters()[0].client(), "x").await;
+    // Fails three times as a cluster that cannot be reached would, then
+    // three times otherwise, then succeeds.
+    let runs = Arc::new(AtomicU64::new(0));
+    let reconcile = tower::service_fn({
+        let runs = runs.clone();
+        move |request: ObjectRequest<ConfigMap>| {
+            let run = match request.request.name.as_str() {
+                "x" => runs.fetch_add(1, Ordering::SeqCst),
+                _ => u64::MAX,
+            };
+            async move {
+                match run {
+                    0..3 => Err::<Action, BoxError>("the parent waits for cluster m2".into()),
+                    3..6 => Err("the parent waits for cluster m3".into()),
+                    _ => Ok(Action::await_change()),
+                }
+            }
+        }
+    });
+    let mut running = Running::new();
+    let backoff = Backoff {
+        base: Duration::from_millis(10),
+        max: Duration::from_millis(10),
+        jitter: 0.0,
+    };
+    let controller = Controller::<ConfigMap>::new(&running.fleet, watcher::Config::default())
+        .with_config(Config::default().backoff(backoff));
+    running.spawn(controller, reconcile);
+    running.add_all(&env);
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while runs.load(Ordering::SeqCst) < 7 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the key ran seven times");
+    let told = lines_with(&logs, &["reconcile failed", "default/x"]);
+    assert_eq!(told.len(), 2, "each error once: {told:#?}");
+    assert!(
+        told[0].contains("cluster m2") && told[1].contains("cluster m3"),
+        "{told:#?}"
+    );
+}

@@ -674,7 +674,7 @@ impl Runner {
     /// changes if the error is terminal; otherwise what the error policy
     /// says, or the key's backoff.
     fn failed(
-        &self,
+        &mut self,
         key: &McRequest,
         error: &(dyn std::error::Error + Send + Sync + 'static),
     ) -> Outcome {
@@ -683,6 +683,9 @@ impl Runner {
             tracing::error!(controller = %self.name, request = %key, error = %reason, "reconcile failed for good; it runs again when it changes");
             return Outcome::Success(Action::await_change());
         }
+        // A key that fails again as it did last time is not news: told at
+        // `DEBUG` until its error changes or it succeeds.
+        let again = self.queue.failed_again(key, &reason);
         let chosen = self
             .error_policy
             .as_ref()
@@ -693,7 +696,11 @@ impl Runner {
                 Outcome::Success(Action::await_change())
             }
             Some(Some(after)) => {
-                tracing::warn!(controller = %self.name, request = %key, error = %reason, ?after, "reconcile failed; retrying when the error policy says");
+                if again {
+                    tracing::debug!(controller = %self.name, request = %key, error = %reason, ?after, "reconcile failed again, as before; retrying when the error policy says");
+                } else {
+                    tracing::warn!(controller = %self.name, request = %key, error = %reason, ?after, "reconcile failed; retrying when the error policy says");
+                }
                 Outcome::Failure(Some(after))
             }
             // The cluster's own transitions are logged once, as it stops
@@ -701,6 +708,10 @@ impl Runner {
             None if is_unanswered(error) => {
                 tracing::debug!(controller = %self.name, request = %key, error = %reason, "reconcile failed: the cluster gives no answer; retrying after backoff, or once it answers");
                 Outcome::Unanswered
+            }
+            None if again => {
+                tracing::debug!(controller = %self.name, request = %key, error = %reason, "reconcile failed again, as before; retrying after backoff");
+                Outcome::Failure(None)
             }
             None => {
                 tracing::warn!(controller = %self.name, request = %key, error = %reason, "reconcile failed; retrying after backoff");
