@@ -81,7 +81,7 @@ impl Cluster {
     pub fn new(name: impl Into<ClusterName>, client: Client) -> Self {
         let name = name.into();
         let requests = Arc::<RequestStats>::default();
-        let reachability = Arc::new(Reachability::new(name.clone()));
+        let reachability = Arc::new(Reachability::new(name.clone(), client.clone()));
         let client = counting(client, requests.clone(), reachability.clone());
         let cache = ClusterCache::new(name.clone(), client.clone());
         Self::with_cache(name, client, cache, requests, reachability)

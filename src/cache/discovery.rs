@@ -115,10 +115,14 @@ async fn resolve(
 /// API server's plain-text 404 reads as an error that could not be parsed.
 pub(super) fn failure_reason(error: &watcher::Error, kind: &str, api_version: &str) -> String {
     if not_served(error) {
-        format!(
-            "{kind} ({api_version}) is not served by this cluster (its CRD is not installed, or \
-             does not serve this version)"
-        )
+        // A group's kind may come from a CRD; a core kind has no CRD to
+        // install (a wrong path in the server's URL looks the same).
+        let why = if api_version.contains('/') {
+            "its CRD is not installed, or does not serve this version"
+        } else {
+            "is the server's URL right?"
+        };
+        format!("{kind} ({api_version}) is not served by this cluster ({why})")
     } else {
         crate::client::error_chain(error)
     }

@@ -143,9 +143,11 @@ impl NamespaceView {
 
 impl HostCache {
     /// The cache of the cluster `client` reaches, named `host` in logs.
+    /// Call it inside a Tokio runtime: the client it keeps starts a task
+    /// there.
     pub fn new(host: impl Into<ClusterName>, client: Client) -> Self {
         let host = host.into();
-        let reachability = Arc::new(Reachability::new(host.clone()));
+        let reachability = Arc::new(Reachability::new(host.clone(), client.clone()));
         // The host's own requests (its shared watches) are counted under no
         // cluster; each namespace's count in its own engagement.
         let client = counting(client, Arc::default(), reachability.clone());

@@ -44,6 +44,19 @@ pub(crate) fn is_credential_failure(error: &(dyn std::error::Error + 'static)) -
         )
 }
 
+/// Whether `error`, or an error beneath it, is a failure to obtain
+/// credentials: no request was made.
+pub(crate) fn credentials_unavailable(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if is_credential_failure(error) {
+            return true;
+        }
+        next = error.source();
+    }
+    false
+}
+
 /// What to say of `error` if it is a failure to obtain credentials, whose
 /// own text is not to be repeated: kube's quotes a plugin's command line,
 /// environment and output. This crate's own plugin errors say what

@@ -26,12 +26,8 @@ use base64::{Engine, engine::general_purpose::STANDARD};
 use futures::{FutureExt, future::BoxFuture};
 use http::{HeaderValue, Request, header::AUTHORIZATION};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::{
-    Config,
-    client::Body,
-    config::{AuthInfo, ExecConfig},
-};
-use tokio::{io::AsyncReadExt, process::Command};
+use kube::{Config, client::Body, config::ExecConfig};
+use tokio::{io::AsyncReadExt, process::Command, sync::watch};
 use tower::BoxError;
 
 /// How long a plugin may run before it is killed.
@@ -97,11 +93,12 @@ struct Status {
 
 /// Runs the plugin of `config`'s user, if kube would (no auth provider,
 /// basic auth, token or token file comes first), and puts what it gives in
-/// its place. A token that expires comes back as an [`ExecToken`] to renew
-/// it, for the client's stack; the configuration then carries no
-/// credential of its own.
+/// its place, within `limit`. A token that expires comes back as an
+/// [`ExecToken`] to renew it, for the client's stack; the configuration
+/// then carries no credential of its own.
 pub(crate) async fn resolve(
     mut config: Config,
+    limit: Duration,
 ) -> Result<(Config, Option<ExecToken>), PluginError> {
     let user = &config.auth_info;
     let first = user.auth_provider.is_some()
@@ -111,7 +108,7 @@ pub(crate) async fn resolve(
     let Some(exec) = config.auth_info.exec.clone().filter(|_| !first) else {
         return Ok((config, None));
     };
-    let credential = run(&exec, PLUGIN_TIMEOUT).await?;
+    let credential = run(&exec, limit).await?;
     let user = &mut config.auth_info;
     user.exec = None;
     // A certificate and key win over a token, as kube has it.
@@ -137,22 +134,16 @@ struct Group {
 
 impl Drop for Group {
     fn drop(&mut self) {
-        // `kill` does it without unsafe code; if it cannot run,
-        // `kill_on_drop` still kills the plugin itself.
+        // `kill_on_drop` kills the plugin itself; this, what it started.
         #[cfg(unix)]
-        if let Some(id) = self.id.take() {
-            let killed = std::process::Command::new("kill")
-                .args(["-KILL", "--", &format!("-{id}")])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-            if !killed.is_ok_and(|status| status.success()) {
-                tracing::debug!(
-                    group = id,
-                    "could not kill a credential plugin's process group"
-                );
-            }
+        if let Some(pid) = self
+            .id
+            .take()
+            .and_then(|id| rustix::process::Pid::from_raw(id as i32))
+            && let Err(error) =
+                rustix::process::kill_process_group(pid, rustix::process::Signal::KILL)
+        {
+            tracing::debug!(group = pid.as_raw_nonzero().get(), %error, "could not kill a credential plugin's process group");
         }
     }
 }
@@ -239,19 +230,25 @@ async fn run(exec: &ExecConfig, limit: Duration) -> Result<Credential, PluginErr
 }
 
 /// A token from a credential plugin that expires: put on each request, and
-/// renewed by running the plugin again when it is about to expire (one run
-/// at a time; requests meanwhile wait for it). A tower `AsyncPredicate`.
+/// renewed by running the plugin again in a task of its own, one run at a
+/// time, once less than a minute is left. Requests go on with the token
+/// they have while it is still good, and wait for the renewal only once it
+/// has expired. A renewal that fails is not tried again for
+/// [`RENEW_RETRY`]: requests that need it meanwhile fail with its error. A
+/// tower `AsyncPredicate`.
 #[derive(Clone)]
 pub(crate) struct ExecToken {
     exec: Arc<ExecConfig>,
-    state: Arc<tokio::sync::Mutex<TokenState>>,
+    state: Arc<std::sync::Mutex<TokenState>>,
+    /// Changes each time a renewal ends.
+    renewals: watch::Sender<u64>,
 }
 
 struct TokenState {
     token: String,
     expires: Timestamp,
-    /// The last renewal failed, then: requests meanwhile fail with it
-    /// rather than each run the plugin again.
+    renewing: bool,
+    /// When the last renewal failed, and with what.
     failed: Option<(tokio::time::Instant, PluginError)>,
 }
 
@@ -264,51 +261,96 @@ impl fmt::Debug for ExecToken {
     }
 }
 
+/// What a request does about the token.
+enum Next {
+    Use(String),
+    Fail(PluginError),
+    Wait,
+}
+
 impl ExecToken {
     fn new(exec: ExecConfig, token: String, expires: Timestamp) -> Self {
         let state = TokenState {
             token,
             expires,
+            renewing: false,
             failed: None,
         };
         Self {
             exec: Arc::new(exec),
-            state: Arc::new(tokio::sync::Mutex::new(state)),
+            state: Arc::new(std::sync::Mutex::new(state)),
+            renewals: watch::Sender::new(0),
         }
     }
 
-    /// The configuration's user with the plugin back in place: for kube's
-    /// own client, which renews the token itself.
-    pub(crate) fn into_user(self, user: &mut AuthInfo) {
-        user.exec = Some((*self.exec).clone());
+    fn state(&self) -> std::sync::MutexGuard<'_, TokenState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    async fn header(&self) -> Result<HeaderValue, BoxError> {
-        let mut state = self.state.lock().await;
-        if Timestamp::now().saturating_add(RENEW_BEFORE)? >= state.expires {
-            if let Some((at, error)) = &state.failed
-                && at.elapsed() < RENEW_RETRY
-            {
-                return Err(error.clone().into());
+    /// What to do now, starting a renewal where one is due.
+    fn next(&self) -> Next {
+        let now = Timestamp::now();
+        let mut state = self.state();
+        let expired = now >= state.expires;
+        let due = now.saturating_add(RENEW_BEFORE).unwrap_or(Timestamp::MAX) >= state.expires;
+        if due && !state.renewing {
+            match &state.failed {
+                Some((at, error)) if at.elapsed() < RENEW_RETRY => {
+                    if expired {
+                        return Next::Fail(error.clone());
+                    }
+                }
+                _ => {
+                    state.renewing = true;
+                    tokio::spawn(self.clone().renew());
+                }
             }
-            let renewed = run(&self.exec, PLUGIN_TIMEOUT).await.and_then(|fresh| {
-                Ok((fresh.token.ok_or(PluginError::NoCredential)?, fresh.expires))
-            });
+        }
+        if expired {
+            Next::Wait
+        } else {
+            Next::Use(state.token.clone())
+        }
+    }
+
+    /// Runs the plugin once, and keeps what it gives or why it failed.
+    async fn renew(self) {
+        let renewed = run(&self.exec, PLUGIN_TIMEOUT)
+            .await
+            .and_then(|fresh| Ok((fresh.token.ok_or(PluginError::NoCredential)?, fresh.expires)));
+        {
+            let mut state = self.state();
+            state.renewing = false;
             match renewed {
                 Ok((token, expires)) => {
                     state.token = token;
-                    // One that no longer says when it expires is renewed
-                    // on the next request.
-                    state.expires = expires.unwrap_or_else(Timestamp::now);
+                    // One that no longer says when it expires is kept, as a
+                    // first token without an expiry is.
+                    state.expires = expires.unwrap_or(Timestamp::MAX);
                     state.failed = None;
                 }
                 Err(error) => {
-                    state.failed = Some((tokio::time::Instant::now(), error.clone()));
-                    return Err(error.into());
+                    tracing::warn!(%error, "renewing a credential plugin's token failed; tried again in {RENEW_RETRY:?}");
+                    state.failed = Some((tokio::time::Instant::now(), error));
                 }
             }
         }
-        let mut value = HeaderValue::from_str(&format!("Bearer {}", state.token))
+        self.renewals.send_modify(|n| *n += 1);
+    }
+
+    async fn header(&self) -> Result<HeaderValue, BoxError> {
+        let token = loop {
+            let mut renewals = self.renewals.subscribe();
+            match self.next() {
+                Next::Use(token) => break token,
+                Next::Fail(error) => return Err(error.into()),
+                // Woken when the renewal ends, whichever way.
+                Next::Wait => {
+                    let _ = renewals.changed().await;
+                }
+            }
+        };
+        let mut value = HeaderValue::from_str(&format!("Bearer {token}"))
             .map_err(|_| "the credential plugin's token is not a valid header value")?;
         value.set_sensitive(true);
         Ok(value)

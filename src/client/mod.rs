@@ -176,15 +176,22 @@ impl ClientOptions {
     /// `token` (renewed as it expires), if given.
     pub(crate) fn client_with(
         &self,
-        mut config: Config,
+        config: Config,
         token: Option<ExecToken>,
     ) -> Result<Client, kube::Error> {
         if config.proxy_url.is_some() || cfg!(not(feature = "rustls-tls")) {
-            // kube's own client renews the token itself.
-            if let Some(token) = token {
-                token.into_user(&mut config.auth_info);
-            }
-            return Client::try_from(config);
+            let namespace = config.default_namespace.clone();
+            let client = Client::try_from(config)?;
+            let Some(token) = token else {
+                return Ok(client);
+            };
+            // kube's own client, with the token put on each request above it.
+            let send = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+                let client = client.clone();
+                async move { client.send(request).await.map_err(tower::BoxError::from) }
+            });
+            let service = tower::filter::AsyncFilter::new(send, token);
+            return Ok(Client::new(service, namespace));
         }
         self.own(config, token)
     }

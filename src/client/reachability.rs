@@ -45,7 +45,6 @@ pub(crate) const PROBE_SLOW_INTERVAL: Duration = Duration::from_secs(5);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Whether one engaged cluster answers, as its client's requests find it.
-#[derive(Debug)]
 pub(crate) struct Reachability {
     cluster: ClusterName,
     /// Read on every answer, so a flag rather than the lock.
@@ -59,11 +58,26 @@ pub(crate) struct Reachability {
     closed: AtomicBool,
     /// Where probes run: the runtime the cluster was engaged in.
     runtime: Option<Handle>,
+    /// What probes ask through: the cluster's client below the counting
+    /// (which holds this), so that no probe keeps this alive.
+    client: Client,
+}
+
+impl std::fmt::Debug for Reachability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reachability")
+            .field("cluster", &self.cluster)
+            .field("answering", &self.is_answering())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Reachability {
-    pub(crate) fn new(cluster: ClusterName) -> Self {
+    /// For the cluster `cluster`, probed through `client` (its own, not
+    /// one that reports here).
+    pub(crate) fn new(cluster: ClusterName, client: Client) -> Self {
         Self {
+            client,
             cluster,
             down: AtomicBool::new(false),
             probing: AtomicBool::new(false),
@@ -95,11 +109,11 @@ impl Reachability {
     }
 
     /// A request was answered with `status`.
-    pub(crate) fn answered_with(self: &Arc<Self>, status: StatusCode, client: &Client) {
+    pub(crate) fn answered_with(self: &Arc<Self>, status: StatusCode) {
         if is_gateway_failure(status) {
             // Asks the cluster itself whether it is there.
             if self.is_answering() {
-                self.probe(client, true);
+                self.probe(true);
             }
         } else {
             self.answered();
@@ -107,15 +121,10 @@ impl Reachability {
     }
 
     /// A request got no answer, for `error` (the connection failed, was
-    /// refused or reset, or timed out). `client` is the cluster's own
-    /// client, below the counting, which a probe asks until it answers.
-    pub(crate) fn unanswered(
-        self: &Arc<Self>,
-        error: &(dyn std::error::Error + 'static),
-        client: &Client,
-    ) {
+    /// refused or reset, or timed out): a probe asks until it answers.
+    pub(crate) fn unanswered(self: &Arc<Self>, error: &(dyn std::error::Error + 'static)) {
         if self.went_down(|| error_chain(error)) {
-            self.probe(client, false);
+            self.probe(false);
         }
     }
 
@@ -148,11 +157,15 @@ impl Reachability {
 
     /// Starts the probe, unless one runs: asking at once if `now`, else
     /// after the interval.
-    fn probe(self: &Arc<Self>, client: &Client, now: bool) {
+    fn probe(self: &Arc<Self>, now: bool) {
         if self.is_closed() || self.probing.swap(true, Ordering::AcqRel) {
             return;
         }
-        let probe = probe(Arc::downgrade(self), client.clone(), now);
+        let probing = Probing {
+            reachability: Arc::downgrade(self),
+            finished: false,
+        };
+        let probe = probe(probing, self.client.clone(), now);
         match &self.runtime {
             Some(runtime) => drop(runtime.spawn(probe)),
             None => drop(tokio::spawn(probe)),
@@ -176,13 +189,42 @@ enum Probed {
     Answered,
     /// No answer, a gateway's, or not ready: why.
     NoAnswer(String),
+    /// No request could be made (the credentials could not be obtained):
+    /// nothing learnt of the cluster.
+    Unknown,
+}
+
+/// The running probe of a cluster: when it ends, another may start; if it
+/// ended by itself and the cluster went down meanwhile (a failure that came
+/// as it was ending), one does. One dropped unfinished (with its runtime)
+/// starts none.
+struct Probing {
+    reachability: Weak<Reachability>,
+    finished: bool,
+}
+
+impl Drop for Probing {
+    fn drop(&mut self) {
+        let Some(reachability) = self.reachability.upgrade() else {
+            return;
+        };
+        reachability.probing.store(false, Ordering::Release);
+        if self.finished && !reachability.is_answering() {
+            reachability.probe(false);
+        }
+    }
 }
 
 /// Asks the cluster whether it is ready: once, at once, if `now` (to
 /// confirm a gateway's failure); while it does not answer, again after each
-/// interval, until it does, its engagement ends, or no one holds its client
-/// any more.
-async fn probe(reachability: Weak<Reachability>, client: Client, mut now: bool) {
+/// interval, until it does, its engagement ends, or no one holds it any
+/// more.
+async fn probe(mut probing: Probing, client: Client, now: bool) {
+    asking(&probing.reachability, &client, now).await;
+    probing.finished = true;
+}
+
+async fn asking(reachability: &Weak<Reachability>, client: &Client, mut now: bool) {
     loop {
         if !now {
             let Some(interval) = reachability.upgrade().map(|r| r.interval()) else {
@@ -197,19 +239,14 @@ async fn probe(reachability: Weak<Reachability>, client: Client, mut now: bool) 
         if reachability.is_closed() {
             return;
         }
-        match ask(&client).await {
+        match ask(client).await {
             Probed::Answered => reachability.answered(),
             Probed::NoAnswer(cause) => {
                 reachability.went_down(|| cause);
             }
+            Probed::Unknown => {}
         }
-        if !reachability.is_answering() {
-            continue;
-        }
-        // Done; a failure that came meanwhile found this probe running, so
-        // it looks again before it goes.
-        reachability.probing.store(false, Ordering::Release);
-        if reachability.is_answering() || reachability.probing.swap(true, Ordering::AcqRel) {
+        if reachability.is_answering() {
             return;
         }
     }
@@ -224,11 +261,12 @@ async fn ask(client: &Client) -> Probed {
             Probed::NoAnswer(format!("its readiness check answers {}", response.status()))
         }
         Ok(Ok(_)) => Probed::Answered,
+        Ok(Err(error)) if super::error::credentials_unavailable(&error) => Probed::Unknown,
         Ok(Err(error)) if super::error::is_unanswered(&error) => {
             Probed::NoAnswer(error_chain(&error))
         }
-        // An answer of another kind (a credential that fails, a refused
-        // TLS handshake): the cluster is there.
+        // An answer of another kind (a refused TLS handshake, say): the
+        // cluster is there.
         Ok(Err(_)) => Probed::Answered,
         Err(_) => Probed::NoAnswer(format!(
             "its readiness check gave no answer in {PROBE_TIMEOUT:?}"

@@ -292,8 +292,8 @@ impl Service<Request<Body>> for Outer {
                 pending.done(result.as_ref().ok().map(Response::status));
             }
             match &result {
-                Ok(response) => reachability.answered_with(response.status(), &client),
-                Err(error) if is_unanswered(error) => reachability.unanswered(error, &client),
+                Ok(response) => reachability.answered_with(response.status()),
+                Err(error) if is_unanswered(error) => reachability.unanswered(error),
                 // Answered, with an error of the server's or the client's own.
                 Err(_) => {}
             }
@@ -365,7 +365,10 @@ mod tests {
     async fn a_request_given_up_before_its_answer_is_counted_without_a_code() {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let stats = Arc::<RequestStats>::default();
-        let reachability = Arc::new(Reachability::new("test".into()));
+        let reachability = Arc::new(Reachability::new(
+            "test".into(),
+            Client::new(service.clone(), "default"),
+        ));
         let client = counting(Client::new(service, "default"), stats.clone(), reachability);
         let asked = tokio::spawn(async move {
             client

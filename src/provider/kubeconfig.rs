@@ -547,22 +547,29 @@ pub async fn client(
         context: context.to_owned(),
         reason,
     };
+    // One deadline for the whole build: the turn, the plugin, the rest.
+    let deadline = tokio::time::Instant::now() + CLIENT_TIMEOUT;
+    let too_long = || {
+        invalid(format!(
+            "no client: building it took longer than {CLIENT_TIMEOUT:?}"
+        ))
+    };
     // One build at a time for a source: a retry waits for the try before it.
     let slot = Slot::of(origin, context);
-    let Ok(turn) = tokio::time::timeout(CLIENT_TIMEOUT, slot.lock.clone().lock_owned()).await
-    else {
-        return Err(invalid(format!(
-            "no client: an earlier build of it took longer than {CLIENT_TIMEOUT:?}"
-        )));
+    let Ok(turn) = tokio::time::timeout_at(deadline, slot.lock.clone().lock_owned()).await else {
+        return Err(too_long());
     };
-    let (config, token) = crate::client::resolve_exec(config).await.map_err(|error| {
-        invalid(format!(
-            "no client: its credentials could not be obtained: {error}"
-        ))
-    })?;
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let (config, token) = crate::client::resolve_exec(config, left)
+        .await
+        .map_err(|error| {
+            invalid(format!(
+                "no client: its credentials could not be obtained: {error}"
+            ))
+        })?;
     // What is left reads files (certificates, a CA): off the async threads.
-    let built = tokio::time::timeout(
-        CLIENT_TIMEOUT,
+    let built = tokio::time::timeout_at(
+        deadline,
         tokio::task::spawn_blocking(move || {
             let _turn = (turn, slot);
             crate::client::ClientOptions::default().client_with(config, token)
@@ -580,9 +587,7 @@ pub async fn client(
         // say, without what a cause might quote.
         Ok(Ok(Err(error))) => Err(invalid(format!("no client: {error}"))),
         Ok(Err(_)) => Err(invalid("no client: building it panicked".to_owned())),
-        Err(_) => Err(invalid(format!(
-            "no client: building it took longer than {CLIENT_TIMEOUT:?}"
-        ))),
+        Err(_) => Err(too_long()),
     }
 }
 

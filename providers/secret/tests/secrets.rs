@@ -705,16 +705,20 @@ fn a_hung_credential_plugin_holds_up_no_exit_and_is_killed() {
             .policy(kube_fleet::provider::kubeconfig::KubeconfigPolicy::default().allow_exec());
         Fleet::new().run(provider).await
     });
+    // Each pid once its file holds it.
     let began = std::time::Instant::now();
-    while !(shell.exists() && sleep.exists()) {
+    let pid = |file: &std::path::Path| {
+        std::fs::read_to_string(file)
+            .ok()
+            .filter(|pid| pid.ends_with('\n') && pid.trim().parse::<u32>().is_ok())
+    };
+    let (shell, sleep) = loop {
+        if let (Some(shell), Some(sleep)) = (pid(&shell), pid(&sleep)) {
+            break (shell, sleep);
+        }
         assert!(began.elapsed() < PATIENCE, "the plugin did not start");
         std::thread::sleep(Duration::from_millis(20));
-    }
-    std::thread::sleep(Duration::from_millis(100));
-    let (shell, sleep) = (
-        std::fs::read_to_string(&shell).unwrap(),
-        std::fs::read_to_string(&sleep).unwrap(),
-    );
+    };
 
     let stopping = std::time::Instant::now();
     drop(program);
@@ -733,5 +737,127 @@ fn a_hung_credential_plugin_holds_up_no_exit_and_is_killed() {
     }
     drop(env);
     drop(harness);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A plugin that hands out a service account's token, good (it says) for
+/// 62 s: renewed by running the plugin again once less than a minute is
+/// left, while the token in hand still serves requests, in one engagement.
+#[tokio::test]
+async fn a_plugin_token_about_to_expire_is_renewed_in_the_same_engagement() {
+    use k8s_openapi::api::{
+        authentication::v1::{TokenRequest, TokenRequestSpec},
+        core::v1::ServiceAccount,
+        rbac::v1::{ClusterRoleBinding, RoleRef, Subject},
+    };
+    use std::os::unix::fs::PermissionsExt;
+
+    let env = Envtest::start(2).await.unwrap();
+    let (hub, east) = (&env.clusters()[0], &env.clusters()[1]);
+    create(east, "on-east").await;
+    let accounts = Api::<ServiceAccount>::namespaced(east.client(), NAMESPACE);
+    let account = ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some("fleet".into()),
+            ..ObjectMeta::default()
+        },
+        ..ServiceAccount::default()
+    };
+    accounts
+        .create(&PostParams::default(), &account)
+        .await
+        .unwrap();
+    let binding = ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some("fleet-admin".into()),
+            ..ObjectMeta::default()
+        },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "ClusterRole".into(),
+            name: "cluster-admin".into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: "fleet".into(),
+            namespace: Some(NAMESPACE.into()),
+            ..Subject::default()
+        }]),
+    };
+    Api::<ClusterRoleBinding>::all(east.client())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    let issued: TokenRequest = accounts
+        .create_subresource("token", "fleet", &PostParams::default(), &request)
+        .await
+        .unwrap();
+    let token = issued.status.unwrap().token.unwrap();
+
+    let dir = tempfile_dir("plugin-token");
+    let runs = dir.join("runs");
+    let plugin = dir.join("plugin");
+    std::fs::write(
+        &plugin,
+        format!(
+            "#!/bin/sh\necho run >> '{runs}'\nexp=$(date -u -d '+62 seconds' +%Y-%m-%dT%H:%M:%SZ)\n\
+             echo '{{\"apiVersion\":\"client.authentication.k8s.io/v1\",\"kind\":\"ExecCredential\",\
+             \"status\":{{\"token\":\"{token}\",\"expirationTimestamp\":\"'$exp'\"}}}}'\n",
+            runs = runs.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut kubeconfig = serde_json::to_value(east.kubeconfig()).unwrap();
+    kubeconfig["users"][0]["user"] = serde_json::json!({ "exec": {
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "command": plugin.display().to_string(),
+    }});
+    put(
+        hub,
+        secret("east", &[("kubeconfig", &kubeconfig.to_string())]),
+    )
+    .await;
+
+    let provider = SecretProvider::new(hub.client(), NAMESPACE)
+        .policy(kube_fleet::provider::kubeconfig::KubeconfigPolicy::default().allow_exec());
+    let mut running = run(provider);
+    running.reconciled("east", "on-east").await;
+    let engaged = running.fleet.get("east").unwrap();
+    assert_eq!(std::fs::read_to_string(&runs).unwrap().lines().count(), 1);
+    // Requests a few seconds on find the token due, and go on with it
+    // while the plugin runs again.
+    for i in 0..4 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let name = format!("later-{i}");
+        create(east, &name).await;
+        running.reconciled("east", &name).await;
+        // Through the cluster's own client, as a reconciler writes.
+        Api::<ConfigMap>::namespaced(engaged.client(), NAMESPACE)
+            .get(&name)
+            .await
+            .unwrap();
+    }
+    let ran = std::fs::read_to_string(&runs).unwrap().lines().count();
+    assert!(
+        ran >= 2,
+        "the plugin ran {ran} times: the token was not renewed"
+    );
+    assert!(
+        engaged.is_engaged(),
+        "renewing the token re-engaged the cluster"
+    );
+    assert!(
+        running.problems.current().is_empty(),
+        "{:?}",
+        running.problems.current()
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
