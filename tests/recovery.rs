@@ -7,7 +7,7 @@ mod support;
 use std::{
     collections::BTreeMap,
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicU64, Ordering},
     },
     time::{Duration, Instant},
@@ -21,7 +21,7 @@ use kube::{
 };
 use kube_fleet::{Action, Backoff, Controller, ObjectRequest, controller::Config};
 use kube_fleet_envtest::Envtest;
-use support::{Running, create_config_map};
+use support::{Running, capture_warnings, create_config_map, lines_with};
 use tower::BoxError;
 
 const OBJECTS: usize = 40;
@@ -69,39 +69,6 @@ async fn converged(api: &Api<ConfigMap>, round: u64) -> Duration {
         panic!("round {round} not reached: {:?}", rounds(api).await);
     }
     began.elapsed()
-}
-
-/// What is logged at `WARN` and above on this thread (the test's runtime
-/// has one), until the guard goes.
-fn capture_warnings() -> (Arc<Mutex<Vec<u8>>>, tracing::subscriber::DefaultGuard) {
-    #[derive(Clone)]
-    struct Buffer(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Buffer {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let buffer = Buffer(Arc::default());
-    let logs = buffer.0.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .with_writer(move || buffer.clone())
-        .finish();
-    (logs, tracing::subscriber::set_default(subscriber))
-}
-
-/// The lines logged so far that hold every one of `words`.
-fn lines_with(logs: &Mutex<Vec<u8>>, words: &[&str]) -> Vec<String> {
-    String::from_utf8_lossy(&logs.lock().unwrap())
-        .lines()
-        .filter(|line| words.iter().all(|w| line.contains(w)))
-        .map(str::to_owned)
-        .collect()
 }
 
 #[tokio::test]

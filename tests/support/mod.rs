@@ -296,3 +296,39 @@ where
     .await;
     assert!(waited.is_ok(), "timed out waiting for {what}");
 }
+
+/// What is logged at `WARN` and above on this thread (the test's runtime
+/// has one), until the guard goes.
+pub fn capture_warnings() -> (
+    std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    tracing::subscriber::DefaultGuard,
+) {
+    #[derive(Clone)]
+    struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buffer = Buffer(std::sync::Arc::default());
+    let logs = buffer.0.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || buffer.clone())
+        .finish();
+    (logs, tracing::subscriber::set_default(subscriber))
+}
+
+/// The lines logged so far that hold every one of `words`.
+pub fn lines_with(logs: &std::sync::Mutex<Vec<u8>>, words: &[&str]) -> Vec<String> {
+    String::from_utf8_lossy(&logs.lock().unwrap())
+        .lines()
+        .filter(|line| words.iter().all(|w| line.contains(w)))
+        .map(str::to_owned)
+        .collect()
+}
