@@ -118,7 +118,8 @@ pub(super) fn failure_reason(error: &watcher::Error, kind: &str, api_version: &s
         // A group's kind may come from a CRD; a core kind has no CRD to
         // install (a wrong path in the server's URL looks the same).
         let why = if api_version.contains('/') {
-            "its CRD is not installed, or does not serve this version"
+            "no such resource at this version: a CRD not installed, say, or an API group or \
+             version this cluster does not serve"
         } else {
             "is the server's URL right?"
         };

@@ -67,6 +67,12 @@ pub(crate) enum PluginError {
     /// Its `expirationTimestamp` is not an RFC 3339 time.
     #[error("the credential plugin's expirationTimestamp is not a time")]
     BadExpiration,
+    /// The token it gave a moment ago has expired already.
+    #[error("the credential plugin's token has expired already")]
+    Expired,
+    /// Renewing its token was cut short (its runtime stopped).
+    #[error("renewing the credential plugin's token was cut short")]
+    Interrupted,
 }
 
 /// What a plugin gave.
@@ -139,7 +145,7 @@ impl Drop for Group {
         if let Some(pid) = self
             .id
             .take()
-            .and_then(|id| rustix::process::Pid::from_raw(id as i32))
+            .and_then(|id| rustix::process::Pid::from_raw(i32::try_from(id).ok()?))
             && let Err(error) =
                 rustix::process::kill_process_group(pid, rustix::process::Signal::KILL)
         {
@@ -248,11 +254,12 @@ struct TokenState {
     token: String,
     expires: Timestamp,
     renewing: bool,
-    /// When the last renewal failed, and with what.
-    failed: Option<(tokio::time::Instant, PluginError)>,
+    /// When the last renewal ended, and why it failed, if it did.
+    renewed: Option<(tokio::time::Instant, Option<PluginError>)>,
 }
 
-/// How long a failed renewal is not tried again.
+/// How long after a renewal no other starts: a failed one is not tried
+/// again sooner, nor is a token renewed again that came back short-lived.
 const RENEW_RETRY: Duration = Duration::from_secs(5);
 
 impl fmt::Debug for ExecToken {
@@ -268,13 +275,45 @@ enum Next {
     Wait,
 }
 
+/// A renewal under way: however it ends (done, panicked, or dropped with
+/// its runtime), requests waiting for it are told.
+struct Renewal {
+    token: ExecToken,
+    outcome: Option<Result<(String, Option<Timestamp>), PluginError>>,
+}
+
+impl Drop for Renewal {
+    fn drop(&mut self) {
+        {
+            let mut state = self.token.state();
+            state.renewing = false;
+            let failed = match self.outcome.take() {
+                Some(Ok((token, expires))) => {
+                    state.token = token;
+                    // One that no longer says when it expires is kept, as
+                    // a first token without an expiry is.
+                    state.expires = expires.unwrap_or(Timestamp::MAX);
+                    None
+                }
+                Some(Err(error)) => Some(error),
+                None => Some(PluginError::Interrupted),
+            };
+            if let Some(error) = &failed {
+                tracing::warn!(%error, "renewing a credential plugin's token failed; tried again in {RENEW_RETRY:?}");
+            }
+            state.renewed = Some((tokio::time::Instant::now(), failed));
+        }
+        self.token.renewals.send_modify(|n| *n += 1);
+    }
+}
+
 impl ExecToken {
     fn new(exec: ExecConfig, token: String, expires: Timestamp) -> Self {
         let state = TokenState {
             token,
             expires,
             renewing: false,
-            failed: None,
+            renewed: None,
         };
         Self {
             exec: Arc::new(exec),
@@ -290,52 +329,46 @@ impl ExecToken {
     /// What to do now, starting a renewal where one is due.
     fn next(&self) -> Next {
         let now = Timestamp::now();
-        let mut state = self.state();
-        let expired = now >= state.expires;
-        let due = now.saturating_add(RENEW_BEFORE).unwrap_or(Timestamp::MAX) >= state.expires;
-        if due && !state.renewing {
-            match &state.failed {
-                Some((at, error)) if at.elapsed() < RENEW_RETRY => {
-                    if expired {
-                        return Next::Fail(error.clone());
-                    }
+        let start = {
+            let mut state = self.state();
+            let expired = now >= state.expires;
+            let due = now.saturating_add(RENEW_BEFORE).unwrap_or(Timestamp::MAX) >= state.expires;
+            let recent = state
+                .renewed
+                .as_ref()
+                .filter(|(at, _)| at.elapsed() < RENEW_RETRY);
+            match (due, state.renewing, recent) {
+                (false, _, _) => return Next::Use(state.token.clone()),
+                (true, true, _) if expired => return Next::Wait,
+                (true, true, _) => return Next::Use(state.token.clone()),
+                // Renewed a moment ago: what it gave (or why it failed)
+                // stands until the interval has passed.
+                (true, false, Some((_, failed))) if expired => {
+                    return Next::Fail(failed.clone().unwrap_or(PluginError::Expired));
                 }
-                _ => {
+                (true, false, Some(_)) => return Next::Use(state.token.clone()),
+                (true, false, None) => {
+                    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                        return Next::Fail(PluginError::Interrupted);
+                    };
                     state.renewing = true;
-                    tokio::spawn(self.clone().renew());
+                    (runtime, expired, state.token.clone())
                 }
             }
-        }
+        };
+        // Spawned with the lock let go: a renewal dropped at once (its
+        // runtime shutting down) takes it to say so.
+        let (runtime, expired, token) = start;
+        let renewal = Renewal {
+            token: self.clone(),
+            outcome: None,
+        };
+        runtime.spawn(renewal.run());
         if expired {
             Next::Wait
         } else {
-            Next::Use(state.token.clone())
+            Next::Use(token)
         }
-    }
-
-    /// Runs the plugin once, and keeps what it gives or why it failed.
-    async fn renew(self) {
-        let renewed = run(&self.exec, PLUGIN_TIMEOUT)
-            .await
-            .and_then(|fresh| Ok((fresh.token.ok_or(PluginError::NoCredential)?, fresh.expires)));
-        {
-            let mut state = self.state();
-            state.renewing = false;
-            match renewed {
-                Ok((token, expires)) => {
-                    state.token = token;
-                    // One that no longer says when it expires is kept, as a
-                    // first token without an expiry is.
-                    state.expires = expires.unwrap_or(Timestamp::MAX);
-                    state.failed = None;
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "renewing a credential plugin's token failed; tried again in {RENEW_RETRY:?}");
-                    state.failed = Some((tokio::time::Instant::now(), error));
-                }
-            }
-        }
-        self.renewals.send_modify(|n| *n += 1);
     }
 
     async fn header(&self) -> Result<HeaderValue, BoxError> {
@@ -346,7 +379,13 @@ impl ExecToken {
                 Next::Fail(error) => return Err(error.into()),
                 // Woken when the renewal ends, whichever way.
                 Next::Wait => {
-                    let _ = renewals.changed().await;
+                    let waited = RENEW_RETRY + PLUGIN_TIMEOUT;
+                    if tokio::time::timeout(waited, renewals.changed())
+                        .await
+                        .is_err()
+                    {
+                        return Err(PluginError::Timeout(PLUGIN_TIMEOUT).into());
+                    }
                 }
             }
         };
@@ -354,6 +393,17 @@ impl ExecToken {
             .map_err(|_| "the credential plugin's token is not a valid header value")?;
         value.set_sensitive(true);
         Ok(value)
+    }
+}
+
+impl Renewal {
+    /// Runs the plugin once; what it gives, or why it failed, is kept as
+    /// the renewal ends.
+    async fn run(mut self) {
+        let renewed = run(&self.token.exec, PLUGIN_TIMEOUT)
+            .await
+            .and_then(|fresh| Ok((fresh.token.ok_or(PluginError::NoCredential)?, fresh.expires)));
+        self.outcome = Some(renewed);
     }
 }
 
@@ -369,5 +419,114 @@ impl tower::filter::AsyncPredicate<Request<Body>> for ExecToken {
             Ok(request)
         }
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A plugin that notes each run in `runs`, waits `wait`, then gives the
+    /// token `t2` expiring at `expires`.
+    fn plugin(runs: &std::path::Path, wait: &str, expires: &str) -> ExecConfig {
+        let script = format!(
+            "echo run >> '{}'; {wait}; echo '{{\"apiVersion\":\"client.authentication.k8s.io/v1\",\
+             \"kind\":\"ExecCredential\",\"status\":{{\"token\":\"t2\",\"expirationTimestamp\":\"{expires}\"}}}}'",
+            runs.display()
+        );
+        ExecConfig {
+            api_version: Some("client.authentication.k8s.io/v1".into()),
+            command: Some("sh".into()),
+            args: Some(vec!["-c".into(), script]),
+            ..ExecConfig::default()
+        }
+    }
+
+    fn runs(path: &std::path::Path) -> usize {
+        std::fs::read_to_string(path).map_or(0, |text| text.lines().count())
+    }
+
+    fn dir(what: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("exec-{what}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[tokio::test]
+    async fn requests_go_on_with_the_token_in_hand_while_it_is_renewed() {
+        let dir = dir("renew");
+        let ran = dir.join("runs");
+        let later = Timestamp::now()
+            .saturating_add(SignedDuration::from_secs(3600))
+            .unwrap();
+        let token = ExecToken::new(
+            plugin(&ran, "sleep 1", &later.to_string()),
+            "t1".into(),
+            Timestamp::now()
+                .saturating_add(SignedDuration::from_secs(30))
+                .unwrap(),
+        );
+        // Due, not expired: the token in hand, at once.
+        let began = tokio::time::Instant::now();
+        assert_eq!(token.header().await.unwrap(), "Bearer t1");
+        assert_eq!(token.header().await.unwrap(), "Bearer t1");
+        assert!(began.elapsed() < Duration::from_millis(500));
+        let mut renewals = token.renewals.subscribe();
+        renewals.changed().await.unwrap();
+        assert_eq!(token.header().await.unwrap(), "Bearer t2");
+        assert_eq!(runs(&ran), 1, "one renewal for both requests");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_renewal_that_gives_an_expired_token_fails_rather_than_runs_again() {
+        let dir = dir("expired");
+        let ran = dir.join("runs");
+        let token = ExecToken::new(
+            plugin(&ran, "true", "2000-01-01T00:00:00Z"),
+            "t1".into(),
+            Timestamp::UNIX_EPOCH,
+        );
+        let failed = token.header().await.unwrap_err();
+        assert!(failed.to_string().contains("expired already"), "{failed}");
+        let again = token.header().await.unwrap_err();
+        assert!(again.to_string().contains("expired already"), "{again}");
+        assert_eq!(runs(&ran), 1, "the plugin ran again at once");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_plugin_that_exits_and_one_that_prints_garbage_are_told_apart() {
+        let exits = ExecConfig {
+            command: Some("sh".into()),
+            args: Some(vec!["-c".into(), "echo secret-output; exit 3".into()]),
+            ..ExecConfig::default()
+        };
+        let Err(exited) = run(&exits, PLUGIN_TIMEOUT).await else {
+            panic!("a credential from a failing plugin");
+        };
+        assert_eq!(
+            exited.to_string(),
+            "the credential plugin failed (exit status: 3)"
+        );
+        let garbage = ExecConfig {
+            command: Some("sh".into()),
+            args: Some(vec!["-c".into(), "echo '{ secret-output'".into()]),
+            ..ExecConfig::default()
+        };
+        let Err(printed) = run(&garbage, PLUGIN_TIMEOUT).await else {
+            panic!("a credential from garbage");
+        };
+        assert_eq!(printed, PluginError::NotACredential);
+        let hangs = ExecConfig {
+            command: Some("sleep".into()),
+            args: Some(vec!["30".into()]),
+            ..ExecConfig::default()
+        };
+        let Err(hung) = run(&hangs, Duration::from_millis(200)).await else {
+            panic!("a credential from a plugin that hangs");
+        };
+        assert_eq!(hung, PluginError::Timeout(Duration::from_millis(200)));
     }
 }

@@ -91,7 +91,7 @@ impl Reachability {
     /// Whether the cluster answered its client's last request (or has not
     /// been asked yet).
     pub(crate) fn is_answering(&self) -> bool {
-        !self.down.load(Ordering::Acquire)
+        !self.down.load(Ordering::SeqCst)
     }
 
     /// Changes each time the cluster answers again after it did not.
@@ -101,11 +101,11 @@ impl Reachability {
 
     /// The engagement has ended: probes stop, and nothing more is told.
     pub(crate) fn close(&self) {
-        self.closed.store(true, Ordering::Release);
+        self.closed.store(true, Ordering::SeqCst);
     }
 
     fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        self.closed.load(Ordering::SeqCst)
     }
 
     /// A request was answered with `status`.
@@ -129,7 +129,7 @@ impl Reachability {
     }
 
     fn answered(&self) {
-        if !self.down.load(Ordering::Acquire) || !self.down.swap(false, Ordering::AcqRel) {
+        if !self.down.load(Ordering::SeqCst) || !self.down.swap(false, Ordering::SeqCst) {
             return;
         }
         let since = self.since.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -146,7 +146,7 @@ impl Reachability {
         if self.is_closed() {
             return false;
         }
-        if self.down.swap(true, Ordering::AcqRel) {
+        if self.down.swap(true, Ordering::SeqCst) {
             tracing::debug!(cluster = %self.cluster, "the cluster still does not answer");
             return false;
         }
@@ -158,7 +158,7 @@ impl Reachability {
     /// Starts the probe, unless one runs: asking at once if `now`, else
     /// after the interval.
     fn probe(self: &Arc<Self>, now: bool) {
-        if self.is_closed() || self.probing.swap(true, Ordering::AcqRel) {
+        if self.is_closed() || self.probing.swap(true, Ordering::SeqCst) {
             return;
         }
         let probing = Probing {
@@ -189,6 +189,8 @@ enum Probed {
     Answered,
     /// No answer, a gateway's, or not ready: why.
     NoAnswer(String),
+    /// No answer within the probe's time.
+    TimedOut(String),
     /// No request could be made (the credentials could not be obtained):
     /// nothing learnt of the cluster.
     Unknown,
@@ -208,7 +210,7 @@ impl Drop for Probing {
         let Some(reachability) = self.reachability.upgrade() else {
             return;
         };
-        reachability.probing.store(false, Ordering::Release);
+        reachability.probing.store(false, Ordering::SeqCst);
         if self.finished && !reachability.is_answering() {
             reachability.probe(false);
         }
@@ -244,6 +246,12 @@ async fn asking(reachability: &Weak<Reachability>, client: &Client, mut now: boo
             Probed::NoAnswer(cause) => {
                 reachability.went_down(|| cause);
             }
+            // A cluster that answers is not marked down for a probe that
+            // waited too long: the wait may have been for its credentials.
+            Probed::TimedOut(_) if reachability.is_answering() => {}
+            Probed::TimedOut(cause) => {
+                reachability.went_down(|| cause);
+            }
             Probed::Unknown => {}
         }
         if reachability.is_answering() {
@@ -268,7 +276,7 @@ async fn ask(client: &Client) -> Probed {
         // An answer of another kind (a refused TLS handshake, say): the
         // cluster is there.
         Ok(Err(_)) => Probed::Answered,
-        Err(_) => Probed::NoAnswer(format!(
+        Err(_) => Probed::TimedOut(format!(
             "its readiness check gave no answer in {PROBE_TIMEOUT:?}"
         )),
     }

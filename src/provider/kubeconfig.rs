@@ -560,6 +560,9 @@ pub async fn client(
         return Err(too_long());
     };
     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    if left.is_zero() {
+        return Err(too_long());
+    }
     let (config, token) = crate::client::resolve_exec(config, left)
         .await
         .map_err(|error| {
