@@ -223,6 +223,86 @@ impl TestCluster {
         &self.kubeconfig_yaml
     }
 
+    /// A token of the service account `account` in the `default`
+    /// namespace, made a cluster admin (a `ClusterRoleBinding` of the same
+    /// name to `cluster-admin`), good for an hour: a bearer token for tests
+    /// of token credentials, such as a credential plugin that prints it.
+    /// The account and binding are made if they are not there.
+    ///
+    /// ```no_run
+    /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+    /// let fleet = kube_fleet_envtest::Envtest::start(1).await?;
+    /// let token = fleet.clusters()[0].admin_token("fleet").await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn admin_token(&self, account: &str) -> Result<String> {
+        use k8s_openapi::api::{
+            authentication::v1::{TokenRequest, TokenRequestSpec},
+            core::v1::ServiceAccount,
+            rbac::v1::{ClusterRoleBinding, RoleRef, Subject},
+        };
+        use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+
+        let failed = |what: &str| {
+            let what = format!(
+                "{what} for service account {account} in cluster {}",
+                self.name
+            );
+            move |e| Error::kube(what, e)
+        };
+        let apply = PatchParams::apply("kube-fleet-envtest").force();
+        let accounts = Api::<ServiceAccount>::namespaced(self.client(), "default");
+        let service_account = ServiceAccount {
+            metadata: ObjectMeta {
+                name: Some(account.to_owned()),
+                ..ObjectMeta::default()
+            },
+            ..ServiceAccount::default()
+        };
+        accounts
+            .patch(account, &apply, &Patch::Apply(&service_account))
+            .await
+            .map_err(failed("making the account"))?;
+        let binding = ClusterRoleBinding {
+            metadata: ObjectMeta {
+                name: Some(account.to_owned()),
+                ..ObjectMeta::default()
+            },
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".to_owned()),
+                kind: "ClusterRole".to_owned(),
+                name: "cluster-admin".to_owned(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".to_owned(),
+                name: account.to_owned(),
+                namespace: Some("default".to_owned()),
+                ..Subject::default()
+            }]),
+        };
+        Api::<ClusterRoleBinding>::all(self.client())
+            .patch(account, &apply, &Patch::Apply(&binding))
+            .await
+            .map_err(failed("binding cluster-admin"))?;
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                expiration_seconds: Some(3600),
+                ..TokenRequestSpec::default()
+            }),
+            ..TokenRequest::default()
+        };
+        let issued = accounts
+            .create_token_request(account, &PostParams::default(), &request)
+            .await
+            .map_err(failed("requesting a token"))?;
+        Ok(issued
+            .status
+            .map(|s| s.token)
+            .unwrap_or_default()
+            .unwrap_or_default())
+    }
+
     /// The admin kubeconfig with its credentials handed out by an exec
     /// credential plugin: a shell script, written beside the kubeconfig
     /// file, that runs `before` (any shell text: `sleep 3`, `exit 1`,

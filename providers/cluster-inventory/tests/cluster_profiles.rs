@@ -7,11 +7,7 @@ use std::{collections::BTreeMap, os::unix::fs::PermissionsExt, path::Path, time:
 
 use k8s_openapi::{
     ByteString,
-    api::{
-        authentication::v1::{TokenRequest, TokenRequestSpec},
-        core::v1::{ConfigMap, Secret, ServiceAccount},
-        rbac::v1::{ClusterRoleBinding, RoleRef, Subject},
-    },
+    api::core::v1::{ConfigMap, Secret, ServiceAccount},
 };
 use kube::{
     Api, CustomResourceExt,
@@ -73,62 +69,9 @@ fn access(providers: &[(&str, &str)]) -> AccessConfig {
 }
 
 /// A token of the service account `fleet`, made a cluster admin, in
-/// `cluster`; the account is created if it is not there.
+/// `cluster`; the account is made if it is not there.
 async fn token(cluster: &TestCluster) -> String {
-    let accounts = Api::<ServiceAccount>::namespaced(cluster.client(), NS);
-    if accounts.get_opt(ACCOUNT).await.unwrap().is_none() {
-        let account = ServiceAccount {
-            metadata: ObjectMeta {
-                name: Some(ACCOUNT.to_owned()),
-                ..ObjectMeta::default()
-            },
-            ..ServiceAccount::default()
-        };
-        accounts
-            .create(&PostParams::default(), &account)
-            .await
-            .unwrap();
-    }
-    let binding = ClusterRoleBinding {
-        metadata: ObjectMeta {
-            name: Some(ACCOUNT.to_owned()),
-            ..ObjectMeta::default()
-        },
-        role_ref: RoleRef {
-            api_group: Some("rbac.authorization.k8s.io".to_owned()),
-            kind: "ClusterRole".to_owned(),
-            name: "cluster-admin".to_owned(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".to_owned(),
-            name: ACCOUNT.to_owned(),
-            namespace: Some(NS.to_owned()),
-            ..Subject::default()
-        }]),
-    };
-    Api::<ClusterRoleBinding>::all(cluster.client())
-        .patch(
-            ACCOUNT,
-            &PatchParams::apply("test").force(),
-            &Patch::Apply(&binding),
-        )
-        .await
-        .unwrap();
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            ..TokenRequestSpec::default()
-        }),
-        ..TokenRequest::default()
-    };
-    accounts
-        .create_token_request(ACCOUNT, &PostParams::default(), &request)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .token
-        .unwrap()
+    cluster.admin_token(ACCOUNT).await.unwrap()
 }
 
 /// The endpoint of `cluster` as an access provider `provider` of a profile,

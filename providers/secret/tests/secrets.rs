@@ -470,61 +470,20 @@ async fn no_token_key_or_plugin_argument_reaches_logs_problems_or_debug_output()
 
 #[tokio::test]
 async fn a_credential_plugin_that_fails_for_a_while_is_tried_again() {
-    use std::os::unix::fs::PermissionsExt;
-
     let env = Envtest::start(2).await.unwrap();
     let (hub, east) = (&env.clusters()[0], &env.clusters()[1]);
     create(east, "on-east").await;
     // A plugin that fails until `ready` exists, then hands out the
     // cluster's own client certificate.
-    let dir = std::env::temp_dir().join(format!("secret-plugin-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let admin: serde_json::Value = serde_json::to_value(east.kubeconfig()).unwrap();
-    let decode = |field: &str| {
-        let data = admin["users"][0]["user"][field].as_str().unwrap();
-        let bytes = std::process::Command::new("base64")
-            .arg("-d")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .and_then(|mut child| {
-                use std::io::Write;
-                child.stdin.take().unwrap().write_all(data.as_bytes())?;
-                child.wait_with_output()
-            })
-            .unwrap()
-            .stdout;
-        String::from_utf8(bytes).unwrap()
-    };
-    let credential = serde_json::json!({
-        "apiVersion": "client.authentication.k8s.io/v1",
-        "kind": "ExecCredential",
-        "status": {
-            "clientCertificateData": decode("client-certificate-data"),
-            "clientKeyData": decode("client-key-data"),
-        }
-    });
-    std::fs::write(dir.join("credential.json"), credential.to_string()).unwrap();
-    let plugin = dir.join("plugin");
-    std::fs::write(
-        &plugin,
-        format!(
-            "#!/bin/sh\n[ -e {d}/ready ] || {{ echo not yet >&2; exit 1; }}\ncat {d}/credential.json\n",
-            d = dir.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mut kubeconfig = admin.clone();
-    kubeconfig["users"][0]["user"] = serde_json::json!({ "exec": {
-        "apiVersion": "client.authentication.k8s.io/v1",
-        "command": plugin.display().to_string(),
-    }});
-    put(
-        hub,
-        secret("east", &[("kubeconfig", &kubeconfig.to_string())]),
-    )
-    .await;
+    let dir = tempfile_dir("secret-plugin");
+    let ready = dir.join("ready");
+    let kubeconfig = east
+        .exec_kubeconfig(&format!(
+            "[ -e '{}' ] || {{ echo not yet >&2; exit 1; }}",
+            ready.display()
+        ))
+        .unwrap();
+    put(hub, secret("east", &[("kubeconfig", &text(&kubeconfig))])).await;
 
     let provider = SecretProvider::new(hub.client(), NAMESPACE)
         .policy(kube_fleet::provider::kubeconfig::KubeconfigPolicy::default().allow_exec())
@@ -536,7 +495,7 @@ async fn a_credential_plugin_that_fails_for_a_while_is_tried_again() {
         "{problem}"
     );
     assert!(running.fleet.get("east").is_none());
-    std::fs::write(dir.join("ready"), "").unwrap();
+    std::fs::write(&ready, "").unwrap();
     running.reconciled("east", "on-east").await;
     assert!(running.problems.get("Secret default/east").is_none());
     std::fs::remove_dir_all(&dir).unwrap();
@@ -745,61 +704,12 @@ fn a_hung_credential_plugin_holds_up_no_exit_and_is_killed() {
 /// left, while the token in hand still serves requests, in one engagement.
 #[tokio::test]
 async fn a_plugin_token_about_to_expire_is_renewed_in_the_same_engagement() {
-    use k8s_openapi::api::{
-        authentication::v1::{TokenRequest, TokenRequestSpec},
-        core::v1::ServiceAccount,
-        rbac::v1::{ClusterRoleBinding, RoleRef, Subject},
-    };
     use std::os::unix::fs::PermissionsExt;
 
     let env = Envtest::start(2).await.unwrap();
     let (hub, east) = (&env.clusters()[0], &env.clusters()[1]);
     create(east, "on-east").await;
-    let accounts = Api::<ServiceAccount>::namespaced(east.client(), NAMESPACE);
-    let account = ServiceAccount {
-        metadata: ObjectMeta {
-            name: Some("fleet".into()),
-            ..ObjectMeta::default()
-        },
-        ..ServiceAccount::default()
-    };
-    accounts
-        .create(&PostParams::default(), &account)
-        .await
-        .unwrap();
-    let binding = ClusterRoleBinding {
-        metadata: ObjectMeta {
-            name: Some("fleet-admin".into()),
-            ..ObjectMeta::default()
-        },
-        role_ref: RoleRef {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "ClusterRole".into(),
-            name: "cluster-admin".into(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: "fleet".into(),
-            namespace: Some(NAMESPACE.into()),
-            ..Subject::default()
-        }]),
-    };
-    Api::<ClusterRoleBinding>::all(east.client())
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            ..TokenRequestSpec::default()
-        }),
-        ..TokenRequest::default()
-    };
-    let issued: TokenRequest = accounts
-        .create_subresource("token", "fleet", &PostParams::default(), &request)
-        .await
-        .unwrap();
-    let token = issued.status.unwrap().token.unwrap();
+    let token = east.admin_token("fleet").await.unwrap();
 
     let dir = tempfile_dir("plugin-token");
     let runs = dir.join("runs");
