@@ -12,7 +12,7 @@ use futures::{Stream, StreamExt};
 use kube::Client;
 use tokio::sync::mpsc;
 
-use crate::{Cluster, ClusterName, cache::NamespaceView, provider::ClusterEvent};
+use crate::{cache::NamespaceView, cluster::Cluster, cluster_name::ClusterName};
 
 /// A change in the fleet, as controllers see it.
 #[derive(Debug, Clone)]
@@ -241,6 +241,51 @@ impl Fleet {
                     self.disengage(&name);
                 }
             }
+        }
+    }
+}
+
+/// A change in the set of clusters a provider knows, as the fleet applies
+/// it ([`Fleet::run`]).
+#[derive(Clone)]
+pub enum ClusterEvent {
+    /// Engage the cluster `name` through `client`. Engaging a name that is
+    /// already engaged replaces that cluster: its watches stop and new ones start.
+    Engage {
+        /// The cluster's name in the fleet.
+        name: ClusterName,
+        /// A client for it, built inside the tokio runtime.
+        client: Client,
+    },
+    /// Engage the cluster `name` that is one namespace of a host, read
+    /// through the host's shared watches (see
+    /// [`HostCache`](crate::cache::HostCache)). Replaces as `Engage` does.
+    EngageView {
+        /// The cluster's name in the fleet.
+        name: ClusterName,
+        /// The namespace and its host.
+        view: NamespaceView,
+    },
+    /// The cluster `name` has left: stop its watches and forget its work.
+    Disengage {
+        /// The cluster's name in the fleet.
+        name: ClusterName,
+    },
+}
+
+impl std::fmt::Debug for ClusterEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Engage { name, .. } => f
+                .debug_struct("Engage")
+                .field("name", name)
+                .finish_non_exhaustive(),
+            Self::EngageView { name, view } => f
+                .debug_struct("EngageView")
+                .field("name", name)
+                .field("view", view)
+                .finish(),
+            Self::Disengage { name } => f.debug_struct("Disengage").field("name", name).finish(),
         }
     }
 }

@@ -95,6 +95,7 @@ pub mod fleetwide;
 mod identity;
 mod object_request;
 pub mod ownership;
+mod panic;
 pub mod provider;
 mod queue;
 pub mod rbac;

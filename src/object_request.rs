@@ -188,7 +188,7 @@ impl<K: Watchable> ObjectRequest<K> {
             return;
         };
         if let Some(watch) = watch.downcast_ref::<SharedWatch<K>>() {
-            self.object = crate::controller::read(watch, &self.request);
+            self.object = watch.get(&self.request);
         }
     }
 }

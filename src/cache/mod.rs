@@ -573,7 +573,7 @@ where
                     return;
                 };
                 panics += 1;
-                let message = crate::controller::panic_message(panic.as_ref());
+                let message = crate::panic::panic_message(panic.as_ref());
                 // A payload whose drop panics in turn is contained too.
                 let _ = catch_unwind(AssertUnwindSafe(move || drop(panic)));
                 let meta = object.meta();

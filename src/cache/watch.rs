@@ -177,6 +177,14 @@ where
         self.store.clone()
     }
 
+    /// The object `key` names, as this watch holds it now.
+    pub(crate) fn get(&self, key: &crate::request::McRequest) -> Option<Arc<K>> {
+        let mut reference =
+            kube::runtime::reflector::ObjectRef::<K>::new_with(&key.name, self.dyntype.clone());
+        reference.namespace.clone_from(&key.namespace);
+        self.store.get(&reference)
+    }
+
     /// A stream of the changes from now on: first every object already in
     /// the store (or, before the first list completes, every object that
     /// list finds) as [`Change::Listed`](super::Change::Listed), then each

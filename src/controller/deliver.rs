@@ -3,8 +3,6 @@
 
 use std::{any::Any, marker::PhantomData, sync::Arc};
 
-use kube::runtime::reflector::ObjectRef;
-
 use crate::{
     Cluster, McRequest, ObjectRequest, ReconcileReason,
     cache::{SharedWatch, Watchable},
@@ -37,13 +35,6 @@ pub(crate) trait Deliver: Send + Sync + 'static {
         cluster: &Cluster,
         controlled: Option<&Arc<dyn Any + Send + Sync>>,
     ) -> Self::Request;
-}
-
-/// The object `key` names, as `watch` holds it now.
-pub(crate) fn read<K: Watchable>(watch: &SharedWatch<K>, key: &McRequest) -> Option<Arc<K>> {
-    let mut reference = ObjectRef::<K>::new_with(&key.name, watch.dyntype().clone());
-    reference.namespace.clone_from(&key.namespace);
-    watch.store().get(&reference)
 }
 
 /// The raw path: the service gets the key.
@@ -106,7 +97,7 @@ impl<K: Watchable> Deliver for Objects<K> {
     ) -> ObjectRequest<K> {
         let object = controlled
             .and_then(|watch| watch.downcast_ref::<SharedWatch<K>>())
-            .and_then(|watch| read(watch, &key));
+            .and_then(|watch| watch.get(&key));
         ObjectRequest {
             cluster: cluster.clone(),
             request: key,

@@ -71,9 +71,7 @@ use crate::{
     Action, ClusterName, Fleet, McRequest, ObjectKey, ObjectRequest,
     cache::{Change, ClusterCache, Shape, TypeInfo, Watchable},
 };
-pub(crate) use deliver::read;
 use deliver::{Deliver, Keys, Objects};
-pub(crate) use trigger::panic_message;
 use trigger::{FilterFactory, Trigger, WatchTrigger, Watched};
 
 /// Why a controller stopped other than by a graceful shutdown.
@@ -542,7 +540,7 @@ impl<K: Watchable> Controller<K> {
     {
         self.add_trigger(watch.into(), ClusterCache::watch_shaped::<Child>, |_| {
             |_: &ClusterName, change: &Change<Child>| {
-                crate::ownership::parents_of::<K, Child>(change.object().as_ref())
+                crate::ownership::parent::parents_of::<K, Child>(change.object().as_ref())
                     .into_iter()
                     .collect()
             }

@@ -28,12 +28,13 @@ use tower::{BoxError, Service};
 use super::{
     Clusters, Config, ControllerStatus, Error, ErrorPolicy, QueueDepth,
     deliver::{Deliver, Misaddressed},
-    trigger::{Dest, Started, Trigger, panic_message},
+    trigger::{Dest, Started, Trigger},
 };
 use crate::{
     Action, Cluster, ClusterName, Fleet, McRequest, ObjectKey, ReconcileReason, TerminalError,
     client::{error_chain, is_unanswered},
     fleet::FleetEvent,
+    panic::panic_message,
     queue::{Lane, Outcome, Queue},
 };
 

@@ -19,6 +19,7 @@ use super::Clusters;
 use crate::{
     Cluster, ClusterName, McRequest, ObjectKey, ReconcileReason,
     cache::{Change, ClusterCache, Sealed, Shape, SharedWatch, TypeInfo, WatchProbe},
+    panic::panic_message,
     queue::Lane,
 };
 
@@ -278,17 +279,6 @@ fn contained<R>(cluster: &ClusterName, what: &str, f: impl FnOnce() -> R) -> Opt
             tracing::error!(%cluster, what, %message, "a watch {what} panicked; the change is skipped");
         })
         .ok()
-}
-
-/// The message a panic was raised with, when it has one.
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(message) = payload.downcast_ref::<&str>() {
-        (*message).to_owned()
-    } else if let Some(message) = payload.downcast_ref::<String>() {
-        message.clone()
-    } else {
-        "(no message)".to_owned()
-    }
 }
 
 /// The request for the object itself.

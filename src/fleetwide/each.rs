@@ -150,7 +150,7 @@ where
         let run: Result<Fut, BoxError> = if cluster.is_engaged() {
             // The work's synchronous part may panic too.
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(cluster)))
-                .map_err(|panic| Panicked(crate::controller::panic_message(panic.as_ref())).into())
+                .map_err(|panic| Panicked(crate::panic::panic_message(panic.as_ref())).into())
         } else {
             Err(Left(name.clone()).into())
         };
@@ -162,7 +162,7 @@ where
                     match tokio::time::timeout(timeout, run).await {
                         Ok(Ok(outcome)) => outcome,
                         Ok(Err(panic)) => {
-                            Err(Panicked(crate::controller::panic_message(panic.as_ref())).into())
+                            Err(Panicked(crate::panic::panic_message(panic.as_ref())).into())
                         }
                         Err(_) => Err(NoAnswer(timeout).into()),
                     }
