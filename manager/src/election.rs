@@ -1,10 +1,6 @@
 //! Leader election on a `coordination.k8s.io/v1` Lease.
 
-use std::{
-    hash::{BuildHasher, RandomState},
-    sync::Arc,
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use kube::Client;
 use tokio::{sync::watch, time::Instant};
@@ -13,6 +9,7 @@ use crate::{
     Error,
     gate::Validity,
     lease::{Holder, LeaseLock},
+    timing::{Timings, jittered, random, stopped},
 };
 
 /// Leader election for a [`Manager`](crate::Manager): of the replicas that
@@ -75,66 +72,6 @@ impl std::fmt::Debug for LeaderElection {
             .field("identity", &self.identity)
             .field("timings", &self.timings)
             .finish_non_exhaustive()
-    }
-}
-
-/// How long a Lease lasts, how long its holder tries to renew it before it
-/// stops, and how often it tries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Timings {
-    pub(crate) lease_duration: Duration,
-    pub(crate) renew_deadline: Duration,
-    pub(crate) retry_period: Duration,
-}
-
-impl Default for Timings {
-    fn default() -> Self {
-        Self {
-            lease_duration: Duration::from_secs(15),
-            renew_deadline: Duration::from_secs(10),
-            retry_period: Duration::from_secs(2),
-        }
-    }
-}
-
-impl Timings {
-    pub(crate) fn validate(&self, what: &str) -> Result<(), Error> {
-        let Self {
-            lease_duration,
-            renew_deadline,
-            retry_period,
-        } = *self;
-        let problem = if retry_period.is_zero() {
-            Some("the retry period must be more than zero".to_owned())
-        } else if lease_duration <= renew_deadline {
-            Some(format!(
-                "the lease duration ({lease_duration:?}) must be longer than the renew deadline ({renew_deadline:?})"
-            ))
-        } else if renew_deadline.as_secs_f64() <= 1.2 * retry_period.as_secs_f64() {
-            Some(format!(
-                "the renew deadline ({renew_deadline:?}) must be longer than 1.2 times the retry period ({retry_period:?})"
-            ))
-        } else if lease_duration.subsec_nanos() != 0 {
-            Some(format!(
-                "the lease duration ({lease_duration:?}) must be whole seconds, as a Lease records it"
-            ))
-        } else {
-            None
-        };
-        match problem {
-            Some(reason) => Err(Error::Invalid {
-                what: what.to_owned(),
-                reason,
-            }),
-            None => Ok(()),
-        }
-    }
-
-    /// How long one request to the API server may take: half the renew
-    /// deadline, at least a second, so that one hung request leaves time
-    /// for another.
-    pub(crate) fn request_timeout(&self) -> Duration {
-        (self.renew_deadline / 2).max(Duration::from_secs(1))
     }
 }
 
@@ -277,17 +214,6 @@ pub(crate) fn default_identity() -> String {
     format!("{host}_{:016x}", random())
 }
 
-/// A random number from the standard library's randomly keyed hasher.
-pub(crate) fn random() -> u64 {
-    RandomState::new().hash_one(std::time::SystemTime::now())
-}
-
-/// `period`, stretched by up to a fifth at random, so that replicas do not
-/// try in step.
-pub(crate) fn jittered(period: Duration) -> Duration {
-    period.mul_f64(1.0 + (random() % 1000) as f64 / 5000.0)
-}
-
 /// Runs the election until `stop` says so or leadership is lost: takes the
 /// Lease, opens `validity` while it is held, and releases it when stopped.
 /// `role` follows along.
@@ -392,62 +318,6 @@ pub(crate) async fn lead(
                 Err(_) => tracing::warn!(lease = %key, "releasing the Lease: no answer in time"),
             }
             Ok(())
-        }
-    }
-}
-
-/// Completes once `stop` says to stop.
-pub(crate) async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|stop| *stop).await;
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::{Timings, jittered};
-
-    #[test]
-    fn timings_follow_client_go_rules() {
-        let ok = Timings {
-            lease_duration: Duration::from_secs(4),
-            renew_deadline: Duration::from_secs(3),
-            retry_period: Duration::from_secs(1),
-        };
-        assert!(ok.validate("x").is_ok());
-        assert!(Timings::default().validate("x").is_ok());
-        let too_short_lease = Timings {
-            lease_duration: Duration::from_secs(3),
-            ..ok
-        };
-        let err = too_short_lease
-            .validate("election")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("election") && err.contains("longer than the renew deadline"),
-            "{err}"
-        );
-        let retry_too_long = Timings {
-            retry_period: Duration::from_millis(2600),
-            ..ok
-        };
-        assert!(retry_too_long.validate("x").is_err());
-        let fractional = Timings {
-            lease_duration: Duration::from_millis(4500),
-            ..ok
-        };
-        assert!(fractional.validate("x").is_err());
-    }
-
-    #[test]
-    fn jitter_adds_at_most_a_fifth() {
-        for _ in 0..100 {
-            let d = jittered(Duration::from_secs(10));
-            assert!(
-                d >= Duration::from_secs(10) && d <= Duration::from_secs(12),
-                "{d:?}"
-            );
         }
     }
 }

@@ -15,13 +15,17 @@ use std::{
     task::{Context, Poll},
 };
 
-use crate::sharder::Shards;
-
 use futures::{FutureExt, future::BoxFuture};
 use kube_fleet::ClusterName;
 use kube_fleet_layers::AsMcRequest;
 use tokio::{sync::watch, time::Instant};
 use tower::{BoxError, Layer, Service};
+
+/// The validity of each cluster this replica runs (with sharding): what
+/// the reconciles' gate reads, and the sharder keeps.
+pub(crate) type Shards = std::sync::Arc<
+    std::sync::Mutex<std::collections::HashMap<kube_fleet::ClusterName, std::sync::Arc<Validity>>>,
+>;
 
 /// Until when reconciles may run, and how many run now.
 #[derive(Debug)]

@@ -9,7 +9,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::{encoding::text::encode, registry::Registry};
 use tokio::{net::TcpListener, sync::watch, task::JoinSet};
 
-use crate::readiness::Readiness;
+use crate::{readiness::Readiness, timing::stopped};
 
 /// What the endpoints read.
 #[derive(Debug)]
@@ -80,11 +80,6 @@ pub(crate) async fn serve(
     }
     drop(listener);
     connections.shutdown().await;
-}
-
-/// Resolves once `stop` turns true or its sender goes.
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|stop| *stop).await;
 }
 
 fn answer(endpoints: &Endpoints, request: &Request<Incoming>) -> Response<Full<Bytes>> {

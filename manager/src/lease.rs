@@ -27,7 +27,7 @@ use kube::{
 };
 use tokio::time::Instant;
 
-use crate::election::random;
+use crate::timing::random;
 
 /// The holder string of a process running as `identity`: the identity, `_`
 /// and a random nonce.

@@ -78,6 +78,7 @@ mod metrics;
 mod readiness;
 mod shard;
 mod sharder;
+mod timing;
 
 pub use election::{ElectionStatus, LeaderElection, Role};
 pub use error::Error;

@@ -400,7 +400,7 @@ impl Manager {
                 || format!("sharding {:?}", sharding.name),
             )
             .await?;
-            let shards = crate::sharder::Shards::default();
+            let shards = crate::gate::Shards::default();
             gate = Gate::Shards(shards.clone());
             shard_status = Some(sharding.status.clone());
             let sharder = Sharder::new(

@@ -11,7 +11,7 @@ use kube::Client;
 use kube_fleet::ClusterName;
 use tokio::time::Instant;
 
-use crate::{Error, election::Timings};
+use crate::{error::Error, timing::Timings};
 
 /// Sharding for a [`Manager`](crate::Manager): the clusters its providers
 /// offer are split across the replicas that share the name, each cluster

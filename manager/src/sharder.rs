@@ -4,7 +4,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::Duration,
 };
 
@@ -20,10 +20,10 @@ use tokio::{sync::watch, task::JoinHandle, time::Instant};
 
 use crate::{
     Error,
-    election::{Timings, stopped},
-    gate::Validity,
+    gate::{Shards, Validity},
     lease::{Holder, LeaseLock, Observed, holder_for, identity_of},
     shard::{ShardStatus, owner, short_hash},
+    timing::{Timings, stopped},
 };
 
 const SET_LABEL: &str = "kube-fleet.dev/shards";
@@ -36,9 +36,6 @@ const DEBOUNCE: Duration = Duration::from_millis(100);
 /// A replica Lease that has run out for this many times its duration is
 /// deleted: its replica is gone, not merely slow.
 const FORGOTTEN_AFTER: u32 = 10;
-
-/// The clusters' validities, which the reconciles' gate reads.
-pub(crate) type Shards = Arc<Mutex<HashMap<ClusterName, Arc<Validity>>>>;
 
 /// A cluster this replica runs.
 struct Owned {
