@@ -17,10 +17,12 @@ use kube::{
 use tokio::sync::{Notify, OnceCell};
 
 use crate::{
-    ClusterIdentity, ClusterName, IdentityError,
     cache::{ClusterCache, NamespaceView, Watchable},
     client::{Reachability, RequestStats, counting},
+    cluster_name::ClusterName,
     identity,
+    identity::ClusterIdentity,
+    identity::IdentityError,
 };
 
 /// One engaged cluster: its name, a client, and its shared cache.

@@ -49,7 +49,7 @@ use kube::{
 use serde::{Serialize, de::DeserializeOwned};
 use tower::BoxError;
 
-use crate::{Action, ObjectRequest};
+use crate::{action::Action, object_request::ObjectRequest};
 
 /// What the reconciler is asked to do with the object.
 #[derive(Debug)]

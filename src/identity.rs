@@ -28,7 +28,7 @@ use kube::{
     api::{ApiResource, DynamicObject},
 };
 
-use crate::{ClusterName, rbac::Rule};
+use crate::{cluster_name::ClusterName, rbac::Rule};
 
 /// The namespace whose UID is a cluster's ID when no property sets one.
 const KUBE_SYSTEM: &str = "kube-system";
@@ -290,6 +290,6 @@ mod tests {
         assert_send_sync::<ClusterIdentity>();
         assert_send_sync::<IdentityError>();
         // Type-checked only: a spawned task can await an identity.
-        let _ = |cluster: crate::Cluster| async move { assert_send(&cluster.identity()) };
+        let _ = |cluster: crate::cluster::Cluster| async move { assert_send(&cluster.identity()) };
     }
 }

@@ -5,8 +5,10 @@ use std::{
 };
 
 use crate::{
-    Cluster, McRequest, ReconcileReason,
     cache::{SharedWatch, Watchable},
+    cluster::Cluster,
+    reason::ReconcileReason,
+    request::McRequest,
 };
 
 /// What a controller hands its reconciler for each run: the cluster, the

@@ -25,8 +25,12 @@ use tokio::time::{Instant, Sleep};
 use tokio_util::time::{DelayQueue, delay_queue};
 
 use crate::{
-    Action, ClusterName, McRequest, ReconcileReason, TokenBucket,
+    action::Action,
     backoff::{Backoff, Jitter},
+    cluster_name::ClusterName,
+    reason::ReconcileReason,
+    request::McRequest,
+    token_bucket::TokenBucket,
     token_bucket::Tokens,
 };
 

@@ -2,7 +2,7 @@ use std::fmt;
 
 use kube::{Resource, ResourceExt};
 
-use crate::ClusterName;
+use crate::cluster_name::ClusterName;
 
 /// A request to reconcile one object in one cluster: the queue's key and what
 /// a reconciler receives.

@@ -6,7 +6,7 @@ use kube::Client;
 use tokio::{sync::watch, time::Instant};
 
 use crate::{
-    Error,
+    error::Error,
     gate::Validity,
     lease::{Holder, LeaseLock},
     timing::{Timings, jittered, random, stopped},

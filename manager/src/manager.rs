@@ -28,13 +28,16 @@ use tokio::{net::TcpListener, sync::watch};
 use tower::{BoxError, Layer, Service};
 
 use crate::{
-    Error, LeaderElection, ShardStatus, Sharding,
+    election::LeaderElection,
     election::{Role, default_identity, lead},
+    error::Error,
     gate::{Gate, GateLayer, Validity},
     http::{Endpoints, serve},
     lease::{LeaseLock, holder_for},
     metrics::LeaderGauge,
     readiness::{Readiness, Watched},
+    shard::ShardStatus,
+    shard::Sharding,
     sharder::Sharder,
 };
 

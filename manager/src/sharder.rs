@@ -19,7 +19,7 @@ use kube_fleet::{ClusterName, Fleet, provider::ClusterEvent};
 use tokio::{sync::watch, task::JoinHandle, time::Instant};
 
 use crate::{
-    Error,
+    error::Error,
     gate::{Shards, Validity},
     lease::{Holder, LeaseLock, Observed, holder_for, identity_of},
     shard::{ShardStatus, owner, short_hash},

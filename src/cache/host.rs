@@ -30,8 +30,8 @@ use super::{
     watch_key,
 };
 use crate::{
-    ClusterName,
     client::{Reachability, counting, is_unanswered},
+    cluster_name::ClusterName,
 };
 
 /// The cache of a cluster whose namespaces are engaged as clusters of their

@@ -39,7 +39,7 @@ use futures::{Stream, StreamExt, stream::BoxStream};
 use kube::runtime::watcher::{self, Event, InitialListStrategy, ListSemantic};
 use tokio::time::Instant;
 
-use crate::ClusterName;
+use crate::cluster_name::ClusterName;
 
 /// One cluster's experience of streaming lists: whether its API server has
 /// refused one.

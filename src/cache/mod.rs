@@ -89,7 +89,7 @@ pub use transform::Transform;
 pub use watch::SharedWatch;
 pub(crate) use watch::WatchProbe;
 
-use crate::ClusterName;
+use crate::cluster_name::ClusterName;
 
 /// What a shared watch needs of a type: a Kubernetes resource, either
 /// static (`k8s-openapi` and `kube-derive` types, whose type information is

@@ -98,7 +98,7 @@ impl FailureLog {
     /// its client (`client::reachability`).
     pub(crate) fn failed(
         &mut self,
-        cluster: &crate::ClusterName,
+        cluster: &crate::cluster_name::ClusterName,
         kind: &str,
         reason: &str,
         unanswered: bool,

@@ -23,7 +23,7 @@ use super::{
     state::{FailureLog, Health, WatchState, WatchStatus},
     subscription::{Inbox, Note, Subscription, key_of},
 };
-use crate::{ClusterName, client::is_unanswered};
+use crate::{client::is_unanswered, cluster_name::ClusterName};
 
 /// The subscribers of a watch, and whether it has listed yet (a subscriber
 /// that comes later is told of the objects already there).

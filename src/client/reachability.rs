@@ -29,7 +29,7 @@ use kube::{Client, client::Body};
 use tokio::{runtime::Handle, sync::watch, time::Instant};
 
 use super::error::{error_chain, is_gateway_failure};
-use crate::ClusterName;
+use crate::cluster_name::ClusterName;
 
 /// How often a cluster that does not answer is asked whether it is back,
 /// for the first [`PROBE_FAST_FOR`] of an outage.

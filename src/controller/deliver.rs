@@ -4,8 +4,11 @@
 use std::{any::Any, marker::PhantomData, sync::Arc};
 
 use crate::{
-    Cluster, McRequest, ObjectRequest, ReconcileReason,
     cache::{SharedWatch, Watchable},
+    cluster::Cluster,
+    object_request::ObjectRequest,
+    reason::ReconcileReason,
+    request::McRequest,
 };
 
 /// A request that cannot be queued, and why.

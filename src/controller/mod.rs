@@ -68,8 +68,13 @@ pub use status::{ClusterStatus, ControllerStatus};
 pub use watch::Watch;
 
 use crate::{
-    Action, ClusterName, Fleet, McRequest, ObjectKey, ObjectRequest,
+    action::Action,
     cache::{Change, ClusterCache, Shape, TypeInfo, Watchable},
+    cluster_name::ClusterName,
+    fleet::Fleet,
+    object_request::ObjectRequest,
+    request::McRequest,
+    request::ObjectKey,
 };
 use deliver::{Deliver, Keys, Objects};
 use trigger::{FilterFactory, Trigger, WatchTrigger, Watched};
@@ -113,7 +118,10 @@ pub(crate) struct Resolved<T: Watchable> {
 impl<T: Watchable> Resolved<T> {
     /// The shared watch this describes in `cluster`, started if none runs:
     /// the same one a controller's trigger with this watch reads.
-    pub(crate) fn watch_in(&self, cluster: &crate::Cluster) -> Arc<crate::cache::SharedWatch<T>> {
+    pub(crate) fn watch_in(
+        &self,
+        cluster: &crate::cluster::Cluster,
+    ) -> Arc<crate::cache::SharedWatch<T>> {
         let cache = if self.namespaced {
             cluster.cache()
         } else {
@@ -879,7 +887,7 @@ impl<K: Watchable> Controller<K> {
 #[cfg(test)]
 mod tests {
     use super::Clusters;
-    use crate::ClusterName;
+    use crate::cluster_name::ClusterName;
 
     #[test]
     fn a_watch_scope_counts_for_dynamic_types_only() {

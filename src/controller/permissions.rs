@@ -179,8 +179,9 @@ mod tests {
     use kube::{api::DynamicObject, core::discovery::Scope as KindScope, runtime::watcher};
 
     use crate::{
-        Controller, Fleet,
+        controller::Controller,
         controller::{Clusters, Error, Watch},
+        fleet::Fleet,
         rbac::{Rule, Scope},
     };
 
@@ -271,8 +272,8 @@ mod tests {
         );
         let ran = controller
             .run(tower::service_fn(
-                |_: crate::ObjectRequest<ConfigMap>| async {
-                    Ok::<_, tower::BoxError>(crate::Action::await_change())
+                |_: crate::object_request::ObjectRequest<ConfigMap>| async {
+                    Ok::<_, tower::BoxError>(crate::action::Action::await_change())
                 },
             ))
             .await;

@@ -31,11 +31,18 @@ use super::{
     trigger::{Dest, Started, Trigger},
 };
 use crate::{
-    Action, Cluster, ClusterName, Fleet, McRequest, ObjectKey, ReconcileReason, TerminalError,
+    action::Action,
     client::{error_chain, is_unanswered},
+    cluster::Cluster,
+    cluster_name::ClusterName,
+    error::TerminalError,
+    fleet::Fleet,
     fleet::FleetEvent,
     panic::panic_message,
     queue::{Lane, Outcome, Queue},
+    reason::ReconcileReason,
+    request::McRequest,
+    request::ObjectKey,
 };
 
 /// Asks the error policy, so that a panic in it counts as no answer.
@@ -771,7 +778,7 @@ mod tests {
     use tokio_stream::wrappers::UnboundedReceiverStream;
     use tower::{ServiceBuilder, service_fn};
 
-    use crate::{Backoff, Controller, controller::Error};
+    use crate::{backoff::Backoff, controller::Controller, controller::Error};
 
     /// A client whose requests go nowhere: the cluster is in the fleet, and
     /// no watch runs there (the controller selects only the local cluster).
@@ -1178,7 +1185,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_terminal_error_is_not_retried_until_the_key_comes_again() {
         let (controller, requests) = fed_controller();
-        let (service, calls) = always_failing(|| crate::TerminalError::new("bad spec").into());
+        let (service, calls) =
+            always_failing(|| crate::error::TerminalError::new("bad spec").into());
         requests.send(key("broken")).unwrap();
         let task = tokio::spawn(controller.run_raw(service));
         until("it ran", || calls.lock().unwrap().len() == 1).await;

@@ -12,8 +12,10 @@ use tokio::{sync::watch, time::Instant};
 
 use super::{Clusters, DEFAULT_SYNC_TIMEOUT};
 use crate::{
-    Cluster, ClusterName, Fleet,
     cache::{WatchProbe, WatchState, WatchStatus},
+    cluster::Cluster,
+    cluster_name::ClusterName,
+    fleet::Fleet,
 };
 
 /// A controller's view of one cluster: whether it serves the cluster yet,

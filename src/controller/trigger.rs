@@ -17,10 +17,14 @@ use tokio::time::Instant;
 
 use super::Clusters;
 use crate::{
-    Cluster, ClusterName, McRequest, ObjectKey, ReconcileReason,
     cache::{Change, ClusterCache, Sealed, Shape, SharedWatch, TypeInfo, WatchProbe},
+    cluster::Cluster,
+    cluster_name::ClusterName,
     panic::panic_message,
     queue::Lane,
+    reason::ReconcileReason,
+    request::McRequest,
+    request::ObjectKey,
 };
 
 /// A watched type of a controller: where its changes come from, and how each

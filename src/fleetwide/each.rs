@@ -6,7 +6,7 @@ use std::{fmt, future::Future, time::Duration};
 use futures::{FutureExt, StreamExt};
 use tower::BoxError;
 
-use crate::{Cluster, ClusterName};
+use crate::{cluster::Cluster, cluster_name::ClusterName};
 
 /// What [`for_each_cluster`] did in each cluster: the value or the error,
 /// in the order the clusters were given.
@@ -255,7 +255,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_cluster_that_left_is_reported_not_worked_on() {
-        let fleet = crate::Fleet::new();
+        let fleet = crate::fleet::Fleet::new();
         let (service, _handle) = tower_test::mock::pair::<
             http::Request<kube::client::Body>,
             http::Response<kube::client::Body>,

@@ -12,10 +12,13 @@ use tokio::task::AbortHandle;
 use tokio_stream::StreamMap;
 
 use crate::{
-    Cluster, ClusterName, Fleet, ObjectKey,
     cache::{Change, SharedWatch, Subscription, WatchState, Watchable},
+    cluster::Cluster,
+    cluster_name::ClusterName,
     controller::{Resolved, Watch},
+    fleet::Fleet,
     fleet::FleetEvent,
+    request::ObjectKey,
 };
 
 /// An object and the cluster it lives in.

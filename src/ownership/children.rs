@@ -19,10 +19,14 @@ use tower::BoxError;
 
 use super::parent::{PARENT_ANNOTATION, ParentRef, key_names, request_key};
 use crate::{
-    ClusterName, Fleet, McRequest, ObjectKey, ObjectRequest,
     cache::{WatchState, Watchable},
+    cluster_name::ClusterName,
     controller::Watch,
+    fleet::Fleet,
     fleetwide::{FleetStore, InCluster, for_each_cluster},
+    object_request::ObjectRequest,
+    request::McRequest,
+    request::ObjectKey,
 };
 
 /// How long [`Children::sweep`] and [`Children::release`] wait for each
@@ -527,7 +531,7 @@ enum Unknown {
 }
 
 /// Deletes `child` in `cluster`, if it is still the same object.
-async fn delete_one<C>(cluster: &crate::Cluster, child: &C) -> Result<(), BoxError>
+async fn delete_one<C>(cluster: &crate::cluster::Cluster, child: &C) -> Result<(), BoxError>
 where
     C: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug,
 {

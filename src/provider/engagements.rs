@@ -19,7 +19,7 @@ use kube::Client;
 use tokio_util::time::DelayQueue;
 
 use super::{ClusterEvent, Problems};
-use crate::ClusterName;
+use crate::cluster_name::ClusterName;
 
 /// Why building a client for a cluster gave none.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

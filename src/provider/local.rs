@@ -7,7 +7,7 @@ use futures::Stream;
 use kube::Client;
 
 use super::ClusterEvent;
-use crate::ClusterName;
+use crate::cluster_name::ClusterName;
 
 /// The process's own cluster, engaged once under [`ClusterName::local`].
 ///

@@ -8,7 +8,7 @@ use kube::Client;
 use tokio::sync::mpsc;
 
 use super::ClusterEvent;
-use crate::ClusterName;
+use crate::cluster_name::ClusterName;
 
 /// A provider driven from code: add and remove clusters through a
 /// [`ProgrammaticHandle`].

@@ -127,9 +127,10 @@ fn files(dir: &Path, found: &mut Vec<std::path::PathBuf>) {
 
 /// Fails, naming each, when a module of the crate in `src` names anything
 /// from a layer above its own in the table under the heading `section` of
-/// `doc` (through `use crate::` or an inline `crate::` path, directly or by
-/// a name `lib.rs` re-exports), when two modules of one layer import each
-/// other in a circle, or when the table does not place a module.
+/// `doc` (through `use crate::` or an inline `crate::` path), names anything
+/// through what `lib.rs` re-exports rather than from the module that
+/// defines it, when two modules of one layer import each other in a circle,
+/// or when the table does not place a module.
 pub(crate) fn check(src: &Path, doc: &Path, section: &str) {
     let layers = layers(doc, section);
     let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
@@ -137,6 +138,7 @@ pub(crate) fn check(src: &Path, doc: &Path, section: &str) {
     let mut found = Vec::new();
     files(src, &mut found);
     let mut upward = Vec::new();
+    let mut through_lib = Vec::new();
     let mut unplaced = Vec::new();
     // Imports between modules of one layer, which must form no circle.
     let mut beside: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
@@ -159,7 +161,10 @@ pub(crate) fn check(src: &Path, doc: &Path, section: &str) {
         for path in crate_paths(&code(&text)) {
             let first = path.split("::").next().unwrap_or_default();
             let path = match reexported.get(first) {
-                Some(module) if module_of(&path, &layers).is_none() => module.clone(),
+                Some(module) if module_of(&path, &layers).is_none() => {
+                    through_lib.push(format!("{own} names {first} through lib.rs, not {module}"));
+                    module.clone()
+                }
                 _ => path,
             };
             match module_of(&path, &layers) {
@@ -183,6 +188,15 @@ pub(crate) fn check(src: &Path, doc: &Path, section: &str) {
     upward.sort();
     upward.dedup();
     assert!(upward.is_empty(), "upward imports:\n{}", upward.join("\n"));
+    // `lib.rs` is the public face: inside the crate, a name comes from the
+    // module that defines it.
+    through_lib.sort();
+    through_lib.dedup();
+    assert!(
+        through_lib.is_empty(),
+        "imports through lib.rs:\n{}",
+        through_lib.join("\n")
+    );
     // A circle within a layer: some module reaches itself.
     for start in beside.keys() {
         let mut seen = std::collections::BTreeSet::new();
