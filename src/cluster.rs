@@ -21,8 +21,7 @@ use crate::{
     client::{Reachability, RequestStats, counting},
     cluster_name::ClusterName,
     identity,
-    identity::ClusterIdentity,
-    identity::IdentityError,
+    identity::{ClusterIdentity, IdentityError},
 };
 
 /// One engaged cluster: its name, a client, and its shared cache.

@@ -30,8 +30,7 @@ use crate::{
     cluster_name::ClusterName,
     reason::ReconcileReason,
     request::McRequest,
-    token_bucket::TokenBucket,
-    token_bucket::Tokens,
+    token_bucket::{TokenBucket, Tokens},
 };
 
 /// Requeue delays are clamped to this: tokio's timer wheel panics for delays
@@ -578,12 +577,6 @@ impl Queue {
             return;
         };
         let (rerun, purged, started_at) = (rerun.take(), *purged, *recoveries);
-        // The cluster answered again while the run waited for it: the run
-        // failed of an outage that is over, and goes again at once.
-        let answered_since = self
-            .clusters
-            .get(&key.cluster)
-            .is_some_and(|cluster| cluster.recoveries != started_at);
         self.running_len -= 1;
         let now = Instant::now();
         let next = match outcome {
@@ -597,19 +590,22 @@ impl Queue {
                     (at, Lane::Changed, ReconcileReason::Requeued)
                 })
             }
-            Outcome::Failure(after) => {
+            Outcome::Failure(_) | Outcome::Unanswered => {
                 state.failures = state.failures.saturating_add(1);
-                let delay = after
-                    .unwrap_or_else(|| self.backoff.jittered(state.failures, self.jitter.next()));
-                let at = now + delay.min(MAX_DELAY);
-                Some((at, Lane::Changed, ReconcileReason::ErrorRetry))
-            }
-            Outcome::Unanswered => {
-                state.failures = state.failures.saturating_add(1);
-                let delay = if answered_since {
-                    Duration::ZERO
-                } else {
-                    self.backoff.jittered(state.failures, self.jitter.next())
+                let delay = match outcome {
+                    Outcome::Failure(Some(after)) => after,
+                    // The cluster answered again while the run waited for
+                    // it: the run failed of an outage that is over, and
+                    // goes again at once.
+                    Outcome::Unanswered
+                        if self
+                            .clusters
+                            .get(&key.cluster)
+                            .is_some_and(|cluster| cluster.recoveries != started_at) =>
+                    {
+                        Duration::ZERO
+                    }
+                    _ => self.backoff.jittered(state.failures, self.jitter.next()),
                 };
                 let at = now + delay.min(MAX_DELAY);
                 Some((at, Lane::Changed, ReconcileReason::ErrorRetry))

@@ -28,16 +28,14 @@ use tokio::{net::TcpListener, sync::watch};
 use tower::{BoxError, Layer, Service};
 
 use crate::{
-    election::LeaderElection,
-    election::{Role, default_identity, lead},
+    election::{LeaderElection, Role, default_identity, lead},
     error::Error,
     gate::{Gate, GateLayer, Validity},
     http::{Endpoints, serve},
     lease::{LeaseLock, holder_for},
     metrics::LeaderGauge,
     readiness::{Readiness, Watched},
-    shard::ShardStatus,
-    shard::Sharding,
+    shard::{ShardStatus, Sharding},
     sharder::Sharder,
 };
 

@@ -73,8 +73,7 @@ use crate::{
     cluster_name::ClusterName,
     fleet::Fleet,
     object_request::ObjectRequest,
-    request::McRequest,
-    request::ObjectKey,
+    request::{McRequest, ObjectKey},
 };
 use deliver::{Deliver, Keys, Objects};
 use trigger::{FilterFactory, Trigger, WatchTrigger, Watched};

@@ -179,8 +179,7 @@ mod tests {
     use kube::{api::DynamicObject, core::discovery::Scope as KindScope, runtime::watcher};
 
     use crate::{
-        controller::Controller,
-        controller::{Clusters, Error, Watch},
+        controller::{Clusters, Controller, Error, Watch},
         fleet::Fleet,
         rbac::{Rule, Scope},
     };

@@ -36,13 +36,11 @@ use crate::{
     cluster::Cluster,
     cluster_name::ClusterName,
     error::TerminalError,
-    fleet::Fleet,
-    fleet::FleetEvent,
+    fleet::{Fleet, FleetEvent},
     panic::panic_message,
     queue::{Lane, Outcome, Queue},
     reason::ReconcileReason,
-    request::McRequest,
-    request::ObjectKey,
+    request::{McRequest, ObjectKey},
 };
 
 /// Asks the error policy, so that a panic in it counts as no answer.
@@ -778,7 +776,10 @@ mod tests {
     use tokio_stream::wrappers::UnboundedReceiverStream;
     use tower::{ServiceBuilder, service_fn};
 
-    use crate::{backoff::Backoff, controller::Controller, controller::Error};
+    use crate::{
+        backoff::Backoff,
+        controller::{Controller, Error},
+    };
 
     /// A client whose requests go nowhere: the cluster is in the fleet, and
     /// no watch runs there (the controller selects only the local cluster).

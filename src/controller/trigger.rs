@@ -23,8 +23,7 @@ use crate::{
     panic::panic_message,
     queue::Lane,
     reason::ReconcileReason,
-    request::McRequest,
-    request::ObjectKey,
+    request::{McRequest, ObjectKey},
 };
 
 /// A watched type of a controller: where its changes come from, and how each

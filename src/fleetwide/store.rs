@@ -16,8 +16,7 @@ use crate::{
     cluster::Cluster,
     cluster_name::ClusterName,
     controller::{Resolved, Watch},
-    fleet::Fleet,
-    fleet::FleetEvent,
+    fleet::{Fleet, FleetEvent},
     request::ObjectKey,
 };
 

@@ -25,8 +25,7 @@ use crate::{
     fleet::Fleet,
     fleetwide::{FleetStore, InCluster, for_each_cluster},
     object_request::ObjectRequest,
-    request::McRequest,
-    request::ObjectKey,
+    request::{McRequest, ObjectKey},
 };
 
 /// How long [`Children::sweep`] and [`Children::release`] wait for each
