@@ -23,17 +23,12 @@ mod support;
 
 use std::{os::unix::fs::PermissionsExt, time::Duration};
 
-use k8s_openapi::api::{
-    authentication::v1::{TokenRequest, TokenRequestSpec},
-    core::v1::ServiceAccount,
-    rbac::v1::{ClusterRoleBinding, RoleRef, Subject},
-};
 use kube::{
     Api, CustomResourceExt,
-    api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
+    api::{DeleteParams, Patch, PatchParams, PostParams},
 };
 use kube_fleet::Fleet;
-use kube_fleet_envtest::{Envtest, TestCluster};
+use kube_fleet_envtest::Envtest;
 use kube_fleet_provider_cluster_inventory::{
     AccessConfig, ClusterProfileProvider, EXEC_EXTENSION,
     v1alpha1::{ClusterManager, ClusterProfile, ClusterProfileSpec},
@@ -96,7 +91,7 @@ async fn main() -> Result<(), BoxError> {
         support::config_map(workload.client(), "default", &format!("on-{name}")).await?;
         std::fs::write(
             env.dir().join(format!("{name}.token")),
-            token(workload).await?,
+            workload.admin_token("fleet").await?,
         )?;
         let spec = ClusterProfileSpec {
             display_name: Some(name.to_owned()),
@@ -161,52 +156,4 @@ async fn health(profiles: &Api<ClusterProfile>, name: &str, status: &str) -> Res
         .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
         .await?;
     Ok(())
-}
-
-/// A token of a service account `fleet`, bound to `cluster-admin`, in
-/// `cluster`.
-async fn token(cluster: &TestCluster) -> Result<String, BoxError> {
-    let accounts = Api::<ServiceAccount>::namespaced(cluster.client(), NAMESPACE);
-    let account = ServiceAccount {
-        metadata: ObjectMeta {
-            name: Some("fleet".to_owned()),
-            ..ObjectMeta::default()
-        },
-        ..ServiceAccount::default()
-    };
-    accounts.create(&PostParams::default(), &account).await?;
-    let binding = ClusterRoleBinding {
-        metadata: ObjectMeta {
-            name: Some("fleet".to_owned()),
-            ..ObjectMeta::default()
-        },
-        role_ref: RoleRef {
-            api_group: Some("rbac.authorization.k8s.io".to_owned()),
-            kind: "ClusterRole".to_owned(),
-            name: "cluster-admin".to_owned(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".to_owned(),
-            name: "fleet".to_owned(),
-            namespace: Some(NAMESPACE.to_owned()),
-            ..Subject::default()
-        }]),
-    };
-    Api::<ClusterRoleBinding>::all(cluster.client())
-        .create(&PostParams::default(), &binding)
-        .await?;
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            ..TokenRequestSpec::default()
-        }),
-        ..TokenRequest::default()
-    };
-    let issued = accounts
-        .create_token_request("fleet", &PostParams::default(), &request)
-        .await?;
-    Ok(issued
-        .status
-        .and_then(|s| s.token)
-        .ok_or("no token issued")?)
 }
