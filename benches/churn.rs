@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::watcher;
-use kube_fleet::{Action, Controller, Fleet, McRequest, provider::ProgrammaticProvider};
+use kube_fleet::{Action, Controller, Fleet, ObjectRequest, provider::ProgrammaticProvider};
 use kube_fleet_envtest::Envtest;
 use tower::{BoxError, service_fn};
 
@@ -59,9 +59,11 @@ async fn main() -> Result<(), BoxError> {
     });
     let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default());
     let status = controller.status();
-    tokio::spawn(controller.run_raw(service_fn(|_: McRequest| async {
-        Ok::<_, BoxError>(Action::await_change())
-    })));
+    tokio::spawn(
+        controller.run(service_fn(|_: ObjectRequest<ConfigMap>| async {
+            Ok::<_, BoxError>(Action::await_change())
+        })),
+    );
 
     let mut next = 0usize;
     let mut cycle = async || -> Result<(), BoxError> {
@@ -70,13 +72,13 @@ async fn main() -> Result<(), BoxError> {
             .collect();
         next += 1;
         for name in &names {
-            handle.add(name.as_str(), setup::client(config.clone(), false)?);
+            handle.engage(name.as_str(), setup::client(config.clone(), false)?);
         }
         while status.clusters().iter().filter(|c| c.serving).count() < AT_ONCE {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         for name in &names {
-            handle.remove(name.as_str());
+            handle.disengage(name.as_str());
         }
         while !status.clusters().is_empty() || !fleet.clusters().is_empty() {
             tokio::time::sleep(Duration::from_millis(5)).await;

@@ -7,15 +7,13 @@
 //! One real cluster (an envtest API server) is engaged so that the default
 //! layers have a synced cache to read from; the requests themselves are fed
 //! in memory through `Controller::reconcile_on`, all distinct, to a no-op
-//! reconciler. Five setups are measured: the bare reconciler of plain keys
-//! (`run_raw`), the same with every admission check of the queue on (a
+//! reconciler. Three setups are measured: the bare reconciler (`run`: each
+//! request with its cluster and its object from the controller's own
+//! watch), the same with every admission check of the queue on (a
 //! controller-wide concurrency limit, the per-cluster fair share, a shared
 //! and a per-cluster token bucket, all generous enough never to hold a key
-//! back), the typed path (`run`: cluster and object from the controller's
-//! own watch), the raw path with the layers that resolve the cluster and load
-//! the object, and the typed path in the recommended stack
-//! (`RecommendedLayer`: trace, metrics following the fleet, panic catch,
-//! timeout, retry). Last, kube-runtime's own `applier` runs the same keys in
+//! back), and the reconciler in the recommended stack (`RecommendedLayer`:
+//! trace, metrics following the fleet, panic catch, timeout, retry). Last, kube-runtime's own `applier` runs the same keys in
 //! the same process as the baseline (a no-op reconciler over a store holding
 //! their objects, at most 64 reconciles at once as ours by default in one cluster), and each stack's
 //! throughput is printed as a ratio of it.
@@ -40,14 +38,12 @@ use kube::runtime::{
     watcher,
 };
 use kube_fleet::{
-    Action, Controller, Fleet, McRequest, ObjectRequest, TokenBucket,
+    Action, Controller, Fleet, McRequest, ObjectRequest,
     controller::{Config, DEFAULT_CLUSTER_CONCURRENCY},
+    queue::TokenBucket,
 };
 use kube_fleet_envtest::Envtest;
-use kube_fleet_layers::{
-    load_object::LoadObjectLayer, metrics::ReconcileMetrics, recommended::RecommendedLayer,
-    resolve_cluster::ResolveClusterLayer,
-};
+use kube_fleet_layers::{metrics::ReconcileMetrics, recommended::RecommendedLayer};
 use prometheus_client::registry::Registry;
 use std::convert::Infallible;
 use tokio::sync::mpsc;
@@ -94,10 +90,8 @@ impl Clock {
 
 #[derive(Clone, Copy, Debug)]
 enum Stack {
-    Bare,
     Admission,
     Typed,
-    RawLayers,
     Recommended,
     /// kube-runtime's own `applier`, fed the same keys, over a store that
     /// holds their objects.
@@ -172,22 +166,15 @@ async fn run(fleet: &Fleet, stack: Stack, n: usize, paced: bool) -> (Duration, A
         .with_filter(|_| false)
         .reconcile_on(UnboundedReceiverStream::new(rx));
     let task = match stack {
-        Stack::Bare => {
-            let clock = clock.clone();
-            tokio::spawn(controller.run_raw(service_fn(move |request: McRequest| {
-                clock.start(&request);
-                async { Ok::<_, BoxError>(Action::await_change()) }
-            })))
-        }
         Stack::Admission => {
             let clock = clock.clone();
             let config = Config::default()
                 .concurrency(1024)
                 .rate_limit(TokenBucket::new(1e9, u32::MAX))
                 .cluster_rate_limit(1e9, u32::MAX);
-            tokio::spawn(controller.with_config(config).run_raw(service_fn(
-                move |request: McRequest| {
-                    clock.start(&request);
+            tokio::spawn(controller.with_config(config).run(service_fn(
+                move |request: ObjectRequest<ConfigMap>| {
+                    clock.start(&request.request);
                     async { Ok::<_, BoxError>(Action::await_change()) }
                 },
             )))
@@ -200,17 +187,6 @@ async fn run(fleet: &Fleet, stack: Stack, n: usize, paced: bool) -> (Duration, A
                     async { Ok::<_, BoxError>(Action::await_change()) }
                 })),
             )
-        }
-        Stack::RawLayers => {
-            let clock = clock.clone();
-            let service = ServiceBuilder::new()
-                .layer(ResolveClusterLayer::new(fleet.clone()))
-                .layer(LoadObjectLayer::<ConfigMap>::new())
-                .service(service_fn(move |request: ObjectRequest<ConfigMap>| {
-                    clock.start(&request.request);
-                    async { Ok::<_, BoxError>(Action::await_change()) }
-                }));
-            tokio::spawn(controller.run_raw(service))
         }
         Stack::KubeRuntime => unreachable!("run above"),
         Stack::Recommended => {
@@ -284,8 +260,6 @@ async fn main() -> Result<(), BoxError> {
     // so that each runs after the same work as there.
     let mut rates = Vec::new();
     for stack in [
-        Stack::Bare,
-        Stack::RawLayers,
         Stack::Recommended,
         Stack::Admission,
         Stack::Typed,

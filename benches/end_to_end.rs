@@ -159,7 +159,7 @@ async fn main() -> Result<(), BoxError> {
     );
     let began = Instant::now();
     for (cluster, client) in env.clusters().iter().zip(&direct) {
-        handle.add(cluster.name(), client.clone());
+        handle.engage(cluster.name(), client.clone());
     }
     while patched.load(Ordering::Relaxed) < total {
         assert!(

@@ -43,7 +43,7 @@ use kube::{
     runtime::watcher,
 };
 use kube_fleet::{
-    Action, Controller, Fleet, McRequest, controller::Watch, provider::ProgrammaticProvider,
+    Action, Controller, Fleet, ObjectRequest, controller::Watch, provider::ProgrammaticProvider,
 };
 use kube_fleet_envtest::Envtest;
 use tower::{BoxError, service_fn};
@@ -177,9 +177,9 @@ async fn measure(config: &Config, clusters: usize, options: &Options) -> Result<
     let watch = Watch::new(options.watcher()).in_namespace(options.namespace);
     let controller = Controller::<ConfigMap>::new(&fleet, watch);
     let status = controller.status();
-    let controller = tokio::spawn(controller.run_raw(service_fn(|_: McRequest| async {
-        Ok::<_, BoxError>(Action::await_change())
-    })));
+    let controller = tokio::spawn(controller.run(service_fn(
+        |_: ObjectRequest<ConfigMap>| async { Ok::<_, BoxError>(Action::await_change()) },
+    )));
     let served = async |n: usize| {
         while status.clusters().iter().filter(|c| c.serving).count() < n {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -188,13 +188,13 @@ async fn measure(config: &Config, clusters: usize, options: &Options) -> Result<
         tokio::time::sleep(Duration::from_secs(2)).await;
     };
 
-    handle.add("cluster-0000", options.client(config)?);
+    handle.engage("cluster-0000", options.client(config)?);
     served(1).await;
     let one = Sample::now();
 
     let began = Instant::now();
     for i in 1..clusters {
-        handle.add(format!("cluster-{i:04}"), options.client(config)?);
+        handle.engage(format!("cluster-{i:04}"), options.client(config)?);
     }
     served(clusters).await;
     let synced = began.elapsed() - Duration::from_secs(2);

@@ -86,7 +86,7 @@ async fn main() -> Result<(), BoxError> {
     let before = fleet.get("default/east").ok_or("east engaged")?;
     let rotated = east.kubeconfig_for("rotated-admin", &["system:masters"])?;
     kubeconfig_secret(management, "east", &rotated).await?;
-    tokio::time::timeout(Duration::from_secs(30), before.left()).await?;
+    tokio::time::timeout(Duration::from_secs(30), before.disengaged()).await?;
     support::clusters_are(&fleet, &["default/east", "default/west"]).await?;
 
     tracing::info!("west's kubeconfig Secret is deleted: disengaged, and reported");

@@ -65,7 +65,7 @@ async fn main() -> Result<(), BoxError> {
     tracing::info!("the first file is pointed at the second server: engaged again under its name");
     let before = fleet.get(east_name.as_str()).ok_or("east engaged")?;
     write(&east_file, west.kubeconfig())?;
-    tokio::time::timeout(std::time::Duration::from_secs(30), before.left()).await?;
+    tokio::time::timeout(std::time::Duration::from_secs(30), before.disengaged()).await?;
 
     tracing::info!("a broken file: a problem, and no cluster");
     let broken = dir.join("broken.kubeconfig");

@@ -65,7 +65,7 @@ async fn main() -> Result<(), BoxError> {
     tracing::info!("Secret east is pointed at the west server: engaged again");
     let before = fleet.get("east").ok_or("east engaged")?;
     apply(&secrets, "east", Some(west.kubeconfig())).await?;
-    tokio::time::timeout(std::time::Duration::from_secs(30), before.left()).await?;
+    tokio::time::timeout(std::time::Duration::from_secs(30), before.disengaged()).await?;
 
     tracing::info!("a Secret without a kubeconfig: a problem, and no cluster");
     apply(&secrets, "empty", None).await?;

@@ -171,7 +171,7 @@ async fn local_fleet(
     for cluster in envtest.clusters() {
         create_marked(cluster.client(), 3).await?;
         tracing::info!(cluster = cluster.name(), kubeconfig = %cluster.kubeconfig_path().display(), "cluster ready");
-        clusters.add(cluster.name(), fleet_client(cluster.kubeconfig())?);
+        clusters.engage(cluster.name(), fleet_client(cluster.kubeconfig())?);
     }
     Ok(tokio::spawn(async move {
         tokio::time::sleep(Duration::from_secs(4)).await;
@@ -183,7 +183,7 @@ async fn local_fleet(
                 match fleet_client(late.kubeconfig()) {
                     Ok(client) => {
                         tracing::info!("a fourth cluster joins: cluster-3");
-                        clusters.add("cluster-3", client);
+                        clusters.engage("cluster-3", client);
                     }
                     Err(error) => tracing::error!(%error, "a client for cluster-3"),
                 }
@@ -192,7 +192,7 @@ async fn local_fleet(
         }
         tokio::time::sleep(Duration::from_secs(4)).await;
         tracing::info!("cluster-0 leaves");
-        clusters.remove("cluster-0");
+        clusters.disengage("cluster-0");
         // The fleet lives in this task until the program ends.
         std::future::pending::<()>().await;
     }))

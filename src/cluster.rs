@@ -224,7 +224,7 @@ impl Cluster {
     /// one host has the host's identity.
     ///
     /// ```no_run
-    /// # async fn example(cluster: kube_fleet::Cluster) -> Result<(), kube_fleet::IdentityError> {
+    /// # async fn example(cluster: kube_fleet::Cluster) -> Result<(), kube_fleet::identity::IdentityError> {
     /// let identity = cluster.identity().await?;
     /// tracing::info!(
     ///     cluster = %cluster.name(),
@@ -251,8 +251,8 @@ impl Cluster {
     }
 
     /// Completes when this engagement ends (see [`is_engaged`](Self::is_engaged)):
-    /// for work that should stop when its cluster leaves.
-    pub async fn left(&self) {
+    /// for work that should stop when its cluster is disengaged.
+    pub async fn disengaged(&self) {
         loop {
             let notified = self.inner.leaving.notified();
             let mut notified = std::pin::pin!(notified);
@@ -263,6 +263,12 @@ impl Cluster {
             }
             notified.await;
         }
+    }
+
+    /// Renamed [`disengaged`](Self::disengaged).
+    #[deprecated(since = "0.1.0", note = "renamed `disengaged`")]
+    pub async fn left(&self) {
+        self.disengaged().await;
     }
 
     /// An API for objects of the static type `K` in `namespace` (all

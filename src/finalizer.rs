@@ -67,7 +67,7 @@ pub enum Event<K> {
 /// Adding or removing the finalizer failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum FinalizerError {
+pub enum Error {
     /// The finalizer could not be added.
     #[error("adding finalizer {finalizer} to {object}: {source}")]
     Add {
@@ -132,9 +132,9 @@ where
     P: Fn(String, json_patch::Patch) -> PFut,
     PFut: Future<Output = Result<(), kube::Error>>,
 {
-    let described = describe(object.as_ref());
+    let described = kind_and_name(object.as_ref());
     let Some(object_name) = object.meta().name.clone() else {
-        return Err(FinalizerError::Unnamed(described).into());
+        return Err(Error::Unnamed(described).into());
     };
     let deleting = object.meta().deletion_timestamp.is_some() || !wanted;
     let place = object.finalizers().iter().position(|f| f == name);
@@ -156,7 +156,7 @@ where
                 Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
                 other => other,
             };
-            removed.map_err(|source| FinalizerError::Remove {
+            removed.map_err(|source| Error::Remove {
                 finalizer: name.to_owned(),
                 object: described,
                 source,
@@ -190,7 +190,7 @@ where
             };
             patch(object_name, json_patch::Patch(operations))
                 .await
-                .map_err(|source| FinalizerError::Add {
+                .map_err(|source| Error::Add {
                     finalizer: name.to_owned(),
                     object: described,
                     source,
@@ -202,7 +202,7 @@ where
     }
 }
 
-fn describe<K: Resource>(object: &K) -> String
+fn kind_and_name<K: Resource>(object: &K) -> String
 where
     K::DynamicType: Default,
 {
@@ -289,3 +289,7 @@ where
         run(patch, name, object, wanted, reconcile).await
     }
 }
+
+/// Renamed [`Error`].
+#[deprecated(since = "0.1.0", note = "renamed `kube_fleet::finalizer::Error`")]
+pub type FinalizerError = Error;

@@ -133,10 +133,10 @@ impl Fleet {
     /// # use kube_fleet::{Controller, Fleet};
     /// # fn example(fleet: &Fleet) -> Controller<ConfigMap> {
     /// Controller::<ConfigMap>::new(fleet, watcher::Config::default())
-    ///     .reconcile_all_on(fleet.joins().map(|_| ()))
+    ///     .reconcile_all_on(fleet.engagements().map(|_| ()))
     /// # }
     /// ```
-    pub fn joins(&self) -> impl Stream<Item = Cluster> + Send + 'static {
+    pub fn engagements(&self) -> impl Stream<Item = Cluster> + Send + 'static {
         let events = self.subscribe().events;
         futures::stream::unfold(events, |mut events| async move {
             loop {
@@ -148,10 +148,16 @@ impl Fleet {
         })
     }
 
+    /// Renamed [`engagements`](Self::engagements).
+    #[deprecated(since = "0.1.0", note = "renamed `engagements`")]
+    pub fn joins(&self) -> impl Stream<Item = Cluster> + Send + 'static {
+        self.engagements()
+    }
+
     /// Engages `name` through `client`; the cluster is visible at once.
     ///
     /// Engaging a name that is engaged already replaces that cluster: the
-    /// old one [leaves](Cluster::left) (its watches stop once controllers
+    /// old one is [disengaged](Cluster::disengaged) (its watches stop once controllers
     /// let go of them) and controllers start over with the new one.
     /// Call it inside the tokio runtime that will use the client.
     pub fn engage(&self, name: impl Into<ClusterName>, client: Client) -> Cluster {
@@ -209,8 +215,8 @@ impl Fleet {
     /// empty name and collides with no provider's. The usual pair is the local
     /// cluster, under [`ClusterName::local`], beside a provider's clusters,
     /// which a controller then tells apart with
-    /// [`Clusters::Local`](crate::controller::Clusters::Local) and
-    /// [`Clusters::Provided`](crate::controller::Clusters::Provided), for
+    /// [`ClusterSelector::Local`](crate::controller::ClusterSelector::Local) and
+    /// [`ClusterSelector::Provided`](crate::controller::ClusterSelector::Provided), for
     /// the whole controller or per watch
     /// ([`Watch::in_clusters`](crate::controller::Watch::in_clusters)).
     ///

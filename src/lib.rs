@@ -82,7 +82,6 @@
 
 mod action;
 pub mod apply;
-mod backoff;
 pub mod cache;
 pub mod client;
 mod cluster;
@@ -92,29 +91,25 @@ mod error;
 pub mod finalizer;
 mod fleet;
 pub mod fleetwide;
-mod identity;
+pub mod identity;
 mod object_request;
 pub mod ownership;
 mod panic;
 pub mod provider;
-mod queue;
+pub mod queue;
 pub mod rbac;
 mod reason;
 mod request;
-mod token_bucket;
 
 pub use action::Action;
-pub use backoff::Backoff;
 pub use cluster::Cluster;
 pub use cluster_name::ClusterName;
-pub use controller::{Controller, QueueDepth};
+pub use controller::{Controller, Error};
 pub use error::TerminalError;
 pub use fleet::{Fleet, FleetEvent, FleetSubscription};
-pub use identity::{ClusterIdentity, IdSource, IdentityError};
 pub use object_request::ObjectRequest;
 pub use reason::ReconcileReason;
 pub use request::{McRequest, ObjectKey};
-pub use token_bucket::TokenBucket;
 
 /// The README's code, compiled with the doc tests so that what it shows
 /// keeps working.
@@ -185,3 +180,33 @@ struct LayersDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/benchmarks.md")]
 struct BenchmarksDoctests;
+
+/// Moved to [`queue::Backoff`].
+#[deprecated(since = "0.1.0", note = "moved to `kube_fleet::queue::Backoff`")]
+pub type Backoff = queue::Backoff;
+
+/// Moved to [`queue::TokenBucket`].
+#[deprecated(since = "0.1.0", note = "moved to `kube_fleet::queue::TokenBucket`")]
+pub type TokenBucket = queue::TokenBucket;
+
+/// Moved to [`queue::QueueDepth`].
+#[deprecated(since = "0.1.0", note = "moved to `kube_fleet::queue::QueueDepth`")]
+pub type QueueDepth = queue::QueueDepth;
+
+/// Moved to [`identity::ClusterIdentity`].
+#[deprecated(
+    since = "0.1.0",
+    note = "moved to `kube_fleet::identity::ClusterIdentity`"
+)]
+pub type ClusterIdentity = identity::ClusterIdentity;
+
+/// Moved to [`identity::IdSource`].
+#[deprecated(since = "0.1.0", note = "moved to `kube_fleet::identity::IdSource`")]
+pub type IdSource = identity::IdSource;
+
+/// Moved to [`identity::IdentityError`].
+#[deprecated(
+    since = "0.1.0",
+    note = "moved to `kube_fleet::identity::IdentityError`"
+)]
+pub type IdentityError = identity::IdentityError;

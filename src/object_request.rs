@@ -1,11 +1,10 @@
 use std::{
-    any::Any,
     fmt,
     sync::{Arc, Weak},
 };
 
 use crate::{
-    cache::{SharedWatch, Watchable},
+    cache::{Lookup, SharedWatch, Watchable},
     cluster::Cluster,
     reason::ReconcileReason,
     request::McRequest,
@@ -65,7 +64,7 @@ pub struct ObjectRequest<K> {
     pub controller: Option<Arc<str>>,
     /// The watch the object came from (a `SharedWatch<K>`), to read it
     /// again; weak, so that a kept request keeps no watch running.
-    pub(crate) watch: Option<Weak<dyn Any + Send + Sync>>,
+    pub(crate) watch: Option<Weak<dyn Lookup<K>>>,
 }
 
 impl<K> ObjectRequest<K> {
@@ -180,6 +179,28 @@ impl<K> fmt::Debug for ObjectRequest<K> {
 }
 
 impl<K: Watchable> ObjectRequest<K> {
+    /// The request for `key` in `cluster`, with the object `watch` holds
+    /// now: how a controller builds each reconcile's request from its own
+    /// watch.
+    pub(crate) fn read(
+        cluster: Cluster,
+        key: McRequest,
+        watch: Option<&Arc<SharedWatch<K>>>,
+    ) -> Self {
+        let object = watch.and_then(|watch| watch.get(&key));
+        let watch = watch.map(|watch| Arc::downgrade(watch) as Weak<dyn Lookup<K>>);
+        Self {
+            cluster,
+            request: key,
+            object,
+            reason: ReconcileReason::Unknown,
+            controller: None,
+            watch,
+        }
+    }
+}
+
+impl<K> ObjectRequest<K> {
     /// Reads `object` again from the controller's watch, as it holds the
     /// object now: after a write failed on a conflict, say, so that a retry
     /// works on the newer version (the recommended stack does this before
@@ -189,9 +210,7 @@ impl<K: Watchable> ObjectRequest<K> {
         let Some(watch) = self.watch.as_ref().and_then(Weak::upgrade) else {
             return;
         };
-        if let Some(watch) = watch.downcast_ref::<SharedWatch<K>>() {
-            self.object = watch.get(&self.request);
-        }
+        self.object = watch.lookup(&self.request);
     }
 }
 

@@ -1,4 +1,19 @@
-//! Panics contained where one task's must not end others: their message.
+//! Panics contained where one task's must not end others: user code (a
+//! reconciler's `poll_ready` and `call`, an error policy, a mapper, a
+//! filter, a transform) runs through [`contain`], and a panic caught from a
+//! task or a future is told by its [`panic_message`].
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+/// Runs `f` so that a panic in it ends only `f`: its result, or the panic's
+/// message. A payload whose drop panics in turn is contained too.
+pub(crate) fn contain<R>(f: impl FnOnce() -> R) -> Result<R, String> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| {
+        let message = panic_message(payload.as_ref());
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
+        message
+    })
+}
 
 /// The message a panic was raised with, when it has one.
 pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {

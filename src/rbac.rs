@@ -9,16 +9,16 @@
 //! runs in than in the clusters it manages: [`Scope::Local`] for the local
 //! cluster ([`ClusterName::local`](crate::ClusterName::local)) and
 //! [`Scope::Members`] for every other cluster of the fleet. A controller
-//! that works in the local cluster only ([`Clusters::Local`]) needs rules
+//! that works in the local cluster only ([`ClusterSelector::Local`]) needs rules
 //! there only, one that works in the providers' clusters
-//! ([`Clusters::Provided`]) in the members only, and one that works in all
-//! or in [matching](crate::controller::Clusters::Matching) clusters in both.
+//! ([`ClusterSelector::Provided`]) in the members only, and one that works in all
+//! or in [matching](crate::controller::ClusterSelector::Matching) clusters in both.
 //!
 //! [`Permissions::to_yaml`] prints both as ClusterRoles, for `kubectl
 //! apply`; [`Permissions::cluster_role`] builds either as a `k8s-openapi`
 //! object, to create through the API. Rights that no watch declares (what
 //! a reconciler reads outside its watches, a cluster's
-//! [identity](crate::ClusterIdentity::rules)) are added with
+//! [identity](crate::identity::ClusterIdentity::rules)) are added with
 //! [`Permissions::grant`].
 //!
 //! ```
@@ -42,9 +42,9 @@
 //! assert!(yaml.contains("  name: my-operator-member\n"));
 //! ```
 //!
-//! [`Clusters::Local`]: crate::controller::Clusters::Local
-//! [`Clusters::Provided`]: crate::controller::Clusters::Provided
-//! [`Clusters`]: crate::controller::Clusters
+//! [`ClusterSelector::Local`]: crate::controller::ClusterSelector::Local
+//! [`ClusterSelector::Provided`]: crate::controller::ClusterSelector::Provided
+//! [`ClusterSelector`]: crate::controller::Clusters
 
 use std::{
     collections::{BTreeMap, BTreeSet},

@@ -5,18 +5,27 @@ use std::{fmt, sync::Arc};
 /// Changes to one key are merged while it waits, so a reconciler sees one
 /// reason per run even when several things happened; a change that comes
 /// while a key waits for a requeue or a retry runs it sooner, as
-/// [`ObjectChanged`](Self::ObjectChanged) or
-/// [`RelatedChanged`](Self::RelatedChanged). Use it for logs and metrics,
-/// never to decide what to do: a reconciler reads the state of the world
-/// and acts on all of it, whatever woke it.
+/// [`ObjectUpdated`](Self::ObjectUpdated) or
+/// [`RelatedObjectUpdated`](Self::RelatedObjectUpdated). Use it for logs
+/// and metrics, never to decide what to do: a reconciler reads the state of
+/// the world and acts on all of it, whatever woke it.
+///
+/// The variants kube-runtime's `ReconcileReason` has carry its names
+/// (`ObjectUpdated`, `RelatedObjectUpdated`, `ReconcilerRequestedRetry`,
+/// `ErrorPolicyRequestedRetry`, `BulkReconcile`, `Unknown`), so a `match`
+/// ports as it is; a related object is named by its kind here, not by an
+/// object reference. The others say what a fleet adds: `Listed` (a watch
+/// listed the object, as when the controller starts serving a cluster),
+/// `External` (kube-runtime says `Unknown` for `reconcile_on`) and
+/// `ClusterReplaced`.
 ///
 /// ```
 /// use kube_fleet::ReconcileReason;
 ///
-/// assert_eq!(ReconcileReason::ObjectChanged.to_string(), "object changed");
+/// assert_eq!(ReconcileReason::ObjectUpdated.to_string(), "object updated");
 /// assert_eq!(
-///     ReconcileReason::RelatedChanged { kind: "Secret".into() }.to_string(),
-///     "related Secret changed",
+///     ReconcileReason::RelatedObjectUpdated { kind: "Secret".into() }.to_string(),
+///     "related object updated: Secret",
 /// );
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -27,27 +36,27 @@ pub enum ReconcileReason {
     /// listed again after it lost its place.
     Listed,
     /// The object was created, changed or deleted.
-    ObjectChanged,
+    ObjectUpdated,
     /// An object of another kind that maps to this one changed: an owned
     /// child, or a watched object whose mapper named this one.
-    RelatedChanged {
+    RelatedObjectUpdated {
         /// The kind of the object that changed.
         kind: Arc<str>,
     },
     /// A request from [`Controller::reconcile_on`](crate::Controller::reconcile_on).
     External,
     /// A signal of [`Controller::reconcile_all_on`](crate::Controller::reconcile_all_on).
-    ReconcileAll,
+    BulkReconcile,
     /// The last run asked for it with [`Action::requeue`](crate::Action::requeue).
-    Requeued,
-    /// The last run failed: this is its retry, after the backoff or the
-    /// delay the error policy chose.
-    ErrorRetry,
+    ReconcilerRequestedRetry,
+    /// The last run failed: this is its retry, after the key's backoff or
+    /// the delay the [error policy](crate::Controller::error_policy) chose.
+    ErrorPolicyRequestedRetry,
     /// The last run was cut short because the cluster was replaced under
     /// its name (new credentials, say): it runs again against the new one.
     ClusterReplaced,
-    /// Not known: a request made outside a controller (a layer's own
-    /// loading, a test).
+    /// Not known: a request made outside a controller
+    /// ([`ObjectRequest::new`](crate::ObjectRequest::new), in a test).
     Unknown,
 }
 
@@ -55,12 +64,12 @@ impl fmt::Display for ReconcileReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Listed => f.write_str("listed"),
-            Self::ObjectChanged => f.write_str("object changed"),
-            Self::RelatedChanged { kind } => write!(f, "related {kind} changed"),
+            Self::ObjectUpdated => f.write_str("object updated"),
+            Self::RelatedObjectUpdated { kind } => write!(f, "related object updated: {kind}"),
             Self::External => f.write_str("external request"),
-            Self::ReconcileAll => f.write_str("reconcile all"),
-            Self::Requeued => f.write_str("requeued"),
-            Self::ErrorRetry => f.write_str("retry after error"),
+            Self::BulkReconcile => f.write_str("bulk reconcile requested"),
+            Self::ReconcilerRequestedRetry => f.write_str("reconciler requested retry"),
+            Self::ErrorPolicyRequestedRetry => f.write_str("error policy requested retry"),
             Self::ClusterReplaced => f.write_str("cluster replaced"),
             Self::Unknown => f.write_str("unknown"),
         }

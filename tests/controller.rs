@@ -12,7 +12,7 @@ use kube::{
 };
 use kube_fleet::{
     ClusterName, Controller, Fleet, McRequest, ObjectRequest, cache::WatchState,
-    controller::Clusters, provider::LocalProvider,
+    controller::ClusterSelector, provider::LocalProvider,
 };
 use kube_fleet_envtest::Envtest;
 use support::*;
@@ -75,7 +75,7 @@ async fn a_cluster_added_at_runtime_is_reconciled() {
 
     let late = env.add_cluster("late").await.unwrap();
     create_config_map(late.client(), "was-there").await;
-    running.provider.add("late", late.client());
+    running.provider.engage("late", late.client());
     expect_all(&mut rx, [request("late", "was-there")]).await;
     create_config_map(late.client(), "came-later").await;
     expect_all(&mut rx, [request("late", "came-later")]).await;
@@ -119,7 +119,7 @@ async fn a_removed_cluster_loses_its_watches_queue_and_running_reconciles() {
     );
     // The API server's own watches, before ours.
     let baseline = watches_served(&b.client(), "configmaps").await;
-    running.provider.add("cluster-1", b.client());
+    running.provider.engage("cluster-1", b.client());
     let stuck = tokio::time::timeout(PATIENCE, started.recv())
         .await
         .unwrap()
@@ -134,7 +134,7 @@ async fn a_removed_cluster_loses_its_watches_queue_and_running_reconciles() {
     .await
     .expect("the cluster's watch is served");
 
-    running.provider.remove("cluster-1");
+    running.provider.disengage("cluster-1");
     let gone = tokio::time::timeout(PATIENCE, cancelled.recv())
         .await
         .expect("the running reconcile of the removed cluster is cancelled")
@@ -153,7 +153,7 @@ async fn a_removed_cluster_loses_its_watches_queue_and_running_reconciles() {
 
     // Its queued keys never run, and new objects there start nothing, while
     // another cluster is served as usual.
-    running.provider.add("cluster-0", a.client());
+    running.provider.engage("cluster-0", a.client());
     create_config_map(a.client(), "other").await;
     create_config_map(b.client(), "after-removal").await;
     let mut seen = expect_all(&mut started, [request("cluster-0", "other")]).await;
@@ -223,7 +223,7 @@ async fn the_same_reconciler_runs_against_the_local_cluster_alone() {
     let (service, mut rx) = recorder();
     let controller = tokio::spawn(
         Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
-            .clusters(Clusters::Local)
+            .clusters(ClusterSelector::Local)
             .run(service),
     );
     let seen = expect_all(
@@ -359,7 +359,7 @@ async fn re_engaging_a_name_replaces_the_cluster_and_its_watches() {
 
     let mut running = Running::new();
     let mut rx = running.config_maps();
-    running.provider.add("moving", first.client());
+    running.provider.engage("moving", first.client());
     expect_all(&mut rx, [request("moving", "on-first")]).await;
     // The reconcile came from the list; the watch request follows it.
     tokio::time::timeout(PATIENCE, async {
@@ -375,7 +375,7 @@ async fn re_engaging_a_name_replaces_the_cluster_and_its_watches() {
     );
 
     // The same name, other credentials and another server.
-    running.provider.add("moving", second.client());
+    running.provider.engage("moving", second.client());
     expect_all(&mut rx, [request("moving", "on-second")]).await;
     tokio::time::timeout(PATIENCE, async {
         while watches_served(&first.client(), "configmaps").await > first_watches {

@@ -95,8 +95,8 @@ async fn two_watches_and_many_concurrent_requests_share_one_connection() {
         .http1_only()
         .client(config(&separate))
         .unwrap();
-    running.provider.add("http2", http2);
-    running.provider.add("http1", http1);
+    running.provider.engage("http2", http2);
+    running.provider.engage("http1", http1);
 
     let wanted = names
         .iter()
@@ -129,7 +129,7 @@ async fn a_connection_cut_off_is_replaced_and_the_watches_go_on() {
     let mut reconciled = labelling(&mut running);
     running
         .provider
-        .add("cluster", client::client(config(&link)).unwrap());
+        .engage("cluster", client::client(config(&link)).unwrap());
     running.wait_served("cluster").await;
 
     link.cut_off();
@@ -155,7 +155,7 @@ async fn a_connection_that_stops_answering_is_found_by_ping_and_replaced() {
         ClientOptions::default().keep_alive(Duration::from_secs(1), Duration::from_secs(1));
     running
         .provider
-        .add("cluster", options.client(config(&link)).unwrap());
+        .engage("cluster", options.client(config(&link)).unwrap());
     running.wait_served("cluster").await;
     create_config_map(cluster.client(), "before").await;
     expect_all(&mut reconciled, [request("cluster", "before")]).await;
@@ -272,7 +272,7 @@ async fn a_server_without_http2_is_spoken_to_in_http1() {
     let mut reconciled = labelling(&mut running);
     running
         .provider
-        .add("http1", client::client(config(&link)).unwrap());
+        .engage("http1", client::client(config(&link)).unwrap());
     create_config_map(cluster.client(), "over-http1").await;
     expect_all(&mut reconciled, [request("http1", "over-http1")]).await;
 }

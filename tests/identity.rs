@@ -13,7 +13,8 @@ use kube::{
     api::{ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams},
 };
 use kube_fleet::{
-    Cluster, ClusterIdentity, Fleet, IdSource, IdentityError,
+    Cluster, Fleet,
+    identity::{ClusterIdentity, IdSource, IdentityError},
     rbac::{Permissions, Rule, Scope},
 };
 use kube_fleet_envtest::{Envtest, TestCluster, crds_from_yaml};

@@ -162,7 +162,7 @@ async fn a_forbidden_type_fails_only_that_watch_and_says_why() {
     let mut config_maps_only = running.config_maps();
     running
         .provider
-        .add("restricted", cluster.client_for("limited", &[]).unwrap());
+        .engage("restricted", cluster.client_for("limited", &[]).unwrap());
 
     expect_all(&mut config_maps_only, [request("restricted", "readable")]).await;
     let cluster = failing(&status, "restricted", PATIENCE).await;
@@ -360,7 +360,7 @@ async fn each_object_is_reconciled_once_at_start_up() {
     // Ten clusters (names) on one API server, each with its own watch.
     let names: Vec<String> = (0..10).map(|i| format!("c-{i}")).collect();
     for name in &names {
-        running.provider.add(name.as_str(), client.clone());
+        running.provider.engage(name.as_str(), client.clone());
     }
     for name in &names {
         running.wait_served(name).await;
@@ -463,7 +463,7 @@ async fn a_wrong_certificate_authority_is_named_in_the_reason() {
     let _rx = running.config_maps();
     running
         .provider
-        .add("wrong-ca", Client::try_from(config).unwrap());
+        .engage("wrong-ca", Client::try_from(config).unwrap());
     let cluster = failing(&running.statuses[0], "wrong-ca", PATIENCE).await;
     let WatchState::Failing { reason } = &cluster.watches[0].state else {
         unreachable!("failing")

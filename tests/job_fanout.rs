@@ -98,8 +98,8 @@ async fn phase_is(fanouts: &Api<FanoutJob>, name: &str, phase: &str) -> FanoutJo
 #[tokio::test]
 async fn a_fanout_job_runs_everywhere_and_reports_running_finished_and_the_failed_cluster() {
     let setup = setup(2).await;
-    setup.members.add("member-1", member(&setup, 1).client());
-    setup.members.add("member-2", member(&setup, 2).client());
+    setup.members.engage("member-1", member(&setup, 1).client());
+    setup.members.engage("member-2", member(&setup, 2).client());
     create(&setup.fanouts, "ok").await;
     for cluster in setup.env.clusters() {
         eventually("the Job everywhere", || async {
@@ -177,7 +177,7 @@ async fn a_member_that_joins_later_gets_the_job() {
     })
     .await;
     assert!(job(member(&setup, 1).client(), "late").await.is_none());
-    setup.members.add("member-1", member(&setup, 1).client());
+    setup.members.engage("member-1", member(&setup, 1).client());
     eventually("the Job in the member that joined", || async {
         job(member(&setup, 1).client(), "late").await.is_some()
     })
@@ -197,8 +197,8 @@ async fn deleting_the_parent_deletes_its_jobs_everywhere_also_in_clusters_that_w
     // member-1 is reached through a link of its own, to cut off the
     // controller alone while the test still reads the cluster.
     let link = member(&setup, 1).link().unwrap();
-    setup.members.add("member-1", link.client());
-    setup.members.add("member-2", member(&setup, 2).client());
+    setup.members.engage("member-1", link.client());
+    setup.members.engage("member-2", member(&setup, 2).client());
     create(&setup.fanouts, "gone").await;
     for cluster in setup.env.clusters() {
         eventually("the Job everywhere", || async {
@@ -210,7 +210,7 @@ async fn deleting_the_parent_deletes_its_jobs_everywhere_also_in_clusters_that_w
 
     // member-1 does not answer; member-2 has left the fleet.
     link.cut_off();
-    setup.members.remove("member-2");
+    setup.members.disengage("member-2");
     eventually("member-2 to leave", || async {
         setup.fleet.get("member-2").is_none()
     })
@@ -246,7 +246,7 @@ async fn deleting_the_parent_deletes_its_jobs_everywhere_also_in_clusters_that_w
     })
     .await;
     // member-2 is engaged again: its children are listed, and swept.
-    setup.members.add("member-2", member(&setup, 2).client());
+    setup.members.engage("member-2", member(&setup, 2).client());
     eventually("member-2's orphan to go", || async {
         job(member(&setup, 2).client(), "gone").await.is_none()
     })
@@ -257,7 +257,7 @@ async fn deleting_the_parent_deletes_its_jobs_everywhere_also_in_clusters_that_w
 async fn a_parent_made_again_under_its_name_gets_its_own_job_in_a_member_that_was_down() {
     let setup = setup(1).await;
     let link = member(&setup, 1).link().unwrap();
-    setup.members.add("member-1", link.client());
+    setup.members.engage("member-1", link.client());
     create(&setup.fanouts, "p").await;
     eventually("Job in member", || async {
         job(member(&setup, 1).client(), "p").await.is_some()
@@ -290,7 +290,7 @@ async fn a_parent_made_again_under_its_name_gets_its_own_job_in_a_member_that_wa
 #[tokio::test]
 async fn a_finished_fanout_stays_finished_when_a_member_is_engaged_again() {
     let setup = setup(1).await;
-    setup.members.add("member-1", member(&setup, 1).client());
+    setup.members.engage("member-1", member(&setup, 1).client());
     create(&setup.fanouts, "f").await;
     for cluster in setup.env.clusters() {
         eventually("Job", || async {
@@ -305,7 +305,7 @@ async fn a_finished_fanout_stays_finished_when_a_member_is_engaged_again() {
     // The same member, engaged again through a slow link.
     let link = member(&setup, 1).link().unwrap();
     link.hang();
-    setup.members.add("member-1", link.client());
+    setup.members.engage("member-1", link.client());
     tokio::time::sleep(Duration::from_secs(12)).await;
     let status = status(&setup.fanouts, "f").await;
     assert_eq!(status.phase, "Finished", "{status:?}");

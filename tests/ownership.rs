@@ -16,7 +16,7 @@ use kube::{
 };
 use kube_fleet::{
     Action, ClusterName, Controller, Fleet, ObjectRequest,
-    controller::{Clusters, Watch},
+    controller::{ClusterSelector, Watch},
     finalizer::Event,
     ownership::{Children, PARENT_UID_LABEL, ParentRef},
 };
@@ -43,14 +43,14 @@ fn cm(name: &str, labels: &[(&str, &str)]) -> ConfigMap {
 
 fn start(fleet: &Fleet) -> (Children<ConfigMap>, mpsc::UnboundedReceiver<String>) {
     let copies = Watch::new(watcher::Config::default().labels(PARENT_UID_LABEL))
-        .in_clusters(Clusters::Provided);
+        .in_clusters(ClusterSelector::Provided);
     let children = Children::<ConfigMap>::new(fleet, copies.clone());
     let (tx, rx) = mpsc::unbounded_channel();
     // As the docs wire it: a child that reaches its cluster's store only
     // after the parent's cleanup read it wakes the parent, whose sweep
     // deletes it.
     let controller = Controller::<ConfigMap>::new(fleet, watcher::Config::default())
-        .clusters(Clusters::Local)
+        .clusters(ClusterSelector::Local)
         .owns_across::<ConfigMap>(copies)
         .reconcile_on(children.sweeps(Duration::from_millis(200)));
     let fleet2 = fleet.clone();
@@ -340,7 +340,7 @@ async fn a_skipped_cluster_is_named_once_with_every_cause() {
     let children = Children::<ConfigMap>::new(
         &fleet,
         Watch::new(watcher::Config::default().labels(PARENT_UID_LABEL))
-            .in_clusters(Clusters::Provided),
+            .in_clusters(ClusterSelector::Provided),
     );
     let hub = Api::<ConfigMap>::namespaced(env.clusters()[0].client(), "default");
     let m1 = Api::<ConfigMap>::namespaced(env.clusters()[1].client(), "default");

@@ -124,9 +124,9 @@ async fn provider_order_is_the_truth_for_every_interleaving() {
                     0 => unreachable_client(),
                     i => env.clusters()[i as usize - 1].client(),
                 };
-                clusters.add(name.clone(), client);
+                clusters.engage(name.clone(), client);
             } else {
-                clusters.remove(name.clone());
+                clusters.disengage(name.clone());
             }
             sent.push(Sent { name, engage, at });
             match rng.below(4) {
@@ -162,7 +162,7 @@ async fn provider_order_is_the_truth_for_every_interleaving() {
         check_no_reconcile_after_disengage(&sent, &applied, &starts, &context);
 
         for name in expected {
-            clusters.remove(name);
+            clusters.disengage(name);
         }
     }
     controller.abort();

@@ -19,7 +19,7 @@ use kube::{
     api::{ListParams, Patch, PatchParams},
     runtime::watcher,
 };
-use kube_fleet::{Action, Backoff, Controller, ObjectRequest, controller::Config};
+use kube_fleet::{Action, Controller, ObjectRequest, controller::Config, queue::Backoff};
 use kube_fleet_envtest::Envtest;
 use support::{Running, capture_warnings, create_config_map, lines_with};
 use tower::BoxError;

@@ -61,8 +61,8 @@ async fn sources_are_mirrored_updated_put_back_and_deleted_in_every_other_cluste
         let fleet = fleet.clone();
         async move { fleet.run(provider).await }
     });
-    others.add("east", env.clusters()[1].client());
-    others.add("west", env.clusters()[2].client());
+    others.engage("east", env.clusters()[1].client());
+    others.engage("west", env.clusters()[2].client());
     let controller = tokio::spawn(mirror::run(fleet.clone()));
     let api = |i: usize| Api::<Secret>::namespaced(env.clusters()[i].client(), "default");
     let (source, members) = (api(0), [api(1), api(2)]);
@@ -105,7 +105,7 @@ async fn sources_are_mirrored_updated_put_back_and_deleted_in_every_other_cluste
     .await;
 
     // A cluster that joins later gets the mirror.
-    others.add("late", env.clusters()[3].client());
+    others.engage("late", env.clusters()[3].client());
     all_hold(
         &[api(3)],
         "s",
@@ -170,7 +170,7 @@ async fn mirrors_are_kept_while_the_reference_cluster_is_not_known() {
         async move { fleet.run(provider).await }
     });
     let controller = tokio::spawn(mirror::run(fleet.clone()));
-    others.add("east", env.clusters()[1].client());
+    others.engage("east", env.clusters()[1].client());
     // No reference cluster: a missing source proves nothing.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(value(&member, "kept").await.as_deref(), Some("old"));

@@ -94,8 +94,8 @@ async fn labelled_config_maps_reach_every_remote_drift_is_reverted_and_deletion_
     let (env, remotes, controllers) = setup(3).await;
     // edge-1 is reached through a link, to cut the controllers off from it.
     let link = env.clusters()[1].link().unwrap();
-    remotes.add("edge-1", link.client());
-    remotes.add("edge-2", env.clusters()[2].client());
+    remotes.engage("edge-1", link.client());
+    remotes.engage("edge-2", env.clusters()[2].client());
     let api = |i: usize| Api::<ConfigMap>::namespaced(env.clusters()[i].client(), "default");
     let hub = api(0);
 
@@ -126,7 +126,7 @@ async fn labelled_config_maps_reach_every_remote_drift_is_reverted_and_deletion_
     .await
     .unwrap();
     all_hold(&[api(1), api(2)], Some("safe"), "the update").await;
-    remotes.add("edge-3", env.clusters()[3].client());
+    remotes.engage("edge-3", env.clusters()[3].client());
     all_hold(&[api(3)], Some("safe"), "the copy in the late remote").await;
 
     // Deleted while edge-1 does not answer: the others' copies go at once,
@@ -151,7 +151,7 @@ async fn labelled_config_maps_reach_every_remote_drift_is_reverted_and_deletion_
 #[tokio::test]
 async fn unlabelling_then_deleting_a_hub_config_map_completes() {
     let (env, remotes, _controllers) = setup(1).await;
-    remotes.add("edge-1", env.clusters()[1].client());
+    remotes.engage("edge-1", env.clusters()[1].client());
     let hub = Api::<ConfigMap>::namespaced(env.clusters()[0].client(), "default");
     let edge = Api::<ConfigMap>::namespaced(env.clusters()[1].client(), "default");
     hub.create(&PostParams::default(), &named("a"))
@@ -181,7 +181,7 @@ async fn unlabelling_then_deleting_a_hub_config_map_completes() {
 #[tokio::test]
 async fn revert_leaves_other_parents_children_alone() {
     let (env, remotes, _controllers) = setup(1).await;
-    remotes.add("edge-1", env.clusters()[1].client());
+    remotes.engage("edge-1", env.clusters()[1].client());
     let hub_secrets = Api::<Secret>::namespaced(env.clusters()[0].client(), "default");
     let edge = Api::<ConfigMap>::namespaced(env.clusters()[1].client(), "default");
     let secret = hub_secrets
@@ -218,7 +218,7 @@ async fn revert_leaves_other_parents_children_alone() {
 #[tokio::test]
 async fn a_copy_deleted_by_hand_comes_back() {
     let (env, remotes, _controllers) = setup(1).await;
-    remotes.add("edge-1", env.clusters()[1].client());
+    remotes.engage("edge-1", env.clusters()[1].client());
     let hub = Api::<ConfigMap>::namespaced(env.clusters()[0].client(), "default");
     let edge = Api::<ConfigMap>::namespaced(env.clusters()[1].client(), "default");
     hub.create(&PostParams::default(), &named("b"))

@@ -116,7 +116,7 @@ async fn a_reconciler_gets_the_object_from_the_controllers_own_watch_with_its_re
         .unwrap();
     let changed = next(&mut rx, &mut log, "in").await;
     assert_eq!(changed.cluster, "cluster-0");
-    assert_eq!(changed.reason, ReconcileReason::ObjectChanged);
+    assert_eq!(changed.reason, ReconcileReason::ObjectUpdated);
     assert!(changed.exists && changed.same_allocation, "{changed:?}");
 
     // No longer matching the selector: the watch drops it, and the
@@ -126,7 +126,7 @@ async fn a_reconciler_gets_the_object_from_the_controllers_own_watch_with_its_re
         .await
         .unwrap();
     let unmarked = next(&mut rx, &mut log, "in").await;
-    assert_eq!(unmarked.reason, ReconcileReason::ObjectChanged);
+    assert_eq!(unmarked.reason, ReconcileReason::ObjectUpdated);
     assert!(!unmarked.exists, "{unmarked:?}");
 
     while let Ok(Some(seen)) =
@@ -225,7 +225,7 @@ async fn a_namespaced_controller_sees_only_its_namespace_and_needs_only_a_role_t
         Controller::<ConfigMap>::new(&running.fleet, Watch::default().in_namespace("team-a"));
     let status = controller.status();
     running.spawn(controller, service);
-    running.provider.add("cluster-0", operator);
+    running.provider.engage("cluster-0", operator);
 
     let mut seen = expect_all(
         &mut rx,
@@ -270,7 +270,7 @@ async fn a_namespaced_controller_sees_only_its_namespace_and_needs_only_a_role_t
 async fn a_hub_and_spoke_controller_watches_parents_in_the_hub_and_children_in_members() {
     use kube_fleet::{
         ClusterName, McRequest,
-        controller::{Clusters, Watch},
+        controller::{ClusterSelector, Watch},
     };
 
     let env = Envtest::start(3).await.unwrap();
@@ -291,10 +291,10 @@ async fn a_hub_and_spoke_controller_watches_parents_in_the_hub_and_children_in_m
     // parent in the hub.
     let controller = Controller::<ConfigMap>::new(
         &fleet,
-        Watch::default().in_clusters(Clusters::matching(|name| name == "hub")),
+        Watch::default().in_clusters(ClusterSelector::matching(|name| name == "hub")),
     )
     .watches::<k8s_openapi::api::core::v1::Secret, _>(
-        Watch::default().in_clusters(Clusters::matching(|name| name != "hub")),
+        Watch::default().in_clusters(ClusterSelector::matching(|name| name != "hub")),
         move |member, secret| {
             let _ = children_tx.send(member.clone());
             let parent = secret.metadata.labels.as_ref()?.get("parent")?.clone();
@@ -522,7 +522,7 @@ async fn a_cluster_with_only_related_watches_takes_no_share_of_the_slots() {
     use k8s_openapi::api::core::v1::Secret;
     use kube_fleet::{
         McRequest,
-        controller::{Clusters, Config, Watch},
+        controller::{ClusterSelector, Config, Watch},
     };
     use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -548,10 +548,10 @@ async fn a_cluster_with_only_related_watches_takes_no_share_of_the_slots() {
     let mut running = Running::new();
     let controller = Controller::<ConfigMap>::new(
         &running.fleet,
-        Watch::default().in_clusters(Clusters::matching(|name| name == "cluster-0")),
+        Watch::default().in_clusters(ClusterSelector::matching(|name| name == "cluster-0")),
     )
     .watches::<Secret, _>(
-        Watch::default().in_clusters(Clusters::matching(|name| name != "cluster-0")),
+        Watch::default().in_clusters(ClusterSelector::matching(|name| name != "cluster-0")),
         |_, _| None::<McRequest>,
     )
     .with_config(Config::default().concurrency(4));
@@ -559,9 +559,9 @@ async fn a_cluster_with_only_related_watches_takes_no_share_of_the_slots() {
     // The member first, so that it is known when the hub's keys come.
     running
         .provider
-        .add("cluster-1", env.clusters()[1].client());
+        .engage("cluster-1", env.clusters()[1].client());
     running.wait_served("cluster-1").await;
-    running.provider.add("cluster-0", hub);
+    running.provider.engage("cluster-0", hub);
     running.wait_served("cluster-0").await;
     tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
     assert_eq!(

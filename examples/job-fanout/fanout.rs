@@ -20,7 +20,7 @@ use kube_fleet::{
     Action, Cluster, ClusterName, Controller, Fleet, ObjectRequest,
     apply::apply_status,
     cache::WatchState,
-    controller::{Clusters, Watch},
+    controller::{ClusterSelector, Watch},
     finalizer::Event,
     fleetwide::for_each_cluster,
     ownership::{Children, PARENT_UID_LABEL, ParentRef},
@@ -78,15 +78,15 @@ fn shown(cluster: &Cluster) -> String {
 /// the fleet's controller stops.
 pub async fn run(fleet: Fleet) -> Result<(), BoxError> {
     // The Jobs this controller made, in the hub and the members.
-    let jobs =
-        Watch::new(watcher::Config::default().labels(PARENT_UID_LABEL)).in_clusters(Clusters::All);
+    let jobs = Watch::new(watcher::Config::default().labels(PARENT_UID_LABEL))
+        .in_clusters(ClusterSelector::All);
     let children = Children::<Job>::new(&fleet, jobs.clone());
     let controller = Controller::<FanoutJob>::new(&fleet, watcher::Config::default())
         .named("job-fanout")
-        .clusters(Clusters::Local)
+        .clusters(ClusterSelector::Local)
         .owns_across::<Job>(jobs)
         // A member that joins gets every FanoutJob's Job.
-        .reconcile_all_on(fleet.joins().map(|_| ()))
+        .reconcile_all_on(fleet.engagements().map(|_| ()))
         // Clusters that were down when a FanoutJob went are swept.
         .reconcile_on(children.sweeps(Duration::from_secs(5)));
     let reconcile = move |request: ObjectRequest<FanoutJob>| {

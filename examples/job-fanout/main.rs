@@ -36,8 +36,8 @@ async fn main() -> Result<(), BoxError> {
         let fleet = fleet.clone();
         async move { fleet.run(provider).await }
     });
-    members.add("member-1", env.clusters()[1].client());
-    members.add("member-2", env.clusters()[2].client());
+    members.engage("member-1", env.clusters()[1].client());
+    members.engage("member-2", env.clusters()[2].client());
     let controller = tokio::spawn(fanout::run(fleet.clone()));
 
     let fanouts = Api::<FanoutJob>::namespaced(hub.client(), "default");

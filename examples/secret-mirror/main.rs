@@ -33,8 +33,8 @@ async fn main() -> Result<(), BoxError> {
         let fleet = fleet.clone();
         async move { fleet.run(provider).await }
     });
-    others.add("east", env.clusters()[1].client());
-    others.add("west", env.clusters()[2].client());
+    others.engage("east", env.clusters()[1].client());
+    others.engage("west", env.clusters()[2].client());
     let controller = tokio::spawn(mirror::run(fleet.clone()));
 
     let sources = Api::<Secret>::namespaced(reference.client(), "default");

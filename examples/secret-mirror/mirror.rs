@@ -13,7 +13,7 @@ use kube::{
 };
 use kube_fleet::{
     Action, Controller, Fleet, ObjectKey, ObjectRequest,
-    controller::{Clusters, Watch},
+    controller::{ClusterSelector, Watch},
     fleetwide::FleetStore,
 };
 use tower::{BoxError, service_fn};
@@ -26,7 +26,7 @@ pub const MIRRORED: &str = "kube-fleet.dev/mirrored";
 /// The sources: labelled Secrets in the reference cluster.
 fn sources() -> Watch {
     Watch::new(watcher::Config::default().labels(&format!("{MIRROR}=true")))
-        .in_clusters(Clusters::Local)
+        .in_clusters(ClusterSelector::Local)
 }
 
 /// Runs the mirror on `fleet`, whose local cluster is the reference.
@@ -34,13 +34,13 @@ pub async fn run(fleet: Fleet) -> Result<(), BoxError> {
     // The same watch of the sources that the controller runs: read, not copied.
     let store = FleetStore::<Secret>::new(&fleet, sources());
     let mirrors = Watch::new(watcher::Config::default().labels(&format!("{MIRRORED}=true")))
-        .in_clusters(Clusters::Provided);
+        .in_clusters(ClusterSelector::Provided);
     let controller = Controller::<Secret>::new(&fleet, mirrors)
         .named("secret-mirror")
-        .clusters(Clusters::Provided)
+        .clusters(ClusterSelector::Provided)
         // A source that changes asks for its mirror in every member, and a
         // member that joins is asked for every mirror.
-        .watches_across::<Secret, _>(sources(), Clusters::Provided, |_, source| {
+        .watches_across::<Secret, _>(sources(), ClusterSelector::Provided, |_, source| {
             [ObjectKey::of(source)]
         });
     let reconcile = move |request: ObjectRequest<Secret>| {

@@ -32,8 +32,8 @@ async fn main() -> Result<(), BoxError> {
         let fleet = fleet.clone();
         async move { fleet.run(provider).await }
     });
-    remotes.add("edge-1", env.clusters()[1].client());
-    remotes.add("edge-2", env.clusters()[2].client());
+    remotes.engage("edge-1", env.clusters()[1].client());
+    remotes.engage("edge-2", env.clusters()[2].client());
     let controllers = tokio::spawn(sync::run(fleet.clone()));
 
     let hub = Api::<ConfigMap>::namespaced(env.clusters()[0].client(), "default");

@@ -17,7 +17,7 @@ use kube::{
 use kube_fleet::{
     Action, ClusterName, Controller, Fleet, ObjectKey, ObjectRequest,
     apply::apply,
-    controller::{Clusters, Watch},
+    controller::{ClusterSelector, Watch},
     finalizer::Event,
     fleetwide::{FleetStore, for_each_cluster},
     ownership::{Children, ParentRef},
@@ -37,7 +37,7 @@ pub const COPY: &str = "kube-fleet.dev/sync-copy";
 /// The hub's ConfigMaps, all of them: one whose label is removed must still
 /// be seen, to delete its copies and release its finalizer.
 fn in_hub() -> Watch {
-    Watch::new(watcher::Config::default()).in_clusters(Clusters::Local)
+    Watch::new(watcher::Config::default()).in_clusters(ClusterSelector::Local)
 }
 
 /// Whether a hub ConfigMap asks to be pushed: labelled, and not being
@@ -49,7 +49,7 @@ fn wanted(source: &ConfigMap) -> bool {
 
 fn copies() -> Watch {
     Watch::new(watcher::Config::default().labels(&format!("{COPY}=true")))
-        .in_clusters(Clusters::Provided)
+        .in_clusters(ClusterSelector::Provided)
 }
 
 /// Runs both controllers on `fleet`, whose local cluster is the hub.
@@ -64,10 +64,10 @@ async fn push(fleet: Fleet) -> Result<(), BoxError> {
     let children = Children::<ConfigMap>::new(&fleet, copies());
     let controller = Controller::<ConfigMap>::new(&fleet, in_hub())
         .named("push")
-        .clusters(Clusters::Local)
+        .clusters(ClusterSelector::Local)
         // A copy changed or deleted by hand wakes its hub ConfigMap.
         .owns_across::<ConfigMap>(copies())
-        .reconcile_all_on(fleet.joins().map(|_| ()))
+        .reconcile_all_on(fleet.engagements().map(|_| ()))
         .reconcile_on(children.sweeps(Duration::from_secs(5)));
     let reconcile = move |request: ObjectRequest<ConfigMap>| {
         let (fleet, children) = (fleet.clone(), children.clone());
@@ -130,7 +130,7 @@ async fn revert(fleet: Fleet) -> Result<(), BoxError> {
     let hub = FleetStore::<ConfigMap>::new(&fleet, in_hub());
     let controller = Controller::<ConfigMap>::new(&fleet, copies())
         .named("revert")
-        .clusters(Clusters::Provided);
+        .clusters(ClusterSelector::Provided);
     let reconcile = move |request: ObjectRequest<ConfigMap>| {
         let hub = hub.clone();
         async move {

@@ -4,7 +4,7 @@
 //! `tower::ServiceBuilder` and with tower's own middleware. They work on the
 //! [`ObjectRequest`]s that `Controller::run` hands out (and label spans and
 //! metrics with the controller the request names), and on plain
-//! `McRequest`s from `Controller::run_raw`:
+//! `McRequest`s for a stack that maps the request to its key:
 //!
 //! - [`metrics`]: Prometheus counters and histograms by controller and cluster.
 //! - [`retry`]: a `tower::retry::Policy` for transient API errors.
@@ -14,24 +14,16 @@
 //!
 //! [`recommended`] puts the usual ones together in one layer, in an order
 //! its docs explain; `docs/layers.md` in the repository walks a request
-//! through the stack. For the raw path only:
+//! through the stack.
 //!
-//! - [`resolve_cluster`]: an `McRequest` becomes a [`ClusterRequest`]
-//!   carrying the engaged cluster; requests for departed clusters end quietly.
-//! - [`load_object`]: a `ClusterRequest` becomes an [`ObjectRequest`]
-//!   carrying the object from the cluster's cache, or `None` if it is gone.
-//!
-//! [`ClusterRequest`]: resolve_cluster::ClusterRequest
 //! [`ObjectRequest`]: kube_fleet::ObjectRequest
 
 #![forbid(unsafe_code)]
 
 pub mod catch_panic;
-pub mod load_object;
 pub mod metrics;
 pub mod recommended;
 mod request;
-pub mod resolve_cluster;
 pub mod retry;
 pub mod trace;
 

@@ -1,14 +1,12 @@
 use kube_fleet::{McRequest, ObjectRequest, ReconcileReason};
 
-use crate::resolve_cluster::ClusterRequest;
-
 /// A request that names the object to reconcile: what layers that log,
 /// count or limit by cluster read from whatever request type they sit on.
 ///
-/// Implemented for [`McRequest`], [`ClusterRequest`] and [`ObjectRequest`],
-/// so those layers work above or below cluster resolution and object loading.
-/// An [`ObjectRequest`] from `Controller::run` also names its controller and
-/// why it runs, which the trace and metrics layers then need not be told.
+/// Implemented for [`ObjectRequest`], which `Controller::run` hands out and
+/// which also names its controller and why it runs (the trace and metrics
+/// layers then need not be told), and for a plain [`McRequest`], for a stack
+/// below a `map_request` that keeps only the key.
 pub trait AsMcRequest {
     /// The cluster, namespace and name the request is for.
     fn mc_request(&self) -> &McRequest;
@@ -36,13 +34,7 @@ impl AsMcRequest for McRequest {
     }
 }
 
-impl AsMcRequest for ClusterRequest {
-    fn mc_request(&self) -> &McRequest {
-        &self.request
-    }
-}
-
-impl<K: kube_fleet::cache::Watchable> AsMcRequest for ObjectRequest<K> {
+impl<K> AsMcRequest for ObjectRequest<K> {
     fn mc_request(&self) -> &McRequest {
         &self.request
     }

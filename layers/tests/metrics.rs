@@ -2,6 +2,9 @@
 
 use std::time::Duration;
 
+#[path = "../../tests/support/empty_api.rs"]
+mod empty_api;
+
 use kube_fleet::{Action, McRequest};
 use kube_fleet_layers::{
     catch_panic::CatchPanicLayer,
@@ -82,29 +85,23 @@ async fn reconciles_are_counted_by_cluster_and_result_and_timed() {
 async fn queue_depths_and_engaged_clusters_are_read_at_each_scrape() {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::runtime::watcher;
-    use kube_fleet::{Controller, Fleet, controller::Clusters};
+    use kube_fleet::{Controller, Fleet, ObjectRequest};
     use kube_fleet_layers::metrics::{FleetCollector, QueueDepths};
 
     let mut registry = Registry::default();
     let fleet = Fleet::new();
-    // The requests' cluster is in the fleet; the controller watches nothing
-    // there (it selects only the local cluster), so an idle client will do.
-    let (idle, _handle) = tower_test::mock::pair::<
-        http::Request<kube::client::Body>,
-        http::Response<kube::client::Body>,
-    >();
-    fleet.engage("east", kube::Client::new(idle, "default"));
+    // The requests' cluster is in the fleet; its API server holds nothing.
+    fleet.engage("east", empty_api::empty_api_client());
     FleetCollector::register(&mut registry, fleet.clone());
     let depths = QueueDepths::register(&mut registry);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
-        .clusters(Clusters::Local)
         .named("widgets")
         .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
     depths.add(controller.queue_depth());
     let service = ServiceBuilder::new()
         .concurrency_limit(1)
-        .service(service_fn(|_: McRequest| async {
+        .service(service_fn(|_: ObjectRequest<ConfigMap>| async {
             tokio::time::sleep(Duration::from_secs(1)).await;
             Ok::<_, BoxError>(Action::await_change())
         }));
@@ -112,7 +109,7 @@ async fn queue_depths_and_engaged_clusters_are_read_at_each_scrape() {
         tx.send(McRequest::new("east", Some("ns"), format!("k{i}")))
             .unwrap();
     }
-    let task = tokio::spawn(controller.run_raw(service));
+    let task = tokio::spawn(controller.run(service));
     tokio::time::sleep(Duration::from_millis(100)).await;
 
     let mut text = String::new();

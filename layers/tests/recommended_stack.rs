@@ -95,7 +95,7 @@ async fn failures_and_panics_back_off_recover_and_are_counted() {
         async move { fleet.run(provider).await }
     });
     for cluster in env.clusters() {
-        clusters.add(cluster.name(), cluster.client());
+        clusters.engage(cluster.name(), cluster.client());
     }
 
     let recovered = |name: &str, tries: usize| {

@@ -163,15 +163,20 @@ async fn a_retry_after_longer_than_the_longest_backoff_is_left_to_the_queue() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_transient_error_wrapped_by_a_layer_is_still_recognised() {
-    let wrapped: BoxError = Box::new(kube_fleet_layers::load_object::LoadError {
-        request: McRequest::new("c", Some("ns"), "x"),
-        source: kube::Error::Api(
+async fn a_transient_error_wrapped_by_another_is_still_recognised() {
+    /// A reconciler's own error, with the API's as its source.
+    #[derive(Debug, thiserror::Error)]
+    #[error("reconcile of {0} failed")]
+    struct Wrapped(McRequest, #[source] kube::Error);
+
+    let wrapped: BoxError = Box::new(Wrapped(
+        McRequest::new("c", Some("ns"), "x"),
+        kube::Error::Api(
             Status::failure("busy", "ServiceUnavailable")
                 .with_code(503)
                 .boxed(),
         ),
-    });
+    ));
     let (result, calls) = run_script(TransientErrors::new(3), vec![wrapped]).await;
     assert!(result.is_ok());
     assert_eq!(calls.len(), 2);

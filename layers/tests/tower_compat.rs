@@ -13,8 +13,7 @@ use std::{
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::watcher;
 use kube_fleet::{
-    Action, Backoff, Controller, Fleet, McRequest,
-    controller::{Clusters, Config},
+    Action, Controller, Fleet, McRequest, ObjectRequest, controller::Config, queue::Backoff,
 };
 use kube_fleet_layers::retry::TransientErrors;
 use tokio::{sync::mpsc, time::Instant};
@@ -27,9 +26,12 @@ fn key(name: &str) -> McRequest {
     McRequest::new("c", Some("ns"), name)
 }
 
-/// Runs a controller with `service`, fed `requests` for cluster "c". The
-/// controller watches nothing there (it selects only the local cluster), so
-/// "c" is engaged with a client that goes nowhere. Backoff without jitter.
+#[path = "../../tests/support/empty_api.rs"]
+mod empty_api;
+
+/// Runs a controller with `service`, fed `requests` for cluster "c", whose
+/// API server holds no ConfigMaps: the service sees each request's key.
+/// Backoff without jitter.
 fn run<S>(service: S, requests: &[McRequest]) -> tokio::task::JoinHandle<()>
 where
     S: Service<McRequest, Response = Action> + Send + 'static,
@@ -41,20 +43,18 @@ where
         tx.send(request.clone()).unwrap();
     }
     let fleet = Fleet::new();
-    let (idle, _handle) = tower_test::mock::pair::<
-        http::Request<kube::client::Body>,
-        http::Response<kube::client::Body>,
-    >();
-    fleet.engage("c", kube::Client::new(idle, "default"));
+    fleet.engage("c", empty_api::empty_api_client());
     let no_jitter = Backoff {
         jitter: 0.0,
         ..Backoff::default()
     };
     let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
-        .clusters(Clusters::Local)
         .with_config(Config::default().backoff(no_jitter))
         .reconcile_on(UnboundedReceiverStream::new(rx))
-        .run_raw(service);
+        .run(tower::ServiceExt::map_request(
+            service,
+            |request: ObjectRequest<ConfigMap>| request.request,
+        ));
     tokio::spawn(async move {
         let _keep_open = tx;
         controller.await.unwrap();

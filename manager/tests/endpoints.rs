@@ -116,8 +116,8 @@ async fn endpoints_report_health_readiness_by_cluster_and_metrics() {
     let (status, _) = endpoints.get("/nothing").await.expect("answers");
     assert_eq!(status, StatusCode::NOT_FOUND);
 
-    clusters.add("cluster-0", with.client());
-    clusters.add("cluster-1", without.client());
+    clusters.engage("cluster-0", with.client());
+    clusters.engage("cluster-1", without.client());
     // Ready once both controllers serve what they can; cluster-1, with no
     // Widget CRD, is named but does not hold readiness back.
     let (_, body) = endpoints
@@ -213,8 +213,8 @@ async fn strict_readiness_holds_the_process_unready_while_a_cluster_cannot_sync(
         );
     let run = tokio::spawn(manager.run());
     let endpoints = Endpoints::new(port);
-    clusters.add("cluster-0", with.client());
-    clusters.add("cluster-1", without.client());
+    clusters.engage("cluster-0", with.client());
+    clusters.engage("cluster-1", without.client());
 
     endpoints
         .readyz_until(|_, body| body.contains("cannot sync"))
@@ -227,7 +227,7 @@ async fn strict_readiness_holds_the_process_unready_while_a_cluster_cannot_sync(
     );
 
     // Without the cluster that cannot sync, the process is ready.
-    clusters.remove("cluster-1");
+    clusters.disengage("cluster-1");
     let (_, body) = endpoints
         .readyz_until(|status, _| status == StatusCode::OK)
         .await;

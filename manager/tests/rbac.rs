@@ -24,7 +24,7 @@ use kube::{
 };
 use kube_fleet::{
     Action, ClusterName, Controller, Fleet, ObjectRequest,
-    controller::{Clusters, ControllerStatus, Watch},
+    controller::{ClusterSelector, ControllerStatus, Watch},
     rbac::{Permissions, Rule, Scope},
 };
 use kube_fleet_envtest::{Envtest, TestCluster};
@@ -147,7 +147,10 @@ fn manager(fleet: &Fleet, errors: &Arc<Mutex<Vec<String>>>) -> (Manager, Control
         fleet,
         watcher::Config::default().labels(&format!("{LABEL}=true")),
     )
-    .watches::<Secret, _>(Watch::default().in_clusters(Clusters::Local), |_, _| None)
+    .watches::<Secret, _>(
+        Watch::default().in_clusters(ClusterSelector::Local),
+        |_, _| None,
+    )
     .writes::<ConfigMap>(&["patch"])
     .error_policy(move |request, error| {
         errors.lock().unwrap().push(format!("{request}: {error}"));

@@ -62,7 +62,7 @@ impl Replica {
         let fleet = Fleet::new();
         let (provider, handle) = ProgrammaticProvider::new();
         for cluster in clusters {
-            handle.add(cluster.as_ref(), client.clone());
+            handle.engage(cluster.as_ref(), client.clone());
         }
         let sharding = Sharding::new(set)
             .namespace("default")
@@ -420,8 +420,8 @@ async fn leases_of_replicas_and_clusters_that_left_are_deleted_and_a_restarted_r
     println!("two replicas: {before:?}");
 
     // The providers no longer offer c0: its owner deletes its Lease.
-    a.clusters.remove("c0");
-    b.clusters.remove("c0");
+    a.clusters.disengage("c0");
+    b.clusters.disengage("c0");
     let removed = Instant::now();
     let gone = until_leases(&client, SET, "c0's Lease stays", |leases| {
         leases.values().all(|l| cluster_of(l) != Some("c0"))

@@ -87,9 +87,9 @@ pub use subscription::{Change, Subscription};
 pub(crate) use transform::Shape;
 pub use transform::Transform;
 pub use watch::SharedWatch;
-pub(crate) use watch::WatchProbe;
+pub(crate) use watch::{Lookup, WatchProbe};
 
-use crate::cluster_name::ClusterName;
+use crate::{cluster_name::ClusterName, panic::contain};
 
 /// What a shared watch needs of a type: a Kubernetes resource, either
 /// static (`k8s-openapi` and `kube-derive` types, whose type information is
@@ -563,19 +563,14 @@ fn shaped<T: Resource + 'static, S>(
 where
     S: Stream<Item = watcher::Result<watcher::Event<T>>> + Send + 'static,
 {
-    use std::panic::{AssertUnwindSafe, catch_unwind};
-
     let mut panics = 0_u64;
     events.map(move |event| {
         event.map(|event| {
             event.modify(|object| {
-                let Err(panic) = catch_unwind(AssertUnwindSafe(|| shape.apply(object))) else {
+                let Err(message) = contain(|| shape.apply(object)) else {
                     return;
                 };
                 panics += 1;
-                let message = crate::panic::panic_message(panic.as_ref());
-                // A payload whose drop panics in turn is contained too.
-                let _ = catch_unwind(AssertUnwindSafe(move || drop(panic)));
                 let meta = object.meta();
                 let namespace = meta.namespace.as_deref().unwrap_or_default();
                 let name = meta.name.as_deref().unwrap_or_default();

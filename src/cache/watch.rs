@@ -23,7 +23,7 @@ use super::{
     state::{FailureLog, Health, WatchState, WatchStatus},
     subscription::{Inbox, Note, Subscription, key_of},
 };
-use crate::{client::is_unanswered, cluster_name::ClusterName};
+use crate::{client::is_unanswered, cluster_name::ClusterName, request::McRequest};
 
 /// The subscribers of a watch, and whether it has listed yet (a subscriber
 /// that comes later is told of the objects already there).
@@ -84,6 +84,22 @@ impl<K: Resource<DynamicType: TypeInfo>> Hub<K> {
         for inbox in inboxes {
             inbox.notify(notes);
         }
+    }
+}
+
+/// Reads objects of one watch by key: what a reconcile's request keeps of
+/// its controller's watch. A trait object rather than the watch itself
+/// because [`SharedWatch`] needs `K: Resource` and the request does not.
+pub(crate) trait Lookup<K>: Send + Sync {
+    /// The object `key` names, as the watch holds it now.
+    fn lookup(&self, key: &McRequest) -> Option<Arc<K>>;
+}
+
+impl<K: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static> Lookup<K>
+    for SharedWatch<K>
+{
+    fn lookup(&self, key: &McRequest) -> Option<Arc<K>> {
+        self.get(key)
     }
 }
 
@@ -178,7 +194,7 @@ where
     }
 
     /// The object `key` names, as this watch holds it now.
-    pub(crate) fn get(&self, key: &crate::request::McRequest) -> Option<Arc<K>> {
+    pub(crate) fn get(&self, key: &McRequest) -> Option<Arc<K>> {
         let mut reference =
             kube::runtime::reflector::ObjectRef::<K>::new_with(&key.name, self.dyntype.clone());
         reference.namespace.clone_from(&key.namespace);

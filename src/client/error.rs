@@ -5,11 +5,23 @@ use http::StatusCode;
 
 use super::exec::PluginError;
 
-/// An error and every error beneath it, as one line: `a: b: c`.
+/// An error and every error beneath it, as one line (`a: b: c`), for
+/// problems and logs: the one way the crate tells an error.
 ///
 /// A TLS failure reads as what went wrong (an unknown CA, say), not only as
-/// the outermost `client error (Connect)`.
-pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+/// the outermost `client error (Connect)`. A failure to obtain credentials
+/// is told as that alone: kube's text of it quotes a credential plugin's
+/// command line, environment and output, which may hold secrets.
+///
+/// ```
+/// #[derive(Debug, thiserror::Error)]
+/// #[error("reconcile failed")]
+/// struct Outer(#[source] std::io::Error);
+///
+/// let error = Outer(std::io::Error::other("connection refused"));
+/// assert_eq!(kube_fleet::client::error_chain(&error), "reconcile failed: connection refused");
+/// ```
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     // A credential plugin's failure quotes its command line, its
     // environment and its output, which may hold secrets; so do the errors
     // that wrap it.

@@ -63,7 +63,8 @@ mod requests;
 #[cfg(feature = "rustls-tls")]
 mod route;
 
-pub(crate) use error::{error_chain, is_unanswered};
+pub use error::error_chain;
+pub(crate) use error::is_unanswered;
 pub(crate) use exec::{ExecToken, PLUGIN_TIMEOUT, resolve as resolve_exec};
 pub(crate) use reachability::Reachability;
 pub(crate) use requests::counting;

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use crate::{backoff::Backoff, queue::Limits, token_bucket::TokenBucket};
+use crate::queue::{Backoff, Limits, TokenBucket};
 
 /// How many reconciles a controller runs at once in one cluster by default,
 /// when no [`Config::concurrency`] limit is set.

@@ -4,8 +4,7 @@
 //! child types, [`watches`] other types with a mapper that may return
 //! requests for any cluster. It runs a `tower::Service<ObjectRequest<K>>`
 //! whose response is an [`Action`], in every cluster it selects, as clusters
-//! join and leave the [`Fleet`]; [`run_raw`](Controller::run_raw) runs a
-//! service of plain [`McRequest`] keys instead.
+//! join and leave the [`Fleet`].
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -40,42 +39,37 @@
 //! [`watches`]: Controller::watches
 
 mod config;
-mod deliver;
 mod permissions;
 mod runner;
+mod selector;
 mod status;
 mod trigger;
-mod watch;
+pub(crate) mod watch;
 
-use std::{
-    fmt,
-    future::Future,
-    marker::PhantomData,
-    sync::{
-        Arc, OnceLock,
-        atomic::{AtomicUsize, Ordering},
-    },
-};
+use std::{fmt, future::Future, marker::PhantomData, sync::Arc};
 
 use futures::{FutureExt, Stream, StreamExt, future::BoxFuture, stream::BoxStream};
-use kube::{core::PartialObjectMeta, runtime::watcher};
+use kube::core::PartialObjectMeta;
 use tower::{BoxError, Service};
 
 pub use config::{
     Config, DEFAULT_CLUSTER_CONCURRENCY, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_SYNC_TIMEOUT,
 };
+pub use selector::ClusterSelector;
 pub use status::{ClusterStatus, ControllerStatus};
+use watch::Resolved;
 pub use watch::Watch;
 
 use crate::{
     action::Action,
-    cache::{Change, ClusterCache, Shape, TypeInfo, Watchable},
+    cache::{Change, Watchable},
     cluster_name::ClusterName,
     fleet::Fleet,
     object_request::ObjectRequest,
+    queue::QueueDepth,
     request::{McRequest, ObjectKey},
 };
-use deliver::{Deliver, Keys, Objects};
+use runner::{Runner, Setup};
 use trigger::{FilterFactory, Trigger, WatchTrigger, Watched};
 
 /// Why a controller stopped other than by a graceful shutdown.
@@ -102,109 +96,6 @@ pub enum Error {
     },
 }
 
-/// What a [`Watch`] says of a type `T`, checked: its type information, its
-/// namespace (none for a cluster-scoped type), and whether its objects live
-/// in namespaces.
-pub(crate) struct Resolved<T: Watchable> {
-    dyntype: T::DynamicType,
-    config: watcher::Config,
-    clusters: Option<Clusters>,
-    namespace: Option<String>,
-    namespaced: bool,
-    shape: Shape,
-}
-
-impl<T: Watchable> Resolved<T> {
-    /// The shared watch this describes in `cluster`, started if none runs:
-    /// the same one a controller's trigger with this watch reads.
-    pub(crate) fn watch_in(
-        &self,
-        cluster: &crate::cluster::Cluster,
-    ) -> Arc<crate::cache::SharedWatch<T>> {
-        let cache = if self.namespaced {
-            cluster.cache()
-        } else {
-            cluster.cache().whole()
-        };
-        cache.watch_shaped::<T>(
-            &self.dyntype,
-            self.namespace.as_deref(),
-            &self.shape,
-            &self.config,
-        )
-    }
-
-    /// The clusters the watch is limited to, if any.
-    pub(crate) fn clusters(&self) -> Option<&Clusters> {
-        self.clusters.as_ref()
-    }
-
-    /// The watched type's information.
-    pub(crate) fn dyntype(&self) -> &T::DynamicType {
-        &self.dyntype
-    }
-
-    pub(crate) fn from(watch: Watch) -> Result<Self, String> {
-        let Watch {
-            config,
-            clusters,
-            namespace,
-            resource,
-            keep_managed_fields,
-            transform,
-        } = watch;
-        let dyntype =
-            T::DynamicType::from_watch(resource.as_ref().map(|(r, _)| r)).ok_or_else(|| {
-                format!(
-                    "a watch of {} needs the type it watches: give it Watch::resource(..)",
-                    std::any::type_name::<T>()
-                )
-            })?;
-        if let Some(transform) = &transform
-            && !transform.applies_to::<T>()
-        {
-            return Err(format!(
-                "a watch of {} was given a transform of {}",
-                std::any::type_name::<T>(),
-                transform.type_name().unwrap_or("metadata"),
-            ));
-        }
-        if namespace.as_deref() == Some("") {
-            return Err(format!(
-                "a watch of {} names an empty namespace",
-                T::kind(&dyntype)
-            ));
-        }
-        // A static type knows its scope; a dynamic one is told.
-        let namespaced = crate::cache::is_namespaced::<T>()
-            && !(<T::DynamicType as crate::cache::Sealed>::DYNAMIC
-                && matches!(resource, Some((_, kube::core::discovery::Scope::Cluster))));
-        if namespace.is_some() && !namespaced {
-            tracing::warn!(
-                kind = %T::kind(&dyntype),
-                ?namespace,
-                "a cluster-scoped type cannot be watched in one namespace; watching it cluster-wide"
-            );
-        }
-        Ok(Self {
-            namespace: namespace.filter(|_| namespaced),
-            dyntype,
-            config,
-            clusters,
-            namespaced,
-            shape: Shape {
-                keep_managed_fields,
-                transform,
-            },
-        })
-    }
-
-    /// The kind, as reconcile reasons name it.
-    fn kind(&self) -> Arc<str> {
-        T::kind(&self.dyntype).into()
-    }
-}
-
 /// The controlled type's kind and API version, as owner references name it,
 /// and whether it lives in namespaces.
 #[derive(Clone)]
@@ -222,91 +113,6 @@ pub type ErrorPolicy = Arc<
         + Sync,
 >;
 
-/// How many keys wait in a controller's queue (ready or delayed, not
-/// running): a handle to read while the controller runs, for metrics.
-///
-/// ```
-/// # use k8s_openapi::api::core::v1::ConfigMap;
-/// # use kube::runtime::watcher;
-/// # use kube_fleet::{Controller, Fleet};
-/// let controller = Controller::<ConfigMap>::new(&Fleet::new(), watcher::Config::default());
-/// let depth = controller.queue_depth();
-/// assert_eq!(depth.get(), 0);
-/// ```
-#[derive(Debug, Clone, Default)]
-pub struct QueueDepth {
-    depth: Arc<AtomicUsize>,
-    controller: Arc<OnceLock<Arc<str>>>,
-}
-
-impl QueueDepth {
-    /// The number of waiting keys at the controller's last step.
-    pub fn get(&self) -> usize {
-        self.depth.load(Ordering::Relaxed)
-    }
-
-    /// The controller's name ([`Controller::named`]), once it runs: for
-    /// metrics that label the depth by controller.
-    pub fn controller(&self) -> Option<&str> {
-        self.controller.get().map(|name| &**name)
-    }
-
-    pub(crate) fn set(&self, depth: usize) {
-        self.depth.store(depth, Ordering::Relaxed);
-    }
-
-    pub(crate) fn name(&self, controller: Arc<str>) {
-        let _ = self.controller.set(controller);
-    }
-}
-
-/// Which clusters of the fleet a controller works in.
-#[derive(Clone)]
-pub enum Clusters {
-    /// Only the local cluster ([`ClusterName::local`]).
-    Local,
-    /// Every cluster except the local one: the providers' clusters.
-    Provided,
-    /// Every cluster.
-    All,
-    /// The clusters whose names pass the filter.
-    Matching(Arc<dyn Fn(&ClusterName) -> bool + Send + Sync>),
-}
-
-impl Clusters {
-    /// The clusters whose names pass `filter`.
-    ///
-    /// ```
-    /// let members = kube_fleet::controller::Clusters::matching(|name| name.as_str().starts_with("member-"));
-    /// assert!(members.selects(&"member-a".into()));
-    /// assert!(!members.selects(&"hub".into()));
-    /// ```
-    pub fn matching(filter: impl Fn(&ClusterName) -> bool + Send + Sync + 'static) -> Self {
-        Self::Matching(Arc::new(filter))
-    }
-
-    /// Whether the cluster `name` is one of these.
-    pub fn selects(&self, name: &ClusterName) -> bool {
-        match self {
-            Self::Local => name.is_local(),
-            Self::Provided => !name.is_local(),
-            Self::All => true,
-            Self::Matching(filter) => filter(name),
-        }
-    }
-}
-
-impl fmt::Debug for Clusters {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Local => f.write_str("Local"),
-            Self::Provided => f.write_str("Provided"),
-            Self::All => f.write_str("All"),
-            Self::Matching(_) => f.write_str("Matching(..)"),
-        }
-    }
-}
-
 /// A controller for `K` objects across the fleet; see the [module docs](self).
 #[must_use]
 pub struct Controller<K: Watchable> {
@@ -317,7 +123,7 @@ pub struct Controller<K: Watchable> {
     for_trigger: Option<WatchTrigger<K>>,
     owner: Owner,
     problems: Vec<String>,
-    clusters: Clusters,
+    clusters: ClusterSelector,
     config: Config,
     error_policy: Option<ErrorPolicy>,
     shutdown: Option<BoxFuture<'static, ()>>,
@@ -352,26 +158,22 @@ impl<K: Watchable> Controller<K> {
     /// that act on names, labels or owners alone.
     pub fn new(fleet: &Fleet, watch: impl Into<Watch>) -> Self {
         let (for_trigger, owner, clusters, problems) = match Resolved::<K>::from(watch.into()) {
-            Ok(watch) => {
+            Ok(mut watch) => {
                 let owner = Owner {
                     kind: K::kind(&watch.dyntype).into_owned(),
                     api_version: K::api_version(&watch.dyntype).into_owned(),
                     namespaced: watch.namespaced,
                 };
+                // The controller's selection is its own, kept apart.
+                let clusters = watch.clusters.take();
                 let trigger = WatchTrigger {
-                    source: ClusterCache::watch_shaped::<K>,
-                    dyntype: watch.dyntype,
-                    config: watch.config,
-                    namespace: watch.namespace,
-                    namespaced: watch.namespaced,
-                    shape: watch.shape,
-                    clusters: None,
+                    watch,
                     mapper: Arc::new(trigger::for_self::<K>),
                     filters: Vec::new(),
                     related: None,
                     across: None,
                 };
-                (Some(trigger), owner, watch.clusters, Vec::new())
+                (Some(trigger), owner, clusters, Vec::new())
             }
             Err(problem) => {
                 let owner = Owner {
@@ -397,7 +199,7 @@ impl<K: Watchable> Controller<K> {
             for_trigger,
             owner,
             problems,
-            clusters: clusters.unwrap_or(Clusters::All),
+            clusters: clusters.unwrap_or(ClusterSelector::All),
             config: Config::default(),
             error_policy: None,
             shutdown: None,
@@ -412,17 +214,12 @@ impl<K: Watchable> Controller<K> {
 
     /// Adds a trigger for `T`, watched as `watch` says, with `mapper`; a
     /// watch built wrong is recorded, and reported when the controller runs.
-    fn add_trigger<T, M>(
-        self,
-        watch: Watch,
-        source: trigger::Source<T>,
-        mapper: impl FnOnce(&Owner) -> M,
-    ) -> Self
+    fn add_trigger<T, M>(self, watch: Watch, mapper: impl FnOnce(&Owner) -> M) -> Self
     where
         T: Watchable,
         M: Fn(&ClusterName, &Change<T>) -> Vec<McRequest> + Send + Sync + 'static,
     {
-        self.add_trigger_across(watch, source, mapper, None)
+        self.add_trigger_across(watch, mapper, None)
     }
 
     /// [`add_trigger`](Self::add_trigger), for a trigger whose requests go
@@ -430,9 +227,8 @@ impl<K: Watchable> Controller<K> {
     fn add_trigger_across<T, M>(
         mut self,
         watch: Watch,
-        source: trigger::Source<T>,
         mapper: impl FnOnce(&Owner) -> M,
-        across: Option<(Clusters, trigger::KeyMapper<T>)>,
+        across: Option<(ClusterSelector, trigger::KeyMapper<T>)>,
     ) -> Self
     where
         T: Watchable,
@@ -442,13 +238,7 @@ impl<K: Watchable> Controller<K> {
             Ok(watch) => {
                 let related = Some(watch.kind());
                 self.triggers.push(Arc::new(WatchTrigger {
-                    source,
-                    dyntype: watch.dyntype,
-                    config: watch.config,
-                    namespace: watch.namespace,
-                    namespaced: watch.namespaced,
-                    shape: watch.shape,
-                    clusters: watch.clusters,
+                    watch,
                     mapper: Arc::new(mapper(&self.owner)),
                     filters: Vec::new(),
                     related,
@@ -480,10 +270,10 @@ impl<K: Watchable> Controller<K> {
     }
 
     /// Selects the clusters the controller works in: where it watches its
-    /// own type and reconciles (default [`Clusters::All`]), and where it
+    /// own type and reconciles (default [`ClusterSelector::All`]), and where it
     /// watches owned and watched types whose [`Watch`] selects none of its
     /// own.
-    pub fn clusters(mut self, clusters: Clusters) -> Self {
+    pub fn clusters(mut self, clusters: ClusterSelector) -> Self {
         self.clusters = clusters;
         self
     }
@@ -521,7 +311,7 @@ impl<K: Watchable> Controller<K> {
     /// Also reconciles the owner of every `Child` (by owner reference, same
     /// cluster) when the child changes.
     pub fn owns<Child: Watchable>(self, watch: impl Into<Watch>) -> Self {
-        self.add_trigger(watch.into(), ClusterCache::watch_shaped::<Child>, |owner| {
+        self.add_trigger(watch.into(), |owner| {
             trigger::for_owners::<Child>(
                 owner.kind.clone(),
                 owner.api_version.clone(),
@@ -545,7 +335,7 @@ impl<K: Watchable> Controller<K> {
     where
         K: kube::Resource<DynamicType = ()>,
     {
-        self.add_trigger(watch.into(), ClusterCache::watch_shaped::<Child>, |_| {
+        self.add_trigger(watch.into(), |_| {
             |_: &ClusterName, change: &Change<Child>| {
                 crate::ownership::parent::parents_of::<K, Child>(change.object().as_ref())
                     .into_iter()
@@ -556,17 +346,13 @@ impl<K: Watchable> Controller<K> {
 
     /// Like [`owns`](Self::owns), but watches only the children's metadata.
     pub fn owns_metadata<Child: Watchable>(self, watch: impl Into<Watch>) -> Self {
-        self.add_trigger(
-            watch.into(),
-            ClusterCache::watch_shaped::<PartialObjectMeta<Child>>,
-            |owner| {
-                trigger::for_owners::<PartialObjectMeta<Child>>(
-                    owner.kind.clone(),
-                    owner.api_version.clone(),
-                    owner.namespaced,
-                )
-            },
-        )
+        self.add_trigger(watch.into(), |owner| {
+            trigger::for_owners::<PartialObjectMeta<Child>>(
+                owner.kind.clone(),
+                owner.api_version.clone(),
+                owner.namespaced,
+            )
+        })
     }
 
     /// Also reconciles whatever `mapper` returns when an `Other` object
@@ -601,7 +387,7 @@ impl<K: Watchable> Controller<K> {
         Other: Watchable,
         I: IntoIterator<Item = McRequest>,
     {
-        self.add_trigger(watch.into(), ClusterCache::watch_shaped::<Other>, |_| {
+        self.add_trigger(watch.into(), |_| {
             move |cluster: &ClusterName, change: &Change<Other>| {
                 mapper(cluster, change.object()).into_iter().collect()
             }
@@ -618,15 +404,11 @@ impl<K: Watchable> Controller<K> {
         Other: Watchable,
         I: IntoIterator<Item = McRequest>,
     {
-        self.add_trigger(
-            watch.into(),
-            ClusterCache::watch_shaped::<PartialObjectMeta<Other>>,
-            |_| {
-                move |cluster: &ClusterName, change: &Change<PartialObjectMeta<Other>>| {
-                    mapper(cluster, change.object()).into_iter().collect()
-                }
-            },
-        )
+        self.add_trigger(watch.into(), |_| {
+            move |cluster: &ClusterName, change: &Change<PartialObjectMeta<Other>>| {
+                mapper(cluster, change.object()).into_iter().collect()
+            }
+        })
     }
 
     /// Also reconciles, in every cluster `to` selects, the objects `mapper`
@@ -643,13 +425,13 @@ impl<K: Watchable> Controller<K> {
     /// ```no_run
     /// # use k8s_openapi::api::core::v1::ConfigMap;
     /// # use kube::runtime::watcher;
-    /// # use kube_fleet::{Controller, Fleet, ObjectKey, controller::{Clusters, Watch}};
+    /// # use kube_fleet::{Controller, Fleet, ObjectKey, controller::{ClusterSelector, Watch}};
     /// # fn example(fleet: &Fleet) -> Controller<ConfigMap> {
     /// let in_hub = Watch::new(watcher::Config::default().labels("copy=everywhere"))
-    ///     .in_clusters(Clusters::Local);
+    ///     .in_clusters(ClusterSelector::Local);
     /// Controller::<ConfigMap>::new(fleet, watcher::Config::default())
-    ///     .clusters(Clusters::Provided)
-    ///     .watches_across::<ConfigMap, _>(in_hub, Clusters::Provided, |_hub, source| {
+    ///     .clusters(ClusterSelector::Provided)
+    ///     .watches_across::<ConfigMap, _>(in_hub, ClusterSelector::Provided, |_hub, source| {
     ///         [ObjectKey::of(source)]
     ///     })
     /// # }
@@ -657,7 +439,7 @@ impl<K: Watchable> Controller<K> {
     pub fn watches_across<Other, I>(
         self,
         watch: impl Into<Watch>,
-        to: Clusters,
+        to: ClusterSelector,
         mapper: impl Fn(&ClusterName, &Other) -> I + Send + Sync + 'static,
     ) -> Self
     where
@@ -668,7 +450,6 @@ impl<K: Watchable> Controller<K> {
             Arc::new(move |cluster, object| mapper(cluster, object).into_iter().collect());
         self.add_trigger_across(
             watch.into(),
-            ClusterCache::watch_shaped::<Other>,
             |_| |_: &ClusterName, _: &Change<Other>| Vec::new(),
             Some((to, keys)),
         )
@@ -806,40 +587,10 @@ impl<K: Watchable> Controller<K> {
         S::Future: Send + 'static,
         S::Error: Into<BoxError>,
     {
-        let objects = Objects::<K> {
-            controller: self.name.as_str().into(),
-            namespaced: self.owner.namespaced,
-            namespace: self.for_trigger.as_ref().and_then(|t| t.namespace.clone()),
-            _object: PhantomData,
-        };
-        self.start(service, objects)
-    }
-
-    /// Like [`run`](Self::run), but the service receives each key as a
-    /// plain [`McRequest`] and finds the cluster and the object itself: for
-    /// stacks that load objects their own way. Unlike `run`, requests for
-    /// clusters the controller does not select are run too (with no watch
-    /// of its there).
-    pub fn run_raw<S>(self, service: S) -> impl Future<Output = Result<(), Error>> + Send
-    where
-        S: Service<McRequest, Response = Action> + Send + 'static,
-        S::Future: Send + 'static,
-        S::Error: Into<BoxError>,
-    {
-        self.start(service, Keys)
-    }
-
-    fn start<S, D>(self, service: S, deliver: D) -> impl Future<Output = Result<(), Error>> + Send
-    where
-        D: Deliver,
-        S: Service<D::Request, Response = Action> + Send + 'static,
-        S::Future: Send + 'static,
-        S::Error: Into<BoxError>,
-    {
         let Self {
             fleet,
             name,
-            mut triggers,
+            triggers,
             for_trigger,
             owner: _,
             problems,
@@ -855,7 +606,7 @@ impl<K: Watchable> Controller<K> {
             _for,
         } = self;
         queue_depth.name(name.as_str().into());
-        let for_trigger = match for_trigger {
+        let own = match for_trigger {
             Some(trigger) if problems.is_empty() => trigger,
             _ => {
                 let error = Error::Invalid {
@@ -865,12 +616,12 @@ impl<K: Watchable> Controller<K> {
                 return futures::future::Either::Left(futures::future::ready(Err(error)));
             }
         };
-        triggers.insert(0, Arc::new(for_trigger));
-        let runner = runner::Runner::new(runner::Setup {
+        let runner = Runner::new(Setup {
             fleet,
             error_policy,
             name,
-            triggers,
+            own: Arc::new(own),
+            related: triggers,
             clusters,
             config,
             shutdown: shutdown.unwrap_or_else(|| futures::future::pending().boxed()),
@@ -879,54 +630,10 @@ impl<K: Watchable> Controller<K> {
             queue_depth,
             status,
         });
-        futures::future::Either::Right(runner.run(service, deliver))
+        futures::future::Either::Right(runner.run(service))
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::Clusters;
-    use crate::cluster_name::ClusterName;
-
-    #[test]
-    fn a_watch_scope_counts_for_dynamic_types_only() {
-        use k8s_openapi::api::core::v1::ConfigMap;
-        use kube::{
-            api::{ApiResource, DynamicObject},
-            core::discovery::Scope,
-        };
-
-        use super::{Resolved, Watch};
-
-        let config_maps = ApiResource::erase::<ConfigMap>(&());
-        let told = |scope: Scope| Watch::default().resource(config_maps.clone(), scope);
-        // A static type knows it lives in namespaces, whatever it is told.
-        assert!(
-            Resolved::<ConfigMap>::from(told(Scope::Cluster))
-                .unwrap()
-                .namespaced
-        );
-        assert!(
-            !Resolved::<DynamicObject>::from(told(Scope::Cluster))
-                .unwrap()
-                .namespaced
-        );
-        assert!(
-            Resolved::<DynamicObject>::from(told(Scope::Namespaced))
-                .unwrap()
-                .namespaced
-        );
-        assert!(Resolved::<DynamicObject>::from(Watch::default()).is_err());
-        assert!(Resolved::<ConfigMap>::from(Watch::default().in_namespace("")).is_err());
-    }
-
-    #[test]
-    fn cluster_selections_pick_the_local_the_provided_all_or_matching_clusters() {
-        let (local, east) = (ClusterName::local(), ClusterName::new("east"));
-        assert!(Clusters::Local.selects(&local) && !Clusters::Local.selects(&east));
-        assert!(!Clusters::Provided.selects(&local) && Clusters::Provided.selects(&east));
-        assert!(Clusters::All.selects(&local) && Clusters::All.selects(&east));
-        let only_east = Clusters::matching(|name| name == "east");
-        assert!(only_east.selects(&east) && !only_east.selects(&local));
-    }
-}
+/// Renamed [`ClusterSelector`].
+#[deprecated(since = "0.1.0", note = "renamed `ClusterSelector`")]
+pub type Clusters = ClusterSelector;

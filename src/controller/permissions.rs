@@ -4,7 +4,7 @@
 use kube::{Resource, core::ApiResource};
 
 use super::{
-    Clusters, Controller,
+    ClusterSelector, Controller,
     trigger::{Trigger, Watched},
 };
 use crate::{
@@ -18,9 +18,9 @@ impl<K: Watchable> Controller<K> {
     /// [`owns`](Self::owns) or [`watches`](Self::watches), metadata-only or
     /// not), in the clusters each watch runs in; and what it
     /// [`writes`](Self::writes), in the clusters it [works
-    /// in](Self::clusters). Rules for [`Clusters::Local`] go to the local
-    /// cluster's set, for [`Clusters::Provided`] to the members', for
-    /// [`Clusters::All`] and [`Clusters::Matching`] to both (a filter may
+    /// in](Self::clusters). Rules for [`ClusterSelector::Local`] go to the local
+    /// cluster's set, for [`ClusterSelector::Provided`] to the members', for
+    /// [`ClusterSelector::All`] and [`ClusterSelector::Matching`] to both (a filter may
     /// select any cluster).
     ///
     /// A `DynamicObject` watch of a kind that discovery resolves
@@ -32,13 +32,13 @@ impl<K: Watchable> Controller<K> {
     /// ```
     /// use k8s_openapi::api::core::v1::{ConfigMap, Secret};
     /// use kube::{discovery::Scope as KindScope, runtime::watcher};
-    /// use kube_fleet::{Controller, Fleet, controller::{Clusters, Watch}};
+    /// use kube_fleet::{Controller, Fleet, controller::{ClusterSelector, Watch}};
     ///
     /// let controller = Controller::<ConfigMap>::new(&Fleet::new(), watcher::Config::default())
-    ///     .watches::<Secret, _>(Watch::default().in_clusters(Clusters::Local), |_, _| None)
+    ///     .watches::<Secret, _>(Watch::default().in_clusters(ClusterSelector::Local), |_, _| None)
     ///     .watches_metadata::<kube::api::DynamicObject, _>(
     ///         Watch::default()
-    ///             .in_clusters(Clusters::Provided)
+    ///             .in_clusters(ClusterSelector::Provided)
     ///             .discover("example.com", "Widget", KindScope::Namespaced),
     ///         |_, _| None,
     ///     )
@@ -138,12 +138,12 @@ fn grant(
     permissions: &mut Permissions,
     resource: &Watched,
     verbs: &[impl AsRef<str>],
-    clusters: &Clusters,
+    clusters: &ClusterSelector,
 ) {
     let scopes: &[Scope] = match clusters {
-        Clusters::Local => &[Scope::Local],
-        Clusters::Provided => &[Scope::Members],
-        Clusters::All | Clusters::Matching(_) => &[Scope::Local, Scope::Members],
+        ClusterSelector::Local => &[Scope::Local],
+        ClusterSelector::Provided => &[Scope::Members],
+        ClusterSelector::All | ClusterSelector::Matching(_) => &[Scope::Local, Scope::Members],
     };
     let verbs = verbs.iter().map(AsRef::as_ref);
     match resource {
@@ -179,7 +179,7 @@ mod tests {
     use kube::{api::DynamicObject, core::discovery::Scope as KindScope, runtime::watcher};
 
     use crate::{
-        controller::{Clusters, Controller, Error, Watch},
+        controller::{ClusterSelector, Controller, Error, Watch},
         fleet::Fleet,
         rbac::{Rule, Scope},
     };
@@ -187,22 +187,25 @@ mod tests {
     #[test]
     fn each_watch_is_granted_reads_in_the_clusters_it_runs_in() {
         let fleet = Fleet::new();
-        let permissions =
-            Controller::<ConfigMap>::new(&fleet, Watch::default().in_clusters(Clusters::Provided))
-                .owns_metadata::<Secret>(watcher::Config::default())
-                .watches::<Deployment, _>(Watch::default().in_clusters(Clusters::Local), |_, _| {
-                    None
-                })
-                .watches::<DynamicObject, _>(
-                    Watch::default()
-                        .in_clusters(Clusters::matching(|name| name == "east"))
-                        .resource(
-                            kube::api::ApiResource::erase::<Deployment>(&()),
-                            KindScope::Namespaced,
-                        ),
-                    |_, _| None,
-                )
-                .permissions();
+        let permissions = Controller::<ConfigMap>::new(
+            &fleet,
+            Watch::default().in_clusters(ClusterSelector::Provided),
+        )
+        .owns_metadata::<Secret>(watcher::Config::default())
+        .watches::<Deployment, _>(
+            Watch::default().in_clusters(ClusterSelector::Local),
+            |_, _| None,
+        )
+        .watches::<DynamicObject, _>(
+            Watch::default()
+                .in_clusters(ClusterSelector::matching(|name| name == "east"))
+                .resource(
+                    kube::api::ApiResource::erase::<Deployment>(&()),
+                    KindScope::Namespaced,
+                ),
+            |_, _| None,
+        )
+        .permissions();
         let read = ["get", "list", "watch"];
         assert_eq!(
             permissions.rules(Scope::Local),
@@ -223,11 +226,9 @@ mod tests {
     fn a_kind_resolved_by_discovery_is_a_note_not_a_rule() {
         let permissions = Controller::<DynamicObject>::new(
             &Fleet::new(),
-            Watch::default().in_clusters(Clusters::Local).discover(
-                "",
-                "Widget",
-                KindScope::Namespaced,
-            ),
+            Watch::default()
+                .in_clusters(ClusterSelector::Local)
+                .discover("", "Widget", KindScope::Namespaced),
         )
         .permissions();
         assert!(permissions.local.is_empty() && permissions.members.is_empty());
@@ -244,7 +245,7 @@ mod tests {
         let permissions = Controller::<ConfigMap>::new(&Fleet::new(), watcher::Config::default())
             .writes::<Secret>(&["create", "delete", "create"])
             .records_events()
-            .clusters(Clusters::Local)
+            .clusters(ClusterSelector::Local)
             .permissions();
         assert!(permissions.members.is_empty());
         assert_eq!(

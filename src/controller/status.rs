@@ -10,7 +10,7 @@ use std::{
 
 use tokio::{sync::watch, time::Instant};
 
-use super::{Clusters, DEFAULT_SYNC_TIMEOUT};
+use super::{ClusterSelector, DEFAULT_SYNC_TIMEOUT};
 use crate::{
     cache::{WatchProbe, WatchState, WatchStatus},
     cluster::Cluster,
@@ -91,7 +91,7 @@ struct Shared {
 }
 
 struct Table {
-    selection: Clusters,
+    selection: ClusterSelector,
     sync_timeout: Duration,
     clusters: HashMap<ClusterName, Served>,
 }
@@ -115,7 +115,7 @@ impl ControllerStatus {
             inner: Arc::new(Shared {
                 fleet,
                 table: Mutex::new(Table {
-                    selection: Clusters::All,
+                    selection: ClusterSelector::All,
                     sync_timeout: DEFAULT_SYNC_TIMEOUT,
                     clusters: HashMap::new(),
                 }),
@@ -216,7 +216,7 @@ impl ControllerStatus {
         }
     }
 
-    pub(crate) fn configure(&self, selection: Clusters, sync_timeout: Duration) {
+    pub(crate) fn configure(&self, selection: ClusterSelector, sync_timeout: Duration) {
         let mut table = self.table();
         table.selection = selection;
         table.sync_timeout = sync_timeout;

@@ -1,26 +1,20 @@
 //! What turns a watched type's changes in one cluster into requests.
 
-use std::{
-    any::Any,
-    collections::HashMap,
-    panic::{AssertUnwindSafe, catch_unwind},
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use futures::{
     StreamExt,
     stream::{self, BoxStream},
 };
-use kube::{Resource, ResourceExt, runtime::watcher};
+use kube::{Resource, ResourceExt};
 use tokio::time::Instant;
 
-use super::Clusters;
+use super::{ClusterSelector, watch::Resolved};
 use crate::{
-    cache::{Change, ClusterCache, Sealed, Shape, SharedWatch, TypeInfo, WatchProbe},
+    cache::{Change, Sealed, SharedWatch, TypeInfo, WatchProbe, Watchable},
     cluster::Cluster,
     cluster_name::ClusterName,
-    panic::panic_message,
+    panic::contain,
     queue::Lane,
     reason::ReconcileReason,
     request::{McRequest, ObjectKey},
@@ -33,7 +27,7 @@ pub(crate) trait Trigger: Send + Sync {
     fn start(&self, cluster: &Cluster) -> Started;
 
     /// The clusters this watch is limited to; `None` for the controller's.
-    fn clusters(&self) -> Option<&Clusters>;
+    fn clusters(&self) -> Option<&ClusterSelector>;
 
     /// The requests for every object the watch in `cluster` holds now,
     /// filters aside.
@@ -79,8 +73,6 @@ impl Watched {
 /// A trigger's watch in one cluster, running, and how to subscribe to it.
 pub(crate) struct Started {
     pub(crate) watch: Arc<dyn WatchProbe>,
-    /// The same watch, for the controller to read its objects from.
-    pub(crate) shared: Arc<dyn Any + Send + Sync>,
     /// The requests the watch makes in this cluster: first one per object
     /// in the store when subscribing, then one per change. Called once the
     /// controller serves the cluster, so that nothing piles up unread while
@@ -98,16 +90,9 @@ pub(crate) enum Dest {
     One(McRequest),
     /// To an object of this key in every cluster the selection picks,
     /// among those engaged when the request is taken in.
-    Across(Clusters, ObjectKey),
+    Across(ClusterSelector, ObjectKey),
 }
 
-pub(crate) type Source<T> = fn(
-    &ClusterCache,
-    &<T as Resource>::DynamicType,
-    Option<&str>,
-    &Shape,
-    &watcher::Config,
-) -> Arc<SharedWatch<T>>;
 type Mapper<T> = Arc<dyn Fn(&ClusterName, &Change<T>) -> Vec<McRequest> + Send + Sync>;
 /// Names objects to reconcile in every cluster of a selection.
 pub(crate) type KeyMapper<T> = Arc<dyn Fn(&ClusterName, &T) -> Vec<ObjectKey> + Send + Sync>;
@@ -116,18 +101,9 @@ pub(crate) type KeyMapper<T> = Arc<dyn Fn(&ClusterName, &T) -> Vec<ObjectKey> + 
 pub(crate) type FilterFactory<T> =
     Arc<dyn Fn() -> Box<dyn FnMut(&Change<T>) -> bool + Send> + Send + Sync>;
 
-pub(crate) struct WatchTrigger<T: Resource<DynamicType: TypeInfo> + 'static> {
-    pub(crate) source: Source<T>,
-    /// The watched type's information (`()` for static types).
-    pub(crate) dyntype: T::DynamicType,
-    pub(crate) config: watcher::Config,
-    pub(crate) namespace: Option<String>,
-    /// Whether the watched kind lives in namespaces: a cluster-scoped kind
-    /// is watched whole, also in a cluster that is a namespace of a host.
-    pub(crate) namespaced: bool,
-    /// How the watch shapes the objects it caches.
-    pub(crate) shape: Shape,
-    pub(crate) clusters: Option<Clusters>,
+pub(crate) struct WatchTrigger<T: Watchable> {
+    /// The watch, as the controller was told it.
+    pub(crate) watch: Resolved<T>,
     pub(crate) mapper: Mapper<T>,
     /// A change passes only if every filter passes it.
     pub(crate) filters: Vec<FilterFactory<T>>,
@@ -136,55 +112,44 @@ pub(crate) struct WatchTrigger<T: Resource<DynamicType: TypeInfo> + 'static> {
     pub(crate) related: Option<Arc<str>>,
     /// For a trigger that makes requests in other clusters: the clusters,
     /// and what it asks for there. Its `mapper` then makes none.
-    pub(crate) across: Option<(Clusters, KeyMapper<T>)>,
+    pub(crate) across: Option<(ClusterSelector, KeyMapper<T>)>,
 }
 
-impl<T> WatchTrigger<T>
-where
-    T: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
-{
+impl<T: Watchable> WatchTrigger<T> {
     /// The watch in `cluster`, started now if none runs there.
-    fn watch(&self, cluster: &Cluster) -> Arc<SharedWatch<T>> {
-        let cache = if self.namespaced {
-            cluster.cache()
-        } else {
-            cluster.cache().whole()
-        };
-        (self.source)(
-            cache,
-            &self.dyntype,
-            self.namespace.as_deref(),
-            &self.shape,
-            &self.config,
-        )
+    pub(crate) fn shared(&self, cluster: &Cluster) -> Arc<SharedWatch<T>> {
+        self.watch.watch_in(cluster)
     }
-}
 
-impl<T> Trigger for WatchTrigger<T>
-where
-    T: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
-{
-    fn start(&self, cluster: &Cluster) -> Started {
-        let watch = self.watch(cluster);
+    /// [`Trigger::start`], also handing back the watch itself, typed: the
+    /// controller reads each reconcile's object from it.
+    pub(crate) fn start_typed(&self, cluster: &Cluster) -> (Arc<SharedWatch<T>>, Started) {
+        let watch = self.shared(cluster);
         let subscribe = {
             let (watch, name) = (watch.clone(), cluster.name().clone());
             let (mapper, filters) = (self.mapper.clone(), self.filters.clone());
             let (related, across) = (self.related.clone(), self.across.clone());
             move || requests(&watch, name, mapper, across, &filters, related)
         };
-        Started {
-            shared: watch.clone(),
-            watch,
+        let started = Started {
+            watch: watch.clone(),
             subscribe: Box::new(subscribe),
-        }
+        };
+        (watch, started)
+    }
+}
+
+impl<T: Watchable> Trigger for WatchTrigger<T> {
+    fn start(&self, cluster: &Cluster) -> Started {
+        self.start_typed(cluster).1
     }
 
-    fn clusters(&self) -> Option<&Clusters> {
-        self.clusters.as_ref()
+    fn clusters(&self) -> Option<&ClusterSelector> {
+        self.watch.clusters()
     }
 
     fn known(&self, cluster: &Cluster) -> Vec<McRequest> {
-        let watch = self.watch(cluster);
+        let watch = self.shared(cluster);
         let name = cluster.name();
         watch
             .store()
@@ -200,7 +165,7 @@ where
     }
 
     fn watched(&self) -> Watched {
-        Watched::of::<T>(&self.dyntype)
+        Watched::of::<T>(self.watch.dyntype())
     }
 
     fn joined(&self, joined: &ClusterName, source: &Cluster) -> Vec<McRequest> {
@@ -211,7 +176,7 @@ where
             return Vec::new();
         }
         let name = source.name();
-        self.watch(source)
+        self.shared(source)
             .store()
             .state()
             .into_iter()
@@ -223,17 +188,14 @@ where
 }
 
 /// The requests that the changes `watch` reports make in the cluster `name`.
-fn requests<T>(
+fn requests<T: Watchable>(
     watch: &Arc<SharedWatch<T>>,
     name: ClusterName,
     mapper: Mapper<T>,
-    across: Option<(Clusters, KeyMapper<T>)>,
+    across: Option<(ClusterSelector, KeyMapper<T>)>,
     filters: &[FilterFactory<T>],
     related: Option<Arc<str>>,
-) -> BoxStream<'static, Triggered>
-where
-    T: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
-{
+) -> BoxStream<'static, Triggered> {
     let mut filters: Vec<_> = filters.iter().map(|make| make()).collect();
     watch
         .subscribe()
@@ -263,9 +225,9 @@ where
             let reason = match (&related, lane) {
                 (_, Lane::Listed) => ReconcileReason::Listed,
                 (Some(kind), Lane::Changed) => {
-                    ReconcileReason::RelatedChanged { kind: kind.clone() }
+                    ReconcileReason::RelatedObjectUpdated { kind: kind.clone() }
                 }
-                (None, Lane::Changed) => ReconcileReason::ObjectChanged,
+                (None, Lane::Changed) => ReconcileReason::ObjectUpdated,
             };
             let requests = requests.unwrap_or_default().into_iter();
             stream::iter(requests.map(move |request| (request, lane, reason.clone())))
@@ -276,9 +238,8 @@ where
 /// Runs user code (a filter, a mapper) so that a panic in it loses this
 /// change, not the controller.
 fn contained<R>(cluster: &ClusterName, what: &str, f: impl FnOnce() -> R) -> Option<R> {
-    catch_unwind(AssertUnwindSafe(f))
-        .map_err(|panic| {
-            let message = panic_message(panic.as_ref());
+    contain(f)
+        .map_err(|message| {
             tracing::error!(%cluster, what, %message, "a watch {what} panicked; the change is skipped");
         })
         .ok()

@@ -1,10 +1,15 @@
+use std::sync::Arc;
+
 use kube::{
     core::{ApiResource, discovery::Scope},
     runtime::watcher,
 };
 
-use super::Clusters;
-use crate::cache::Transform;
+use super::ClusterSelector;
+use crate::{
+    cache::{Sealed, Shape, SharedWatch, Transform, TypeInfo, Watchable, discovery, is_namespaced},
+    cluster::Cluster,
+};
 
 /// How a controller watches one type: the watch configuration (selectors,
 /// list semantics), and optionally the clusters and the namespace the watch
@@ -18,7 +23,7 @@ use crate::cache::Transform;
 /// ```
 /// use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
 /// use kube::runtime::watcher;
-/// use kube_fleet::{Controller, Fleet, McRequest, controller::{Clusters, Watch}};
+/// use kube_fleet::{Controller, Fleet, McRequest, controller::{ClusterSelector, Watch}};
 ///
 /// # fn example(fleet: &Fleet) -> Controller<ConfigMap> {
 /// // Hub and spoke: the ConfigMaps that describe the work live in the local
@@ -26,11 +31,11 @@ use crate::cache::Transform;
 /// Controller::<ConfigMap>::new(
 ///     fleet,
 ///     Watch::new(watcher::Config::default())
-///         .in_clusters(Clusters::Local)
+///         .in_clusters(ClusterSelector::Local)
 ///         .in_namespace("fleet-jobs"),
 /// )
 /// .watches::<Deployment, _>(
-///     Watch::default().in_clusters(Clusters::Provided),
+///     Watch::default().in_clusters(ClusterSelector::Provided),
 ///     |_member, deployment| {
 ///         let parent = deployment.metadata.labels.as_ref()?.get("fleet-job")?.clone();
 ///         Some(McRequest::new(kube_fleet::ClusterName::local(), Some("fleet-jobs"), parent))
@@ -41,7 +46,7 @@ use crate::cache::Transform;
 #[derive(Debug, Clone, Default)]
 pub struct Watch {
     pub(crate) config: watcher::Config,
-    pub(crate) clusters: Option<Clusters>,
+    pub(crate) clusters: Option<ClusterSelector>,
     pub(crate) namespace: Option<String>,
     pub(crate) resource: Option<(ApiResource, Scope)>,
     pub(crate) keep_managed_fields: bool,
@@ -66,11 +71,10 @@ impl Watch {
     /// [`Controller::clusters`](super::Controller::clusters) does; for an
     /// owned or watched type, where that type is watched. Its mapper's
     /// requests may name any cluster where the controller watches its own
-    /// type; `Controller::run` drops requests for other clusters (with a
-    /// warning), since it has no object to hand over there, while
-    /// `Controller::run_raw` runs them.
+    /// type; the controller drops requests for other clusters (with a
+    /// warning), since it has no object to hand over there.
     #[must_use]
-    pub fn in_clusters(mut self, clusters: Clusters) -> Self {
+    pub fn in_clusters(mut self, clusters: ClusterSelector) -> Self {
         self.clusters = Some(clusters);
         self
     }
@@ -134,7 +138,7 @@ impl Watch {
     /// ```
     #[must_use]
     pub fn discover(self, group: &str, kind: &str, scope: Scope) -> Self {
-        let resource = crate::cache::discovery::any_version(group, kind, &scope);
+        let resource = discovery::any_version(group, kind, &scope);
         self.resource(resource, scope)
     }
 
@@ -188,5 +192,142 @@ impl Watch {
 impl From<watcher::Config> for Watch {
     fn from(config: watcher::Config) -> Self {
         Self::new(config)
+    }
+}
+
+/// What a [`Watch`] says of a type `T`, checked: its type information, its
+/// namespace (none for a cluster-scoped type), and whether its objects live
+/// in namespaces.
+pub(crate) struct Resolved<T: Watchable> {
+    pub(crate) dyntype: T::DynamicType,
+    pub(crate) config: watcher::Config,
+    pub(crate) clusters: Option<ClusterSelector>,
+    pub(crate) namespace: Option<String>,
+    /// Whether `T` objects live in namespaces: a cluster-scoped kind is
+    /// watched whole, also in a cluster that is a namespace of a host.
+    pub(crate) namespaced: bool,
+    pub(crate) shape: Shape,
+}
+
+impl<T: Watchable> Resolved<T> {
+    /// The shared watch this describes in `cluster`, started if none runs:
+    /// the same one a controller's trigger with this watch reads.
+    pub(crate) fn watch_in(&self, cluster: &Cluster) -> Arc<SharedWatch<T>> {
+        let cache = if self.namespaced {
+            cluster.cache()
+        } else {
+            cluster.cache().whole()
+        };
+        cache.watch_shaped::<T>(
+            &self.dyntype,
+            self.namespace.as_deref(),
+            &self.shape,
+            &self.config,
+        )
+    }
+
+    /// The clusters the watch is limited to, if any.
+    pub(crate) fn clusters(&self) -> Option<&ClusterSelector> {
+        self.clusters.as_ref()
+    }
+
+    /// The watched type's information.
+    pub(crate) fn dyntype(&self) -> &T::DynamicType {
+        &self.dyntype
+    }
+
+    pub(crate) fn from(watch: Watch) -> Result<Self, String> {
+        let Watch {
+            config,
+            clusters,
+            namespace,
+            resource,
+            keep_managed_fields,
+            transform,
+        } = watch;
+        let dyntype =
+            T::DynamicType::from_watch(resource.as_ref().map(|(r, _)| r)).ok_or_else(|| {
+                format!(
+                    "a watch of {} needs the type it watches: give it Watch::resource(..)",
+                    std::any::type_name::<T>()
+                )
+            })?;
+        if let Some(transform) = &transform
+            && !transform.applies_to::<T>()
+        {
+            return Err(format!(
+                "a watch of {} was given a transform of {}",
+                std::any::type_name::<T>(),
+                transform.type_name().unwrap_or("metadata"),
+            ));
+        }
+        if namespace.as_deref() == Some("") {
+            return Err(format!(
+                "a watch of {} names an empty namespace",
+                T::kind(&dyntype)
+            ));
+        }
+        // A static type knows its scope; a dynamic one is told.
+        let namespaced = is_namespaced::<T>()
+            && !(<T::DynamicType as Sealed>::DYNAMIC
+                && matches!(resource, Some((_, kube::core::discovery::Scope::Cluster))));
+        if namespace.is_some() && !namespaced {
+            tracing::warn!(
+                kind = %T::kind(&dyntype),
+                ?namespace,
+                "a cluster-scoped type cannot be watched in one namespace; watching it cluster-wide"
+            );
+        }
+        Ok(Self {
+            namespace: namespace.filter(|_| namespaced),
+            dyntype,
+            config,
+            clusters,
+            namespaced,
+            shape: Shape {
+                keep_managed_fields,
+                transform,
+            },
+        })
+    }
+
+    /// The kind, as reconcile reasons name it.
+    pub(crate) fn kind(&self) -> Arc<str> {
+        T::kind(&self.dyntype).into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Resolved, Watch};
+
+    #[test]
+    fn a_watch_scope_counts_for_dynamic_types_only() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use kube::{
+            api::{ApiResource, DynamicObject},
+            core::discovery::Scope,
+        };
+
+        let config_maps = ApiResource::erase::<ConfigMap>(&());
+        let told = |scope: Scope| Watch::default().resource(config_maps.clone(), scope);
+        // A static type knows it lives in namespaces, whatever it is told.
+        assert!(
+            Resolved::<ConfigMap>::from(told(Scope::Cluster))
+                .unwrap()
+                .namespaced
+        );
+        assert!(
+            !Resolved::<DynamicObject>::from(told(Scope::Cluster))
+                .unwrap()
+                .namespaced
+        );
+        assert!(
+            Resolved::<DynamicObject>::from(told(Scope::Namespaced))
+                .unwrap()
+                .namespaced
+        );
+        assert!(Resolved::<DynamicObject>::from(Watch::default()).is_err());
+        assert!(Resolved::<ConfigMap>::from(Watch::default().in_namespace("")).is_err());
     }
 }

@@ -6,7 +6,11 @@ use std::{fmt, future::Future, time::Duration};
 use futures::{FutureExt, StreamExt};
 use tower::BoxError;
 
-use crate::{cluster::Cluster, cluster_name::ClusterName};
+use crate::{
+    cluster::Cluster,
+    cluster_name::ClusterName,
+    panic::{contain, panic_message},
+};
 
 /// What [`for_each_cluster`] did in each cluster: the value or the error,
 /// in the order the clusters were given.
@@ -149,8 +153,7 @@ where
         let name = cluster.name().clone();
         let run: Result<Fut, BoxError> = if cluster.is_engaged() {
             // The work's synchronous part may panic too.
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(cluster)))
-                .map_err(|panic| Panicked(crate::panic::panic_message(panic.as_ref())).into())
+            contain(|| work(cluster)).map_err(|message| Panicked(message).into())
         } else {
             Err(Left(name.clone()).into())
         };
@@ -161,9 +164,7 @@ where
                     let run = std::panic::AssertUnwindSafe(run).catch_unwind();
                     match tokio::time::timeout(timeout, run).await {
                         Ok(Ok(outcome)) => outcome,
-                        Ok(Err(panic)) => {
-                            Err(Panicked(crate::panic::panic_message(panic.as_ref())).into())
-                        }
+                        Ok(Err(panic)) => Err(Panicked(panic_message(panic.as_ref())).into()),
                         Err(_) => Err(NoAnswer(timeout).into()),
                     }
                 }

@@ -15,7 +15,7 @@ use crate::{
     cache::{Change, SharedWatch, Subscription, WatchState, Watchable},
     cluster::Cluster,
     cluster_name::ClusterName,
-    controller::{Resolved, Watch},
+    controller::{Watch, watch::Resolved},
     fleet::{Fleet, FleetEvent},
     request::ObjectKey,
 };

@@ -74,7 +74,7 @@
 //! use kube::{Api, ResourceExt, api::{Patch, PatchParams}, runtime::watcher};
 //! use kube_fleet::{
 //!     Action, Controller, Fleet, ObjectRequest,
-//!     controller::{Clusters, Watch},
+//!     controller::{ClusterSelector, Watch},
 //!     finalizer::Event,
 //!     ownership::{Children, ParentRef},
 //! };
@@ -84,10 +84,10 @@
 //! // Parents: ConfigMaps labelled `copy=yes` in the local cluster (watched
 //! // without a selector, so that one whose label goes is seen and released).
 //! // Children: their copies in the members, labelled `copy-of-hub=yes`.
-//! let copies = Watch::new(watcher::Config::default().labels("copy-of-hub=yes")).in_clusters(Clusters::Provided);
+//! let copies = Watch::new(watcher::Config::default().labels("copy-of-hub=yes")).in_clusters(ClusterSelector::Provided);
 //! let children = Children::<ConfigMap>::new(&fleet, copies.clone());
 //! let controller = Controller::<ConfigMap>::new(&fleet, Watch::new(watcher::Config::default()))
-//!     .clusters(Clusters::Local)
+//!     .clusters(ClusterSelector::Local)
 //!     .owns_across::<ConfigMap>(copies) // a copy changed or deleted wakes its parent
 //!     .reconcile_on(children.sweeps(Duration::from_secs(30))); // members that were down
 //! let reconcile = move |request: ObjectRequest<ConfigMap>| {

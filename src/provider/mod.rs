@@ -22,10 +22,8 @@ pub use problems::Problems;
 pub use programmatic::{ProgrammaticHandle, ProgrammaticProvider};
 pub use seen::{Change, Seen};
 
-/// An error and every error beneath it, as one line (`a: b: c`), for
-/// problems and logs. A failure to obtain credentials is told as that
-/// alone: kube's text of it quotes a credential plugin's command line,
-/// environment and output, which may hold secrets.
+/// Renamed [`client::error_chain`](crate::client::error_chain).
+#[deprecated(since = "0.1.0", note = "renamed `kube_fleet::client::error_chain`")]
 pub fn describe(error: &(dyn std::error::Error + 'static)) -> String {
     crate::client::error_chain(error)
 }

@@ -2,6 +2,8 @@ use std::{collections::BTreeMap, fmt, sync::Arc};
 
 use tokio::sync::watch;
 
+use crate::client::error_chain;
+
 /// What keeps a provider from engaging clusters from its sources now: one
 /// message for each source (a file, a Secret, a context) that gives no
 /// cluster, by the source's name.
@@ -113,10 +115,7 @@ impl Problems {
             None => self.clear(source),
             Some(error) => self.report(
                 source,
-                format!(
-                    "the watch fails, and is retried: {}",
-                    super::describe(error)
-                ),
+                format!("the watch fails, and is retried: {}", error_chain(error)),
             ),
         }
     }

@@ -23,8 +23,8 @@ use crate::cluster_name::ClusterName;
 ///     let fleet = fleet.clone();
 ///     async move { fleet.run(provider).await }
 /// });
-/// handle.add("east", east);
-/// handle.remove("east");
+/// handle.engage("east", east);
+/// handle.disengage("east");
 /// # }
 /// ```
 #[derive(Debug)]
@@ -52,7 +52,7 @@ impl ProgrammaticHandle {
     /// Engages (or replaces) the cluster `name`, reached through `client`.
     ///
     /// Returns `false` if the provider is gone.
-    pub fn add(&self, name: impl Into<ClusterName>, client: Client) -> bool {
+    pub fn engage(&self, name: impl Into<ClusterName>, client: Client) -> bool {
         self.events
             .send(ClusterEvent::Engage {
                 name: name.into(),
@@ -62,10 +62,22 @@ impl ProgrammaticHandle {
     }
 
     /// Disengages the cluster `name`. Returns `false` if the provider is gone.
-    pub fn remove(&self, name: impl Into<ClusterName>) -> bool {
+    pub fn disengage(&self, name: impl Into<ClusterName>) -> bool {
         self.events
             .send(ClusterEvent::Disengage { name: name.into() })
             .is_ok()
+    }
+
+    /// Renamed [`engage`](Self::engage).
+    #[deprecated(since = "0.1.0", note = "renamed `engage`")]
+    pub fn add(&self, name: impl Into<ClusterName>, client: Client) -> bool {
+        self.engage(name, client)
+    }
+
+    /// Renamed [`disengage`](Self::disengage).
+    #[deprecated(since = "0.1.0", note = "renamed `disengage`")]
+    pub fn remove(&self, name: impl Into<ClusterName>) -> bool {
+        self.disengage(name)
     }
 }
 

@@ -235,7 +235,7 @@ impl Running {
     /// that speaks HTTP/2, as providers build them.
     pub fn add_all(&self, env: &Envtest) {
         for cluster in env.clusters() {
-            self.provider.add(cluster.name(), http2_client(cluster));
+            self.provider.engage(cluster.name(), http2_client(cluster));
         }
     }
 

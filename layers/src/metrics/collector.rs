@@ -1,6 +1,6 @@
 use std::sync::{Arc, Mutex};
 
-use kube_fleet::{Fleet, QueueDepth};
+use kube_fleet::{Fleet, queue::QueueDepth};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric},

@@ -25,7 +25,7 @@
 //!
 //! [`FleetCollector`] adds `kube_fleet_engaged_clusters`, read from the fleet
 //! at each scrape; [`QueueDepths`] adds `workqueue_depth{name, controller}`
-//! from each controller's [`QueueDepth`](kube_fleet::QueueDepth); and
+//! from each controller's [`QueueDepth`](kube_fleet::queue::QueueDepth); and
 //! [`ClientMetrics`] adds client-go's `rest_client_requests_total` and
 //! `rest_client_request_duration_seconds` per cluster. The registry encodes
 //! to the Prometheus text format with `prometheus_client::encoding::text::encode`.

@@ -62,7 +62,7 @@ impl RecommendedLayer {
     }
 
     /// Names the controller in spans and metrics whatever the requests say:
-    /// for a `Controller::run_raw` stack, whose `McRequest`s name none.
+    /// for a stack of plain `McRequest`s, which name none.
     #[must_use]
     pub fn controller(mut self, name: impl Into<Arc<str>>) -> Self {
         self.controller = Some(name.into());

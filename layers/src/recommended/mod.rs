@@ -26,9 +26,7 @@
 //! layers: the controller's queue applies them per cluster before a key
 //! leaves it (see `kube_fleet::controller::Config`). The stack works on any
 //! request that implements [`AsMcRequest`](crate::AsMcRequest) and `Clone`,
-//! so it also wraps a `Controller::run_raw` stack of plain `McRequest`s (with
-//! [`resolve_cluster`](crate::resolve_cluster) and
-//! [`load_object`](crate::load_object) inside it).
+//! so it also wraps a stack of plain `McRequest`s.
 //!
 //! ```
 //! use k8s_openapi::api::core::v1::ConfigMap;

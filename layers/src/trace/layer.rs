@@ -18,7 +18,7 @@ impl TraceLayer {
     }
 
     /// Names the controller in every span, whatever the request says: for
-    /// requests that name none (`McRequest`s from `Controller::run_raw`).
+    /// requests that name none (plain `McRequest`s).
     #[must_use]
     pub fn controller(mut self, name: impl Into<Arc<str>>) -> Self {
         self.controller = Some(name.into());

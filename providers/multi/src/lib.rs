@@ -8,7 +8,7 @@
 //! engaged until it is removed.
 //!
 //! ```no_run
-//! # async fn example(east: kube::Client, lab: kube::Client) -> Result<(), kube_fleet_provider_multi::MultiError> {
+//! # async fn example(east: kube::Client, lab: kube::Client) -> Result<(), kube_fleet_provider_multi::Error> {
 //! use kube_fleet::{Fleet, provider::ProgrammaticProvider};
 //! use kube_fleet_provider_multi::MultiProvider;
 //!
@@ -58,7 +58,7 @@ pub fn split(name: &str) -> Option<(&str, &str)> {
 
 /// Why a provider cannot be added.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum MultiError {
+pub enum Error {
     /// The prefix is empty or holds the separator.
     #[error(
         "the provider prefix {0:?} is not usable: it must be non-empty and hold no '{SEPARATOR}'"
@@ -252,20 +252,20 @@ impl MultiHandle {
     ///
     /// If `prefix` is empty or holds [`SEPARATOR`], if another provider has
     /// it, or if the [`MultiProvider`] is gone.
-    pub fn add<P>(&self, prefix: impl Into<String>, provider: P) -> Result<(), MultiError>
+    pub fn add<P>(&self, prefix: impl Into<String>, provider: P) -> Result<(), Error>
     where
         P: Stream<Item = ClusterEvent> + Send + 'static,
     {
         let prefix = prefix.into();
         if prefix.is_empty() || prefix.contains(SEPARATOR) {
-            return Err(MultiError::BadPrefix(prefix));
+            return Err(Error::BadPrefix(prefix));
         }
         let mut prefixes = lock(&self.prefixes);
         if self.commands.is_closed() {
-            return Err(MultiError::Gone);
+            return Err(Error::Gone);
         }
         if prefixes.live.contains_key(&prefix) {
-            return Err(MultiError::Taken(prefix));
+            return Err(Error::Taken(prefix));
         }
         let number = prefixes.next;
         prefixes.next += 1;
@@ -277,7 +277,7 @@ impl MultiHandle {
             .boxed();
         self.commands
             .send(Command::Add(prefix.clone(), number, provider))
-            .map_err(|_| MultiError::Gone)?;
+            .map_err(|_| Error::Gone)?;
         prefixes.live.insert(prefix, number);
         Ok(())
     }
@@ -318,6 +318,10 @@ impl MultiHandle {
     }
 }
 
+/// Renamed [`Error`].
+#[deprecated(since = "0.1.0", note = "renamed `kube_fleet_provider_multi::Error`")]
+pub type MultiError = Error;
+
 #[cfg(test)]
 mod tests {
     use futures::FutureExt;
@@ -351,22 +355,22 @@ mod tests {
         let (test, test_clusters) = ProgrammaticProvider::new();
         handle.add("prod", prod).unwrap();
         handle.add("test", test).unwrap();
-        prod_clusters.add("east", client());
-        test_clusters.add("east", client());
-        test_clusters.add("west", client());
+        prod_clusters.engage("east", client());
+        test_clusters.engage("east", client());
+        test_clusters.engage("west", client());
         let mut seen = now(&mut multi);
         seen.sort();
         assert_eq!(seen, ["+prod#east", "+test#east", "+test#west"]);
-        test_clusters.remove("west");
+        test_clusters.disengage("west");
         assert_eq!(now(&mut multi), ["-test#west"]);
         assert!(handle.remove("test"));
         assert_eq!(handle.prefixes(), ["prod"]);
         // The prefix can be used again at once.
         let (again, again_clusters) = ProgrammaticProvider::new();
         handle.add("test", again).unwrap();
-        again_clusters.add("north", client());
+        again_clusters.engage("north", client());
         // A cluster reported after the removal is not engaged.
-        test_clusters.add("late", client());
+        test_clusters.engage("late", client());
         assert_eq!(now(&mut multi), ["-test#east", "+test#north"]);
     }
 
@@ -377,13 +381,10 @@ mod tests {
         let (b, _) = ProgrammaticProvider::new();
         let (c, _) = ProgrammaticProvider::new();
         let (d, _) = ProgrammaticProvider::new();
-        assert_eq!(handle.add("", a), Err(MultiError::BadPrefix(String::new())));
-        assert_eq!(
-            handle.add("a#b", b),
-            Err(MultiError::BadPrefix("a#b".into()))
-        );
+        assert_eq!(handle.add("", a), Err(Error::BadPrefix(String::new())));
+        assert_eq!(handle.add("a#b", b), Err(Error::BadPrefix("a#b".into())));
         handle.add("prod", c).unwrap();
-        assert_eq!(handle.add("prod", d), Err(MultiError::Taken("prod".into())));
+        assert_eq!(handle.add("prod", d), Err(Error::Taken("prod".into())));
         assert!(!handle.remove("nothing"));
     }
 
@@ -396,7 +397,7 @@ mod tests {
         drop(multi);
         assert!(handle.prefixes().is_empty());
         assert!(!handle.remove("prod"));
-        assert_eq!(handle.add("test", b), Err(MultiError::Gone));
+        assert_eq!(handle.add("test", b), Err(Error::Gone));
     }
 
     #[tokio::test]
@@ -404,13 +405,13 @@ mod tests {
         let (mut multi, handle) = MultiProvider::new();
         let (old, old_clusters) = ProgrammaticProvider::new();
         handle.add("prod", old).unwrap();
-        old_clusters.add("east", client());
+        old_clusters.engage("east", client());
         assert_eq!(now(&mut multi), ["+prod#east"]);
         let (new, new_clusters) = ProgrammaticProvider::new();
         assert!(handle.remove("prod"));
         handle.add("prod", new).unwrap();
-        new_clusters.add("west", client());
-        old_clusters.add("late", client());
+        new_clusters.engage("west", client());
+        old_clusters.engage("late", client());
         assert_eq!(now(&mut multi), ["-prod#east", "+prod#west"]);
         assert_eq!(handle.prefixes(), ["prod"]);
     }
@@ -420,7 +421,7 @@ mod tests {
         let (mut multi, handle) = MultiProvider::new();
         let (prod, prod_clusters) = ProgrammaticProvider::new();
         handle.add("prod", prod).unwrap();
-        prod_clusters.add("east", client());
+        prod_clusters.engage("east", client());
         drop(prod_clusters);
         assert_eq!(now(&mut multi), ["+prod#east"]);
         assert_eq!(handle.prefixes(), ["prod"]);
@@ -434,7 +435,7 @@ mod tests {
         let (prod, prod_clusters) = ProgrammaticProvider::new();
         handle.add("prod", prod).unwrap();
         drop(handle);
-        prod_clusters.add("east", client());
+        prod_clusters.engage("east", client());
         assert_eq!(now(&mut multi), ["+prod#east"]);
         assert!(
             multi.next().now_or_never().is_none(),

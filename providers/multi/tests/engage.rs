@@ -76,12 +76,12 @@ async fn providers_added_after_start_engage_and_removed_ones_disengage() {
     // Two providers that both call their cluster "edge".
     let (prod, prod_clusters) = ProgrammaticProvider::new();
     providers.add("prod", prod).unwrap();
-    prod_clusters.add("edge", client_of(east));
+    prod_clusters.engage("edge", client_of(east));
     reconciled(&mut rx, "prod#edge", "settings").await;
 
     let (lab, lab_clusters) = ProgrammaticProvider::new();
     providers.add("lab", lab).unwrap();
-    lab_clusters.add("edge", client_of(west));
+    lab_clusters.engage("edge", client_of(west));
     reconciled(&mut rx, "lab#edge", "settings").await;
 
     assert!(providers.remove("prod"));

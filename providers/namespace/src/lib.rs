@@ -182,7 +182,7 @@ impl State {
                 event
             }
             Err(error) => {
-                let reason = kube_fleet::provider::describe(&error);
+                let reason = kube_fleet::client::error_chain(&error);
                 self.problems.report(
                     self.source(),
                     format!("the watch of namespaces fails, and is retried: {reason}"),

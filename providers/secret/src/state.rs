@@ -87,7 +87,7 @@ impl State {
                     format!(
                         "the watch of Secrets ({}) fails, and is retried: {}",
                         self.options.selector,
-                        kube_fleet::provider::describe(&error)
+                        kube_fleet::client::error_chain(&error)
                     ),
                 );
                 return;

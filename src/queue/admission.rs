@@ -1,0 +1,166 @@
+//! The limits a key is admitted under: the controller's and each cluster's
+//! concurrency, and the shared and per-cluster token buckets.
+
+use std::task::{Context, Poll};
+
+use tokio::time::Instant;
+
+use super::{
+    Queue,
+    keys::Phase,
+    lanes::Lane,
+    token_bucket::{TokenBucket, Tokens},
+};
+
+/// The limits the queue admits keys under.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Limits {
+    /// Reconciles at once in all clusters; `None` for no limit.
+    pub(crate) concurrency: Option<usize>,
+    /// Reconciles at once in one cluster; `None` for the fair share.
+    pub(crate) cluster_concurrency: Option<usize>,
+    /// Reconciles at once in one cluster when neither limit above is set;
+    /// `None` for no limit.
+    pub(crate) default_cluster_concurrency: Option<usize>,
+    /// One bucket for all clusters (and every controller it is given to).
+    pub(crate) rate_limit: Option<TokenBucket>,
+    /// A bucket of this rate and burst for each cluster.
+    pub(crate) cluster_rate_limit: Option<(f64, u32)>,
+}
+
+impl Queue {
+    /// How many reconciles one cluster may run at once now.
+    ///
+    /// Unless set explicitly, with a controller-wide limit `G` and `k`
+    /// clusters that have work (keys running, or ready and not held), each
+    /// cluster may run `max(1, ⌈G / max(k, m)⌉)`, where `m` is 2 when the
+    /// queue knows more than one cluster that is not held and 1 otherwise:
+    /// a lone cluster uses every slot, and no cluster takes more than half
+    /// of them once there are others, or more than its fair share when
+    /// several have work. (Slots are counted when keys are admitted; runs
+    /// already going are not taken back.)
+    fn cluster_cap(&self) -> usize {
+        if let Some(cap) = self.limits.cluster_concurrency {
+            return cap.max(1);
+        }
+        let Some(global) = self.limits.concurrency else {
+            return self
+                .limits
+                .default_cluster_concurrency
+                .unwrap_or(usize::MAX);
+        };
+        let floor = if self.clusters.len() - self.held_clusters > 1 {
+            2
+        } else {
+            1
+        };
+        global.div_ceil(self.busy_clusters.max(floor)).max(1)
+    }
+
+    /// Whether a key may be popped now. Moves keys whose delay has passed
+    /// into their lanes, brings clusters whose tokens are due back into the
+    /// round-robin, and registers `cx` to be woken for the next timer.
+    /// Afterwards the cluster at the front of the round-robin is the one
+    /// [`pop_front`](Self::pop_front) serves.
+    pub(super) fn poll_admit(&mut self, cx: &mut Context<'_>) -> bool {
+        while let Poll::Ready(Some(expired)) = self.delayed.poll_expired(cx) {
+            let key = expired.into_inner();
+            if self.keys.contains_key(&key) {
+                self.cluster_mut(&key.cluster).delayed -= 1;
+                let ticket = self.make_ready(key.clone(), Lane::Changed);
+                if let Some(state) = self.keys.get_mut(&key) {
+                    state.phase = Phase::Ready {
+                        ticket,
+                        lane: Lane::Changed,
+                    };
+                }
+            }
+        }
+        while let Poll::Ready(Some(expired)) = self.throttled.poll_expired(cx) {
+            let name = expired.into_inner();
+            if let Some(cluster) = self.clusters.get_mut(&name) {
+                cluster.throttled = false;
+                self.take_turn(&name);
+                self.refresh(&name);
+            }
+        }
+        if self
+            .limits
+            .concurrency
+            .is_some_and(|limit| self.running_len >= limit)
+        {
+            return false; // A finishing reconcile wakes the controller.
+        }
+        if let Some(wait) = &mut self.shared_wait {
+            if wait.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            self.shared_wait = None;
+        }
+        if self.turns.is_empty() {
+            return false;
+        }
+        let now = Instant::now();
+        if let Some(bucket) = &self.limits.rate_limit
+            && !self.shared_token
+        {
+            match bucket.try_take(now) {
+                // Held for the next key, whichever cluster it comes from.
+                Ok(()) => self.shared_token = true,
+                Err(at) => {
+                    let mut wait = Box::pin(tokio::time::sleep_until(at));
+                    let _ = wait.as_mut().poll(cx);
+                    self.shared_wait = Some(wait);
+                    return false;
+                }
+            }
+        }
+        self.front_admissible(now)
+    }
+
+    /// Rotates the round-robin until its front cluster may run a key, taking
+    /// out clusters that are held or out of tokens and skipping those at
+    /// their concurrency cap. Each cluster is looked at once at most.
+    fn front_admissible(&mut self, now: Instant) -> bool {
+        let cap = self.cluster_cap();
+        for _ in 0..self.turns.len() {
+            let Some(name) = self.turns.front().cloned() else {
+                return false;
+            };
+            let Some(cluster) = self.clusters.get_mut(&name) else {
+                self.turns.pop_front();
+                continue;
+            };
+            if cluster.held || cluster.ready == 0 {
+                cluster.in_turns = false;
+                self.turns.pop_front();
+                continue;
+            }
+            if cluster.running >= cap {
+                // Keeps its place in line for when a run ends.
+                self.turns.rotate_left(1);
+                continue;
+            }
+            if let Some((rate, burst)) = self.limits.cluster_rate_limit
+                && !cluster.has_token
+            {
+                let bucket = cluster
+                    .bucket
+                    .get_or_insert_with(|| Tokens::full(rate, burst));
+                match bucket.try_take(now) {
+                    // Held for this cluster's next key.
+                    Ok(()) => cluster.has_token = true,
+                    Err(at) => {
+                        cluster.in_turns = false;
+                        cluster.throttled = true;
+                        self.turns.pop_front();
+                        self.throttled.insert_at(name, at);
+                        continue;
+                    }
+                }
+            }
+            return true;
+        }
+        false
+    }
+}

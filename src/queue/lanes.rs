@@ -1,0 +1,197 @@
+//! Each cluster's lanes of ready keys, and the round-robin of clusters.
+//!
+//! Clusters take turns. Within a cluster, keys from changes seen while the
+//! watches ran (the `Changed` lane) alternate with keys from lists (the
+//! `Listed` lane: the start-up backlog).
+
+use std::collections::{HashSet, VecDeque};
+
+use super::{
+    Queue,
+    keys::{KeyState, Phase},
+    token_bucket::Tokens,
+};
+use crate::{cluster_name::ClusterName, reason::ReconcileReason, request::McRequest};
+
+/// Which lane of its cluster a ready key waits in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lane {
+    /// A change seen while the watch ran, a due requeue or retry, or a
+    /// request from outside.
+    Changed,
+    /// An object listed when a watch (re)started.
+    Listed,
+}
+
+impl Lane {
+    pub(super) fn max(self, other: Lane) -> Lane {
+        if self == Lane::Changed || other == Lane::Changed {
+            Lane::Changed
+        } else {
+            Lane::Listed
+        }
+    }
+}
+
+/// One cluster's part of the queue.
+#[derive(Debug, Default)]
+pub(super) struct ClusterQueue {
+    pub(super) changed: VecDeque<(u64, McRequest)>,
+    pub(super) listed: VecDeque<(u64, McRequest)>,
+    /// Ready keys (the lanes may also hold stale entries of promoted keys).
+    pub(super) ready: usize,
+    pub(super) delayed: usize,
+    pub(super) running: usize,
+    /// The last key came from the `Changed` lane: the backlog goes next.
+    pub(super) changed_last: bool,
+    /// The controller serves this cluster: keep its entry while idle.
+    pub(super) served: bool,
+    /// The controller's watches here have not synced: no key may run.
+    pub(super) held: bool,
+    /// In the round-robin of clusters with ready keys.
+    pub(super) in_turns: bool,
+    /// Waits for its bucket's next token.
+    pub(super) throttled: bool,
+    /// Counted among the clusters with work.
+    pub(super) busy: bool,
+    pub(super) bucket: Option<Tokens>,
+    /// A token of `bucket` is taken for the next key.
+    pub(super) has_token: bool,
+    /// Keys whose last run failed for want of an answer from the cluster
+    /// (some may have run since: only those still delayed count).
+    pub(super) unanswered: HashSet<McRequest>,
+    /// How many times the cluster answered again after it did not.
+    pub(super) recoveries: u64,
+}
+
+impl ClusterQueue {
+    pub(super) fn is_busy(&self) -> bool {
+        self.running > 0 || (self.ready > 0 && !self.held)
+    }
+
+    /// Nothing to keep: not served, no keys, and no bucket whose state a
+    /// new entry would forget (entries exist only for engaged clusters, and
+    /// go when they leave).
+    pub(super) fn is_empty(&self) -> bool {
+        !self.served
+            && self.bucket.is_none()
+            && self.ready == 0
+            && self.delayed == 0
+            && self.running == 0
+    }
+}
+
+impl Queue {
+    pub(super) fn cluster_mut(&mut self, name: &ClusterName) -> &mut ClusterQueue {
+        self.clusters.entry(name.clone()).or_default()
+    }
+
+    pub(super) fn make_ready(&mut self, key: McRequest, lane: Lane) -> u64 {
+        let ticket = self.ticket();
+        let name = key.cluster.clone();
+        let cluster = self.clusters.entry(name.clone()).or_default();
+        match lane {
+            Lane::Changed => cluster.changed.push_back((ticket, key)),
+            Lane::Listed => cluster.listed.push_back((ticket, key)),
+        }
+        cluster.ready += 1;
+        self.ready_len += 1;
+        self.take_turn(&name);
+        self.refresh(&name);
+        ticket
+    }
+
+    /// Puts `name` in the round-robin if it has ready keys and is neither
+    /// held nor throttled (and is not in it already).
+    pub(super) fn take_turn(&mut self, name: &ClusterName) {
+        if let Some(cluster) = self.clusters.get_mut(name)
+            && cluster.ready > 0
+            && !cluster.held
+            && !cluster.throttled
+            && !cluster.in_turns
+        {
+            cluster.in_turns = true;
+            self.turns.push_back(name.clone());
+        }
+    }
+
+    /// Recounts whether `name` has work, and forgets its entry once it has
+    /// nothing left.
+    pub(super) fn refresh(&mut self, name: &ClusterName) {
+        let Some(cluster) = self.clusters.get_mut(name) else {
+            return;
+        };
+        let busy = cluster.is_busy();
+        if busy != cluster.busy {
+            cluster.busy = busy;
+            if busy {
+                self.busy_clusters += 1;
+            } else {
+                self.busy_clusters -= 1;
+            }
+        }
+        if cluster.is_empty() && !cluster.in_turns && !cluster.throttled {
+            self.clusters.remove(name);
+        }
+    }
+
+    /// Takes the next key of the cluster at the front of the round-robin
+    /// and marks it running. Call [`poll_admit`](Self::poll_admit) first,
+    /// and only when it said yes.
+    pub(super) fn pop_front(&mut self) -> Option<(McRequest, ReconcileReason)> {
+        let name = self.turns.pop_front()?;
+        // The tokens taken when the key was admitted are used now.
+        self.shared_token = false;
+        let cluster = self.clusters.get_mut(&name)?;
+        cluster.has_token = false;
+        let key = loop {
+            let lane = if cluster.changed_last && !cluster.listed.is_empty() {
+                Lane::Listed
+            } else if !cluster.changed.is_empty() {
+                Lane::Changed
+            } else {
+                Lane::Listed
+            };
+            let list = match lane {
+                Lane::Changed => &mut cluster.changed,
+                Lane::Listed => &mut cluster.listed,
+            };
+            let (ticket, key) = list.pop_front()?;
+            if list.is_empty() && list.capacity() > 1024 {
+                // A drained backlog gives its memory back.
+                *list = VecDeque::new();
+            }
+            let live = matches!(
+                self.keys.get(&key),
+                Some(KeyState { phase: Phase::Ready { ticket: t, .. }, .. }) if *t == ticket
+            );
+            if live {
+                cluster.changed_last = lane == Lane::Changed;
+                break key;
+            }
+        };
+        cluster.ready -= 1;
+        cluster.running += 1;
+        if cluster.ready > 0 {
+            self.turns.push_back(name.clone());
+        } else {
+            cluster.in_turns = false;
+        }
+        self.ready_len -= 1;
+        self.running_len += 1;
+        let recoveries = cluster.recoveries;
+        let reason = match self.keys.get_mut(&key) {
+            Some(state) => {
+                state.phase = Phase::Running {
+                    rerun: None,
+                    purged: false,
+                    recoveries,
+                };
+                state.reason.clone()
+            }
+            None => ReconcileReason::Unknown,
+        };
+        self.refresh(&name);
+        Some((key, reason))
+    }
+}
