@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::watcher;
+use kube_fleet::envtest::Envtest;
 use kube_fleet::{Action, Controller, Fleet, ObjectRequest, provider::ProgrammaticProvider};
-use kube_fleet_envtest::Envtest;
 use tower::{BoxError, service_fn};
 
 mod os;

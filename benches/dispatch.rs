@@ -37,13 +37,13 @@ use kube::runtime::{
     reflector::{ObjectRef, store::Writer},
     watcher,
 };
+use kube_fleet::envtest::Envtest;
+use kube_fleet::layers::{metrics::ReconcileMetrics, recommended::RecommendedLayer};
 use kube_fleet::{
     Action, Controller, Fleet, McRequest, ObjectRequest,
     controller::{Config, DEFAULT_CLUSTER_CONCURRENCY},
     queue::TokenBucket,
 };
-use kube_fleet_envtest::Envtest;
-use kube_fleet_layers::{metrics::ReconcileMetrics, recommended::RecommendedLayer};
 use prometheus_client::registry::Registry;
 use std::convert::Infallible;
 use tokio::sync::mpsc;

@@ -45,11 +45,11 @@ use kube::{
     api::{Patch, PatchParams},
     runtime::watcher,
 };
+use kube_fleet::envtest::Envtest;
 use kube_fleet::{
     Action, Controller, Fleet, ObjectRequest, controller::DEFAULT_CLUSTER_CONCURRENCY,
     provider::ProgrammaticProvider,
 };
-use kube_fleet_envtest::Envtest;
 use tower::{BoxError, service_fn};
 
 mod os;

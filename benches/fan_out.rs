@@ -23,7 +23,7 @@ use kube::{
     runtime::watcher,
 };
 use kube_fleet::Cluster;
-use kube_fleet_envtest::Envtest;
+use kube_fleet::envtest::Envtest;
 use tower::BoxError;
 
 mod os;

@@ -42,10 +42,10 @@ use kube::{
     api::{ObjectMeta, PostParams},
     runtime::watcher,
 };
+use kube_fleet::envtest::Envtest;
 use kube_fleet::{
     Action, Controller, Fleet, ObjectRequest, controller::Watch, provider::ProgrammaticProvider,
 };
-use kube_fleet_envtest::Envtest;
 use tower::{BoxError, service_fn};
 
 mod os;

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Client, api::ObjectList};
-use kube_fleet_envtest::Envtest;
+use kube_fleet::envtest::Envtest;
 use tower::BoxError;
 
 mod os;

@@ -26,8 +26,8 @@ use kube::{
     config::Kubeconfig,
 };
 use kube_fleet::Fleet;
-use kube_fleet_envtest::{Envtest, TestCluster};
-use kube_fleet_provider_cluster_api::{
+use kube_fleet::envtest::{Envtest, TestCluster};
+use kube_fleet::providers::cluster_api::{
     CLUSTER_NAME_LABEL, ClusterApiProvider, KUBECONFIG_KEY,
     v1beta2::{Cluster, ClusterSpec},
 };

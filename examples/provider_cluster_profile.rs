@@ -28,8 +28,8 @@ use kube::{
     api::{DeleteParams, Patch, PatchParams, PostParams},
 };
 use kube_fleet::Fleet;
-use kube_fleet_envtest::Envtest;
-use kube_fleet_provider_cluster_inventory::{
+use kube_fleet::envtest::Envtest;
+use kube_fleet::providers::cluster_inventory::{
     AccessConfig, ClusterProfileProvider, EXEC_EXTENSION,
     v1alpha1::{ClusterManager, ClusterProfile, ClusterProfileSpec},
 };

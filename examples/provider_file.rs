@@ -20,8 +20,8 @@ use std::path::Path;
 
 use kube::config::Kubeconfig;
 use kube_fleet::Fleet;
-use kube_fleet_envtest::Envtest;
-use kube_fleet_provider_file::FileProvider;
+use kube_fleet::envtest::Envtest;
+use kube_fleet::providers::file::FileProvider;
 use tower::BoxError;
 
 #[tokio::main]

@@ -18,8 +18,8 @@ mod support;
 use std::{os::unix::fs::PermissionsExt, time::Duration};
 
 use kube_fleet::Fleet;
-use kube_fleet_envtest::Envtest;
-use kube_fleet_provider_kind::KindProvider;
+use kube_fleet::envtest::Envtest;
+use kube_fleet::providers::kind::KindProvider;
 use tower::BoxError;
 
 /// Answers as kind does, from the files beside it.

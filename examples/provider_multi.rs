@@ -16,10 +16,10 @@ mod support;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube_fleet::Fleet;
-use kube_fleet_envtest::Envtest;
-use kube_fleet_provider_file::FileProvider;
-use kube_fleet_provider_multi::MultiProvider;
-use kube_fleet_provider_namespace::NamespaceProvider;
+use kube_fleet::envtest::Envtest;
+use kube_fleet::providers::file::FileProvider;
+use kube_fleet::providers::multi::MultiProvider;
+use kube_fleet::providers::namespace::NamespaceProvider;
 use tower::BoxError;
 
 #[tokio::main]

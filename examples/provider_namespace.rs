@@ -20,8 +20,8 @@ use kube::{
     api::{DeleteParams, ObjectMeta, PostParams},
 };
 use kube_fleet::Fleet;
-use kube_fleet_envtest::Envtest;
-use kube_fleet_provider_namespace::NamespaceProvider;
+use kube_fleet::envtest::Envtest;
+use kube_fleet::providers::namespace::NamespaceProvider;
 use tower::BoxError;
 
 #[tokio::main]

@@ -25,8 +25,8 @@ use kube::{
     config::Kubeconfig,
 };
 use kube_fleet::Fleet;
-use kube_fleet_envtest::Envtest;
-use kube_fleet_provider_secret::{DEFAULT_KEY, DEFAULT_LABEL, SecretProvider};
+use kube_fleet::envtest::Envtest;
+use kube_fleet::providers::secret::{DEFAULT_KEY, DEFAULT_LABEL, SecretProvider};
 use tower::BoxError;
 
 const NAMESPACE: &str = "default";

@@ -36,14 +36,14 @@ use kube::{
     config::Kubeconfig,
     runtime::watcher,
 };
+use kube_fleet::envtest::Envtest;
+use kube_fleet::layers::{metrics::ReconcileMetrics, recommended::RecommendedLayer};
+use kube_fleet::manager::{LeaderElection, Manager};
+use kube_fleet::providers::file::FileProvider;
 use kube_fleet::{
     Action, Controller, Fleet, ObjectRequest, controller,
     provider::{ProgrammaticHandle, ProgrammaticProvider, kubeconfig::KubeconfigPolicy},
 };
-use kube_fleet_envtest::Envtest;
-use kube_fleet_layers::{metrics::ReconcileMetrics, recommended::RecommendedLayer};
-use kube_fleet_manager::{LeaderElection, Manager};
-use kube_fleet_provider_file::FileProvider;
 use tower::{BoxError, ServiceBuilder, service_fn};
 
 const MARK: &str = "kube-fleet.dev/quickstart";

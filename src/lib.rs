@@ -1,6 +1,6 @@
 //! Kubernetes controllers that reconcile across a dynamic fleet of clusters.
 //!
-//! A reconciler is written once, as a [`tower::Service`] of
+//! A reconciler is written once, as a `tower::Service` of
 //! [`ObjectRequest`]s answering an [`Action`], and run by a [`Controller`]
 //! against every cluster of a [`Fleet`]: clusters that providers engage and
 //! disengage while the process runs (kind clusters, kubeconfig files or
@@ -62,8 +62,8 @@
 //! # }
 //! ```
 //!
-//! Tests and examples run against real API servers started by the
-//! `kube-fleet-envtest` crate.
+//! Tests and examples run against real API servers started by
+//! `kube_fleet::envtest` (the `envtest` feature).
 //!
 //! # Clients and TLS
 //!
@@ -76,40 +76,83 @@
 //! features: by default rustls with ring (the features `rustls-tls` and
 //! `ring`); `aws-lc-rs` instead of `ring`; or OpenSSL with
 //! `default-features = false, features = ["openssl-tls"]`, whose clients
-//! speak HTTP/1.1 only. `kube-fleet-layers` imposes none.
+//! speak HTTP/1.1 only.
+
+//!
+//! # One dependency, features for the rest
+//!
+//! This crate is the runtime (every item at its root and in its modules
+//! comes from `kube-fleet-core`), and re-exports the other crates of the
+//! project behind a feature each:
+//!
+//! | feature | module | what it adds |
+//! |---|---|---|
+//! | `layers` | `layers` | tower layers for reconcilers: tracing, metrics, panic catch, retry, the recommended stack |
+//! | `manager` | `manager` | the `Manager`: controllers and providers in one process, health and metrics endpoints, leader election, sharding (implies `layers`) |
+//! | `provider-cluster-api` | `providers::cluster_api` | the workload clusters of a Cluster API management cluster |
+//! | `provider-cluster-inventory` | `providers::cluster_inventory` | the `ClusterProfile`s of a Cluster Inventory API hub |
+//! | `provider-file` | `providers::file` | the contexts of kubeconfig files, watched for changes |
+//! | `provider-kind` | `providers::kind` | the kind clusters on this machine |
+//! | `provider-multi` | `providers::multi` | several providers under name prefixes |
+//! | `provider-namespace` | `providers::namespace` | each namespace of one cluster as a cluster |
+//! | `provider-secret` | `providers::secret` | kubeconfigs held in Secrets |
+//! | `providers` | | every provider |
+//! | `envtest` | `envtest` | a local fleet of real API servers, for tests and examples |
+//!
+//! ```toml
+//! [dependencies]
+//! kube-fleet = { git = "https://github.com/kube-fleet/kube-fleet", features = ["manager", "provider-kind"] }
+//!
+//! [dev-dependencies]
+//! kube-fleet = { git = "https://github.com/kube-fleet/kube-fleet", features = ["envtest"] }
+//! ```
+//!
+//! The TLS features (`rustls-tls` and `ring` by default, `aws-lc-rs`,
+//! `openssl-tls`) pick the clients' backend as described above.
 
 #![forbid(unsafe_code)]
 
-mod action;
-pub mod apply;
-pub mod cache;
-pub mod client;
-mod cluster;
-mod cluster_name;
-pub mod controller;
-mod error;
-pub mod finalizer;
-mod fleet;
-pub mod fleetwide;
-pub mod identity;
-mod object_request;
-pub mod ownership;
-mod panic;
-pub mod provider;
-pub mod queue;
-pub mod rbac;
-mod reason;
-mod request;
+#[doc(inline)]
+pub use kube_fleet_core::*;
 
-pub use action::Action;
-pub use cluster::Cluster;
-pub use cluster_name::ClusterName;
-pub use controller::{Controller, Error};
-pub use error::TerminalError;
-pub use fleet::{Fleet, FleetEvent, FleetSubscription};
-pub use object_request::ObjectRequest;
-pub use reason::ReconcileReason;
-pub use request::{McRequest, ObjectKey};
+#[cfg(feature = "layers")]
+#[doc(inline)]
+pub use kube_fleet_layers as layers;
+
+#[cfg(feature = "manager")]
+#[doc(inline)]
+pub use kube_fleet_manager as manager;
+
+#[cfg(feature = "envtest")]
+#[doc(inline)]
+pub use kube_fleet_envtest as envtest;
+
+/// The cluster providers, each behind its `provider-*` feature. The
+/// runtime's own ([`provider::LocalProvider`],
+/// [`provider::ProgrammaticProvider`]) need none.
+pub mod providers {
+    #[cfg(feature = "provider-cluster-api")]
+    #[doc(inline)]
+    pub use kube_fleet_provider_cluster_api as cluster_api;
+    #[cfg(feature = "provider-cluster-inventory")]
+    #[doc(inline)]
+    pub use kube_fleet_provider_cluster_inventory as cluster_inventory;
+    #[cfg(feature = "provider-file")]
+    #[doc(inline)]
+    pub use kube_fleet_provider_file as file;
+    #[cfg(feature = "provider-kind")]
+    #[doc(inline)]
+    pub use kube_fleet_provider_kind as kind;
+    #[cfg(feature = "provider-multi")]
+    #[doc(inline)]
+    pub use kube_fleet_provider_multi as multi;
+    #[cfg(feature = "provider-namespace")]
+    #[doc(inline)]
+    pub use kube_fleet_provider_namespace as namespace;
+    #[cfg(feature = "provider-secret")]
+    #[doc(inline)]
+    pub use kube_fleet_provider_secret as secret;
+}
 
 /// The README's code, compiled with the doc tests so that what it shows
 /// keeps working.
@@ -181,32 +224,7 @@ struct LayersDoctests;
 #[doc = include_str!("../docs/benchmarks.md")]
 struct BenchmarksDoctests;
 
-/// Moved to [`queue::Backoff`].
-#[deprecated(since = "0.1.0", note = "moved to `kube_fleet::queue::Backoff`")]
-pub type Backoff = queue::Backoff;
-
-/// Moved to [`queue::TokenBucket`].
-#[deprecated(since = "0.1.0", note = "moved to `kube_fleet::queue::TokenBucket`")]
-pub type TokenBucket = queue::TokenBucket;
-
-/// Moved to [`queue::QueueDepth`].
-#[deprecated(since = "0.1.0", note = "moved to `kube_fleet::queue::QueueDepth`")]
-pub type QueueDepth = queue::QueueDepth;
-
-/// Moved to [`identity::ClusterIdentity`].
-#[deprecated(
-    since = "0.1.0",
-    note = "moved to `kube_fleet::identity::ClusterIdentity`"
-)]
-pub type ClusterIdentity = identity::ClusterIdentity;
-
-/// Moved to [`identity::IdSource`].
-#[deprecated(since = "0.1.0", note = "moved to `kube_fleet::identity::IdSource`")]
-pub type IdSource = identity::IdSource;
-
-/// Moved to [`identity::IdentityError`].
-#[deprecated(
-    since = "0.1.0",
-    note = "moved to `kube_fleet::identity::IdentityError`"
-)]
-pub type IdentityError = identity::IdentityError;
+/// The operations guide's code, compiled with the doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/operations.md")]
+struct OperationsDoctests;

@@ -14,9 +14,9 @@ use kube::{
     api::{DeleteParams, ListParams, PostParams, VersionMatch},
     config::{KubeConfigOptions, Kubeconfig},
 };
+use kube_fleet::envtest::Envtest;
+use kube_fleet::layers::metrics::ClientMetrics;
 use kube_fleet::{Fleet, client};
-use kube_fleet_envtest::Envtest;
-use kube_fleet_layers::metrics::ClientMetrics;
 use prometheus_client::{encoding::text::encode, registry::Registry};
 
 /// A client over kube-fleet's own stack, retrying as configured.

@@ -10,11 +10,11 @@ use kube::{
     api::{ObjectMeta, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
+use kube_fleet::envtest::Envtest;
 use kube_fleet::{
     ClusterName, Controller, Fleet, McRequest, ObjectRequest, cache::WatchState,
     controller::ClusterSelector, provider::LocalProvider,
 };
-use kube_fleet_envtest::Envtest;
 use support::*;
 
 #[tokio::test]

@@ -11,8 +11,8 @@ use kube::{
     api::{ApiResource, DynamicObject, GroupVersionKind, PostParams},
     discovery::Scope,
 };
+use kube_fleet::envtest::Envtest;
 use kube_fleet::{Controller, ObjectRequest, controller::Watch};
-use kube_fleet_envtest::Envtest;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use support::*;

@@ -14,8 +14,8 @@ use kube::{
         watcher,
     },
 };
+use kube_fleet::envtest::Envtest;
 use kube_fleet::{Action, Controller, Fleet, ObjectRequest};
-use kube_fleet_envtest::Envtest;
 use support::{PATIENCE, create_config_map};
 use tower::{BoxError, service_fn};
 

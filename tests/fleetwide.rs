@@ -13,11 +13,11 @@ use kube::{
     api::{ObjectMeta, PostParams},
     runtime::watcher,
 };
+use kube_fleet::envtest::Envtest;
 use kube_fleet::{
     Fleet, ObjectKey,
     fleetwide::{FleetStore, for_each_cluster},
 };
-use kube_fleet_envtest::Envtest;
 use tower::BoxError;
 
 async fn create(client: kube::Client, name: &str, team: &str) {

@@ -11,8 +11,8 @@ use kube::{
     api::{DeleteParams, ObjectMeta, PostParams},
     runtime::watcher,
 };
+use kube_fleet::envtest::Envtest;
 use kube_fleet::{Controller, Fleet, McRequest, cache::HostCache};
-use kube_fleet_envtest::Envtest;
 use support::{PATIENCE, recorder, watches_served};
 
 async fn namespace(client: &kube::Client, name: &str) {

@@ -12,11 +12,11 @@ use kube::{
     api::{ListParams, Patch, PatchParams, WatchParams},
     runtime::watcher,
 };
+use kube_fleet::envtest::{Envtest, FaultyLink};
 use kube_fleet::{
     Action, Controller, McRequest, ObjectRequest,
     client::{self, ClientOptions},
 };
-use kube_fleet_envtest::{Envtest, FaultyLink};
 use support::{PATIENCE, Running, create_config_map, expect_all, request};
 use tokio::sync::mpsc;
 use tower::{BoxError, service_fn};

@@ -12,12 +12,12 @@ use kube::{
     Api, Client,
     api::{ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams},
 };
+use kube_fleet::envtest::{Envtest, TestCluster, crds_from_yaml};
 use kube_fleet::{
     Cluster, Fleet,
     identity::{ClusterIdentity, IdSource, IdentityError},
     rbac::{Permissions, Rule, Scope},
 };
-use kube_fleet_envtest::{Envtest, TestCluster, crds_from_yaml};
 use serde_json::json;
 use support::http2_client;
 

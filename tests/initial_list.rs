@@ -7,7 +7,7 @@ mod support;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Client, runtime::watcher};
 use kube_fleet::Controller;
-use kube_fleet_envtest::Envtest;
+use kube_fleet::envtest::Envtest;
 use support::{
     Running, create_config_map, expect_all, lists_served, recorder, request,
     streaming_lists_served, watches_served,

@@ -19,10 +19,10 @@ use kube::{
     api::{ObjectMeta, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
+use kube_fleet::envtest::Envtest;
 use kube_fleet::{
     Action, Controller, McRequest, ObjectRequest, cache::WatchState, controller::Config,
 };
-use kube_fleet_envtest::Envtest;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use support::*;

@@ -16,12 +16,12 @@ use kube::{
     Api, Client, CustomResourceExt,
     api::{DeleteParams, PostParams},
 };
+use kube_fleet::envtest::{Envtest, TestCluster};
 use kube_fleet::{
     ClusterName, Fleet,
     ownership::{PARENT_ANNOTATION, PARENT_UID_LABEL},
     provider::{ProgrammaticHandle, ProgrammaticProvider},
 };
-use kube_fleet_envtest::{Envtest, TestCluster};
 use tower::BoxError;
 
 struct Setup {

@@ -1,5 +1,5 @@
 //! The core's modules import downward only, in the order
-//! `docs/architecture.md` gives: a module of `src/` names nothing from a
+//! `docs/architecture.md` gives: a module of `core/src/` names nothing from a
 //! layer above its own.
 
 #[path = "layering/check.rs"]
@@ -11,7 +11,7 @@ use std::path::Path;
 fn no_module_of_the_core_imports_from_a_layer_above_its_own() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     check::check(
-        &root.join("src"),
+        &root.join("core/src"),
         &root.join("docs/architecture.md"),
         "## Layers",
     );

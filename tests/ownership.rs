@@ -14,13 +14,13 @@ use kube::{
     api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
+use kube_fleet::envtest::Envtest;
 use kube_fleet::{
     Action, ClusterName, Controller, Fleet, ObjectRequest,
     controller::{ClusterSelector, Watch},
     finalizer::Event,
     ownership::{Children, PARENT_UID_LABEL, ParentRef},
 };
-use kube_fleet_envtest::Envtest;
 use tokio::sync::mpsc;
 use tower::{BoxError, service_fn};
 

@@ -16,11 +16,11 @@ use std::{
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Client, Config, runtime::watcher};
+use kube_fleet::envtest::Envtest;
 use kube_fleet::{
     Action, ClusterName, Controller, Fleet, FleetEvent, ObjectRequest,
     provider::ProgrammaticProvider,
 };
-use kube_fleet_envtest::Envtest;
 use support::create_config_map;
 use tokio::time::Instant;
 use tower::{BoxError, service_fn};

@@ -19,8 +19,8 @@ use kube::{
     api::{ListParams, Patch, PatchParams},
     runtime::watcher,
 };
+use kube_fleet::envtest::Envtest;
 use kube_fleet::{Action, Controller, ObjectRequest, controller::Config, queue::Backoff};
-use kube_fleet_envtest::Envtest;
 use support::{Running, capture_warnings, create_config_map, lines_with};
 use tower::BoxError;
 

@@ -13,12 +13,12 @@ use kube::{
     Api,
     api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
 };
+use kube_fleet::envtest::Envtest;
 use kube_fleet::{
     Fleet,
     ownership::ParentRef,
     provider::{ProgrammaticHandle, ProgrammaticProvider},
 };
-use kube_fleet_envtest::Envtest;
 use serde_json::json;
 use tokio::task::JoinHandle;
 use tower::BoxError;

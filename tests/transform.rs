@@ -9,8 +9,8 @@ use kube::{
     api::{ObjectMeta, PostParams},
     runtime::watcher,
 };
+use kube_fleet::envtest::Envtest;
 use kube_fleet::{Action, Controller, ObjectRequest, cache::Transform, controller::Watch};
-use kube_fleet_envtest::Envtest;
 use support::{
     PATIENCE, Running, config_map, create_config_map, expect_all, recorder, request, watches_served,
 };

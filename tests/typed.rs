@@ -12,8 +12,8 @@ use kube::{
     api::{Patch, PatchParams, PostParams},
     runtime::{reflector::ObjectRef, watcher},
 };
+use kube_fleet::envtest::Envtest;
 use kube_fleet::{Action, Controller, ObjectRequest, ReconcileReason};
-use kube_fleet_envtest::Envtest;
 use support::*;
 use tokio::sync::mpsc;
 use tower::BoxError;
@@ -448,7 +448,7 @@ async fn requests_naming_objects_the_watch_cannot_hold_are_dropped_not_read_as_d
 
 #[tokio::test]
 async fn a_retry_after_a_conflict_gets_the_object_as_the_watch_holds_it_now() {
-    use kube_fleet_layers::recommended::RecommendedLayer;
+    use kube_fleet::layers::recommended::RecommendedLayer;
     use std::sync::Mutex;
 
     let env = Envtest::start(1).await.unwrap();

@@ -9,7 +9,7 @@ use kube::{
     Api, Client,
     api::{ObjectMeta, PostParams},
 };
-use kube_fleet_envtest::TestCluster;
+use kube_fleet::envtest::TestCluster;
 use tower::BoxError;
 
 /// The admin configuration of `cluster`, pointed at its API server itself:

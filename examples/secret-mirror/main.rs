@@ -16,8 +16,8 @@ use kube::{
     Api,
     api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
 };
+use kube_fleet::envtest::Envtest;
 use kube_fleet::{ClusterName, Fleet, provider::ProgrammaticProvider};
-use kube_fleet_envtest::Envtest;
 use serde_json::json;
 use tower::BoxError;
 

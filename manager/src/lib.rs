@@ -85,8 +85,3 @@ pub use error::Error;
 pub use gate::NotHolder;
 pub use manager::Manager;
 pub use shard::{Ownership, ShardStatus, Sharding};
-
-/// The operations guide's code, compiled with the doc tests.
-#[cfg(doctest)]
-#[doc = include_str!("../../docs/operations.md")]
-struct OperationsDoctests;

@@ -11,13 +11,13 @@ use kube::{
     api::{ObjectMeta, PostParams},
     runtime::watcher,
 };
+use kube_fleet::envtest::{Envtest, TestCluster};
 use kube_fleet::{
     Action, Controller, Fleet, McRequest,
     cache::WatchState,
     controller::{ClusterStatus, ControllerStatus},
     provider::{ProgrammaticHandle, ProgrammaticProvider},
 };
-use kube_fleet_envtest::{Envtest, TestCluster};
 use tokio::{sync::mpsc, task::JoinHandle};
 use tower::{BoxError, Service, service_fn};
 

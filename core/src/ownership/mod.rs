@@ -40,7 +40,8 @@
 //!   run that finds it unwanted, so that each request does the work).
 //!
 //! A parent that is *released* rather than deleted
-//! ([`ObjectRequest::finalize_if`] with `wanted` false) still exists, so its
+//! ([`ObjectRequest::finalize_if`](crate::ObjectRequest::finalize_if) with
+//! `wanted` false) still exists, so its
 //! UID proves nothing: for it, [`Children::delete`] fails while a cluster
 //! whose store holds its children gives no answer, and the finalizer stays
 //! until that cluster was reached. Once the finalizer is gone,
@@ -53,7 +54,7 @@
 //! its parent, whose sweep deletes it (or, for a released parent, its
 //! [`Children::release`]). Both need the controller to
 //! [`owns_across`](crate::Controller::owns_across) the children with the
-//! [`Watch`] the [`Children`] read, and its reconcile to call
+//! [`Watch`](crate::controller::Watch) the [`Children`] read, and its reconcile to call
 //! [`Children::sweep`] when the request's object is gone and
 //! [`Children::release`] when it is unwanted.
 //!

@@ -66,7 +66,7 @@ use crate::{
     cluster_name::ClusterName,
     fleet::Fleet,
     object_request::ObjectRequest,
-    queue::QueueDepth,
+    queue,
     request::{McRequest, ObjectKey},
 };
 use runner::{Runner, Setup};
@@ -129,7 +129,7 @@ pub struct Controller<K: Watchable> {
     shutdown: Option<BoxFuture<'static, ()>>,
     external: Vec<BoxStream<'static, McRequest>>,
     reconcile_all: Vec<BoxStream<'static, ()>>,
-    queue_depth: QueueDepth,
+    queue_depth: queue::QueueDepth,
     status: ControllerStatus,
     /// What the reconciler writes, with which verbs: see [`Self::writes`].
     writes: Vec<(Watched, Vec<String>)>,
@@ -205,7 +205,7 @@ impl<K: Watchable> Controller<K> {
             shutdown: None,
             external: Vec::new(),
             reconcile_all: Vec::new(),
-            queue_depth: QueueDepth::default(),
+            queue_depth: queue::QueueDepth::default(),
             status: ControllerStatus::new(fleet.clone()),
             writes: Vec::new(),
             _for: PhantomData,
@@ -491,7 +491,7 @@ impl<K: Watchable> Controller<K> {
     }
 
     /// A handle to the number of keys waiting in this controller's queue.
-    pub fn queue_depth(&self) -> QueueDepth {
+    pub fn queue_depth(&self) -> queue::QueueDepth {
         self.queue_depth.clone()
     }
 
@@ -637,3 +637,7 @@ impl<K: Watchable> Controller<K> {
 /// Renamed [`ClusterSelector`].
 #[deprecated(since = "0.1.0", note = "renamed `ClusterSelector`")]
 pub type Clusters = ClusterSelector;
+
+/// Moved to [`queue::QueueDepth`].
+#[deprecated(since = "0.1.0", note = "moved to `kube_fleet::queue::QueueDepth`")]
+pub type QueueDepth = queue::QueueDepth;

@@ -44,7 +44,7 @@
 //!
 //! [`ClusterSelector::Local`]: crate::controller::ClusterSelector::Local
 //! [`ClusterSelector::Provided`]: crate::controller::ClusterSelector::Provided
-//! [`ClusterSelector`]: crate::controller::Clusters
+//! [`ClusterSelector`]: crate::controller::ClusterSelector
 
 use std::{
     collections::{BTreeMap, BTreeSet},

@@ -28,7 +28,8 @@ impl QueueDepth {
         self.depth.load(Ordering::Relaxed)
     }
 
-    /// The controller's name ([`Controller::named`]), once it runs: for
+    /// The controller's name
+    /// ([`Controller::named`](crate::Controller::named)), once it runs: for
     /// metrics that label the depth by controller.
     pub fn controller(&self) -> Option<&str> {
         self.controller.get().map(|name| &**name)

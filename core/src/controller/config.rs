@@ -32,7 +32,10 @@ pub const DEFAULT_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 ///
 /// ```
 /// use std::time::Duration;
-/// use kube_fleet::{Backoff, TokenBucket, controller::Config};
+/// use kube_fleet::{
+///     controller::Config,
+///     queue::{Backoff, TokenBucket},
+/// };
 ///
 /// let config = Config::default()
 ///     .concurrency(16)                 // at most 16 reconciles at once

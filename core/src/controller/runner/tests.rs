@@ -14,7 +14,7 @@ use crate::{
     queue::Backoff,
 };
 
-#[path = "../../../tests/support/empty_api.rs"]
+#[path = "../../../../tests/support/empty_api.rs"]
 mod empty_api;
 use empty_api::empty_api_client;
 

@@ -49,8 +49,10 @@ pub enum ReconcileReason {
     BulkReconcile,
     /// The last run asked for it with [`Action::requeue`](crate::Action::requeue).
     ReconcilerRequestedRetry,
-    /// The last run failed: this is its retry, after the key's backoff or
-    /// the delay the [error policy](crate::Controller::error_policy) chose.
+    /// The last run failed: this is its retry, after the delay the
+    /// [error policy](crate::Controller::error_policy) chose or, where it
+    /// chose none, the key's backoff (the default policy, as kube-runtime
+    /// has none of its own).
     ErrorPolicyRequestedRetry,
     /// The last run was cut short because the cluster was replaced under
     /// its name (new credentials, say): it runs again against the new one.
@@ -58,6 +60,36 @@ pub enum ReconcileReason {
     /// Not known: a request made outside a controller
     /// ([`ObjectRequest::new`](crate::ObjectRequest::new), in a test).
     Unknown,
+}
+
+/// The variants' earlier names, for code written before they took
+/// kube-runtime's (they match in patterns too).
+#[allow(non_upper_case_globals)]
+impl ReconcileReason {
+    /// Renamed [`ObjectUpdated`](Self::ObjectUpdated).
+    #[deprecated(
+        since = "0.1.0",
+        note = "renamed `ObjectUpdated`, as kube-runtime names it"
+    )]
+    pub const ObjectChanged: Self = Self::ObjectUpdated;
+    /// Renamed [`BulkReconcile`](Self::BulkReconcile).
+    #[deprecated(
+        since = "0.1.0",
+        note = "renamed `BulkReconcile`, as kube-runtime names it"
+    )]
+    pub const ReconcileAll: Self = Self::BulkReconcile;
+    /// Renamed [`ReconcilerRequestedRetry`](Self::ReconcilerRequestedRetry).
+    #[deprecated(
+        since = "0.1.0",
+        note = "renamed `ReconcilerRequestedRetry`, as kube-runtime names it"
+    )]
+    pub const Requeued: Self = Self::ReconcilerRequestedRetry;
+    /// Renamed [`ErrorPolicyRequestedRetry`](Self::ErrorPolicyRequestedRetry).
+    #[deprecated(
+        since = "0.1.0",
+        note = "renamed `ErrorPolicyRequestedRetry`, as kube-runtime names it"
+    )]
+    pub const ErrorRetry: Self = Self::ErrorPolicyRequestedRetry;
 }
 
 impl fmt::Display for ReconcileReason {
@@ -73,5 +105,30 @@ impl fmt::Display for ReconcileReason {
             Self::ClusterReplaced => f.write_str("cluster replaced"),
             Self::Unknown => f.write_str("unknown"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReconcileReason;
+
+    #[test]
+    #[allow(deprecated)]
+    fn the_earlier_names_still_match_their_variants() {
+        let matched = |reason: ReconcileReason| match reason {
+            ReconcileReason::ObjectChanged => "changed",
+            ReconcileReason::ReconcileAll => "all",
+            ReconcileReason::Requeued => "requeued",
+            ReconcileReason::ErrorRetry => "error",
+            _ => "other",
+        };
+        assert_eq!(matched(ReconcileReason::ObjectUpdated), "changed");
+        assert_eq!(matched(ReconcileReason::BulkReconcile), "all");
+        assert_eq!(
+            matched(ReconcileReason::ReconcilerRequestedRetry),
+            "requeued"
+        );
+        assert_eq!(matched(ReconcileReason::ErrorPolicyRequestedRetry), "error");
+        assert_eq!(matched(ReconcileReason::Listed), "other");
     }
 }

@@ -39,7 +39,7 @@ pub struct Deleted {
     /// The children deleted (or found gone already), each as the request
     /// for it in its cluster.
     pub deleted: Vec<McRequest>,
-    /// The clusters skipped, and why (see the [module docs](self) for when
+    /// The clusters skipped, and why (see the [module docs](crate::ownership) for when
     /// they are swept).
     pub skipped: Vec<(ClusterName, String)>,
 }
@@ -59,7 +59,7 @@ impl Deleted {
 }
 
 /// The children of type `C` that parents in other clusters own, across
-/// the fleet: see the [module docs](self).
+/// the fleet: see the [module docs](crate::ownership).
 ///
 /// It reads them from a [`FleetStore`] of `C`, shared with the watch of a
 /// controller that [`owns_across`](crate::Controller::owns_across) them with
@@ -188,7 +188,7 @@ where
     /// cleanup, in every engaged cluster the store reads, bounded by
     /// `timeout` per cluster. A cluster the store has not read yet, whose
     /// watch has not synced, or that gives no answer is skipped and
-    /// reported, not waited for (see the [module docs](self) for how it is
+    /// reported, not waited for (see the [module docs](crate::ownership) for how it is
     /// swept later), unless the parent stays (is not being deleted): then
     /// a cluster whose store holds its children and that gives no answer
     /// fails the call (for those in clusters not known yet, see

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 /// so one bucket given to several controllers is one budget for all of them.
 ///
 /// ```
-/// use kube_fleet::{TokenBucket, controller::Config};
+/// use kube_fleet::{controller::Config, queue::TokenBucket};
 ///
 /// // At most 50 reconciles per second (bursts of 100) across two controllers...
 /// let shared = TokenBucket::new(50.0, 100);

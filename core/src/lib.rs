@@ -1,0 +1,70 @@
+//! The runtime core of kube-fleet: the fleet of engaged clusters, their
+//! clients and shared caches, controllers, their queues and runners, and the
+//! patterns built on them.
+//!
+//! Depend on `kube-fleet`, which re-exports all of this crate at its root
+//! beside the layers, the manager and the providers (each behind a
+//! feature); the examples here are written against it.
+
+#![forbid(unsafe_code)]
+
+mod action;
+pub mod apply;
+pub mod cache;
+pub mod client;
+mod cluster;
+mod cluster_name;
+pub mod controller;
+mod error;
+pub mod finalizer;
+mod fleet;
+pub mod fleetwide;
+pub mod identity;
+mod object_request;
+pub mod ownership;
+mod panic;
+pub mod provider;
+pub mod queue;
+pub mod rbac;
+mod reason;
+mod request;
+
+pub use action::Action;
+pub use cluster::Cluster;
+pub use cluster_name::ClusterName;
+pub use controller::{Controller, Error};
+pub use error::TerminalError;
+pub use fleet::{Fleet, FleetEvent, FleetSubscription};
+pub use object_request::ObjectRequest;
+pub use reason::ReconcileReason;
+pub use request::{McRequest, ObjectKey};
+
+/// Moved to [`queue::Backoff`].
+#[deprecated(since = "0.1.0", note = "moved to `kube_fleet::queue::Backoff`")]
+pub type Backoff = queue::Backoff;
+
+/// Moved to [`queue::TokenBucket`].
+#[deprecated(since = "0.1.0", note = "moved to `kube_fleet::queue::TokenBucket`")]
+pub type TokenBucket = queue::TokenBucket;
+
+/// Moved to [`queue::QueueDepth`].
+#[deprecated(since = "0.1.0", note = "moved to `kube_fleet::queue::QueueDepth`")]
+pub type QueueDepth = queue::QueueDepth;
+
+/// Moved to [`identity::ClusterIdentity`].
+#[deprecated(
+    since = "0.1.0",
+    note = "moved to `kube_fleet::identity::ClusterIdentity`"
+)]
+pub type ClusterIdentity = identity::ClusterIdentity;
+
+/// Moved to [`identity::IdSource`].
+#[deprecated(since = "0.1.0", note = "moved to `kube_fleet::identity::IdSource`")]
+pub type IdSource = identity::IdSource;
+
+/// Moved to [`identity::IdentityError`].
+#[deprecated(
+    since = "0.1.0",
+    note = "moved to `kube_fleet::identity::IdentityError`"
+)]
+pub type IdentityError = identity::IdentityError;
