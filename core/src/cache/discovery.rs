@@ -16,7 +16,7 @@ use kube::{
     runtime::watcher::{self, Event},
 };
 
-use super::{TypeInfo, sealed::Sealed};
+use super::{Sealed, TypeInfo};
 
 /// The stand-in version of a kind whose version discovery decides.
 pub(crate) const ANY_VERSION: &str = "*";

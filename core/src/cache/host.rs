@@ -23,11 +23,11 @@ use kube::{
 use tokio::task::AbortHandle;
 use tower::BoxError;
 
+use super::registry::{WatchKey, watch_key};
 use super::{
     ClusterCache, Shape, SharedWatch, TypeInfo, Watchable,
     state::{FailureLog, Health},
     watch::{Hub, apply},
-    watch_key,
 };
 use crate::{
     client::{Reachability, counting, is_unanswered},
@@ -93,7 +93,7 @@ struct HostInner {
     /// requests find it: one for all its namespaces.
     reachability: Arc<Reachability>,
     /// The split watches, by their key in all namespaces.
-    split: Mutex<HashMap<super::WatchKey, Weak<dyn Any + Send + Sync>>>,
+    split: Mutex<HashMap<WatchKey, Weak<dyn Any + Send + Sync>>>,
 }
 
 impl fmt::Debug for HostCache {
@@ -208,7 +208,7 @@ impl HostCache {
         &self.inner.cache
     }
 
-    fn split(&self) -> MutexGuard<'_, HashMap<super::WatchKey, Weak<dyn Any + Send + Sync>>> {
+    fn split(&self) -> MutexGuard<'_, HashMap<WatchKey, Weak<dyn Any + Send + Sync>>> {
         self.inner.split.lock().unwrap_or_else(|e| e.into_inner())
     }
 

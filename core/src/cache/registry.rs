@@ -1,0 +1,351 @@
+//! The watches of one cluster, one per type, namespace and configuration,
+//! shared by every caller.
+
+use std::{
+    any::{Any, TypeId},
+    collections::HashMap,
+    fmt,
+    sync::{Arc, Mutex, MutexGuard, Weak},
+};
+
+use futures::StreamExt;
+use kube::{
+    Client, Resource,
+    core::PartialObjectMeta,
+    runtime::{reflector::Store, watcher},
+};
+
+use super::{
+    HostCache, NamespaceView, Shape, SharedWatch, TypeInfo, Watchable, initial_list, is_namespaced,
+    scope,
+};
+use crate::cluster_name::ClusterName;
+
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub(super) struct WatchKey {
+    /// The watched type (`PartialObjectMeta<K>` for a metadata watch).
+    type_id: TypeId,
+    /// Whether objects keep their `managedFields`, and the identity of the
+    /// transform they go through.
+    shape: (bool, Option<u64>),
+    /// The type information of a dynamic type (its `ApiResource`).
+    dynamic: String,
+    /// The namespace the watch is limited to; `None` for all.
+    namespace: Option<String>,
+    /// The `watcher::Config`, so that watches with different selectors or
+    /// list semantics are different watches; its initial list strategy only
+    /// as far as it changes how the watch lists.
+    config: String,
+}
+
+pub(super) type Watches = HashMap<WatchKey, Weak<dyn Any + Send + Sync>>;
+
+/// The watches and stores of one engaged cluster, shared by every controller.
+///
+/// A type is watched once per cluster and watch configuration: the first
+/// caller starts the watch, later ones get the same [`SharedWatch`] and read
+/// the same [`Store`]. The cache does not keep watches alive by itself: a
+/// watch stops when the last controller or subscription holding it lets go,
+/// and the next caller starts a fresh one.
+pub struct ClusterCache {
+    pub(super) cluster: ClusterName,
+    pub(super) client: Client,
+    pub(super) watches: Mutex<Watches>,
+    pub(super) lists: Arc<initial_list::ListMode>,
+    /// For a namespace of a host engaged as a cluster: the host, whose
+    /// watches it reads its part of, and the namespace.
+    pub(super) view: Option<(HostCache, String)>,
+}
+
+impl fmt::Debug for ClusterCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClusterCache")
+            .field("cluster", &self.cluster)
+            .field("watches", &self.watch_count())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClusterCache {
+    pub(crate) fn new(cluster: ClusterName, client: Client) -> Self {
+        Self {
+            cluster,
+            client,
+            watches: Mutex::new(HashMap::new()),
+            lists: Arc::default(),
+            view: None,
+        }
+    }
+
+    /// The cache of the cluster that is `view`'s namespace of its host.
+    pub(crate) fn of_view(cluster: ClusterName, view: &NamespaceView) -> Self {
+        Self {
+            view: Some((view.host().clone(), view.namespace().to_owned())),
+            ..Self::new(cluster, view.client())
+        }
+    }
+
+    /// The cache that holds cluster-scoped kinds for this cluster: its
+    /// host's, for a namespace of a host; itself otherwise.
+    pub(crate) fn whole(&self) -> &ClusterCache {
+        match &self.view {
+            Some((host, _)) => host.cache(),
+            None => self,
+        }
+    }
+
+    /// The namespace of its host this cluster is, if it is one.
+    pub fn view_namespace(&self) -> Option<&str> {
+        self.view.as_ref().map(|(_, namespace)| namespace.as_str())
+    }
+
+    fn watches(&self) -> MutexGuard<'_, Watches> {
+        self.watches.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The shared watch of `K` objects in all namespaces with this
+    /// configuration, started now if none runs here.
+    pub fn watch<K>(&self, config: &watcher::Config) -> Arc<SharedWatch<K>>
+    where
+        K: Watchable<DynamicType = ()>,
+    {
+        self.watch_with(&(), None, config)
+    }
+
+    /// The shared watch of `K` objects in `namespace` (all namespaces for
+    /// `None`, and for a cluster-scoped `K`) with this configuration, started
+    /// now if none runs here. A watch of one namespace needs read rights in
+    /// that namespace only.
+    pub fn watch_in<K>(
+        &self,
+        namespace: Option<&str>,
+        config: &watcher::Config,
+    ) -> Arc<SharedWatch<K>>
+    where
+        K: Watchable<DynamicType = ()>,
+    {
+        self.watch_with(&(), namespace, config)
+    }
+
+    /// Like [`watch_in`](Self::watch_in), for a type described by `dyntype`:
+    /// `DynamicObject` with its [`ApiResource`], say. Give a namespace only
+    /// for a namespaced kind (the type cannot tell for `DynamicObject`; a
+    /// controller checks it with the scope its `Watch` was given). A
+    /// resource of version `*` (from
+    /// [`Watch::discover`](crate::controller::Watch::discover)) is watched at
+    /// the version this cluster's discovery finds.
+    ///
+    /// ```no_run
+    /// # fn example(cluster: kube_fleet::Cluster) {
+    /// use kube::{api::{ApiResource, DynamicObject, GroupVersionKind}, runtime::watcher};
+    ///
+    /// let widgets = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
+    /// let watch = cluster
+    ///     .cache()
+    ///     .watch_with::<DynamicObject>(&widgets, None, &watcher::Config::default());
+    /// # }
+    /// ```
+    pub fn watch_with<K: Watchable>(
+        &self,
+        dyntype: &K::DynamicType,
+        namespace: Option<&str>,
+        config: &watcher::Config,
+    ) -> Arc<SharedWatch<K>> {
+        self.watch_shaped(dyntype, namespace, &Shape::default(), config)
+    }
+
+    /// [`watch_with`](Self::watch_with), with objects shaped as `shape`
+    /// says (a separate watch from one shaped otherwise).
+    pub(crate) fn watch_shaped<K: Watchable>(
+        &self,
+        dyntype: &K::DynamicType,
+        namespace: Option<&str>,
+        shape: &Shape,
+        config: &watcher::Config,
+    ) -> Arc<SharedWatch<K>> {
+        let namespace = scope::<K>(namespace);
+        let Some((host, own)) = &self.view else {
+            return self.shared(shape, dyntype, namespace, config, || {
+                SharedWatch::start(
+                    self.cluster.clone(),
+                    dyntype.clone(),
+                    self.events::<K>(dyntype, namespace, shape, config),
+                )
+            });
+        };
+        if !is_namespaced::<K>() {
+            // Not split by namespace: the host's own.
+            return host.cache().watch_shaped(dyntype, None, shape, config);
+        }
+        match namespace {
+            Some(other) if other != own => {
+                // Another namespace, which this cluster does not see.
+                self.shared(shape, dyntype, namespace, config, || {
+                    let nothing = futures::stream::iter([
+                        Ok(watcher::Event::Init),
+                        Ok(watcher::Event::InitDone),
+                    ])
+                    .chain(futures::stream::pending());
+                    SharedWatch::start(self.cluster.clone(), dyntype.clone(), nothing)
+                })
+            }
+            _ => self.shared(shape, dyntype, Some(own), config, || {
+                host.part::<K>(dyntype, own, shape, config, &self.cluster)
+            }),
+        }
+    }
+
+    /// The shared watch of `K`'s metadata only, in all namespaces, started
+    /// now if needed: for types a controller needs only to key on (owner
+    /// references, labels).
+    pub fn watch_metadata<K>(
+        &self,
+        config: &watcher::Config,
+    ) -> Arc<SharedWatch<PartialObjectMeta<K>>>
+    where
+        K: Watchable<DynamicType = ()>,
+    {
+        self.watch_metadata_with(&(), None, config)
+    }
+
+    /// Like [`watch_metadata`](Self::watch_metadata), in `namespace` only
+    /// (see [`watch_in`](Self::watch_in)).
+    pub fn watch_metadata_in<K>(
+        &self,
+        namespace: Option<&str>,
+        config: &watcher::Config,
+    ) -> Arc<SharedWatch<PartialObjectMeta<K>>>
+    where
+        K: Watchable<DynamicType = ()>,
+    {
+        self.watch_metadata_with(&(), namespace, config)
+    }
+
+    /// Like [`watch_metadata_in`](Self::watch_metadata_in), for a type
+    /// described by `dyntype`.
+    pub fn watch_metadata_with<K: Watchable>(
+        &self,
+        dyntype: &K::DynamicType,
+        namespace: Option<&str>,
+        config: &watcher::Config,
+    ) -> Arc<SharedWatch<PartialObjectMeta<K>>> {
+        self.watch_with::<PartialObjectMeta<K>>(dyntype, namespace, config)
+    }
+
+    /// The watch of `K` objects in all namespaces with this configuration,
+    /// if one runs here; unlike [`watch`](Self::watch), never starts one.
+    /// Finds only watches whose objects are cached as [`watch`](Self::watch)
+    /// caches them: not a controller's watch given a
+    /// [`Transform`] or told to keep `managedFields`.
+    pub fn find<K>(&self, config: &watcher::Config) -> Option<Arc<SharedWatch<K>>>
+    where
+        K: Watchable<DynamicType = ()>,
+    {
+        self.find_with(&(), None, config)
+    }
+
+    /// The watch of `K` objects in `namespace` with this configuration, if
+    /// one runs here; never starts one.
+    pub fn find_in<K>(
+        &self,
+        namespace: Option<&str>,
+        config: &watcher::Config,
+    ) -> Option<Arc<SharedWatch<K>>>
+    where
+        K: Watchable<DynamicType = ()>,
+    {
+        self.find_with(&(), namespace, config)
+    }
+
+    /// The watch of `K` objects described by `dyntype`, in `namespace`,
+    /// with this configuration, if one runs here; never starts one.
+    pub fn find_with<K: Watchable>(
+        &self,
+        dyntype: &K::DynamicType,
+        namespace: Option<&str>,
+        config: &watcher::Config,
+    ) -> Option<Arc<SharedWatch<K>>> {
+        let namespace = match &self.view {
+            Some((host, _)) if !is_namespaced::<K>() => {
+                return host.cache().find_with(dyntype, None, config);
+            }
+            // Its own namespace, whether named or not.
+            Some((_, own)) if namespace.is_none() => Some(own.as_str()),
+            _ => scope::<K>(namespace),
+        };
+        let key = watch_key::<K>(&Shape::default(), dyntype, namespace, config);
+        let watch = self.watches().get(&key)?.upgrade()?;
+        watch.downcast::<SharedWatch<K>>().ok()
+    }
+
+    /// The store of `K` objects watched with the default configuration, if a
+    /// controller watches them in this cluster (with neither a [`Transform`]
+    /// nor `managedFields` kept, as [`find`](Self::find) says).
+    pub fn store<K: Watchable<DynamicType = ()>>(&self) -> Option<Store<K>> {
+        self.find::<K>(&watcher::Config::default())
+            .map(|w| w.store())
+    }
+
+    /// How many watches run in this cluster now.
+    pub fn watch_count(&self) -> usize {
+        self.watches()
+            .values()
+            .filter(|w| w.strong_count() > 0)
+            .count()
+    }
+
+    fn shared<T>(
+        &self,
+        shape: &Shape,
+        dyntype: &T::DynamicType,
+        namespace: Option<&str>,
+        config: &watcher::Config,
+        start: impl FnOnce() -> SharedWatch<T>,
+    ) -> Arc<SharedWatch<T>>
+    where
+        T: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
+    {
+        // Keyed by the watched type: for metadata watches it is
+        // `PartialObjectMeta<K>`, a type of its own, so the keys never clash.
+        let key = watch_key::<T>(shape, dyntype, namespace, config);
+        let mut watches = self.watches();
+        if let Some(existing) = watches.get(&key).and_then(Weak::upgrade)
+            && let Ok(existing) = existing.downcast::<SharedWatch<T>>()
+        {
+            return existing;
+        }
+        // Forget watches that nobody holds any more.
+        watches.retain(|_, w| w.strong_count() > 0);
+        let watch = Arc::new(start());
+        let weak: Weak<dyn Any + Send + Sync> = Arc::downgrade(&watch) as _;
+        watches.insert(key, weak);
+        watch
+    }
+}
+
+pub(super) fn watch_key<T: Resource<DynamicType: TypeInfo> + 'static>(
+    shape: &Shape,
+    dyntype: &T::DynamicType,
+    namespace: Option<&str>,
+    config: &watcher::Config,
+) -> WatchKey {
+    WatchKey {
+        type_id: TypeId::of::<T>(),
+        shape: shape.key(),
+        dynamic: format!("{dyntype:?}"),
+        namespace: namespace.map(str::to_owned),
+        // Watches that list the same way (streamed or paged) share, whichever
+        // way their configuration asked for it.
+        config: format!(
+            "{:?}",
+            watcher::Config {
+                initial_list_strategy: if initial_list::wants_streaming(config) {
+                    watcher::InitialListStrategy::StreamingList
+                } else {
+                    watcher::InitialListStrategy::ListWatch
+                },
+                ..config.clone()
+            }
+        ),
+    }
+}
