@@ -39,7 +39,9 @@
 //! [`watches`]: Controller::watches
 
 mod config;
+mod error;
 mod permissions;
+mod relations;
 mod runner;
 mod selector;
 mod status;
@@ -49,12 +51,12 @@ pub(crate) mod watch;
 use std::{fmt, future::Future, marker::PhantomData, sync::Arc};
 
 use futures::{FutureExt, Stream, StreamExt, future::BoxFuture, stream::BoxStream};
-use kube::core::PartialObjectMeta;
 use tower::{BoxError, Service};
 
 pub use config::{
     Config, DEFAULT_CLUSTER_CONCURRENCY, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_SYNC_TIMEOUT,
 };
+pub use error::{Error, ErrorPolicy};
 pub use selector::ClusterSelector;
 pub use status::{ClusterStatus, ControllerStatus};
 use watch::Resolved;
@@ -63,38 +65,13 @@ pub use watch::Watch;
 use crate::{
     action::Action,
     cache::{Change, Watchable},
-    cluster_name::ClusterName,
     fleet::Fleet,
     object_request::ObjectRequest,
     queue,
-    request::{McRequest, ObjectKey},
+    request::McRequest,
 };
 use runner::{Runner, Setup};
 use trigger::{FilterFactory, Trigger, WatchTrigger, Watched};
-
-/// Why a controller stopped other than by a graceful shutdown.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The controller was built wrong: a `DynamicObject` watch without the
-    /// type it watches, or a verb Kubernetes does not have in
-    /// [`Controller::writes`], say. Reported when it is run.
-    #[error("controller {controller}: {reason}")]
-    Invalid {
-        /// The controller's name.
-        controller: String,
-        /// What is wrong.
-        reason: String,
-    },
-    /// The service reported from `poll_ready` that it has failed for good.
-    #[error("controller {controller}: the reconcile service failed")]
-    Service {
-        /// The controller's name.
-        controller: String,
-        /// The service's error.
-        #[source]
-        source: BoxError,
-    },
-}
 
 /// The controlled type's kind and API version, as owner references name it,
 /// and whether it lives in namespaces.
@@ -104,14 +81,6 @@ struct Owner {
     api_version: String,
     namespaced: bool,
 }
-
-/// What a controller does with a reconcile's error: see
-/// [`Controller::error_policy`].
-pub type ErrorPolicy = Arc<
-    dyn Fn(&McRequest, &(dyn std::error::Error + Send + Sync + 'static)) -> Option<Action>
-        + Send
-        + Sync,
->;
 
 /// A controller for `K` objects across the fleet; see the [module docs](self).
 #[must_use]
@@ -212,44 +181,6 @@ impl<K: Watchable> Controller<K> {
         }
     }
 
-    /// Adds a trigger for `T`, watched as `watch` says, with `mapper`; a
-    /// watch built wrong is recorded, and reported when the controller runs.
-    fn add_trigger<T, M>(self, watch: Watch, mapper: impl FnOnce(&Owner) -> M) -> Self
-    where
-        T: Watchable,
-        M: Fn(&ClusterName, &Change<T>) -> Vec<McRequest> + Send + Sync + 'static,
-    {
-        self.add_trigger_across(watch, mapper, None)
-    }
-
-    /// [`add_trigger`](Self::add_trigger), for a trigger whose requests go
-    /// to the clusters `across` selects when it is `Some`.
-    fn add_trigger_across<T, M>(
-        mut self,
-        watch: Watch,
-        mapper: impl FnOnce(&Owner) -> M,
-        across: Option<(ClusterSelector, trigger::KeyMapper<T>)>,
-    ) -> Self
-    where
-        T: Watchable,
-        M: Fn(&ClusterName, &Change<T>) -> Vec<McRequest> + Send + Sync + 'static,
-    {
-        match Resolved::<T>::from(watch) {
-            Ok(watch) => {
-                let related = Some(watch.kind());
-                self.triggers.push(Arc::new(WatchTrigger {
-                    watch,
-                    mapper: Arc::new(mapper(&self.owner)),
-                    filters: Vec::new(),
-                    related,
-                    across,
-                }));
-            }
-            Err(problem) => self.problems.push(problem),
-        }
-        self
-    }
-
     /// Names the controller in logs (default: `K`'s kind in lower case).
     pub fn named(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
@@ -306,153 +237,6 @@ impl<K: Watchable> Controller<K> {
             trigger.filters.push(factory);
         }
         self
-    }
-
-    /// Also reconciles the owner of every `Child` (by owner reference, same
-    /// cluster) when the child changes.
-    pub fn owns<Child: Watchable>(self, watch: impl Into<Watch>) -> Self {
-        self.add_trigger(watch.into(), |owner| {
-            trigger::for_owners::<Child>(
-                owner.kind.clone(),
-                owner.api_version.clone(),
-                owner.namespaced,
-            )
-        })
-    }
-
-    /// Also reconciles the parent of every `Child` that names a `K` as its
-    /// parent through [`PARENT_ANNOTATION`](crate::ownership::PARENT_ANNOTATION),
-    /// in whichever cluster the child lives (see [`Watch::in_clusters`]):
-    /// the parent's request names the parent's own cluster. See
-    /// [`ownership`](crate::ownership) for making such children and cleaning
-    /// them up.
-    ///
-    /// Name the clusters the children live in with [`Watch::in_clusters`]:
-    /// without it the watch runs in the controller's own clusters only,
-    /// while a [`Children`](crate::ownership::Children) given the same
-    /// `Watch` reads every cluster.
-    pub fn owns_across<Child: Watchable>(self, watch: impl Into<Watch>) -> Self
-    where
-        K: kube::Resource<DynamicType = ()>,
-    {
-        self.add_trigger(watch.into(), |_| {
-            |_: &ClusterName, change: &Change<Child>| {
-                crate::ownership::parent::parents_of::<K, Child>(change.object().as_ref())
-                    .into_iter()
-                    .collect()
-            }
-        })
-    }
-
-    /// Like [`owns`](Self::owns), but watches only the children's metadata.
-    pub fn owns_metadata<Child: Watchable>(self, watch: impl Into<Watch>) -> Self {
-        self.add_trigger(watch.into(), |owner| {
-            trigger::for_owners::<PartialObjectMeta<Child>>(
-                owner.kind.clone(),
-                owner.api_version.clone(),
-                owner.namespaced,
-            )
-        })
-    }
-
-    /// Also reconciles whatever `mapper` returns when an `Other` object
-    /// changes in a cluster where it is watched (see [`Watch::in_clusters`]).
-    /// The requests may name another cluster than the one the change came
-    /// from: this is how a change in one cluster makes work in another.
-    /// With [`run`](Self::run), a request must name a cluster where the
-    /// controller watches `K` (others are dropped with a warning).
-    ///
-    /// ```no_run
-    /// # use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-    /// # use kube::runtime::watcher;
-    /// # use kube_fleet::{Controller, Fleet, McRequest};
-    /// # fn example(fleet: &Fleet, members: Vec<String>) {
-    /// // A Secret in the hub asks for a ConfigMap of the same name in every member.
-    /// Controller::<ConfigMap>::new(fleet, watcher::Config::default())
-    ///     .watches::<Secret, _>(watcher::Config::default(), move |cluster, secret| {
-    ///         let name = secret.metadata.name.clone().unwrap_or_default();
-    ///         members.iter()
-    ///             .filter(|_| cluster == "hub")
-    ///             .map(|m| McRequest::new(m.as_str(), Some("default"), name.clone()))
-    ///             .collect::<Vec<_>>()
-    ///     });
-    /// # }
-    /// ```
-    pub fn watches<Other, I>(
-        self,
-        watch: impl Into<Watch>,
-        mapper: impl Fn(&ClusterName, &Other) -> I + Send + Sync + 'static,
-    ) -> Self
-    where
-        Other: Watchable,
-        I: IntoIterator<Item = McRequest>,
-    {
-        self.add_trigger(watch.into(), |_| {
-            move |cluster: &ClusterName, change: &Change<Other>| {
-                mapper(cluster, change.object()).into_iter().collect()
-            }
-        })
-    }
-
-    /// Like [`watches`](Self::watches), but watches only `Other`'s metadata.
-    pub fn watches_metadata<Other, I>(
-        self,
-        watch: impl Into<Watch>,
-        mapper: impl Fn(&ClusterName, &PartialObjectMeta<Other>) -> I + Send + Sync + 'static,
-    ) -> Self
-    where
-        Other: Watchable,
-        I: IntoIterator<Item = McRequest>,
-    {
-        self.add_trigger(watch.into(), |_| {
-            move |cluster: &ClusterName, change: &Change<PartialObjectMeta<Other>>| {
-                mapper(cluster, change.object()).into_iter().collect()
-            }
-        })
-    }
-
-    /// Also reconciles, in every cluster `to` selects, the objects `mapper`
-    /// names when an `Other` object changes in a cluster where it is watched
-    /// (see [`Watch::in_clusters`]): a change in one cluster makes work in
-    /// all of a set of others. `to` is read when the change is taken in, so
-    /// the requests go to the clusters engaged then, and a cluster that
-    /// joins later is given the requests that every `Other` object already
-    /// watched makes, as soon as it joins. Only clusters where the
-    /// controller watches `K` take part (others `to` selects are skipped).
-    ///
-    /// A hub ConfigMap that every member cluster should hold a copy of:
-    ///
-    /// ```no_run
-    /// # use k8s_openapi::api::core::v1::ConfigMap;
-    /// # use kube::runtime::watcher;
-    /// # use kube_fleet::{Controller, Fleet, ObjectKey, controller::{ClusterSelector, Watch}};
-    /// # fn example(fleet: &Fleet) -> Controller<ConfigMap> {
-    /// let in_hub = Watch::new(watcher::Config::default().labels("copy=everywhere"))
-    ///     .in_clusters(ClusterSelector::Local);
-    /// Controller::<ConfigMap>::new(fleet, watcher::Config::default())
-    ///     .clusters(ClusterSelector::Provided)
-    ///     .watches_across::<ConfigMap, _>(in_hub, ClusterSelector::Provided, |_hub, source| {
-    ///         [ObjectKey::of(source)]
-    ///     })
-    /// # }
-    /// ```
-    pub fn watches_across<Other, I>(
-        self,
-        watch: impl Into<Watch>,
-        to: ClusterSelector,
-        mapper: impl Fn(&ClusterName, &Other) -> I + Send + Sync + 'static,
-    ) -> Self
-    where
-        Other: Watchable,
-        I: IntoIterator<Item = ObjectKey>,
-    {
-        let keys: trigger::KeyMapper<Other> =
-            Arc::new(move |cluster, object| mapper(cluster, object).into_iter().collect());
-        self.add_trigger_across(
-            watch.into(),
-            |_| |_: &ClusterName, _: &Change<Other>| Vec::new(),
-            Some((to, keys)),
-        )
     }
 
     /// Also reconciles every request `requests` yields: for triggers from

@@ -17,56 +17,17 @@
 //! - [`Children::sweep`] deletes the children of a parent that is gone, or
 //!   was made again under the same name (another UID).
 //!
-//! # Clusters that are down when a parent goes
-//!
-//! The parent's finalizer does not wait for them. [`Children::delete`]
-//! deletes in every engaged cluster whose API server answers within its
-//! timeout, and reports the others as skipped (not read yet, its watch not
-//! synced, or no answer: a connection error, the timeout, or a gateway's
-//! 502 to 504) rather than failing. A server that answers with an error
-//! (forbidden, a server error) fails the cleanup, which is then retried.
-//! The parent's deletion is recorded where it cannot be lost: each child
-//! carries its parent's UID, and a parent that no longer exists under that
-//! UID proves the child an orphan. A skipped child is deleted by
-//! [`Children::sweep`] in the parent's reconcile, which runs again for it:
-//!
-//! - when its cluster is engaged again (by its provider, or after a restart)
-//!   or is served for the first time: the controller is told of every child
-//!   there, and each wakes its parent;
-//! - while its cluster stays engaged: [`Children::sweeps`] asks for the
-//!   parent again until the cluster's watch has synced and holds no child
-//!   naming it (wire it with `reconcile_on`, and call `sweep` on every run
-//!   of the parent's reconcile that finds it gone, and `release` on every
-//!   run that finds it unwanted, so that each request does the work).
-//!
-//! A parent that is *released* rather than deleted
-//! ([`ObjectRequest::finalize_if`](crate::ObjectRequest::finalize_if) with
-//! `wanted` false) still exists, so its
-//! UID proves nothing: for it, [`Children::delete`] fails while a cluster
-//! whose store holds its children gives no answer, and the finalizer stays
-//! until that cluster was reached. Once the finalizer is gone,
-//! [`Children::release`], called on every run that finds the parent
-//! unwanted, deletes the children that show up later (in a cluster whose
-//! children were not known yet, or made a moment before the release).
-//!
-//! The same holds for a child that reaches its cluster's store after the
-//! cleanup read the stores (made a moment before the parent went): it wakes
-//! its parent, whose sweep deletes it (or, for a released parent, its
-//! [`Children::release`]). Both need the controller to
-//! [`owns_across`](crate::Controller::owns_across) the children with the
-//! [`Watch`](crate::controller::Watch) the [`Children`] read, and its reconcile to call
-//! [`Children::sweep`] when the request's object is gone and
-//! [`Children::release`] when it is unwanted.
-//!
-//! A child whose parent's cluster is not engaged is left alone until it is:
-//! nothing can tell whether its parent still exists.
-//!
-//! The controller is told of a member's children once it serves that
-//! member: once every one of its watches there has synced. In a member
-//! where another of its watches cannot sync, children are noticed only
-//! through [`Children::sweeps`], whose record is in memory; keep the
-//! children's watch the controller's only one in the members, or every
-//! watch there syncable.
+//! The parent's finalizer does not wait for clusters that are down: what
+//! [`Children::delete`] skips there, [`Children::sweep`] and
+//! [`Children::release`] delete later, when the parent's reconcile runs
+//! again, which the children's watch, [`Children::sweeps`] and a cluster
+//! engaged again make sure of. The book's chapter on cross-cluster mapping
+//! and ownership (`docs/cross-cluster.md`) says when each applies, what a
+//! released parent changes, and what it costs; for all of it, the
+//! controller must [`owns_across`](crate::Controller::owns_across) the
+//! children with the [`Watch`](crate::controller::Watch) its [`Children`]
+//! read, and its reconcile call [`Children::sweep`] when the request's
+//! object is gone and [`Children::release`] when it is unwanted:
 //!
 //! ```no_run
 //! use std::time::Duration;

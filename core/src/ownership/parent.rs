@@ -244,3 +244,146 @@ pub(super) fn request_key<P: Resource<DynamicType = ()>>(request: &McRequest) ->
         &request.name,
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    fn parent(namespace: Option<&str>, name: &str, uid: &str) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                namespace: namespace.map(str::to_owned),
+                name: Some(name.to_owned()),
+                uid: Some(uid.to_owned()),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        }
+    }
+
+    fn child_with(annotation: Option<&str>) -> ConfigMap {
+        let mut child = ConfigMap::default();
+        child.metadata.namespace = Some("apps".into());
+        child.metadata.name = Some("copy".into());
+        if let Some(value) = annotation {
+            child
+                .annotations_mut()
+                .insert(PARENT_ANNOTATION.into(), value.into());
+        }
+        child
+    }
+
+    #[test]
+    fn a_reference_written_by_adopt_reads_back_the_same() {
+        let hub = ClusterName::new("hub");
+        let reference = ParentRef::of(&hub, &parent(Some("team"), "web", "uid-1")).unwrap();
+        let mut child = child_with(None);
+        child.labels_mut().insert("app".into(), "kept".into());
+        reference.adopt(&mut child);
+        assert_eq!(ParentRef::of_child(&child).unwrap().unwrap(), reference);
+        assert_eq!(child.labels()[PARENT_UID_LABEL], "uid-1");
+        assert_eq!(child.labels()["app"], "kept", "other labels stay");
+        assert_eq!(reference.selector(), format!("{PARENT_UID_LABEL}=uid-1"));
+        assert_eq!(
+            reference.request(),
+            McRequest::new("hub", Some("team"), "web")
+        );
+        assert!(reference.is_a::<ConfigMap>() && !reference.is_a::<Deployment>());
+    }
+
+    #[test]
+    fn the_annotation_is_json_that_names_no_namespace_for_a_cluster_scoped_parent() {
+        let reference =
+            ParentRef::of(&ClusterName::new("hub"), &parent(None, "global", "uid-2")).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&reference.annotation()).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "cluster": "hub", "apiVersion": "v1", "kind": "ConfigMap",
+                "name": "global", "uid": "uid-2",
+            })
+        );
+        let mut child = child_with(None);
+        reference.adopt(&mut child);
+        let read = ParentRef::of_child(&child).unwrap().unwrap();
+        assert_eq!(read.namespace, None);
+        assert_eq!(
+            read.request(),
+            McRequest::new("hub", None::<String>, "global")
+        );
+    }
+
+    #[test]
+    fn a_parent_not_read_from_its_api_server_cannot_be_referenced() {
+        let mut unsaved = parent(Some("team"), "web", "x");
+        unsaved.metadata.uid = None;
+        let error = ParentRef::of(&ClusterName::new("hub"), &unsaved).unwrap_err();
+        assert!(
+            matches!(error, ParentRefError::Incomplete { missing: "uid", .. }),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn an_unreadable_annotation_is_an_error_that_names_the_child_and_no_annotation_is_none() {
+        assert!(ParentRef::of_child(&child_with(None)).is_none());
+        for (value, says) in [
+            ("not json", "expected"),
+            (
+                r#"{"cluster":"hub","apiVersion":"v1","kind":"ConfigMap","name":"web"}"#,
+                "no uid",
+            ),
+            (
+                r#"{"apiVersion":"v1","kind":"ConfigMap","name":"web","uid":"u"}"#,
+                "no cluster",
+            ),
+        ] {
+            let error = ParentRef::of_child(&child_with(Some(value)))
+                .unwrap()
+                .unwrap_err();
+            let text = error.to_string();
+            assert!(text.contains("apps/copy") && text.contains(says), "{text}");
+        }
+        // A child whose parent is unreadable maps to no parent.
+        assert_eq!(
+            parents_of::<ConfigMap, _>(&child_with(Some("not json"))),
+            None
+        );
+    }
+
+    #[test]
+    fn children_are_grouped_by_the_parents_identity_without_its_uid() {
+        let hub = ClusterName::new("hub");
+        let first = ParentRef::of(&hub, &parent(Some("team"), "web", "uid-1")).unwrap();
+        let again = ParentRef::of(&hub, &parent(Some("team"), "web", "uid-2")).unwrap();
+        // Made again under the same name: the same group, so a sweep finds
+        // the old children by the new parent's request.
+        assert_eq!(first.key(), again.key());
+        let request = first.request();
+        assert_eq!(first.key(), request_key::<ConfigMap>(&request));
+        assert!(key_names(&first.key(), &request));
+        assert!(!key_names(
+            &first.key(),
+            &McRequest::new("hub", Some("team"), "api")
+        ));
+        assert!(!key_names(
+            &first.key(),
+            &McRequest::new("east", Some("team"), "web")
+        ));
+        assert!(!key_names(
+            &first.key(),
+            &McRequest::new("hub", Some("other"), "web")
+        ));
+        assert!(!key_names("not a key", &request));
+        // Another kind of the same name is another parent.
+        assert_ne!(first.key(), request_key::<Deployment>(&request));
+        // Only parents of the controller's kind are requested.
+        let mut child = child_with(None);
+        first.adopt(&mut child);
+        assert_eq!(parents_of::<ConfigMap, _>(&child), Some(request));
+        assert_eq!(parents_of::<Deployment, _>(&child), None);
+    }
+}
