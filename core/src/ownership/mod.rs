@@ -94,6 +94,7 @@
 //! ```
 
 mod children;
+mod cleanup;
 pub(crate) mod parent;
 
 pub use children::{Children, Deleted};
