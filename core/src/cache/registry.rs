@@ -128,7 +128,7 @@ impl ClusterCache {
     }
 
     /// Like [`watch_in`](Self::watch_in), for a type described by `dyntype`:
-    /// `DynamicObject` with its [`ApiResource`], say. Give a namespace only
+    /// `DynamicObject` with its [`ApiResource`](kube::core::ApiResource), say. Give a namespace only
     /// for a namespaced kind (the type cannot tell for `DynamicObject`; a
     /// controller checks it with the scope its `Watch` was given). A
     /// resource of version `*` (from
@@ -236,7 +236,7 @@ impl ClusterCache {
     /// if one runs here; unlike [`watch`](Self::watch), never starts one.
     /// Finds only watches whose objects are cached as [`watch`](Self::watch)
     /// caches them: not a controller's watch given a
-    /// [`Transform`] or told to keep `managedFields`.
+    /// [`Transform`](crate::cache::Transform) or told to keep `managedFields`.
     pub fn find<K>(&self, config: &watcher::Config) -> Option<Arc<SharedWatch<K>>>
     where
         K: Watchable<DynamicType = ()>,
@@ -279,7 +279,7 @@ impl ClusterCache {
     }
 
     /// The store of `K` objects watched with the default configuration, if a
-    /// controller watches them in this cluster (with neither a [`Transform`]
+    /// controller watches them in this cluster (with neither a [`Transform`](crate::cache::Transform)
     /// nor `managedFields` kept, as [`find`](Self::find) says).
     pub fn store<K: Watchable<DynamicType = ()>>(&self) -> Option<Store<K>> {
         self.find::<K>(&watcher::Config::default())

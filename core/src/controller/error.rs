@@ -11,7 +11,7 @@ use crate::{action::Action, request::McRequest};
 pub enum Error {
     /// The controller was built wrong: a `DynamicObject` watch without the
     /// type it watches, or a verb Kubernetes does not have in
-    /// [`Controller::writes`], say. Reported when it is run.
+    /// [`Controller::writes`](crate::Controller::writes), say. Reported when it is run.
     #[error("controller {controller}: {reason}")]
     Invalid {
         /// The controller's name.
@@ -31,7 +31,7 @@ pub enum Error {
 }
 
 /// What a controller does with a reconcile's error: see
-/// [`Controller::error_policy`].
+/// [`Controller::error_policy`](crate::Controller::error_policy).
 pub type ErrorPolicy = Arc<
     dyn Fn(&McRequest, &(dyn std::error::Error + Send + Sync + 'static)) -> Option<Action>
         + Send

@@ -380,6 +380,29 @@ mod tests {
         assert!(!key_names("not a key", &request));
         // Another kind of the same name is another parent.
         assert_ne!(first.key(), request_key::<Deployment>(&request));
+        // A parent of a named group: its key and its type check take the
+        // group from `group/version`, whatever the version.
+        let mut deployment = Deployment::default();
+        deployment.metadata.namespace = Some("team".into());
+        deployment.metadata.name = Some("web".into());
+        deployment.metadata.uid = Some("uid-3".into());
+        let apps = ParentRef::of(&hub, &deployment).unwrap();
+        assert_eq!(apps.api_version, "apps/v1");
+        assert_eq!(apps.key(), request_key::<Deployment>(&request));
+        let mut other_version = apps.clone();
+        other_version.api_version = "apps/v2".into();
+        assert_eq!(other_version.key(), apps.key());
+        assert!(other_version.is_a::<Deployment>());
+        // The same kind in another group is not a `Deployment`, nor the
+        // same parent.
+        let mut other_group = apps.clone();
+        other_group.api_version = "example.com/v1".into();
+        assert!(!other_group.is_a::<Deployment>());
+        assert_ne!(other_group.key(), apps.key());
+        // The same group and version, another kind.
+        let mut other_kind = apps.clone();
+        other_kind.kind = "StatefulSet".into();
+        assert!(!other_kind.is_a::<Deployment>());
         // Only parents of the controller's kind are requested.
         let mut child = child_with(None);
         first.adopt(&mut child);

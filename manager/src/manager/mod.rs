@@ -159,7 +159,7 @@ impl Manager {
 
     /// Serves `/healthz`, `/readyz` and `/metrics` over HTTP on `address`
     /// (none by default). An address that cannot be bound ends
-    /// [`run`](Self::run) at once with [`Error::Serve`].
+    /// [`run`](Self::run) at once with [`Error::Serve`](crate::Error::Serve).
     pub fn endpoints(mut self, address: SocketAddr) -> Self {
         self.address = Address::Bind(address);
         self

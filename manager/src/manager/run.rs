@@ -373,8 +373,8 @@ fn start_serving(
 }
 
 /// Waits until this replica leads. `Some` of how the run ends if it ends
-/// first: the election failed, the server failed, or the shutdown came
-/// (each stops the election and waits for it).
+/// first: the election ended (failed), or the server failed or the
+/// shutdown came (each of these two stops the election and waits for it).
 async fn wait_to_lead(
     lease: &str,
     role: &watch::Receiver<Role>,
@@ -490,7 +490,7 @@ async fn hand_back(validity: &Validity, release: &AtomicBool, stop_election: &wa
         .await
         .is_err()
     {
-        tracing::warn!("reconciles still running 5 s after the controllers stopped");
+        tracing::warn!(timeout = ?DRAIN_TIMEOUT, "reconciles still running after the controllers stopped");
         release.store(false, Ordering::SeqCst);
     }
     let _ = stop_election.send(true);
@@ -512,6 +512,7 @@ async fn close(serving: Serving, result: Result<(), Error>) -> Result<(), Error>
     }
     result
 }
+
 /// The cluster, namespace and identity of a Lease: those given, or the
 /// local cluster's client, its default namespace, and a random identity on
 /// this host. `what` names the Lease in an error.
