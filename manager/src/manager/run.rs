@@ -2,6 +2,10 @@
 //! (everyone, the leader, or each cluster's shard), serve the endpoints,
 //! start the providers, wait to lead, run the controllers until they stop,
 //! hand the Lease back, and close the endpoints.
+//!
+//! One file of a little over 500 lines, on purpose: the steps hand each
+//! other the run's state (the gate, the election, the server), and are
+//! read in the order they run.
 
 use std::{
     net::SocketAddr,
