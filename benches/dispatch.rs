@@ -1,26 +1,34 @@
 //! Dispatch: how fast requests go from the queue to a reconciler.
 //!
 //! ```text
-//! cargo bench --bench dispatch
+//! cargo bench --bench dispatch                 # 5 rounds
+//! cargo bench --bench dispatch -- --rounds 9
 //! ```
 //!
-//! One real cluster (an envtest API server) is engaged so that the default
-//! layers have a synced cache to read from; the requests themselves are fed
-//! in memory through `Controller::reconcile_on`, all distinct, to a no-op
-//! reconciler. Three setups are measured: the bare reconciler (`run`: each
+//! One real cluster (an envtest API server) is engaged so that each request
+//! reads its object from a synced watch; the requests themselves are fed in
+//! memory through `Controller::reconcile_on`, all distinct, to a no-op
+//! reconciler. Three stacks are measured: the bare reconciler (`run`: each
 //! request with its cluster and its object from the controller's own
 //! watch), the same with every admission check of the queue on (a
 //! controller-wide concurrency limit, the per-cluster fair share, a shared
 //! and a per-cluster token bucket, all generous enough never to hold a key
 //! back), and the reconciler in the recommended stack (`RecommendedLayer`:
-//! trace, metrics following the fleet, panic catch, timeout, retry). Last, kube-runtime's own `applier` runs the same keys in
-//! the same process as the baseline (a no-op reconciler over a store holding
-//! their objects, at most 64 reconciles at once as ours by default in one cluster), and each stack's
-//! throughput is printed as a ratio of it.
+//! trace, metrics following the fleet, panic catch, timeout, retry).
+//! kube-runtime's own `applier` runs the same keys in the same process as
+//! the baseline (a no-op reconciler over a store holding their objects, at
+//! most 64 reconciles at once, as ours by default in one cluster).
 //!
 //! - throughput: 200,000 requests queued at once, reconciles per second;
 //! - latency: 20,000 requests fed at 10,000 per second, enqueue-to-start
-//!   time of each (p50, p99, max).
+//!   time of each (p50, p99).
+//!
+//! Single runs on a small machine move by half, so the stacks and the
+//! applier take turns: each round runs every one of them once, starting
+//! from a different one each round, and the summary gives each figure's
+//! median over the rounds with its least and most. A stack's ratio to the
+//! applier is taken within each round (the same machine state), then its
+//! median.
 
 use std::{
     sync::{
@@ -239,6 +247,38 @@ async fn feed_all(
     (took, clock)
 }
 
+/// One stack's figures, one per round.
+#[derive(Default)]
+struct Figures {
+    rate: Vec<f64>,
+    p50: Vec<f64>,
+    p99: Vec<f64>,
+}
+
+/// The median, the least and the most of `values`.
+fn spread(values: &[f64]) -> (f64, f64, f64) {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    let median = if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    };
+    (median, sorted[0], sorted[n - 1])
+}
+
+/// The rounds asked for with `-- --rounds N`; 5 by default.
+fn rounds() -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|arg| arg == "--rounds")
+        .and_then(|i| args.get(i + 1))
+        .map(|n| n.parse().expect("--rounds takes a number"))
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or(5)
+}
+
 fn percentile(sorted: &[u64], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     Duration::from_nanos(sorted[i])
@@ -256,41 +296,59 @@ async fn main() -> Result<(), BoxError> {
         .watch::<ConfigMap>(&watcher::Config::default());
     watch.synced().await;
 
-    // In the order of earlier runs (`docs/benchmarks.md`), new ones last,
-    // so that each runs after the same work as there.
-    let mut rates = Vec::new();
-    for stack in [
+    let rounds = rounds();
+    let stacks = [
         Stack::Recommended,
         Stack::Admission,
         Stack::Typed,
         Stack::KubeRuntime,
-    ] {
-        let n = 200_000;
-        let (took, _) = run(&fleet, stack, n, false).await;
-        let rate = n as f64 / took.as_secs_f64();
-        rates.push((stack, rate));
-        println!("{stack:?}: throughput {rate:.0} reconciles/s ({n} in {took:.2?})");
-        let n = 20_000;
-        let (_, clock) = run(&fleet, stack, n, true).await;
-        let mut latency: Vec<u64> = clock
-            .latency
-            .iter()
-            .map(|l| l.load(Ordering::Relaxed))
-            .collect();
-        latency.sort_unstable();
-        println!(
-            "{stack:?}: enqueue-to-start at 10k/s: p50 {:.1?}  p99 {:.1?}  max {:.1?}",
-            percentile(&latency, 0.5),
-            percentile(&latency, 0.99),
-            percentile(&latency, 1.0)
-        );
+    ];
+    let mut figures: Vec<Figures> = stacks.iter().map(|_| Figures::default()).collect();
+    for round in 0..rounds {
+        // Each round starts from another stack, so that no stack always
+        // runs after the same work.
+        for k in 0..stacks.len() {
+            let i = (round + k) % stacks.len();
+            let stack = stacks[i];
+            let n = 200_000;
+            let (took, _) = run(&fleet, stack, n, false).await;
+            let rate = n as f64 / took.as_secs_f64();
+            let n = 20_000;
+            let (_, clock) = run(&fleet, stack, n, true).await;
+            let mut latency: Vec<u64> = clock
+                .latency
+                .iter()
+                .map(|l| l.load(Ordering::Relaxed))
+                .collect();
+            latency.sort_unstable();
+            let (p50, p99) = (percentile(&latency, 0.5), percentile(&latency, 0.99));
+            println!(
+                "round {}: {stack:?}: {rate:.0} reconciles/s; enqueue-to-start at 10k/s: p50 {p50:.1?}  p99 {p99:.1?}",
+                round + 1
+            );
+            let figures = &mut figures[i];
+            figures.rate.push(rate);
+            figures.p50.push(p50.as_secs_f64() * 1e6);
+            figures.p99.push(p99.as_secs_f64() * 1e6);
+        }
     }
-    let baseline = rates
-        .iter()
-        .find(|(stack, _)| matches!(stack, Stack::KubeRuntime))
-        .map_or(f64::NAN, |(_, rate)| *rate);
-    for (stack, rate) in &rates {
-        println!("{stack:?}: {:.2}x kube-runtime's applier", rate / baseline);
+    let applier = figures[stacks.len() - 1].rate.clone();
+    println!("\nmedians of {rounds} rounds (min-max):");
+    for (stack, figures) in stacks.iter().zip(&figures) {
+        // Each round's ratio to the applier of the same round.
+        let ratios: Vec<f64> = figures
+            .rate
+            .iter()
+            .zip(&applier)
+            .map(|(rate, applier)| rate / applier)
+            .collect();
+        let (rate, low, high) = spread(&figures.rate);
+        let (ratio, ratio_low, ratio_high) = spread(&ratios);
+        let (p50, _, _) = spread(&figures.p50);
+        let (p99, p99_low, p99_high) = spread(&figures.p99);
+        println!(
+            "{stack:?}: {rate:.0} reconciles/s ({low:.0}-{high:.0}), {ratio:.2}x kube-runtime's applier ({ratio_low:.2}-{ratio_high:.2}), p50 {p50:.0} µs, p99 {p99:.0} µs ({p99_low:.0}-{p99_high:.0})"
+        );
     }
     Ok(())
 }
