@@ -8,6 +8,7 @@
 //! cargo bench --bench end_to_end -- --http1       # kube's own client, HTTP/1.1
 //! cargo bench --bench end_to_end -- --any         # lists from the API servers' caches, streamed
 //! cargo bench --bench end_to_end -- --any --paged # the same, but API servers that refuse streaming
+//! cargo bench --bench end_to_end -- 10 1000 16 --one-server # the N clusters on one API server
 //! ```
 //!
 //! N envtest API servers (one etcd) each hold M ConfigMaps with one data key.
@@ -26,6 +27,12 @@
 //!   three seconds before the first engage), which is what serving the
 //!   controller cost them.
 //!
+//! With `--one-server`, the N clusters are N namespaces of one API server,
+//! each engaged as a cluster of its own (`Fleet::engage_view`, as the
+//! namespace provider does, over one shared watch): the same objects and
+//! patches on one server instead of N, which tells what the servers cost
+//! from how many of them there are.
+//!
 //! The controller reaches the API servers past envtest's in-process fault
 //! proxy, so that the proxy's work is not counted as ours, with clients from
 //! `kube_fleet::client` (one HTTP/2 connection per cluster) unless `--http1`
@@ -39,15 +46,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::{
     Api, ResourceExt,
-    api::{Patch, PatchParams},
+    api::{ObjectMeta, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
 use kube_fleet::envtest::Envtest;
 use kube_fleet::{
-    Action, Controller, Fleet, ObjectRequest, controller::DEFAULT_CLUSTER_CONCURRENCY,
+    Action, Controller, Fleet, ObjectRequest,
+    cache::{HostCache, NamespaceView},
+    controller::DEFAULT_CLUSTER_CONCURRENCY,
     provider::ProgrammaticProvider,
 };
 use tower::{BoxError, service_fn};
@@ -77,8 +86,10 @@ async fn main() -> Result<(), BoxError> {
     let http1 = std::env::args().any(|a| a == "--http1");
     let paged = std::env::args().any(|a| a == "--paged");
     let any = std::env::args().any(|a| a == "--any");
+    let one_server = std::env::args().any(|a| a == "--one-server");
 
-    let mut env = Envtest::builder().clusters((0..clusters).map(|i| format!("cluster-{i}")));
+    let servers = if one_server { 1 } else { clusters };
+    let mut env = Envtest::builder().clusters((0..servers).map(|i| format!("cluster-{i}")));
     if paged {
         env = env.apiserver_arg("--feature-gates=WatchList=false");
     }
@@ -87,8 +98,40 @@ async fn main() -> Result<(), BoxError> {
     for cluster in env.clusters() {
         direct.push(setup::client(setup::direct_config(cluster).await?, http1)?);
     }
-    for client in &direct {
-        setup::fill(client.clone(), objects).await?;
+    // With one server, each cluster is a namespace of it, viewed through
+    // one shared host cache.
+    let host = one_server.then(|| HostCache::new("host", direct[0].clone()));
+    let views: Vec<NamespaceView> = match &host {
+        Some(host) => {
+            let mut views = Vec::new();
+            for i in 0..clusters {
+                let namespace = format!("cluster-{i}");
+                Api::<Namespace>::all(direct[0].clone())
+                    .create(
+                        &PostParams::default(),
+                        &Namespace {
+                            metadata: ObjectMeta {
+                                name: Some(namespace.clone()),
+                                ..ObjectMeta::default()
+                            },
+                            ..Namespace::default()
+                        },
+                    )
+                    .await?;
+                views.push(host.view(namespace));
+            }
+            views
+        }
+        None => Vec::new(),
+    };
+    if one_server {
+        for view in &views {
+            setup::fill(view.client(), objects).await?;
+        }
+    } else {
+        for client in &direct {
+            setup::fill(client.clone(), objects).await?;
+        }
     }
 
     let patched = Arc::new(AtomicUsize::new(0));
@@ -158,8 +201,15 @@ async fn main() -> Result<(), BoxError> {
         servers_cpu(&pids),
     );
     let began = Instant::now();
-    for (cluster, client) in env.clusters().iter().zip(&direct) {
-        handle.engage(cluster.name(), client.clone());
+    if one_server {
+        for view in views {
+            let name = view.namespace().to_owned();
+            fleet.engage_view(name, view);
+        }
+    } else {
+        for (cluster, client) in env.clusters().iter().zip(&direct) {
+            handle.engage(cluster.name(), client.clone());
+        }
     }
     while patched.load(Ordering::Relaxed) < total {
         assert!(
@@ -190,8 +240,13 @@ async fn main() -> Result<(), BoxError> {
         (true, false) => "streaming lists",
         (true, true) => "paged lists from the cache (streaming refused)",
     };
+    let placement = if one_server {
+        "as namespaces of one API server"
+    } else {
+        "one API server each"
+    };
     println!(
-        "{clusters} clusters x {objects} ConfigMaps ({total} patched, {limit}, {protocol}, {lists})"
+        "{clusters} clusters x {objects} ConfigMaps ({total} patched, {limit}, {protocol}, {lists}, {placement})"
     );
     println!("  wall time            {wall:.2?}");
     println!(
