@@ -9,6 +9,7 @@
 //! cargo bench --bench end_to_end -- --any         # lists from the API servers' caches, streamed
 //! cargo bench --bench end_to_end -- --any --paged # the same, but API servers that refuse streaming
 //! cargo bench --bench end_to_end -- 10 1000 16 --one-server # the N clusters on one API server
+//! cargo bench --bench end_to_end -- 10 1000 16 --as-user    # set up as a user sets it up
 //! ```
 //!
 //! N envtest API servers (one etcd) each hold M ConfigMaps with one data key.
@@ -33,7 +34,13 @@
 //! patches on one server instead of N, which tells what the servers cost
 //! from how many of them there are.
 //!
-//! The controller reaches the API servers past envtest's in-process fault
+//! With `--as-user`, the controller is set up as a user's would be: each
+//! cluster's client built from the `kube::Config` its kubeconfig file gives,
+//! through envtest's proxy (the address users are given), and a
+//! label-selected watch of all namespaces (a selector every ConfigMap
+//! passes, `!bench.kube-fleet.dev/skip`, so the same objects are watched).
+//!
+//! Otherwise the controller reaches the API servers past envtest's in-process fault
 //! proxy, so that the proxy's work is not counted as ours, with clients from
 //! `kube_fleet::client` (one HTTP/2 connection per cluster) unless `--http1`
 //! asks for kube's own.
@@ -87,6 +94,7 @@ async fn main() -> Result<(), BoxError> {
     let paged = std::env::args().any(|a| a == "--paged");
     let any = std::env::args().any(|a| a == "--any");
     let one_server = std::env::args().any(|a| a == "--one-server");
+    let as_user = std::env::args().any(|a| a == "--as-user");
 
     let servers = if one_server { 1 } else { clusters };
     let mut env = Envtest::builder().clusters((0..servers).map(|i| format!("cluster-{i}")));
@@ -174,11 +182,14 @@ async fn main() -> Result<(), BoxError> {
         Some(0) => config = config.cluster_concurrency(usize::MAX),
         Some(limit) => config = config.concurrency(limit),
     }
-    let watch = if any {
+    let mut watch = if any {
         watcher::Config::default().any_semantic()
     } else {
         watcher::Config::default()
     };
+    if as_user {
+        watch = watch.labels("!bench.kube-fleet.dev/skip");
+    }
     let controller = tokio::spawn(
         Controller::<ConfigMap>::new(&fleet, watch)
             .with_config(config)
@@ -201,13 +212,25 @@ async fn main() -> Result<(), BoxError> {
         servers_cpu(&pids),
     );
     let began = Instant::now();
+    // A user's clients: from each cluster's kubeconfig file, through the
+    // proxy in front of its API server.
+    let mut users = Vec::new();
+    if as_user && !one_server {
+        for cluster in env.clusters() {
+            let kubeconfig = kube::config::Kubeconfig::read_from(cluster.kubeconfig_path())?;
+            let config =
+                kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+            users.push(setup::client(config, http1)?);
+        }
+    }
     if one_server {
         for view in views {
             let name = view.namespace().to_owned();
             fleet.engage_view(name, view);
         }
     } else {
-        for (cluster, client) in env.clusters().iter().zip(&direct) {
+        let clients = if as_user { &users } else { &direct };
+        for (cluster, client) in env.clusters().iter().zip(clients) {
             handle.engage(cluster.name(), client.clone());
         }
     }
@@ -240,10 +263,10 @@ async fn main() -> Result<(), BoxError> {
         (true, false) => "streaming lists",
         (true, true) => "paged lists from the cache (streaming refused)",
     };
-    let placement = if one_server {
-        "as namespaces of one API server"
-    } else {
-        "one API server each"
+    let placement = match (one_server, as_user) {
+        (true, _) => "as namespaces of one API server",
+        (false, true) => "one API server each, set up as a user's",
+        (false, false) => "one API server each",
     };
     println!(
         "{clusters} clusters x {objects} ConfigMaps ({total} patched, {limit}, {protocol}, {lists}, {placement})"
