@@ -29,6 +29,12 @@ pub(crate) trait Trigger: Send + Sync {
     /// The clusters this watch is limited to; `None` for the controller's.
     fn clusters(&self) -> Option<&ClusterSelector>;
 
+    /// Whether this watch runs in `cluster`: where its own selection says,
+    /// or else where the controller's, `controller`, does.
+    fn runs_in(&self, cluster: &ClusterName, controller: &ClusterSelector) -> bool {
+        self.clusters().unwrap_or(controller).selects(cluster)
+    }
+
     /// The requests for every object the watch in `cluster` holds now,
     /// filters aside.
     fn known(&self, cluster: &Cluster) -> Vec<McRequest>;

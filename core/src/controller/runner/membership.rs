@@ -86,10 +86,7 @@ impl<K: Watchable> Runner<K> {
         started.extend(
             self.related
                 .iter()
-                .filter(|trigger| match trigger.clusters() {
-                    Some(clusters) => clusters.selects(&name),
-                    None => controlled,
-                })
+                .filter(|trigger| trigger.runs_in(&name, &self.selection))
                 .map(|trigger| trigger.start(&cluster)),
         );
         if started.is_empty() {
@@ -151,11 +148,7 @@ impl<K: Watchable> Runner<K> {
                 requests.extend(self.own.joined(joined, source));
             }
             for trigger in &self.related {
-                let watched = match trigger.clusters() {
-                    Some(clusters) => clusters.selects(name),
-                    None => self.selection.selects(name),
-                };
-                if watched {
+                if trigger.runs_in(name, &self.selection) {
                     requests.extend(trigger.joined(joined, source));
                 }
             }
