@@ -92,6 +92,15 @@ impl Observed {
             .filter(|holder| !holder.is_empty())
     }
 
+    /// The Lease's annotation `key`, as read.
+    pub(crate) fn annotation(&self, key: &str) -> Option<&str> {
+        self.metadata
+            .annotations
+            .as_ref()?
+            .get(key)
+            .map(String::as_str)
+    }
+
     /// How long the record lasts from when it was first seen.
     pub(crate) fn lasts(&self) -> Duration {
         Duration::from_secs(self.spec.lease_duration_seconds.unwrap_or(0).max(0) as u64)

@@ -18,31 +18,44 @@ use crate::{error::Error, timing::Timings};
 /// run by one replica at a time.
 ///
 /// Each replica announces itself with a Lease `<name>-replica-<hash>`
-/// renewed every retry period. A cluster goes to the live replica that
-/// ranks first for it by rendezvous (highest random weight) hashing of the
-/// cluster's and the replicas' names, so when a replica joins, only the
-/// clusters it now ranks first for move (about 1/N of them), and when one
-/// leaves, only its clusters move. Before it runs a cluster, a replica
-/// takes the cluster's own Lease `<name>-cluster-<hash>` (the fence), and
-/// holds every reconcile in that cluster to its renew deadline, as
+/// renewed every retry period. Clusters are hashed onto a fixed number of
+/// [shards](Self::shards) (64 by default; [`shard_of`](Self::shard_of) says
+/// which), and a shard goes to the live replica that ranks first for it by
+/// rendezvous (highest random weight) hashing of the shard's number and the
+/// replicas' names. So when a replica joins, only the shards it now ranks
+/// first for move (about 1/N of them, with their clusters), and when one
+/// leaves, only its shards move. Before it runs a shard's clusters, a
+/// replica takes the shard's Lease `<name>-shard-<number>` (the fence), and
+/// holds every reconcile in those clusters to its renew deadline, as
 /// [`LeaderElection`](crate::LeaderElection) does for the whole process. A
-/// cluster that moves is disengaged on its old replica, its reconciles
-/// stopped, and its fence released before the new replica may take it; a
-/// replica that dies holds its fences until they expire. So a cluster is
-/// never reconciled by two replicas at once. If [`Manager::run`](crate::Manager::run)'s
-/// future is dropped, the replica's reconciles stop at once and its
-/// stretches of ownership end there; its Leases are left to expire.
+/// shard that moves has its clusters disengaged on its old replica, their
+/// reconciles stopped, and its fence released before the new replica may
+/// take it; a replica that dies holds its fences until they expire. So a
+/// cluster is never reconciled by two replicas at once. If
+/// [`Manager::run`](crate::Manager::run)'s future is dropped, the replica's
+/// reconciles stop at once and its stretches of ownership end there; its
+/// Leases are left to expire.
+///
+/// Only a shard that holds a cluster some provider offers has a Lease, so
+/// the coordination cluster sees about (replicas + occupied shards) /
+/// retry period writes a second, however many clusters there are: at most
+/// 34 a second at the default 64 shards and retry period of 2 s. More
+/// shards spread clusters more evenly across replicas and cost more
+/// writes; every replica of a set must be given the same number (a replica
+/// that sees a live one announcing another number runs nothing, and says
+/// so, until they agree).
 ///
 /// Leases do not pile up: a replica that stops gracefully deletes its own
-/// Lease, a replica Lease that has run out for ten times its duration (on
-/// the observer's clock) is deleted by a live replica that sees it, at the
-/// version it saw, and a cluster that a provider removes has its Lease
-/// deleted by the replica that ran it, once its reconciles have ended.
+/// Lease, a Lease that has run out for ten times its duration (on the
+/// observer's clock) is deleted by a live replica that sees it, at the
+/// version it saw, unless it fences a shard that holds an offered cluster,
+/// and a shard whose last cluster a provider removes has its Lease deleted
+/// by the replica that ran it, once its reconciles have ended.
 ///
 /// The Leases record a holder as the [identity](Self::identity), `_` and a
 /// nonce drawn afresh each time the manager runs; the hash ranks replicas
 /// by the identity alone. A replica restarted with its identity is given
-/// the same clusters, once its previous run's Leases have run out: it
+/// the same shards, once its previous run's Leases have run out: it
 /// holds a Lease only under its own whole holder string, so two processes
 /// given one identity never both run a cluster.
 ///
@@ -59,15 +72,18 @@ use crate::{error::Error, timing::Timings};
 /// The Leases live in the cluster of [`client`](Self::client) (default:
 /// the local one), in [`namespace`](Self::namespace) (default: the
 /// client's own). Each replica lists them every retry period and renews its
-/// own and its clusters', so the coordination cluster sees about
-/// (1 + clusters owned) / retry period writes a second from each replica.
+/// own and its shards'.
 ///
 /// ```
 /// use std::time::Duration;
 /// use kube_fleet_manager::Sharding;
 ///
-/// let sharding = Sharding::new("my-operator").namespace("operators").identity("replica-0");
+/// let sharding = Sharding::new("my-operator")
+///     .namespace("operators")
+///     .identity("replica-0")
+///     .shards(128);
 /// assert!(sharding.validate().is_ok());
+/// assert!(sharding.shard_of("east") < 128);
 /// ```
 #[derive(Clone)]
 pub struct Sharding {
@@ -75,6 +91,7 @@ pub struct Sharding {
     pub(crate) namespace: Option<String>,
     pub(crate) identity: Option<String>,
     pub(crate) client: Option<Client>,
+    pub(crate) shards: u32,
     pub(crate) timings: Timings,
     pub(crate) status: ShardStatus,
 }
@@ -85,6 +102,7 @@ impl std::fmt::Debug for Sharding {
             .field("name", &self.name)
             .field("namespace", &self.namespace)
             .field("identity", &self.identity)
+            .field("shards", &self.shards)
             .field("timings", &self.timings)
             .finish_non_exhaustive()
     }
@@ -98,6 +116,7 @@ impl Sharding {
             namespace: None,
             identity: None,
             client: None,
+            shards: DEFAULT_SHARDS,
             timings: Timings::default(),
             status: ShardStatus::default(),
         }
@@ -124,14 +143,29 @@ impl Sharding {
         self
     }
 
+    /// How many shards the clusters are hashed onto (default 64, at most
+    /// 4096): each is fenced by one Lease, renewed every retry period while
+    /// it holds a cluster. Every replica of the set must be given the same
+    /// number.
+    pub fn shards(mut self, shards: u32) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// The shard `cluster` falls in, of [`shards`](Self::shards): its Lease
+    /// is `<name>-shard-<shard>`.
+    pub fn shard_of(&self, cluster: &str) -> u32 {
+        shard_of(cluster, self.shards)
+    }
+
     /// How long a Lease lasts without a renew (default 15 s; whole seconds).
     pub fn lease_duration(mut self, duration: Duration) -> Self {
         self.timings.lease_duration = duration;
         self
     }
 
-    /// How long a replica tries to renew a cluster's Lease before it stops
-    /// running the cluster (default 10 s).
+    /// How long a replica tries to renew a shard's Lease before it stops
+    /// running the shard's clusters (default 10 s).
     pub fn renew_deadline(mut self, deadline: Duration) -> Self {
         self.timings.renew_deadline = deadline;
         self
@@ -167,42 +201,68 @@ impl Sharding {
                 reason: "the name labels and starts the Leases' names: at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit".into(),
             });
         }
+        if !(1..=MAX_SHARDS).contains(&self.shards) {
+            return Err(Error::Invalid {
+                what,
+                reason: format!(
+                    "the number of shards ({}) must be from 1 to {MAX_SHARDS}",
+                    self.shards
+                ),
+            });
+        }
         self.timings.validate(&what)
     }
 }
 
-/// The rank of `replica` for `cluster`: of the live replicas, the one with
-/// the highest rank runs the cluster.
-pub(crate) fn rank(cluster: &str, replica: &str) -> u64 {
-    // FNV-1a over both names with a separator no name holds, then a
-    // finalizer so that names that differ in one byte rank far apart.
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in cluster.bytes().chain([0]).chain(replica.bytes()) {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    mix(hash)
+/// Shards when none are given: at a retry period of 2 s, at most 32 Lease
+/// writes a second for the shards, and about 16 shards per replica with
+/// four replicas.
+const DEFAULT_SHARDS: u32 = 64;
+
+const MAX_SHARDS: u32 = 4096;
+
+/// The shard of `cluster`, of `shards`.
+pub(crate) fn shard_of(cluster: &str, shards: u32) -> u32 {
+    (fnv(cluster.bytes()) % u64::from(shards.max(1))) as u32
 }
 
-/// The owner of `cluster` among `replicas`: the highest rank, the greater
+/// The name a shard is ranked by.
+pub(crate) fn shard_key(shard: u32) -> String {
+    format!("shard-{shard}")
+}
+
+/// The rank of `replica` for `item` (a shard's key): of the live replicas,
+/// the one with the highest rank runs it.
+pub(crate) fn rank(item: &str, replica: &str) -> u64 {
+    // Both names with a separator no name holds.
+    fnv(item.bytes().chain([0]).chain(replica.bytes()))
+}
+
+/// The owner of `item` among `replicas`: the highest rank, the greater
 /// name on a tie.
 pub(crate) fn owner<'a>(
-    cluster: &str,
+    item: &str,
     replicas: impl IntoIterator<Item = &'a str>,
 ) -> Option<&'a str> {
     replicas
         .into_iter()
-        .max_by_key(|replica| (rank(cluster, replica), *replica))
+        .max_by_key(|replica| (rank(item, replica), *replica))
 }
 
 /// A short, stable hexadecimal name for `text`, for Lease names.
 pub(crate) fn short_hash(text: &str) -> String {
+    format!("{:016x}", fnv(text.bytes()))
+}
+
+/// FNV-1a over `bytes`, then a finalizer so that inputs that differ in one
+/// byte hash far apart.
+fn fnv(bytes: impl IntoIterator<Item = u8>) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in text.bytes() {
+    for byte in bytes {
         hash ^= u64::from(byte);
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    format!("{:016x}", mix(hash))
+    mix(hash)
 }
 
 fn mix(mut x: u64) -> u64 {
@@ -214,17 +274,18 @@ fn mix(mut x: u64) -> u64 {
 }
 
 /// One stretch of time in which a replica ran a cluster: from when it took
-/// the cluster's Lease until its reconciles there were stopped.
+/// the Lease of the cluster's shard (or, holding it, engaged the cluster)
+/// until its reconciles there were stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ownership {
     /// The cluster.
     pub cluster: ClusterName,
-    /// When the replica took the cluster's Lease and started to run it.
+    /// When the replica started to run it, its shard's Lease held.
     pub from: Instant,
     /// When its reconciles there were stopped; `None` while it runs it.
     pub until: Option<Instant>,
     /// While it runs it: the renew deadline as of the last renew of the
-    /// cluster's Lease, past which no reconcile of the replica runs there
+    /// shard's Lease, past which no reconcile of the replica runs there
     /// unless it renews again. A replica that died stopped there.
     pub deadline: Instant,
 }
@@ -269,10 +330,10 @@ impl ShardStatus {
         self.lock().replicas.clone()
     }
 
-    /// The clusters this replica ranks first for among the live replicas,
-    /// as of its last look: those it should run. They differ from
-    /// [`owned`](Self::owned) while clusters move, until the Lease of each
-    /// is handed over.
+    /// The clusters whose shards this replica ranks first for among the
+    /// live replicas, as of its last look: those it should run. They differ
+    /// from [`owned`](Self::owned) while shards move, until the Lease of
+    /// each is handed over.
     pub fn assigned(&self) -> Vec<ClusterName> {
         self.lock().assigned.clone()
     }
@@ -310,13 +371,17 @@ impl ShardStatus {
         });
     }
 
-    pub(crate) fn renewed(&self, cluster: &ClusterName, deadline: Instant) {
-        if let Some(open) = self
+    /// A shard's Lease was renewed: the new deadline of its `clusters`.
+    pub(crate) fn renewed_all(
+        &self,
+        clusters: &std::collections::HashSet<ClusterName>,
+        deadline: Instant,
+    ) {
+        for open in self
             .lock()
             .history
             .iter_mut()
-            .rev()
-            .find(|o| o.cluster == *cluster && o.until.is_none())
+            .filter(|o| o.until.is_none() && clusters.contains(&o.cluster))
         {
             open.deadline = deadline;
         }
@@ -349,7 +414,7 @@ impl ShardStatus {
 mod tests {
     use std::collections::HashMap;
 
-    use super::{owner, short_hash};
+    use super::{owner, shard_key, shard_of, short_hash};
 
     #[test]
     fn a_joining_replica_takes_only_clusters_from_others_and_about_its_share() {
@@ -388,6 +453,41 @@ mod tests {
             }
         }
         assert_eq!(owner("x", []), None);
+    }
+
+    #[test]
+    fn clusters_move_with_their_shards_and_a_joining_replica_takes_about_its_share() {
+        let clusters: Vec<String> = (0..2000).map(|i| format!("workload-{i}")).collect();
+        let owner_of = |cluster: &str, replicas: &[&'static str]| {
+            owner(&shard_key(shard_of(cluster, 64)), replicas.iter().copied()).unwrap()
+        };
+        let three = ["replica-0", "replica-1", "replica-2"];
+        let four = ["replica-0", "replica-1", "replica-2", "replica-3"];
+        let mut moved = 0;
+        let mut per_replica: HashMap<&str, usize> = HashMap::new();
+        for cluster in &clusters {
+            let before = owner_of(cluster, &three);
+            let after = owner_of(cluster, &four);
+            *per_replica.entry(after).or_default() += 1;
+            if before != after {
+                assert_eq!(after, "replica-3", "{cluster} moved between old replicas");
+                moved += 1;
+            }
+        }
+        // A quarter would be 500; shards move whole, 64 of them.
+        assert!((300..=700).contains(&moved), "{moved} of 2000 moved");
+        // Each of the four runs some, none more than twice its share.
+        for replica in four {
+            let owned = per_replica.get(replica).copied().unwrap_or(0);
+            assert!((250..=1000).contains(&owned), "{replica} owns {owned}");
+        }
+        // Clusters spread over the shards.
+        let mut per_shard = [0usize; 64];
+        for cluster in &clusters {
+            per_shard[shard_of(cluster, 64) as usize] += 1;
+        }
+        assert!(per_shard.iter().all(|n| (10..=60).contains(n)), "{per_shard:?}");
+        println!("moved {moved}, per replica {per_replica:?}");
     }
 
     #[test]

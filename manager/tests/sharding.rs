@@ -59,6 +59,18 @@ impl Replica {
         client: &Client,
         records: &Records,
     ) -> Self {
+        Self::start_counting(set, clusters, name, client, records, None)
+    }
+
+    /// [`start_in`](Self::start_in), counting `shards` shards if given.
+    fn start_counting(
+        set: &str,
+        clusters: &[impl AsRef<str>],
+        name: &str,
+        client: &Client,
+        records: &Records,
+        shards: Option<u32>,
+    ) -> Self {
         let fleet = Fleet::new();
         let (provider, handle) = ProgrammaticProvider::new();
         for cluster in clusters {
@@ -71,6 +83,10 @@ impl Replica {
             .lease_duration(LEASE)
             .renew_deadline(RENEW_DEADLINE)
             .retry_period(RETRY);
+        let sharding = match shards {
+            Some(shards) => sharding.shards(shards),
+            None => sharding,
+        };
         let status = sharding.status();
         let (stop, stopped) = oneshot::channel::<()>();
         let manager = Manager::new(&fleet)
@@ -325,13 +341,13 @@ fn kind(lease: &Lease) -> &str {
         .map_or("", String::as_str)
 }
 
-fn cluster_of(lease: &Lease) -> Option<&str> {
+fn shard_of(lease: &Lease) -> Option<u32> {
     lease
         .metadata
         .annotations
         .as_ref()
-        .and_then(|a| a.get("kube-fleet.dev/cluster"))
-        .map(String::as_str)
+        .and_then(|a| a.get("kube-fleet.dev/shard"))
+        .and_then(|shard| shard.parse().ok())
 }
 
 fn holder(lease: &Lease) -> Option<&str> {
@@ -395,7 +411,7 @@ async fn leases_of_replicas_and_clusters_that_left_are_deleted_and_a_restarted_r
         .create(&PostParams::default(), &ghost)
         .await
         .expect("the ghost's Lease");
-    // And the Lease of a cluster no provider offers, which the ghost held
+    // And the Lease of a cluster that a replica from before shards held
     // when it died: nobody will release or delete it but the sweep.
     let mut orphan = ghost.clone();
     orphan.metadata.name = Some(format!("{SET}-cluster-orphan"));
@@ -419,16 +435,32 @@ async fn leases_of_replicas_and_clusters_that_left_are_deleted_and_a_restarted_r
     let (before, _) = settled_on(&[&a, &b], 3).await;
     println!("two replicas: {before:?}");
 
-    // The providers no longer offer c0: its owner deletes its Lease.
+    // Each cluster in a shard of its own, fenced by the shard's Lease.
+    let sharding = Sharding::new(SET);
+    let shard = |cluster: &str| sharding.shard_of(cluster);
+    let shards: Vec<u32> = ["c0", "c1", "c2"].map(shard).into();
+    assert!(shards[0] != shards[1] && shards[0] != shards[2] && shards[1] != shards[2]);
+    let fenced = leases(&client, SET).await;
+    let mut held: Vec<u32> = fenced
+        .values()
+        .filter(|l| kind(l) == "shard" && holder(l).is_some())
+        .filter_map(shard_of)
+        .collect();
+    held.sort();
+    let mut expected_shards = shards.clone();
+    expected_shards.sort();
+    assert_eq!(held, expected_shards, "{fenced:?}");
+
+    // The providers no longer offer c0: its owner deletes its shard's Lease.
     a.clusters.disengage("c0");
     b.clusters.disengage("c0");
     let removed = Instant::now();
-    let gone = until_leases(&client, SET, "c0's Lease stays", |leases| {
-        leases.values().all(|l| cluster_of(l) != Some("c0"))
+    let gone = until_leases(&client, SET, "c0's shard's Lease stays", |leases| {
+        leases.values().all(|l| shard_of(l) != Some(shard("c0")))
     })
     .await;
     println!(
-        "c0's Lease deleted {:?} after the providers removed it",
+        "c0's shard's Lease deleted {:?} after the providers removed it",
         gone - removed
     );
     let (kept, _) = settled_on(&[&a, &b], 2).await;
@@ -491,20 +523,22 @@ async fn leases_of_replicas_and_clusters_that_left_are_deleted_and_a_restarted_r
     );
     assert!(ghost_gone - planted >= Duration::from_secs(11));
 
-    // A's stop leaves the Leases of the clusters still offered, released,
-    // and nothing else.
+    // A's stop leaves the Leases of the shards of the clusters still
+    // offered, released, and nothing else.
     let _ = a.stop.take().expect("runs").send(());
     let ended = tokio::time::timeout(PATIENCE, &mut a.run)
         .await
         .expect("stops");
     assert!(ended.expect("its task").is_ok());
     let left = leases(&client, SET).await;
-    let mut clusters: Vec<&str> = left.values().filter_map(cluster_of).collect();
-    clusters.sort();
-    assert_eq!(clusters, ["c1", "c2"], "{left:?}");
+    let mut fenced: Vec<u32> = left.values().filter_map(shard_of).collect();
+    fenced.sort();
+    let mut offered = vec![shard("c1"), shard("c2")];
+    offered.sort();
+    assert_eq!(fenced, offered, "{left:?}");
     assert!(
         left.values()
-            .all(|l| kind(l) == "cluster" && holder(l).is_none()),
+            .all(|l| kind(l) == "shard" && holder(l).is_none()),
         "{left:?}"
     );
     assert_no_overlapping_ownership(&[
@@ -512,4 +546,63 @@ async fn leases_of_replicas_and_clusters_that_left_are_deleted_and_a_restarted_r
         ("replica-b (first run)".into(), b_history),
         ("replica-b".into(), b.status.history()),
     ]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_that_count_different_shards_run_nothing_until_they_agree() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_test_writer()
+        .try_init();
+    const SET: &str = "count-shards";
+    let env = Envtest::start(1).await.expect("envtest");
+    let client = env.clusters()[0].client();
+    config_maps(client.clone(), "sharded", 2).await;
+    let records = Records::default();
+    let clusters = ["c0", "c1", "c2"];
+
+    let a = Replica::start_in(SET, &clusters, "replica-a", &client, &records);
+    settled_on(&[&a], 3).await;
+
+    // B counts 32 shards where A counts the default 64: a cluster would
+    // fall in different shards for each, so neither runs anything.
+    let mut b = Replica::start_counting(SET, &clusters, "replica-b", &client, &records, Some(32));
+    let deadline = Instant::now() + PATIENCE;
+    while !(a.status.owned().is_empty() && a.status.replicas().len() == 2) {
+        assert!(
+            Instant::now() < deadline,
+            "replica-a still runs {:?}, sees {:?}",
+            a.status.owned(),
+            a.status.replicas()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let quiet = Instant::now();
+    // A's last stretch ended at most a renew deadline ago, and nothing of
+    // either starts for three retry periods.
+    tokio::time::sleep(RETRY * 3).await;
+    assert!(b.status.owned().is_empty(), "{:?}", b.status.owned());
+    assert!(b.status.history().is_empty(), "{:?}", b.status.history());
+    assert!(a.status.assigned().is_empty() && b.status.assigned().is_empty());
+    for replica in ["replica-a", "replica-b"] {
+        for span in records.of(replica) {
+            assert!(
+                span.start < quiet,
+                "{replica} reconciled while the counts disagree: {span:?}"
+            );
+        }
+    }
+
+    // B leaves: A runs every cluster again.
+    let _ = b.stop.take().expect("runs").send(());
+    let ended = tokio::time::timeout(PATIENCE, &mut b.run)
+        .await
+        .expect("stops");
+    assert!(ended.expect("its task").is_ok());
+    let left = Instant::now();
+    let (owners, back) = settled_on(&[&a], 3).await;
+    println!(
+        "replica-a ran {owners:?} again {:?} after replica-b left",
+        back - left
+    );
 }

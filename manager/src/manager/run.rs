@@ -264,6 +264,7 @@ async fn coordinate(
             client,
             namespace,
             sharding.name,
+            sharding.shards,
             identity,
             sharding.timings,
             shards,

@@ -1,4 +1,4 @@
-//! The per-cluster Leases a replica holds as fences: taken, renewed while
+//! The per-shard Leases a replica holds as fences: taken, renewed while
 //! held, given up to another replica, and released when the replica leaves.
 
 use std::{
@@ -13,97 +13,117 @@ use tokio::time::Instant;
 use crate::{
     gate::Validity,
     lease::{Holder, LeaseLock},
-    shard::{ShardStatus, short_hash},
+    shard::ShardStatus,
     timing::Timings,
 };
 
-use super::{CLUSTER_ANNOTATION, Fence, Owned, Sharder, engage, labels};
+use super::{COUNT_ANNOTATION, Fence, Owned, SHARD_ANNOTATION, Sharder, engage, labels};
 
 impl Sharder {
-    /// Tries to take the Lease of each wanted cluster, all at once, and
-    /// engages those it takes.
-    pub(super) async fn take(&mut self, wanted: Vec<ClusterName>, timeout: Duration) {
+    /// Tries to take the Lease of each wanted shard, all at once, and
+    /// engages the clusters of those it takes.
+    pub(super) async fn take(&mut self, wanted: Vec<u32>, timeout: Duration) {
         let now = Instant::now();
-        // A cluster given up is taken again only once its Lease was
-        // released or deleted: before, this replica's own holder is on it.
+        // A shard given up is taken again only once its Lease was released
+        // or deleted: before, this replica's own holder is on it.
         self.ending.retain(|_, end| !end.is_finished());
-        let wanted: Vec<ClusterName> = wanted
+        let wanted: HashSet<u32> = wanted
             .into_iter()
-            .filter(|cluster| !self.ending.contains_key(cluster))
+            .filter(|shard| !self.ending.contains_key(shard))
             .collect();
-        for cluster in &wanted {
-            self.fence(cluster);
+        for shard in &wanted {
+            self.fence(*shard);
         }
-        let wanted: HashSet<ClusterName> = wanted.into_iter().collect();
         let attempts = self
             .fences
             .iter_mut()
-            .filter(|(cluster, lock)| wanted.contains(*cluster) && !lock.held_by_other(now))
-            .map(|(cluster, lock)| async move {
+            .filter(|(shard, lock)| wanted.contains(*shard) && !lock.held_by_other(now))
+            .map(|(shard, lock)| async move {
                 let start = Instant::now();
                 let result = tokio::time::timeout(timeout, lock.try_acquire_or_renew()).await;
-                (cluster.clone(), start, result)
+                (*shard, start, result)
             });
         let results = join_all(attempts).await;
-        for (cluster, start, result) in results {
+        for (shard, start, result) in results {
             match result {
                 Ok(Ok(Holder::Me)) => {
-                    let Some(event) = self.offered.get(&cluster).cloned() else {
-                        continue;
-                    };
+                    let clusters: HashSet<ClusterName> = self
+                        .offered
+                        .keys()
+                        .filter(|cluster| self.shard(cluster) == shard)
+                        .cloned()
+                        .collect();
                     let until = start + self.timings.renew_deadline;
                     let validity = Validity::closed();
                     validity.open_until(until);
-                    self.shards
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(cluster.clone(), validity.clone());
-                    self.owned
-                        .insert(cluster.clone(), Owned { validity, until });
-                    self.status.took(&cluster, Instant::now(), until);
-                    tracing::info!(%cluster, "running the cluster");
-                    engage(&self.fleet, event);
+                    {
+                        let mut shards = self.shards.lock().unwrap_or_else(|e| e.into_inner());
+                        for cluster in &clusters {
+                            shards.insert(cluster.clone(), validity.clone());
+                        }
+                    }
+                    let now = Instant::now();
+                    for cluster in &clusters {
+                        self.status.took(cluster, now, until);
+                        if let Some(event) = self.offered.get(cluster).cloned() {
+                            engage(&self.fleet, event);
+                        }
+                    }
+                    tracing::info!(shard, clusters = clusters.len(), "running the shard");
+                    self.owned.insert(
+                        shard,
+                        Owned {
+                            validity,
+                            until,
+                            renewed: start,
+                            clusters,
+                        },
+                    );
                 }
                 Ok(Ok(Holder::Other(_))) => {}
-                Ok(Err(error)) => tracing::warn!(%cluster, %error, "taking the cluster's Lease"),
+                Ok(Err(error)) => tracing::warn!(shard, %error, "taking the shard's Lease"),
                 Err(_) => {
-                    tracing::warn!(%cluster, ?timeout, "taking the cluster's Lease: no answer in time")
+                    tracing::warn!(shard, ?timeout, "taking the shard's Lease: no answer in time")
                 }
             }
         }
     }
 
-    /// Stops running `clusters`: no reconcile starts there and running ones
-    /// stop, the fleet disengages them, and once their reconciles have
-    /// ended their Leases are released or deleted, as `fence` says.
-    pub(super) async fn give_up(&mut self, clusters: Vec<ClusterName>, fence: Fence) {
+    /// Stops running `shards`: no reconcile starts in their clusters and
+    /// running ones stop, the fleet disengages the clusters, and once their
+    /// reconciles have ended the shards' Leases are released or deleted, as
+    /// `fence` says.
+    pub(super) async fn give_up(&mut self, shards: Vec<u32>, fence: Fence) {
         let mut drained = Vec::new();
-        for cluster in &clusters {
-            let Some(owned) = self.owned.remove(cluster) else {
+        for shard in shards {
+            let Some(owned) = self.owned.remove(&shard) else {
                 continue;
             };
             let until = Instant::now().min(owned.until);
             owned.validity.close();
-            self.shards
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(cluster);
-            self.status.gave_up(cluster, until);
-            self.fleet.disengage(cluster);
-            drained.push((cluster.clone(), owned.validity));
+            {
+                let mut open = self.shards.lock().unwrap_or_else(|e| e.into_inner());
+                for cluster in &owned.clusters {
+                    open.remove(cluster);
+                }
+            }
+            for cluster in &owned.clusters {
+                self.status.gave_up(cluster, until);
+                self.fleet.disengage(cluster);
+            }
+            drained.push((shard, owned.validity));
         }
         if fence == Fence::Expire {
             return;
         }
-        // Each cluster's drain and Lease write go on off the loop, so that
-        // slow reconciles or a slow server cost that cluster alone.
+        // Each shard's drain and Lease write go on off the loop, so that
+        // slow reconciles or a slow server cost that shard alone.
         let deadline = self.timings.renew_deadline;
         let timeout = self.timings.request_timeout();
-        for (cluster, validity) in drained {
-            let Some(mut lock) = self.fences.remove(&cluster) else {
+        for (shard, validity) in drained {
+            let Some(mut lock) = self.fences.remove(&shard) else {
                 continue;
             };
-            let name = cluster.clone();
             let end = tokio::spawn(async move {
                 if tokio::time::timeout(deadline, validity.drained())
                     .await
@@ -111,7 +131,7 @@ impl Sharder {
                 {
                     // Another replica must not start while they might run:
                     // the Lease is left to expire.
-                    tracing::warn!(%cluster, "reconciles still running after the renew deadline: the cluster's Lease is left to expire");
+                    tracing::warn!(shard, "reconciles still running after the renew deadline: the shard's Lease is left to expire");
                     return;
                 }
                 let (what, end) = match fence {
@@ -121,23 +141,23 @@ impl Sharder {
                 match tokio::time::timeout(timeout, end).await {
                     Ok(Ok(())) => {}
                     Ok(Err(error)) => {
-                        tracing::warn!(%cluster, %error, "{what} the cluster's Lease")
+                        tracing::warn!(shard, %error, "{what} the shard's Lease")
                     }
                     Err(_) => {
-                        tracing::warn!(%cluster, "{what} the cluster's Lease: no answer in time")
+                        tracing::warn!(shard, "{what} the shard's Lease: no answer in time")
                     }
                 }
             });
-            self.ending.insert(name, end);
+            self.ending.insert(shard, end);
         }
     }
 
-    /// Gives every cluster up and deletes this replica's own Lease, so that
-    /// the others take its clusters at once and no Lease is left behind.
+    /// Gives every shard up and deletes this replica's own Lease, so that
+    /// the others take its shards at once and no Lease is left behind.
     pub(super) async fn leave(&mut self) {
-        let all: Vec<ClusterName> = self.owned.keys().cloned().collect();
+        let all: Vec<u32> = self.owned.keys().copied().collect();
         self.give_up(all, Fence::Release).await;
-        // Every cluster's Lease released (each end is bounded by the renew
+        // Every shard's Lease released (each end is bounded by the renew
         // deadline and a request timeout) before the replica's own goes.
         for (_, end) in self.ending.drain() {
             let _ = end.await;
@@ -150,48 +170,61 @@ impl Sharder {
         }
     }
 
-    /// The lock on `cluster`'s Lease.
-    pub(super) fn fence(&mut self, cluster: &ClusterName) -> &mut LeaseLock {
-        self.fences.entry(cluster.clone()).or_insert_with(|| {
+    /// The lock on `shard`'s Lease.
+    pub(super) fn fence(&mut self, shard: u32) -> &mut LeaseLock {
+        self.fences.entry(shard).or_insert_with(|| {
             LeaseLock::new(
                 self.client.clone(),
                 &self.namespace,
-                &format!("{}-cluster-{}", self.set, short_hash(cluster.as_str())),
+                &format!("{}-shard-{shard}", self.set),
                 &self.holder,
                 self.timings.lease_duration,
             )
             .with_metadata(
-                labels(&self.set, "cluster"),
-                BTreeMap::from([(CLUSTER_ANNOTATION.to_owned(), cluster.to_string())]),
+                labels(&self.set, "shard"),
+                BTreeMap::from([
+                    (SHARD_ANNOTATION.to_owned(), shard.to_string()),
+                    (COUNT_ANNOTATION.to_owned(), self.count.to_string()),
+                ]),
             )
         })
     }
 }
 
-/// Renews the Lease of every cluster in `owned`, each on its own: a
-/// cluster's validity moves on as soon as its own renew answers, from when
-/// that renew began, whatever the others' answers do. Returns the clusters
-/// to give up: those another replica holds, and those whose renew answered
-/// past their deadline.
+/// Renews the Lease of every shard in `owned`, but one renewed in the last
+/// three quarters of a retry period whose deadline is two retry periods
+/// off or more (a round a provider's event brought forward rewrites none
+/// just written, unless the timings are tight), each on its own: a shard's
+/// validity moves on as soon as its own renew answers, from when that
+/// renew began, whatever the others' answers do. Returns the shards to give
+/// up: those another replica holds, and those whose renew answered past
+/// their deadline.
 pub(super) async fn renew_fences(
-    fences: &mut HashMap<ClusterName, LeaseLock>,
-    owned: &mut HashMap<ClusterName, Owned>,
+    fences: &mut HashMap<u32, LeaseLock>,
+    owned: &mut HashMap<u32, Owned>,
     status: &ShardStatus,
     timings: Timings,
-) -> Vec<(ClusterName, Fence)> {
+) -> Vec<(u32, Fence)> {
     let timeout = timings.request_timeout();
+    let now = Instant::now();
+    let fresh = timings.retry_period.mul_f64(0.75);
     let mut renews: FuturesUnordered<_> = fences
         .iter_mut()
-        .filter(|(cluster, _)| owned.contains_key(*cluster))
-        .map(|(cluster, lock)| async move {
+        .filter(|(shard, _)| {
+            owned.get(*shard).is_some_and(|owned| {
+                now.saturating_duration_since(owned.renewed) >= fresh
+                    || now + timings.retry_period * 2 >= owned.until
+            })
+        })
+        .map(|(shard, lock)| async move {
             let start = Instant::now();
             let result = tokio::time::timeout(timeout, lock.try_acquire_or_renew()).await;
-            (cluster.clone(), start, result)
+            (*shard, start, result)
         })
         .collect();
     let mut ended = Vec::new();
-    while let Some((cluster, start, result)) = renews.next().await {
-        let Some(owned) = owned.get_mut(&cluster) else {
+    while let Some((shard, start, result)) = renews.next().await {
+        let Some(owned) = owned.get_mut(&shard) else {
             continue;
         };
         let renewed = matches!(result, Ok(Ok(Holder::Me)));
@@ -203,16 +236,17 @@ pub(super) async fn renew_fences(
             } else {
                 Fence::Expire
             };
-            ended.push((cluster, fence));
+            ended.push((shard, fence));
         } else if renewed {
+            owned.renewed = start;
             owned.until = start + timings.renew_deadline;
             owned.validity.open_until(owned.until);
-            status.renewed(&cluster, owned.until);
+            status.renewed_all(&owned.clusters, owned.until);
         } else if let Ok(Ok(Holder::Other(holder))) = result {
-            tracing::error!(%cluster, %holder, "another replica holds this cluster's Lease");
-            ended.push((cluster, Fence::Expire));
+            tracing::error!(shard, %holder, "another replica holds this shard's Lease");
+            ended.push((shard, Fence::Expire));
         } else {
-            tracing::warn!(%cluster, result = ?result.map(|r| r.map(|_| ())), "renewing the cluster's Lease");
+            tracing::warn!(shard, result = ?result.map(|r| r.map(|_| ())), "renewing the shard's Lease");
         }
     }
     ended

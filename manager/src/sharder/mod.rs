@@ -1,11 +1,11 @@
 //! The loop of a sharded replica: announces it, watches the others, and
-//! engages in the fleet the clusters it ranks first for and holds the
-//! Lease of.
+//! engages in the fleet the clusters of the shards it ranks first for and
+//! holds the Leases of.
 
 mod fences;
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     sync::Arc,
     time::Duration,
 };
@@ -20,14 +20,17 @@ use crate::{
     error::Error,
     gate::{Shards, Validity},
     lease::{Holder, LeaseLock, Observed, holder_for, identity_of},
-    shard::{ShardStatus, owner, short_hash},
+    shard::{ShardStatus, owner, shard_key, shard_of, short_hash},
     timing::{Timings, stopped},
 };
 use fences::renew_fences;
 
 const SET_LABEL: &str = "kube-fleet.dev/shards";
 const KIND_LABEL: &str = "kube-fleet.dev/lease";
-const CLUSTER_ANNOTATION: &str = "kube-fleet.dev/cluster";
+/// On a shard's Lease: its number.
+const SHARD_ANNOTATION: &str = "kube-fleet.dev/shard";
+/// On a replica's and a shard's Lease: how many shards the replica counts.
+const COUNT_ANNOTATION: &str = "kube-fleet.dev/shard-count";
 
 /// Provider events this close together start one round.
 const DEBOUNCE: Duration = Duration::from_millis(100);
@@ -36,14 +39,18 @@ const DEBOUNCE: Duration = Duration::from_millis(100);
 /// deleted: its replica is gone, not merely slow.
 const FORGOTTEN_AFTER: u32 = 10;
 
-/// A cluster this replica runs.
+/// A shard this replica runs.
 struct Owned {
     validity: Arc<Validity>,
     until: Instant,
+    /// When the last renew of its Lease that went through began.
+    renewed: Instant,
+    /// The offered clusters in it, each engaged in the fleet.
+    clusters: HashSet<ClusterName>,
 }
 
-/// What becomes of a cluster's Lease when this replica stops running the
-/// cluster.
+/// What becomes of a shard's Lease when this replica stops running the
+/// shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fence {
     /// Left to run out: the replica no longer knows that it holds it.
@@ -51,8 +58,8 @@ enum Fence {
     /// Released once the reconciles there have ended, for the next owner
     /// to take at once.
     Release,
-    /// Deleted once the reconciles there have ended: the provider no longer
-    /// offers the cluster.
+    /// Deleted once the reconciles there have ended: no provider offers a
+    /// cluster in the shard.
     Delete,
 }
 
@@ -62,6 +69,8 @@ pub(crate) struct Sharder {
     client: Client,
     namespace: String,
     set: String,
+    /// How many shards the clusters are hashed onto.
+    count: u32,
     /// The identity the hash ranks this replica by.
     identity: String,
     /// The identity and this run's nonce, as the Leases record it.
@@ -76,13 +85,16 @@ pub(crate) struct Sharder {
     replicas: HashMap<String, Observed>,
     /// The live replicas, once a list of the Leases has been read.
     live: Option<Vec<String>>,
-    fences: HashMap<ClusterName, LeaseLock>,
+    /// A live replica that counts another number of shards, and its count,
+    /// as last listed: while there is one, this replica runs nothing.
+    disagrees: Option<(String, String)>,
+    fences: HashMap<u32, LeaseLock>,
     offered: HashMap<ClusterName, ClusterEvent>,
-    owned: HashMap<ClusterName, Owned>,
-    /// Clusters given up whose reconciles are draining and whose Leases are
+    owned: HashMap<u32, Owned>,
+    /// Shards given up whose reconciles are draining and whose Leases are
     /// then released or deleted, off the loop; not taken again until done.
-    ending: HashMap<ClusterName, JoinHandle<()>>,
-    /// The Leases of clusters no provider offers now, as last listed: once
+    ending: HashMap<u32, JoinHandle<()>>,
+    /// Leases of the set that fence nothing offered, as last listed: once
     /// run out for long, nobody will release or delete them but this.
     strays: HashMap<String, Observed>,
 }
@@ -94,6 +106,7 @@ impl Sharder {
         client: Client,
         namespace: String,
         set: String,
+        count: u32,
         identity: String,
         timings: Timings,
         shards: Shards,
@@ -107,13 +120,17 @@ impl Sharder {
             &holder,
             timings.lease_duration,
         )
-        .with_metadata(labels(&set, "replica"), BTreeMap::new());
+        .with_metadata(
+            labels(&set, "replica"),
+            BTreeMap::from([(COUNT_ANNOTATION.to_owned(), count.to_string())]),
+        );
         Self {
             fleet,
             leases: Api::namespaced(client.clone(), &namespace),
             client,
             namespace,
             set,
+            count,
             identity,
             holder,
             timings,
@@ -123,6 +140,7 @@ impl Sharder {
             me_until: None,
             replicas: HashMap::new(),
             live: None,
+            disagrees: None,
             fences: HashMap::new(),
             offered: HashMap::new(),
             owned: HashMap::new(),
@@ -131,13 +149,18 @@ impl Sharder {
         }
     }
 
-    /// Runs until `stop`, then gives every cluster up and leaves.
+    /// The shard of `cluster`.
+    fn shard(&self, cluster: &ClusterName) -> u32 {
+        shard_of(cluster.as_str(), self.count)
+    }
+
+    /// Runs until `stop`, then gives every shard up and leaves.
     pub(crate) async fn run(
         mut self,
         mut providers: BoxStream<'static, ClusterEvent>,
         mut stop: watch::Receiver<bool>,
     ) -> Result<(), Error> {
-        tracing::info!(shards = %self.set, holder = %self.holder, namespace = %self.namespace, "sharding");
+        tracing::info!(shards = %self.set, count = self.count, holder = %self.holder, namespace = %self.namespace, "sharding");
         let mut next = Instant::now();
         let mut last = next;
         let mut offers_open = true;
@@ -157,7 +180,7 @@ impl Sharder {
                     while offers_open {
                         match providers.next().now_or_never() {
                             Some(Some(event)) => {
-                                self.offer(event).await;
+                                self.offer(event);
                             }
                             Some(None) => offers_open = false,
                             None => break,
@@ -166,11 +189,10 @@ impl Sharder {
                 }
                 event = providers.next(), if offers_open => match event {
                     Some(event) => {
-                        if self.offer(event).await {
+                        if self.offer(event) {
                             // Events close together start one round, and
                             // a provider that never stops changing starts
-                            // at most two per retry period: each round
-                            // writes every Lease this replica holds.
+                            // at most two per retry period.
                             let soon = (Instant::now() + DEBOUNCE)
                                 .max(last + self.timings.retry_period / 2);
                             next = next.min(soon);
@@ -184,33 +206,58 @@ impl Sharder {
         Ok(())
     }
 
-    /// Takes in a provider's event; true if a round should run soon.
-    async fn offer(&mut self, event: ClusterEvent) -> bool {
+    /// Takes in a provider's event; true if a round should run soon: a
+    /// shard may be taken, or given up.
+    fn offer(&mut self, event: ClusterEvent) -> bool {
         match &event {
             ClusterEvent::Engage { name, .. } | ClusterEvent::EngageView { name, .. } => {
                 let name = name.clone();
-                if self.owned.contains_key(&name) {
-                    // A new client for a cluster it runs: engage it anew.
-                    engage(&self.fleet, event.clone());
+                let shard = self.shard(&name);
+                self.offered.insert(name.clone(), event.clone());
+                let Some(owned) = self.owned.get_mut(&shard) else {
+                    return true;
+                };
+                // A cluster of a shard it runs: engaged at once, or anew
+                // with its new client.
+                if owned.clusters.insert(name.clone()) {
+                    self.shards
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(name.clone(), owned.validity.clone());
+                    self.status.took(&name, Instant::now(), owned.until);
+                    tracing::info!(cluster = %name, shard, "running the cluster");
                 }
-                self.offered.insert(name, event);
-                true
+                engage(&self.fleet, event);
+                false
             }
             ClusterEvent::Disengage { name } => {
                 let name = name.clone();
+                let shard = self.shard(&name);
                 self.offered.remove(&name);
-                if self.owned.contains_key(&name) {
-                    self.give_up(vec![name.clone()], Fence::Delete).await;
+                let Some(owned) = self.owned.get_mut(&shard) else {
+                    return false;
+                };
+                if !owned.clusters.remove(&name) {
+                    return false;
                 }
-                self.fences.remove(&name);
-                false
+                // The shard's Lease stays held: no other replica runs the
+                // cluster while its reconciles here stop.
+                self.shards
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&name);
+                self.status
+                    .gave_up(&name, Instant::now().min(owned.until));
+                self.fleet.disengage(&name);
+                // A shard left empty has its Lease deleted in a round.
+                owned.clusters.is_empty()
             }
         }
     }
 
-    /// One pass: renew its own Lease, read the others', renew the
-    /// clusters it runs, give up those it should not run, take those it
-    /// should, and delete the Leases of replicas gone for long.
+    /// One pass: renew its own Lease, read the others', renew the shards
+    /// it runs, give up those it should not run, take those it should, and
+    /// delete the Leases of replicas gone for long.
     async fn round(&mut self) {
         let timeout = self.timings.request_timeout();
         let selector = format!("{SET_LABEL}={}", self.set);
@@ -242,102 +289,152 @@ impl Sharder {
             Err(_) => tracing::warn!(?timeout, "listing the replicas' Leases: no answer in time"),
         }
         for fence in [Fence::Expire, Fence::Release] {
-            let clusters: Vec<ClusterName> = ended
+            let shards: Vec<u32> = ended
                 .iter()
                 .filter(|(_, f)| *f == fence)
-                .map(|(cluster, _)| cluster.clone())
+                .map(|(shard, _)| *shard)
                 .collect();
-            if !clusters.is_empty() {
+            if !shards.is_empty() {
                 tracing::warn!(
-                    ?clusters,
-                    "the clusters' Leases were not renewed in time: giving them up"
+                    ?shards,
+                    "the shards' Leases were not renewed in time: giving them up"
                 );
-                self.give_up(clusters, fence).await;
+                self.give_up(shards, fence).await;
             }
         }
 
         let alive = self.me_until.is_some_and(|until| Instant::now() < until);
-        let Some(live) = self.live.clone().filter(|_| alive) else {
+        let Some(live) = self
+            .live
+            .clone()
+            .filter(|_| alive && self.disagrees.is_none())
+        else {
             self.status.set_assigned(Vec::new());
-            if !alive && !self.owned.is_empty() {
-                tracing::warn!("this replica's own Lease is not renewed: giving its clusters up");
-                let all: Vec<ClusterName> = self.owned.keys().cloned().collect();
+            if !self.owned.is_empty() {
+                if !alive {
+                    tracing::warn!(
+                        "this replica's own Lease is not renewed: giving its shards up"
+                    );
+                }
+                let all: Vec<u32> = self.owned.keys().copied().collect();
                 self.give_up(all, Fence::Release).await;
             }
             return;
         };
-        let mine = |cluster: &ClusterName| {
-            owner(cluster.as_str(), live.iter().map(String::as_str)) == Some(self.identity.as_str())
+        let mine = |shard: u32| {
+            owner(&shard_key(shard), live.iter().map(String::as_str))
+                == Some(self.identity.as_str())
         };
-        self.status
-            .set_assigned(self.offered.keys().filter(|c| mine(c)).cloned().collect());
-        let leaving: Vec<ClusterName> = self
+        let occupied: HashSet<u32> = self.offered.keys().map(|c| self.shard(c)).collect();
+        self.status.set_assigned(
+            self.offered
+                .keys()
+                .filter(|c| mine(self.shard(c)))
+                .cloned()
+                .collect(),
+        );
+        let (moving, emptied): (Vec<u32>, Vec<u32>) = self
             .owned
             .keys()
-            .filter(|cluster| !self.offered.contains_key(*cluster) || !mine(cluster))
-            .cloned()
+            .copied()
+            .filter(|shard| !occupied.contains(shard) || !mine(*shard))
+            .partition(|shard| occupied.contains(shard));
+        let wanted: Vec<u32> = occupied
+            .iter()
+            .copied()
+            .filter(|shard| !self.owned.contains_key(shard) && mine(*shard))
             .collect();
-        let wanted: Vec<ClusterName> = self
-            .offered
-            .keys()
-            .filter(|cluster| !self.owned.contains_key(*cluster) && mine(cluster))
-            .cloned()
-            .collect();
-        if !leaving.is_empty() {
-            tracing::info!(clusters = ?leaving, replicas = ?live, "handing clusters over");
-            self.give_up(leaving, Fence::Release).await;
+        if !moving.is_empty() {
+            tracing::info!(shards = ?moving, replicas = ?live, "handing shards over");
+            self.give_up(moving, Fence::Release).await;
+        }
+        if !emptied.is_empty() {
+            self.give_up(emptied, Fence::Delete).await;
         }
         self.take(wanted, timeout).await;
         self.forget_departed(timeout).await;
     }
 
-    /// Takes in a list of the set's Leases: which replicas live, and every
-    /// Lease's record of a cluster it may take, so that one whose holder
-    /// died is known to have expired as soon as it has.
+    /// Takes in a list of the set's Leases: which replicas live and how
+    /// many shards they count, and every Lease's record of a shard it may
+    /// take, so that one whose holder died is known to have expired as
+    /// soon as it has.
     fn read_leases(&mut self, leases: &[Lease]) {
         let now = Instant::now();
+        let count = self.count.to_string();
+        let occupied: HashSet<u32> = self.offered.keys().map(|c| self.shard(c)).collect();
         let mut replicas = HashMap::new();
         let mut strays = HashMap::new();
         for lease in leases {
+            let name = lease.metadata.name.clone().unwrap_or_default();
             let labels = lease.metadata.labels.as_ref();
             let kind = labels.and_then(|l| l.get(KIND_LABEL)).map(String::as_str);
-            match kind {
-                Some("replica") => {
-                    let name = lease.metadata.name.clone().unwrap_or_default();
-                    let seen = Observed::of(lease, self.replicas.get(&name), now);
-                    replicas.insert(name, seen);
-                }
-                Some("cluster") => {
-                    let cluster = lease
-                        .metadata
-                        .annotations
-                        .as_ref()
-                        .and_then(|a| a.get(CLUSTER_ANNOTATION));
-                    // The Lease of a cluster it runs is known from its own
-                    // writes, which this list may predate.
-                    let cluster = cluster.map(|c| ClusterName::new(c.as_str()));
-                    match cluster {
-                        Some(cluster) if self.offered.contains_key(&cluster) => {
-                            if !self.owned.contains_key(&cluster) {
-                                self.fence(&cluster).saw(lease, now);
-                            }
-                        }
-                        _ => {
-                            let name = lease.metadata.name.clone().unwrap_or_default();
-                            let seen = Observed::of(lease, self.strays.get(&name), now);
-                            strays.insert(name, seen);
-                        }
+            let annotation = |key: &str| {
+                lease
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(key))
+                    .map(String::as_str)
+            };
+            if kind == Some("replica") {
+                let seen = Observed::of(lease, self.replicas.get(&name), now);
+                replicas.insert(name, seen);
+                continue;
+            }
+            // A shard of this count that holds an offered cluster: its
+            // Lease is one to take. The Lease of a shard it runs is known
+            // from its own writes, which this list may predate.
+            let shard = (kind == Some("shard") && annotation(COUNT_ANNOTATION) == Some(&count))
+                .then(|| annotation(SHARD_ANNOTATION)?.parse::<u32>().ok())
+                .flatten()
+                .filter(|shard| occupied.contains(shard));
+            match shard {
+                Some(shard) => {
+                    if !self.owned.contains_key(&shard) {
+                        self.fence(shard).saw(lease, now);
                     }
                 }
-                _ => {}
+                // Any other Lease of the set: an empty shard's, another
+                // count's, or one of a cluster from before shards.
+                None => {
+                    let seen = Observed::of(lease, self.strays.get(&name), now);
+                    strays.insert(name, seen);
+                }
             }
         }
         self.replicas = replicas;
         self.strays = strays;
-        let mut live: Vec<String> = self
+        let live: Vec<&Observed> = self
             .replicas
             .values()
             .filter(|seen| seen.runs_out() > now)
+            .filter(|seen| seen.holder().is_some())
+            .collect();
+        let disagrees = live
+            .iter()
+            .filter(|seen| seen.holder() != Some(self.holder.as_str()))
+            .find(|seen| seen.annotation(COUNT_ANNOTATION) != Some(&count))
+            .map(|seen| {
+                (
+                    identity_of(seen.holder().unwrap_or_default()).to_owned(),
+                    seen.annotation(COUNT_ANNOTATION)
+                        .unwrap_or("none")
+                        .to_owned(),
+                )
+            });
+        if disagrees.is_some() && disagrees != self.disagrees {
+            let (replica, theirs) = disagrees.clone().unwrap_or_default();
+            tracing::error!(
+                %replica,
+                shards = %theirs,
+                mine = self.count,
+                "a live replica of the set counts another number of shards: this replica runs nothing until they agree"
+            );
+        }
+        self.disagrees = disagrees;
+        let mut live: Vec<String> = live
+            .into_iter()
             .filter_map(|seen| seen.holder())
             .map(|holder| identity_of(holder).to_owned())
             .collect();
@@ -351,10 +448,10 @@ impl Sharder {
         self.live = Some(live);
     }
 
-    /// Deletes the Leases of replicas, and of clusters no provider offers,
-    /// that ran out long ago, on this replica's clock, each at the version
-    /// seen: a replica that has come back, or a cluster taken again, has
-    /// written its Lease since, and keeps it.
+    /// Deletes the Leases of replicas, and those that fence nothing
+    /// offered, that ran out long ago, on this replica's clock, each at the
+    /// version seen: a replica that has come back, or a shard taken again,
+    /// has written its Lease since, and keeps it.
     async fn forget_departed(&mut self, timeout: Duration) {
         let now = Instant::now();
         let departed: Vec<(String, Observed)> = self
