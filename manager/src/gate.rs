@@ -70,7 +70,8 @@ pub(crate) enum Gate {
     Open,
     /// One Lease for every cluster (leader election).
     Leader(Arc<Validity>),
-    /// One Lease per cluster (sharding); a cluster without one is closed.
+    /// One Lease per shard (sharding), shared by the shard's clusters; a
+    /// cluster without one is closed.
     Shards(Shards),
 }
 

@@ -17,7 +17,7 @@ use crate::{error::Error, timing::Timings};
 /// offer are split across the replicas that share the name, each cluster
 /// run by one replica at a time.
 ///
-/// Each replica announces itself with a Lease `<name>-replica-<hash>`
+/// Each replica announces itself with a Lease `<name>-member-<hash>`
 /// renewed every retry period. Clusters are hashed onto a fixed number of
 /// [shards](Self::shards) (64 by default; [`shard_of`](Self::shard_of) says
 /// which), and a shard goes to the live replica that ranks first for it by
@@ -34,16 +34,17 @@ use crate::{error::Error, timing::Timings};
 /// cluster is never reconciled by two replicas at once. If
 /// [`Manager::run`](crate::Manager::run)'s future is dropped, the replica's
 /// reconciles stop at once and its stretches of ownership end there; its
-/// Leases are left to expire.
+/// Leases are left to expire, but for hand-overs already under way.
 ///
 /// Only a shard that holds a cluster some provider offers has a Lease, so
-/// the coordination cluster sees about (replicas + occupied shards) /
-/// retry period writes a second, however many clusters there are: at most
-/// 34 a second at the default 64 shards and retry period of 2 s. More
-/// shards spread clusters more evenly across replicas and cost more
-/// writes; every replica of a set must be given the same number (a replica
-/// that sees a live one announcing another number runs nothing, and says
-/// so, until they agree).
+/// each retry period the coordination cluster sees one write per replica
+/// and per occupied shard, however many clusters there are, plus the
+/// writes of shards taken and handed over: 34 a second for four replicas
+/// at the default 64 shards and retry period of 2 s. More shards spread
+/// clusters more evenly across replicas and cost more writes. Every replica
+/// of a set must be given the same number: a replica that sees a live one
+/// announcing another number, or a replica of a release that fenced each
+/// cluster with its own Lease, runs nothing, and says so, until it is gone.
 ///
 /// Leases do not pile up: a replica that stops gracefully deletes its own
 /// Lease, a Lease that has run out for ten times its duration (on the
@@ -486,7 +487,10 @@ mod tests {
         for cluster in &clusters {
             per_shard[shard_of(cluster, 64) as usize] += 1;
         }
-        assert!(per_shard.iter().all(|n| (10..=60).contains(n)), "{per_shard:?}");
+        assert!(
+            per_shard.iter().all(|n| (10..=60).contains(n)),
+            "{per_shard:?}"
+        );
         println!("moved {moved}, per replica {per_replica:?}");
     }
 

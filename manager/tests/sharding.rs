@@ -354,6 +354,47 @@ fn holder(lease: &Lease) -> Option<&str> {
     lease.spec.as_ref()?.holder_identity.as_deref()
 }
 
+/// A Lease `<set>-<name>` of the set, of `kind`, with one annotation, held
+/// by `holder` for `seconds` from now.
+fn lease(
+    set: &str,
+    name: &str,
+    kind: &str,
+    annotation: (&str, &str),
+    holder: &str,
+    seconds: i32,
+) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(format!("{set}-{name}")),
+            labels: Some(
+                [
+                    ("kube-fleet.dev/shards".to_owned(), set.to_owned()),
+                    ("kube-fleet.dev/lease".to_owned(), kind.to_owned()),
+                ]
+                .into(),
+            ),
+            annotations: Some([(annotation.0.to_owned(), annotation.1.to_owned())].into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(seconds),
+            renew_time: Some(MicroTime(Timestamp::now())),
+            ..Default::default()
+        }),
+    }
+}
+
+/// Creates `lease` in the default namespace.
+async fn plant(client: &Client, lease: Lease) {
+    let name = lease.metadata.name.clone();
+    Api::<Lease>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &lease)
+        .await
+        .unwrap_or_else(|e| panic!("creating the Lease {name:?}: {e}"));
+}
+
 /// Waits until `gone` holds of the set's Leases; returns when it did.
 async fn until_leases(
     client: &Client,
@@ -388,46 +429,32 @@ async fn leases_of_replicas_and_clusters_that_left_are_deleted_and_a_restarted_r
     // The Lease of a replica that died long ago, with a duration of 1 s: a
     // live replica deletes it once it has seen it run out for ten times
     // that.
-    let ghost = Lease {
-        metadata: ObjectMeta {
-            name: Some(format!("{SET}-replica-ghost")),
-            labels: Some(
-                [
-                    ("kube-fleet.dev/shards".to_owned(), SET.to_owned()),
-                    ("kube-fleet.dev/lease".to_owned(), "replica".to_owned()),
-                ]
-                .into(),
-            ),
-            ..ObjectMeta::default()
-        },
-        spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
-            holder_identity: Some("ghost_0".into()),
-            lease_duration_seconds: Some(1),
-            renew_time: Some(MicroTime(Timestamp::now())),
-            ..Default::default()
-        }),
-    };
-    Api::<Lease>::namespaced(client.clone(), "default")
-        .create(&PostParams::default(), &ghost)
-        .await
-        .expect("the ghost's Lease");
+    plant(
+        &client,
+        lease(
+            SET,
+            "member-ghost",
+            "member",
+            ("kube-fleet.dev/shard-count", "64"),
+            "ghost_0",
+            1,
+        ),
+    )
+    .await;
     // And the Lease of a cluster that a replica from before shards held
     // when it died: nobody will release or delete it but the sweep.
-    let mut orphan = ghost.clone();
-    orphan.metadata.name = Some(format!("{SET}-cluster-orphan"));
-    orphan.metadata.labels = Some(
-        [
-            ("kube-fleet.dev/shards".to_owned(), SET.to_owned()),
-            ("kube-fleet.dev/lease".to_owned(), "cluster".to_owned()),
-        ]
-        .into(),
-    );
-    orphan.metadata.annotations =
-        Some([("kube-fleet.dev/cluster".to_owned(), "long-gone".to_owned())].into());
-    Api::<Lease>::namespaced(client.clone(), "default")
-        .create(&PostParams::default(), &orphan)
-        .await
-        .expect("the orphan's Lease");
+    plant(
+        &client,
+        lease(
+            SET,
+            "cluster-orphan",
+            "cluster",
+            ("kube-fleet.dev/cluster", "long-gone"),
+            "ghost_0",
+            1,
+        ),
+    )
+    .await;
     let planted = Instant::now();
 
     let mut a = Replica::start_in(SET, &["c0", "c1", "c2"], "replica-a", &client, &records);
@@ -473,7 +500,7 @@ async fn leases_of_replicas_and_clusters_that_left_are_deleted_and_a_restarted_r
     let b_holder = |leases: &BTreeMap<String, Lease>| {
         leases
             .values()
-            .filter(|l| kind(l) == "replica")
+            .filter(|l| kind(l) == "member")
             .filter_map(holder)
             .find(|h| h.starts_with("replica-b_"))
             .map(str::to_owned)
@@ -502,16 +529,16 @@ async fn leases_of_replicas_and_clusters_that_left_are_deleted_and_a_restarted_r
     let left = leases(&client, SET).await;
     assert_eq!(b_holder(&left), None, "{left:?}");
     assert!(
-        left.values().filter(|l| kind(l) == "replica").all(|l| {
+        left.values().filter(|l| kind(l) == "member").all(|l| {
             holder(l).is_some_and(|h| h.starts_with("replica-a_"))
-                || l.metadata.name.as_deref() == Some("tidy-shards-replica-ghost")
+                || l.metadata.name.as_deref() == Some("tidy-shards-member-ghost")
         }),
         "{left:?}"
     );
 
     // The ghost's Lease goes, and the orphaned cluster's, not before they
     // have run out ten times over.
-    let name = format!("{SET}-replica-ghost");
+    let name = format!("{SET}-member-ghost");
     let orphan = format!("{SET}-cluster-orphan");
     let ghost_gone = until_leases(&client, SET, "the ghost's Leases stay", |leases| {
         !leases.contains_key(&name) && !leases.contains_key(&orphan)
@@ -549,7 +576,7 @@ async fn leases_of_replicas_and_clusters_that_left_are_deleted_and_a_restarted_r
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replicas_that_count_different_shards_run_nothing_until_they_agree() {
+async fn a_replica_runs_nothing_beside_one_counting_other_shards_or_of_an_earlier_release() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
         .with_test_writer()
@@ -605,4 +632,31 @@ async fn replicas_that_count_different_shards_run_nothing_until_they_agree() {
         "replica-a ran {owners:?} again {:?} after replica-b left",
         back - left
     );
+
+    // A replica of a release that fenced each cluster (its Lease of kind
+    // `replica`) runs its own share of the clusters: while it lives, A
+    // runs nothing; once its Lease has run out, A runs everything again.
+    plant(
+        &client,
+        lease(
+            SET,
+            "replica-earlier",
+            "replica",
+            ("kube-fleet.dev/note", "earlier"),
+            "earlier_0",
+            3,
+        ),
+    )
+    .await;
+    let deadline = Instant::now() + PATIENCE;
+    while !a.status.owned().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "replica-a runs {:?} beside a replica of an earlier release",
+            a.status.owned()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (owners, _) = settled_on(&[&a], 3).await;
+    assert_eq!(owners.len(), 3);
 }

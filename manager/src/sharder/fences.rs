@@ -53,7 +53,9 @@ impl Sharder {
                         .filter(|cluster| self.shard(cluster) == shard)
                         .cloned()
                         .collect();
-                    let until = start + self.timings.renew_deadline;
+                    // No later than this replica's own deadline.
+                    let until =
+                        (start + self.timings.renew_deadline).min(self.me_until.unwrap_or(start));
                     let validity = Validity::closed();
                     validity.open_until(until);
                     {
@@ -83,7 +85,11 @@ impl Sharder {
                 Ok(Ok(Holder::Other(_))) => {}
                 Ok(Err(error)) => tracing::warn!(shard, %error, "taking the shard's Lease"),
                 Err(_) => {
-                    tracing::warn!(shard, ?timeout, "taking the shard's Lease: no answer in time")
+                    tracing::warn!(
+                        shard,
+                        ?timeout,
+                        "taking the shard's Lease: no answer in time"
+                    )
                 }
             }
         }
@@ -131,7 +137,10 @@ impl Sharder {
                 {
                     // Another replica must not start while they might run:
                     // the Lease is left to expire.
-                    tracing::warn!(shard, "reconciles still running after the renew deadline: the shard's Lease is left to expire");
+                    tracing::warn!(
+                        shard,
+                        "reconciles still running after the renew deadline: the shard's Lease is left to expire"
+                    );
                     return;
                 }
                 let (what, end) = match fence {
@@ -155,8 +164,14 @@ impl Sharder {
     /// Gives every shard up and deletes this replica's own Lease, so that
     /// the others take its shards at once and no Lease is left behind.
     pub(super) async fn leave(&mut self) {
-        let all: Vec<u32> = self.owned.keys().copied().collect();
-        self.give_up(all, Fence::Release).await;
+        // A shard whose clusters all left is deleted, the others released.
+        let (empty, offered): (Vec<u32>, Vec<u32>) = self
+            .owned
+            .keys()
+            .copied()
+            .partition(|shard| self.owned[shard].clusters.is_empty());
+        self.give_up(offered, Fence::Release).await;
+        self.give_up(empty, Fence::Delete).await;
         // Every shard's Lease released (each end is bounded by the renew
         // deadline and a request timeout) before the replica's own goes.
         for (_, end) in self.ending.drain() {
@@ -191,10 +206,11 @@ impl Sharder {
     }
 }
 
-/// Renews the Lease of every shard in `owned`, but one renewed in the last
-/// three quarters of a retry period whose deadline is two retry periods
-/// off or more (a round a provider's event brought forward rewrites none
-/// just written, unless the timings are tight), each on its own: a shard's
+/// Renews the Lease of every shard in `owned`, each on its own. A round a
+/// provider's event brought forward (`early`) skips a shard renewed in the
+/// last three quarters of a retry period that the next timed round can
+/// still renew, with a request's timeout to spare, before its deadline.
+/// Each renew is on its own: a shard's
 /// validity moves on as soon as its own renew answers, from when that
 /// renew began, whatever the others' answers do. Returns the shards to give
 /// up: those another replica holds, and those whose renew answered past
@@ -204,18 +220,19 @@ pub(super) async fn renew_fences(
     owned: &mut HashMap<u32, Owned>,
     status: &ShardStatus,
     timings: Timings,
+    early: bool,
 ) -> Vec<(u32, Fence)> {
     let timeout = timings.request_timeout();
     let now = Instant::now();
     let fresh = timings.retry_period.mul_f64(0.75);
+    let skip = |owned: &Owned| {
+        early
+            && now.saturating_duration_since(owned.renewed) < fresh
+            && now + timings.retry_period + timeout < owned.until
+    };
     let mut renews: FuturesUnordered<_> = fences
         .iter_mut()
-        .filter(|(shard, _)| {
-            owned.get(*shard).is_some_and(|owned| {
-                now.saturating_duration_since(owned.renewed) >= fresh
-                    || now + timings.retry_period * 2 >= owned.until
-            })
-        })
+        .filter(|(shard, _)| owned.get(*shard).is_some_and(|owned| !skip(owned)))
         .map(|(shard, lock)| async move {
             let start = Instant::now();
             let result = tokio::time::timeout(timeout, lock.try_acquire_or_renew()).await;

@@ -85,9 +85,14 @@ pub(crate) struct Sharder {
     replicas: HashMap<String, Observed>,
     /// The live replicas, once a list of the Leases has been read.
     live: Option<Vec<String>>,
-    /// A live replica that counts another number of shards, and its count,
-    /// as last listed: while there is one, this replica runs nothing.
+    /// A live replica that counts another number of shards (or of a
+    /// release that fenced each cluster), and its count, as last listed:
+    /// while there is one, this replica runs nothing.
     disagrees: Option<(String, String)>,
+    /// Whether the last list showed this replica's own Lease under this
+    /// run's holder: a list served after its own write, which shows any
+    /// replica that wrote before it, as that replica's lists show this one.
+    listed: bool,
     fences: HashMap<u32, LeaseLock>,
     offered: HashMap<ClusterName, ClusterEvent>,
     owned: HashMap<u32, Owned>,
@@ -116,12 +121,12 @@ impl Sharder {
         let me = LeaseLock::new(
             client.clone(),
             &namespace,
-            &format!("{set}-replica-{}", short_hash(&identity)),
+            &format!("{set}-member-{}", short_hash(&identity)),
             &holder,
             timings.lease_duration,
         )
         .with_metadata(
-            labels(&set, "replica"),
+            labels(&set, "member"),
             BTreeMap::from([(COUNT_ANNOTATION.to_owned(), count.to_string())]),
         );
         Self {
@@ -141,6 +146,7 @@ impl Sharder {
             replicas: HashMap::new(),
             live: None,
             disagrees: None,
+            listed: false,
             fences: HashMap::new(),
             offered: HashMap::new(),
             owned: HashMap::new(),
@@ -163,6 +169,7 @@ impl Sharder {
         tracing::info!(shards = %self.set, count = self.count, holder = %self.holder, namespace = %self.namespace, "sharding");
         let mut next = Instant::now();
         let mut last = next;
+        let mut early = false;
         let mut offers_open = true;
         loop {
             tokio::select! {
@@ -172,7 +179,7 @@ impl Sharder {
                 // send, the Leases are renewed on time.
                 _ = tokio::time::sleep_until(next) => {
                     last = Instant::now();
-                    self.round().await;
+                    self.round(std::mem::take(&mut early)).await;
                     next = last + self.timings.retry_period;
                     // A round that outlasted the retry period leaves the
                     // timer ready at once: take in what the providers sent
@@ -195,7 +202,10 @@ impl Sharder {
                             // at most two per retry period.
                             let soon = (Instant::now() + DEBOUNCE)
                                 .max(last + self.timings.retry_period / 2);
-                            next = next.min(soon);
+                            if soon < next {
+                                next = soon;
+                                early = true;
+                            }
                         }
                     }
                     None => offers_open = false,
@@ -246,8 +256,7 @@ impl Sharder {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&name);
-                self.status
-                    .gave_up(&name, Instant::now().min(owned.until));
+                self.status.gave_up(&name, Instant::now().min(owned.until));
                 self.fleet.disengage(&name);
                 // A shard left empty has its Lease deleted in a round.
                 owned.clusters.is_empty()
@@ -257,8 +266,9 @@ impl Sharder {
 
     /// One pass: renew its own Lease, read the others', renew the shards
     /// it runs, give up those it should not run, take those it should, and
-    /// delete the Leases of replicas gone for long.
-    async fn round(&mut self) {
+    /// delete the Leases of replicas gone for long. A round a provider's
+    /// event brought forward (`early`) renews only the shards that need it.
+    async fn round(&mut self, early: bool) {
         let timeout = self.timings.request_timeout();
         let selector = format!("{SET_LABEL}={}", self.set);
         let list = ListParams::default().labels(&selector);
@@ -272,7 +282,8 @@ impl Sharder {
                 &mut self.fences,
                 &mut self.owned,
                 &self.status,
-                self.timings
+                self.timings,
+                early
             ),
         );
         match own {
@@ -282,6 +293,17 @@ impl Sharder {
             }
             Ok(Err(error)) => tracing::warn!(%error, "renewing this replica's Lease"),
             Err(_) => tracing::warn!(?timeout, "renewing this replica's Lease: no answer in time"),
+        }
+        // No shard runs past this replica's own deadline: a replica of
+        // another count or release, which no shard Lease fences from this
+        // one, counts it gone once its own Lease runs out.
+        let me_until = self.me_until.unwrap_or(start);
+        for owned in self.owned.values_mut() {
+            if owned.until > me_until {
+                owned.until = me_until;
+                owned.validity.open_until(me_until);
+                self.status.renewed_all(&owned.clusters, me_until);
+            }
         }
         match listed {
             Ok(Ok(list)) => self.read_leases(&list.items),
@@ -307,14 +329,12 @@ impl Sharder {
         let Some(live) = self
             .live
             .clone()
-            .filter(|_| alive && self.disagrees.is_none())
+            .filter(|_| alive && self.listed && self.disagrees.is_none())
         else {
             self.status.set_assigned(Vec::new());
             if !self.owned.is_empty() {
                 if !alive {
-                    tracing::warn!(
-                        "this replica's own Lease is not renewed: giving its shards up"
-                    );
+                    tracing::warn!("this replica's own Lease is not renewed: giving its shards up");
                 }
                 let all: Vec<u32> = self.owned.keys().copied().collect();
                 self.give_up(all, Fence::Release).await;
@@ -365,6 +385,7 @@ impl Sharder {
         let occupied: HashSet<u32> = self.offered.keys().map(|c| self.shard(c)).collect();
         let mut replicas = HashMap::new();
         let mut strays = HashMap::new();
+        let mut earlier = None;
         for lease in leases {
             let name = lease.metadata.name.clone().unwrap_or_default();
             let labels = lease.metadata.labels.as_ref();
@@ -377,10 +398,27 @@ impl Sharder {
                     .and_then(|a| a.get(key))
                     .map(String::as_str)
             };
-            if kind == Some("replica") {
-                let seen = Observed::of(lease, self.replicas.get(&name), now);
-                replicas.insert(name, seen);
-                continue;
+            match kind {
+                Some("member") => {
+                    let seen = Observed::of(lease, self.replicas.get(&name), now);
+                    replicas.insert(name, seen);
+                    continue;
+                }
+                // A replica of a release that fenced each cluster: it
+                // counts this one among its peers and runs its own share,
+                // so while it lives this replica runs nothing; once run
+                // out, its Lease is swept.
+                Some("replica") => {
+                    let seen = Observed::of(lease, self.strays.get(&name), now);
+                    if seen.runs_out() > now
+                        && let Some(holder) = seen.holder()
+                    {
+                        earlier.get_or_insert_with(|| identity_of(holder).to_owned());
+                    }
+                    strays.insert(name, seen);
+                    continue;
+                }
+                _ => {}
             }
             // A shard of this count that holds an offered cluster: its
             // Lease is one to take. The Lease of a shard it runs is known
@@ -411,6 +449,9 @@ impl Sharder {
             .filter(|seen| seen.runs_out() > now)
             .filter(|seen| seen.holder().is_some())
             .collect();
+        self.listed = live
+            .iter()
+            .any(|seen| seen.holder() == Some(self.holder.as_str()));
         let disagrees = live
             .iter()
             .filter(|seen| seen.holder() != Some(self.holder.as_str()))
@@ -422,7 +463,8 @@ impl Sharder {
                         .unwrap_or("none")
                         .to_owned(),
                 )
-            });
+            })
+            .or_else(|| earlier.map(|replica| (replica, "one per cluster".to_owned())));
         if disagrees.is_some() && disagrees != self.disagrees {
             let (replica, theirs) = disagrees.clone().unwrap_or_default();
             tracing::error!(
