@@ -139,3 +139,63 @@ async fn a_streaming_list_longer_than_its_watch_timeout_falls_back_to_pages() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engage_storm_lists_a_bounded_number_at_once_and_an_unreachable_cluster_holds_up_none() {
+    use std::{
+        collections::HashSet,
+        sync::{Arc, Mutex},
+        time::Duration,
+    };
+
+    use kube_fleet::{Action, Fleet, ObjectRequest};
+    use tower::{BoxError, service_fn};
+
+    let env = Envtest::start(1).await.expect("envtest");
+    let cluster = &env.clusters()[0];
+    create(&cluster.client(), &["storm"]).await;
+    let fleet = Fleet::new().with_initial_lists(2);
+    assert_eq!(fleet.initial_lists().limit(), 2);
+    // Refuses connections: each of its lists fails, and gives its permit
+    // back while the watch waits to retry.
+    let unreachable =
+        Client::try_from(kube::Config::new("https://127.0.0.1:1".parse().unwrap())).unwrap();
+    fleet.engage("unreachable", unreachable);
+
+    let reconciled = Arc::new(Mutex::new(HashSet::new()));
+    let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default());
+    tokio::spawn(controller.run(service_fn({
+        let reconciled = reconciled.clone();
+        move |request: ObjectRequest<ConfigMap>| {
+            if request.request.name == "storm" {
+                reconciled
+                    .lock()
+                    .unwrap()
+                    .insert(request.cluster.name().to_string());
+            }
+            async { Ok::<_, BoxError>(Action::await_change()) }
+        }
+    })));
+    // Thirty clusters at once, each with its own client and connection.
+    const CLUSTERS: usize = 30;
+    for i in 0..CLUSTERS {
+        fleet.engage(format!("storm-{i}"), cluster.client());
+    }
+    let (mut most, mut waited) = (0, 0);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while reconciled.lock().unwrap().len() < CLUSTERS {
+        let lists = fleet.initial_lists();
+        most = most.max(lists.in_flight());
+        waited = waited.max(lists.waiting());
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "reconciled in {:?} of {CLUSTERS}; lists {lists:?}",
+            reconciled.lock().unwrap().len()
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    println!("at most {most} lists at once, {waited} waiting");
+    assert!(most <= 2, "{most} lists at once");
+    assert!(waited >= 1, "no list waited for a permit");
+    assert!(!reconciled.lock().unwrap().contains("unreachable"));
+}

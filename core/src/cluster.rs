@@ -17,7 +17,7 @@ use kube::{
 use tokio::sync::{Notify, OnceCell};
 
 use crate::{
-    cache::{ClusterCache, NamespaceView, Watchable},
+    cache::{ClusterCache, InitialLists, NamespaceView, Watchable},
     client::{Reachability, RequestStats, counting},
     cluster_name::ClusterName,
     identity,
@@ -80,11 +80,20 @@ impl Cluster {
     /// requests are counted in [`requests`](Self::requests). Call it inside
     /// a tokio runtime.
     pub fn new(name: impl Into<ClusterName>, client: Client) -> Self {
+        Self::listing(name, client, InitialLists::unbounded())
+    }
+
+    /// [`new`](Self::new), its watches' lists bounded by `permits`.
+    pub(crate) fn listing(
+        name: impl Into<ClusterName>,
+        client: Client,
+        permits: InitialLists,
+    ) -> Self {
         let name = name.into();
         let requests = Arc::<RequestStats>::default();
         let reachability = Arc::new(Reachability::new(name.clone(), client.clone()));
         let client = counting(client, requests.clone(), reachability.clone());
-        let cache = ClusterCache::new(name.clone(), client.clone());
+        let cache = ClusterCache::new(name.clone(), client.clone(), permits);
         Self::with_cache(name, client, cache, requests, reachability)
     }
 
@@ -95,13 +104,23 @@ impl Cluster {
     /// the host's shared watches are counted under no view. Call it inside a
     /// tokio runtime.
     pub fn of_view(name: impl Into<ClusterName>, view: &NamespaceView) -> Self {
+        Self::view_listing(name, view, InitialLists::unbounded())
+    }
+
+    /// [`of_view`](Self::of_view), its own watches' lists bounded by
+    /// `permits`.
+    pub(crate) fn view_listing(
+        name: impl Into<ClusterName>,
+        view: &NamespaceView,
+        permits: InitialLists,
+    ) -> Self {
         let name = name.into();
         let requests = Arc::<RequestStats>::default();
         // The host's, shared with its other namespaces: a view that leaves
         // does not end it.
         let reachability = view.host().reachability().clone();
         let client = counting(view.client(), requests.clone(), reachability.clone());
-        let cache = ClusterCache::of_view(name.clone(), view);
+        let cache = ClusterCache::of_view(name.clone(), view, permits);
         let mut cluster = Self::with_cache(name, client, cache, requests, reachability);
         Arc::get_mut(&mut cluster.inner)
             .expect("not shared yet")

@@ -12,7 +12,11 @@ use futures::{Stream, StreamExt};
 use kube::Client;
 use tokio::sync::mpsc;
 
-use crate::{cache::NamespaceView, cluster::Cluster, cluster_name::ClusterName};
+use crate::{
+    cache::{InitialLists, NamespaceView},
+    cluster::Cluster,
+    cluster_name::ClusterName,
+};
 
 /// A change in the fleet, as controllers see it.
 #[derive(Debug, Clone)]
@@ -45,7 +49,10 @@ pub struct FleetSubscription {
 /// starts its watches there and serves the cluster once they have synced
 /// (see [`Controller::status`](crate::Controller::status)). A cluster that is
 /// slow, unreachable or lacks a type thus holds up no other cluster, and no
-/// controller that does not need what it lacks.
+/// controller that does not need what it lacks. At most
+/// [`InitialLists::DEFAULT`] watches list at once across the fleet (see
+/// [`with_initial_lists`](Self::with_initial_lists)), so engaging thousands
+/// of clusters at once lists them a bounded number at a time.
 ///
 /// ```no_run
 /// # async fn example(client: kube::Client) {
@@ -58,9 +65,19 @@ pub struct FleetSubscription {
 /// assert!(!east.is_engaged());
 /// # }
 /// ```
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Fleet {
     inner: Arc<Mutex<State>>,
+    lists: InitialLists,
+}
+
+impl Default for Fleet {
+    fn default() -> Self {
+        Self {
+            inner: Arc::default(),
+            lists: InitialLists::new(InitialLists::DEFAULT),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -90,6 +107,31 @@ impl Fleet {
     /// An empty fleet.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// This fleet, with at most `limit` watches listing at once across all
+    /// its clusters (default [`InitialLists::DEFAULT`]; at least one): a
+    /// watch takes a permit before its first request and gives it back once
+    /// its list is done or failed, and again for each list after. Lower it
+    /// to spare the memory of an engage storm and the API servers it
+    /// lists; raise it if many clusters list slowly. Set it before the
+    /// fleet is cloned or used: clones made before keep the old bound.
+    ///
+    /// ```
+    /// use kube_fleet::Fleet;
+    ///
+    /// let fleet = Fleet::new().with_initial_lists(16);
+    /// assert_eq!(fleet.initial_lists().limit(), 16);
+    /// ```
+    pub fn with_initial_lists(mut self, limit: usize) -> Self {
+        self.lists = InitialLists::new(limit);
+        self
+    }
+
+    /// The bound on the fleet's lists in flight, and how many list and
+    /// wait now.
+    pub fn initial_lists(&self) -> &InitialLists {
+        &self.lists
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -161,14 +203,14 @@ impl Fleet {
     /// let go of them) and controllers start over with the new one.
     /// Call it inside the tokio runtime that will use the client.
     pub fn engage(&self, name: impl Into<ClusterName>, client: Client) -> Cluster {
-        self.insert(Cluster::new(name, client))
+        self.insert(Cluster::listing(name, client, self.lists.clone()))
     }
 
     /// Engages (or replaces) the cluster `name` that is a namespace of a
     /// host: see [`HostCache`](crate::cache::HostCache). Call it inside a
     /// tokio runtime.
     pub fn engage_view(&self, name: impl Into<ClusterName>, view: NamespaceView) -> Cluster {
-        self.insert(Cluster::of_view(name, &view))
+        self.insert(Cluster::view_listing(name, &view, self.lists.clone()))
     }
 
     fn insert(&self, cluster: Cluster) -> Cluster {

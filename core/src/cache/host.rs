@@ -23,6 +23,7 @@ use kube::{
 use tokio::task::AbortHandle;
 use tower::BoxError;
 
+use super::permits::InitialLists;
 use super::registry::{WatchKey, watch_key};
 use super::{
     ClusterCache, Shape, SharedWatch, TypeInfo, Watchable,
@@ -153,7 +154,7 @@ impl HostCache {
         let client = counting(client, Arc::default(), reachability.clone());
         Self {
             inner: Arc::new(HostInner {
-                cache: ClusterCache::new(host, client),
+                cache: ClusterCache::new(host, client, InitialLists::unbounded()),
                 reachability,
                 split: Mutex::new(HashMap::new()),
             }),

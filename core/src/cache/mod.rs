@@ -36,6 +36,14 @@
 //! Paged lists add one page (500 objects by default) being decoded.
 //! Subscribers hold no copies: they read the store's `Arc`s.
 //!
+//! Across a [`Fleet`](crate::Fleet), at most
+//! [`InitialLists::DEFAULT`] watches list at once (see
+//! [`Fleet::with_initial_lists`](crate::Fleet::with_initial_lists)): a watch
+//! takes a permit before its first request and gives it back once its list
+//! is done or failed, so an engage storm lists a bounded number of clusters
+//! at a time. A cluster whose connection hangs holds its permit until the
+//! client's connect timeout; one that refuses, at once.
+//!
 //! ```no_run
 //! # async fn example(cluster: kube_fleet::Cluster) {
 //! use futures::StreamExt;
@@ -59,6 +67,7 @@
 pub(crate) mod discovery;
 mod host;
 mod initial_list;
+mod permits;
 mod registry;
 mod scoped;
 mod source;
@@ -69,6 +78,7 @@ mod types;
 mod watch;
 
 pub use host::{HostCache, NamespaceView};
+pub use permits::InitialLists;
 pub use registry::ClusterCache;
 pub use state::{WatchState, WatchStatus};
 pub use subscription::{Change, Subscription};

@@ -15,6 +15,7 @@ use kube::{
     runtime::{reflector::Store, watcher},
 };
 
+use super::permits::InitialLists;
 use super::{
     HostCache, NamespaceView, Shape, SharedWatch, TypeInfo, Watchable, initial_list, is_namespaced,
     scope,
@@ -52,6 +53,8 @@ pub struct ClusterCache {
     pub(super) client: Client,
     pub(super) watches: Mutex<Watches>,
     pub(super) lists: Arc<initial_list::ListMode>,
+    /// The fleet's bound on lists in flight.
+    pub(super) permits: InitialLists,
     /// For a namespace of a host engaged as a cluster: the host, whose
     /// watches it reads its part of, and the namespace.
     pub(super) view: Option<(HostCache, String)>,
@@ -67,21 +70,27 @@ impl fmt::Debug for ClusterCache {
 }
 
 impl ClusterCache {
-    pub(crate) fn new(cluster: ClusterName, client: Client) -> Self {
+    /// The cache of `cluster`, its lists bounded by `permits`.
+    pub(crate) fn new(cluster: ClusterName, client: Client, permits: InitialLists) -> Self {
         Self {
             cluster,
             client,
             watches: Mutex::new(HashMap::new()),
             lists: Arc::default(),
+            permits,
             view: None,
         }
     }
 
     /// The cache of the cluster that is `view`'s namespace of its host.
-    pub(crate) fn of_view(cluster: ClusterName, view: &NamespaceView) -> Self {
+    pub(crate) fn of_view(
+        cluster: ClusterName,
+        view: &NamespaceView,
+        permits: InitialLists,
+    ) -> Self {
         Self {
             view: Some((view.host().clone(), view.namespace().to_owned())),
-            ..Self::new(cluster, view.client())
+            ..Self::new(cluster, view.client(), permits)
         }
     }
 

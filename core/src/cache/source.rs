@@ -20,12 +20,13 @@ impl ClusterCache {
     ) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static {
         let (client, config) = (self.client.clone(), config.clone());
         let (lists, cluster) = (self.lists.clone(), self.cluster.clone());
+        let permits = self.permits.clone();
         let namespace = namespace.map(str::to_owned);
         let events = move |dyntype: &K::DynamicType| {
             let (client, dyntype) = (client.clone(), dyntype.clone());
             let namespace = namespace.clone();
             let kind = K::kind(&dyntype).into_owned();
-            initial_list::streamed_or_paged(
+            let events = initial_list::streamed_or_paged(
                 lists.clone(),
                 cluster.clone(),
                 kind,
@@ -39,7 +40,8 @@ impl ClusterCache {
                         watcher::watcher(api, config).boxed()
                     }
                 },
-            )
+            );
+            permits.bound(events)
         };
         shaped(
             self.discovering(dyntype, events),
