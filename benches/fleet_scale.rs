@@ -1,0 +1,208 @@
+//! Ten thousand clusters in one process: time to all synced, memory at the
+//! peak of the engage storm and after, tasks, sockets, idle CPU, what the API
+//! servers spend, and whether any of them answered 429.
+//!
+//! ```text
+//! cargo bench --bench fleet_scale                    # 10,000 clusters over four API servers
+//! cargo bench --bench fleet_scale -- 2000            # other counts
+//! cargo bench --bench fleet_scale -- --servers 2     # over two API servers
+//! cargo bench --bench fleet_scale -- --lists 16      # at most 16 initial lists at once
+//! cargo bench --bench fleet_scale -- --lists 0       # no bound on initial lists
+//! ```
+//!
+//! Real API servers (envtest), each with 20 ConfigMaps in its `default`
+//! namespace; every cluster is a name for one of them, taken in turn, with
+//! its own client (`kube_fleet::client` on the server's kubeconfig, so its
+//! own connection), engaged through a `ProgrammaticProvider`. One typed
+//! controller watches ConfigMaps in `default` in every cluster. One
+//! cluster is engaged and served first (the baseline: runtime, TLS and
+//! allocator warmed up); then the rest all at once. The engage storm's peak
+//! is the process's `VmHWM` since the baseline; steady figures are taken ten
+//! seconds after the controller serves every cluster and has reconciled
+//! every object once; idle CPU over the twenty seconds after that. The API servers' (and etcd's) CPU from
+//! `/proc`; their 429 answers from their own `apiserver_request_total`.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{Client, Config, runtime::watcher};
+use kube_fleet::envtest::Envtest;
+use kube_fleet::{
+    Action, Controller, Fleet, ObjectRequest, controller::Watch, provider::ProgrammaticProvider,
+};
+use tower::{BoxError, service_fn};
+
+mod os;
+mod setup;
+
+use os::{cpu_seconds, open_sockets, reset_peak, resident_bytes, status_kib};
+
+fn alive_tasks() -> usize {
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
+}
+
+fn mib(bytes: f64) -> f64 {
+    bytes / 1048576.0
+}
+
+/// The requests the servers have answered with 429.
+async fn too_many(servers: &[Client]) -> Result<f64, BoxError> {
+    let mut total = 0.0;
+    for server in servers {
+        let text = server
+            .request_text(http::Request::get("/metrics").body(Vec::new())?)
+            .await?;
+        total += text
+            .lines()
+            .filter(|l| l.starts_with("apiserver_request_total{") && l.contains("code=\"429\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+    }
+    Ok(total)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let (mut clusters, mut servers, mut lists) = (10_000usize, 4usize, None);
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--servers" => servers = args.next().and_then(|n| n.parse().ok()).unwrap_or(servers),
+            "--lists" => lists = args.next().and_then(|n| n.parse().ok()),
+            "--bench" => {}
+            other => clusters = other.parse().unwrap_or(clusters),
+        }
+    }
+    let fleet = match lists {
+        Some(0) => Fleet::new().with_initial_lists(usize::MAX),
+        Some(n) => Fleet::new().with_initial_lists(n),
+        None => Fleet::new(),
+    };
+    let bound = fleet.initial_lists().limit();
+    println!(
+        "{clusters} clusters over {servers} API servers, 20 ConfigMaps each; initial lists at once: {}",
+        if lists == Some(0) {
+            "no bound".to_owned()
+        } else {
+            bound.to_string()
+        }
+    );
+
+    let env = Envtest::start(servers).await?;
+    let admins: Vec<Client> = env.clusters().iter().map(|c| c.client()).collect();
+    let mut configs: Vec<Config> = Vec::new();
+    for (cluster, admin) in env.clusters().iter().zip(&admins) {
+        setup::fill(admin.clone(), 20).await?;
+        configs.push(setup::direct_config(cluster).await?);
+    }
+    let pids = env.pids();
+    let servers_cpu = || pids.iter().map(|p| cpu_seconds(&p.to_string())).sum::<f64>();
+
+    let (provider, handle) = ProgrammaticProvider::new();
+    tokio::spawn({
+        let fleet = fleet.clone();
+        async move { fleet.run(provider).await }
+    });
+    let controller = Controller::<ConfigMap>::new(
+        &fleet,
+        Watch::new(watcher::Config::default()).in_namespace("default"),
+    );
+    let status = controller.status();
+    let depth = controller.queue_depth();
+    let reconciles = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    tokio::spawn(controller.run(service_fn({
+        let reconciles = reconciles.clone();
+        move |_: ObjectRequest<ConfigMap>| {
+            reconciles.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async { Ok::<_, BoxError>(Action::await_change()) }
+        }
+    })));
+    let serving = || status.clusters().iter().filter(|c| c.serving).count();
+
+    handle.engage("cluster-00000", setup::client(configs[0].clone(), false)?);
+    while serving() < 1 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let one = resident_bytes() as f64;
+    let (tasks_one, sockets_one) = (alive_tasks(), open_sockets());
+    let refused_before = too_many(&admins).await?;
+
+    reset_peak();
+    let (cpu_before, servers_before) = (cpu_seconds("self"), servers_cpu());
+    let began = Instant::now();
+    for i in 1..clusters {
+        let config = configs[i % configs.len()].clone();
+        handle.engage(format!("cluster-{i:05}"), setup::client(config, false)?);
+    }
+    let built = began.elapsed();
+    let mut most_waiting = 0;
+    let mut last_report = Instant::now();
+    while serving() < clusters {
+        most_waiting = most_waiting.max(fleet.initial_lists().waiting());
+        if last_report.elapsed() >= Duration::from_secs(10) {
+            last_report = Instant::now();
+            println!(
+                "  {:.0?}: {} of {clusters} served, {:.0} MiB, lists {:?}",
+                began.elapsed(),
+                serving(),
+                mib(resident_bytes() as f64),
+                fleet.initial_lists()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let synced = began.elapsed();
+    let expected = clusters * 20;
+    while depth.get() > 0 || reconciles.load(std::sync::atomic::Ordering::Relaxed) < expected {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let drained = began.elapsed();
+    let (storm_cpu, storm_servers) = (
+        cpu_seconds("self") - cpu_before,
+        servers_cpu() - servers_before,
+    );
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let peak = status_kib("VmHWM:") as f64 * 1024.0;
+    let steady = resident_bytes() as f64;
+    let (tasks, sockets) = (alive_tasks(), open_sockets());
+    let (cpu_idle, servers_idle, idle_from) = (cpu_seconds("self"), servers_cpu(), Instant::now());
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let idle_seconds = idle_from.elapsed().as_secs_f64();
+    let idle = (cpu_seconds("self") - cpu_idle) / idle_seconds;
+    let servers_idle = (servers_cpu() - servers_idle) / idle_seconds;
+    let refused = too_many(&admins).await? - refused_before;
+
+    let added = (clusters - 1).max(1) as f64;
+    println!("clients built for {} clusters in {built:.1?}", clusters - 1);
+    println!(
+        "all {clusters} served {synced:.1?} after the first engage (at most {most_waiting} lists waiting); their {expected} first reconciles done after {drained:.1?}"
+    );
+    println!(
+        "memory: one cluster {:.0} MiB; peak in the storm {:.0} MiB; steady {:.0} MiB ({:.1} KiB per cluster); peak / steady {:.2}",
+        mib(one),
+        mib(peak),
+        mib(steady),
+        (steady - one) / added / 1024.0,
+        peak / steady
+    );
+    println!(
+        "tasks +{} ({:.2} per cluster); sockets +{} ({:.2} per cluster)",
+        tasks - tasks_one,
+        (tasks - tasks_one) as f64 / added,
+        sockets - sockets_one,
+        (sockets - sockets_one) as f64 / added
+    );
+    println!(
+        "CPU in the storm: controller {storm_cpu:.1} s, API servers and etcd {storm_servers:.1} s"
+    );
+    println!(
+        "idle: controller {:.1} % of one core, API servers and etcd {:.1} %",
+        idle * 100.0,
+        servers_idle * 100.0
+    );
+    println!("429 answers from the API servers: {refused}");
+    Ok(())
+}
