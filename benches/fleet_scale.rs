@@ -98,7 +98,11 @@ async fn main() -> Result<(), BoxError> {
         configs.push(setup::direct_config(cluster).await?);
     }
     let pids = env.pids();
-    let servers_cpu = || pids.iter().map(|p| cpu_seconds(&p.to_string())).sum::<f64>();
+    let servers_cpu = || {
+        pids.iter()
+            .map(|p| cpu_seconds(&p.to_string()))
+            .sum::<f64>()
+    };
 
     let (provider, handle) = ProgrammaticProvider::new();
     tokio::spawn({

@@ -8,6 +8,7 @@
 //! cargo bench --bench per_cluster -- --http1   # kube's own client, HTTP/1.1
 //! cargo bench --bench per_cluster -- --bare    # no fleet: a client and a bare kube watcher each
 //! cargo bench --bench per_cluster -- --any     # lists from the cache, streamed, not consistent
+//! cargo bench --bench per_cluster -- --as-user # as a user sets it up (below)
 //! ```
 //!
 //! Every cluster has a distinct name and its own `kube::Client` (from
@@ -22,6 +23,11 @@
 //! the first cluster sets up once (TLS provider, runtime) is not counted.
 //! Also the time from the first of the N − 1 engages until the controller
 //! serves them all.
+//!
+//! `--as-user` sets the fleet up as a user's program would: each cluster's
+//! `kube::Config` read from a kubeconfig file of its own (written once for
+//! each), and a watch of all namespaces selecting the 20 ConfigMaps by their
+//! label.
 //!
 //! `--bare` measures what the same watch costs with no fleet and no
 //! controller: per cluster, a client and kube's own `watcher` feeding a
@@ -84,6 +90,9 @@ struct Options {
     /// list streamed.
     any: bool,
     namespace: &'static str,
+    /// Each cluster's config from its own kubeconfig file, and a
+    /// label-selected watch of all namespaces.
+    as_user: bool,
 }
 
 impl Options {
@@ -164,7 +173,12 @@ fn report(clusters: usize, synced: Duration, one: Sample, all: Sample) {
     );
 }
 
-async fn measure(config: &Config, clusters: usize, options: &Options) -> Result<(), BoxError> {
+async fn measure(
+    config: &Config,
+    kubeconfig: &str,
+    clusters: usize,
+    options: &Options,
+) -> Result<(), BoxError> {
     if options.bare {
         return measure_bare(config, clusters, options).await;
     }
@@ -174,7 +188,24 @@ async fn measure(config: &Config, clusters: usize, options: &Options) -> Result<
         let fleet = fleet.clone();
         async move { fleet.run(provider).await }
     });
-    let watch = Watch::new(options.watcher()).in_namespace(options.namespace);
+    let watch = if options.as_user {
+        Watch::new(options.watcher().labels("bench.kube-fleet.dev/per-cluster"))
+    } else {
+        Watch::new(options.watcher()).in_namespace(options.namespace)
+    };
+    // A user's program reads each cluster's kubeconfig file.
+    let files = std::env::temp_dir().join(format!("per-cluster-{}", std::process::id()));
+    let client_of = async |i: usize| -> Result<Client, BoxError> {
+        if !options.as_user {
+            return options.client(config);
+        }
+        let path = files.join(format!("cluster-{i:04}.yaml"));
+        std::fs::create_dir_all(&files)?;
+        std::fs::write(&path, kubeconfig)?;
+        let kubeconfig = kube::config::Kubeconfig::read_from(&path)?;
+        let config = Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+        options.client(&config)
+    };
     let controller = Controller::<ConfigMap>::new(&fleet, watch);
     let status = controller.status();
     let controller = tokio::spawn(controller.run(service_fn(
@@ -188,19 +219,20 @@ async fn measure(config: &Config, clusters: usize, options: &Options) -> Result<
         tokio::time::sleep(Duration::from_secs(2)).await;
     };
 
-    handle.engage("cluster-0000", options.client(config)?);
+    handle.engage("cluster-0000", client_of(0).await?);
     served(1).await;
     let one = Sample::now();
 
     let began = Instant::now();
     for i in 1..clusters {
-        handle.engage(format!("cluster-{i:04}"), options.client(config)?);
+        handle.engage(format!("cluster-{i:04}"), client_of(i).await?);
     }
     served(clusters).await;
     let synced = began.elapsed() - Duration::from_secs(2);
     let all = Sample::now();
 
     report(clusters, synced, one, all);
+    let _ = std::fs::remove_dir_all(&files);
     controller.abort();
     provider_task.abort();
     Ok(())
@@ -219,6 +251,7 @@ async fn main() -> Result<(), BoxError> {
         http1: args.iter().any(|a| a == "--http1"),
         bare: args.iter().any(|a| a == "--bare"),
         any: args.iter().any(|a| a == "--any"),
+        as_user: args.iter().any(|a| a == "--as-user"),
         namespace: if args.iter().any(|a| a == "--empty") {
             "empty"
         } else {
@@ -246,6 +279,7 @@ async fn main() -> Result<(), BoxError> {
         let config_map = ConfigMap {
             metadata: ObjectMeta {
                 name: Some(format!("cm-{i}")),
+                labels: Some([("bench.kube-fleet.dev/per-cluster".into(), "yes".into())].into()),
                 ..ObjectMeta::default()
             },
             ..ConfigMap::default()
@@ -253,8 +287,15 @@ async fn main() -> Result<(), BoxError> {
         api.create(&PostParams::default(), &config_map).await?;
     }
     let config = setup::direct_config(cluster).await?;
+    // JSON is YAML: a kubeconfig file either way.
+    let kubeconfig = serde_json::to_string(&cluster.direct_kubeconfig())?;
+    if options.as_user {
+        println!(
+            "each cluster's config from its own kubeconfig file; a label-selected watch of all namespaces"
+        );
+    }
     for clusters in counts {
-        measure(&config, clusters, &options).await?;
+        measure(&config, &kubeconfig, clusters, &options).await?;
     }
     Ok(())
 }

@@ -199,3 +199,78 @@ async fn an_engage_storm_lists_a_bounded_number_at_once_and_an_unreachable_clust
     assert!(waited >= 1, "no list waited for a permit");
     assert!(!reconciled.lock().unwrap().contains("unreachable"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_that_hangs_holds_the_last_permit_for_thirty_seconds_and_the_one_waiting_is_not_failing()
+ {
+    use std::time::Duration;
+
+    use kube_fleet::{Action, Fleet, ObjectRequest, cache::WatchState, controller::Config};
+    use tower::{BoxError, service_fn};
+
+    let env = Envtest::start(1).await.expect("envtest");
+    let cluster = &env.clusters()[0];
+    // Accepts connections and never answers: the list's TLS handshake
+    // hangs.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = silent.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((connection, _)) = silent.accept().await {
+            held.push(connection);
+        }
+    });
+    let hangs = Client::try_from(kube::Config::new(
+        format!("https://{address}").parse().unwrap(),
+    ))
+    .unwrap();
+
+    let fleet = Fleet::new().with_initial_lists(1);
+    let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
+        .with_config(Config::default().sync_timeout(Duration::from_secs(1)));
+    let status = controller.status();
+    tokio::spawn(
+        controller.run(service_fn(|_: ObjectRequest<ConfigMap>| async {
+            Ok::<_, BoxError>(Action::await_change())
+        })),
+    );
+    fleet.engage("hangs", hangs);
+    while fleet.initial_lists().in_flight() < 1 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let engaged = tokio::time::Instant::now();
+    fleet.engage("answers", cluster.client());
+
+    // Past the sync timeout, the cluster waiting for the permit is syncing,
+    // not failing; the one that hangs is failing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let waiting = status.cluster("answers").expect("started");
+    assert!(!waiting.serving);
+    assert!(
+        waiting
+            .watches
+            .iter()
+            .all(|w| w.state == WatchState::Syncing),
+        "{waiting}"
+    );
+    assert_eq!(fleet.initial_lists().waiting(), 1);
+    let hanging = status.cluster("hangs").expect("started");
+    assert!(
+        hanging
+            .watches
+            .iter()
+            .all(|w| matches!(w.state, WatchState::Failing { .. })),
+        "{hanging}"
+    );
+
+    // The permit comes back after thirty seconds, and the cluster syncs.
+    let deadline = engaged + Duration::from_secs(60);
+    while !status.cluster("answers").is_some_and(|c| c.serving) {
+        assert!(tokio::time::Instant::now() < deadline, "never served");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let served = engaged.elapsed();
+    println!("served {served:?} after it was engaged behind a cluster that hangs");
+    assert!(served >= Duration::from_secs(25), "{served:?}");
+    assert!(!status.cluster("hangs").expect("started").serving);
+}

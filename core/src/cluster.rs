@@ -104,23 +104,13 @@ impl Cluster {
     /// the host's shared watches are counted under no view. Call it inside a
     /// tokio runtime.
     pub fn of_view(name: impl Into<ClusterName>, view: &NamespaceView) -> Self {
-        Self::view_listing(name, view, InitialLists::unbounded())
-    }
-
-    /// [`of_view`](Self::of_view), its own watches' lists bounded by
-    /// `permits`.
-    pub(crate) fn view_listing(
-        name: impl Into<ClusterName>,
-        view: &NamespaceView,
-        permits: InitialLists,
-    ) -> Self {
         let name = name.into();
         let requests = Arc::<RequestStats>::default();
         // The host's, shared with its other namespaces: a view that leaves
         // does not end it.
         let reachability = view.host().reachability().clone();
         let client = counting(view.client(), requests.clone(), reachability.clone());
-        let cache = ClusterCache::of_view(name.clone(), view, permits);
+        let cache = ClusterCache::of_view(name.clone(), view);
         let mut cluster = Self::with_cache(name, client, cache, requests, reachability);
         Arc::get_mut(&mut cluster.inner)
             .expect("not shared yet")

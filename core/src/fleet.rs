@@ -65,25 +65,26 @@ pub struct FleetSubscription {
 /// assert!(!east.is_engaged());
 /// # }
 /// ```
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct Fleet {
     inner: Arc<Mutex<State>>,
-    lists: InitialLists,
 }
 
-impl Default for Fleet {
-    fn default() -> Self {
-        Self {
-            inner: Arc::default(),
-            lists: InitialLists::new(InitialLists::DEFAULT),
-        }
-    }
-}
-
-#[derive(Default)]
 struct State {
     clusters: HashMap<ClusterName, Cluster>,
     subscribers: Vec<mpsc::UnboundedSender<FleetEvent>>,
+    /// The bound on lists in flight of the clusters engaged from now on.
+    lists: InitialLists,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self {
+            clusters: HashMap::new(),
+            subscribers: Vec::new(),
+            lists: InitialLists::new(InitialLists::DEFAULT),
+        }
+    }
 }
 
 impl State {
@@ -111,27 +112,29 @@ impl Fleet {
 
     /// This fleet, with at most `limit` watches listing at once across all
     /// its clusters (default [`InitialLists::DEFAULT`]; at least one): a
-    /// watch takes a permit before its first request and gives it back once
-    /// its list is done or failed, and again for each list after. Lower it
-    /// to spare the memory of an engage storm and the API servers it
-    /// lists; raise it if many clusters list slowly. Set it before the
-    /// fleet is cloned or used: clones made before keep the old bound.
+    /// watch takes a permit before it lists and gives it back once its list
+    /// is done or failed; see [`InitialLists`]. Lower it to spare the
+    /// memory of an engage storm and the API servers it lists; raise it if
+    /// many clusters list slowly. It holds for every clone of the fleet,
+    /// and for the clusters engaged from now on: set it before engaging.
+    /// The watches of a [`HostCache`](crate::cache::HostCache), one per
+    /// type for all its namespaces, are not bounded by it.
     ///
     /// ```
     /// use kube_fleet::Fleet;
     ///
     /// let fleet = Fleet::new().with_initial_lists(16);
-    /// assert_eq!(fleet.initial_lists().limit(), 16);
+    /// assert_eq!(fleet.clone().initial_lists().limit(), 16);
     /// ```
-    pub fn with_initial_lists(mut self, limit: usize) -> Self {
-        self.lists = InitialLists::new(limit);
+    pub fn with_initial_lists(self, limit: usize) -> Self {
+        self.state().lists = InitialLists::new(limit);
         self
     }
 
     /// The bound on the fleet's lists in flight, and how many list and
     /// wait now.
-    pub fn initial_lists(&self) -> &InitialLists {
-        &self.lists
+    pub fn initial_lists(&self) -> InitialLists {
+        self.state().lists.clone()
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -203,14 +206,15 @@ impl Fleet {
     /// let go of them) and controllers start over with the new one.
     /// Call it inside the tokio runtime that will use the client.
     pub fn engage(&self, name: impl Into<ClusterName>, client: Client) -> Cluster {
-        self.insert(Cluster::listing(name, client, self.lists.clone()))
+        let lists = self.initial_lists();
+        self.insert(Cluster::listing(name, client, lists))
     }
 
     /// Engages (or replaces) the cluster `name` that is a namespace of a
     /// host: see [`HostCache`](crate::cache::HostCache). Call it inside a
     /// tokio runtime.
     pub fn engage_view(&self, name: impl Into<ClusterName>, view: NamespaceView) -> Cluster {
-        self.insert(Cluster::view_listing(name, &view, self.lists.clone()))
+        self.insert(Cluster::of_view(name, &view))
     }
 
     fn insert(&self, cluster: Cluster) -> Cluster {

@@ -234,7 +234,10 @@ impl HostCache {
                 Some(split) => split,
                 None => {
                     watches.retain(|_, w| w.strong_count() > 0);
-                    let events = self.inner.cache.events::<K>(dyntype, None, shape, config);
+                    let events =
+                        self.inner
+                            .cache
+                            .events::<K>(dyntype, None, shape, config, Arc::default());
                     let split = Arc::new(Split::start(
                         self.inner.cache.cluster.clone(),
                         dyntype.clone(),

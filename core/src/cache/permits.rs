@@ -6,27 +6,37 @@
 
 use std::{
     fmt,
+    future::Future,
     pin::Pin,
     sync::{
         Arc,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     task::{Context, Poll, ready},
+    time::Duration,
 };
 
 use futures::{FutureExt, Stream, StreamExt, future::BoxFuture, stream::BoxStream};
 use kube::runtime::watcher::{self, Event};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::{
+    sync::{OwnedSemaphorePermit, Semaphore},
+    time::Sleep,
+};
 
 /// How many watches of a [`Fleet`](crate::Fleet) may be listing at once, and
 /// how many list or wait now; from [`Fleet::initial_lists`](crate::Fleet::initial_lists).
 ///
-/// A watch takes a permit before its first request, so the TLS handshake of
-/// a cluster's new connection and its first list both wait their turn; it
-/// holds the permit until its list is done or fails, and takes one again
-/// before each list that follows (after a watch expired, say). A cluster
-/// that does not answer holds none while its watch waits to retry, so it
-/// holds up no other cluster for long.
+/// A watch takes a permit before its first request (for most watches its
+/// list, and with it the TLS handshake of a cluster's new connection), and
+/// holds it until the list is done or fails, or for 30 seconds at most:
+/// a list that takes longer (a cluster that hangs, an API server that
+/// keeps answering 503 to a request retried for minutes) goes on without
+/// one. It takes one again before each list that follows (after a failed
+/// list, or a watch that fell too far behind). A cluster that does not
+/// answer holds none while its watch waits to retry. A watch waiting for a
+/// permit is reported as syncing, never as failing to sync. Permits are
+/// handed out first come, first served: a synced watch that must list
+/// again during an engage storm waits behind the storm's lists.
 ///
 /// ```
 /// use kube_fleet::Fleet;
@@ -107,10 +117,12 @@ impl InitialLists {
         .boxed()
     }
 
-    /// `events` with each of its lists holding one of these permits.
+    /// `events` with each of its lists holding one of these permits;
+    /// `queued` is true while it waits for one.
     pub(crate) fn bound<T: Send + 'static>(
         &self,
         events: BoxStream<'static, watcher::Result<Event<T>>>,
+        queued: Arc<AtomicBool>,
     ) -> BoxStream<'static, watcher::Result<Event<T>>> {
         if self.inner.limit == Semaphore::MAX_PERMITS {
             return events;
@@ -118,14 +130,22 @@ impl InitialLists {
         Permitted {
             events,
             lists: self.clone(),
+            queued,
             permit: None,
             acquiring: None,
             held: None,
-            started: false,
+            needs: true,
+            listing: false,
+            expires: None,
         }
         .boxed()
     }
 }
+
+/// How long one list may hold a permit: a list that takes longer (a
+/// cluster that hangs, an API server retrying a request for minutes) goes
+/// on without one, so that it holds up no other list for longer.
+const HOLD: Duration = Duration::from_secs(30);
 
 /// Counts one waiter until dropped: acquired, or given up.
 struct Waiting(Arc<Inner>);
@@ -140,12 +160,38 @@ impl Drop for Waiting {
 struct Permitted<T> {
     events: BoxStream<'static, watcher::Result<Event<T>>>,
     lists: InitialLists,
+    /// True while it waits for a permit, for the watch's status.
+    queued: Arc<AtomicBool>,
     permit: Option<OwnedSemaphorePermit>,
     acquiring: Option<BoxFuture<'static, OwnedSemaphorePermit>>,
     /// The start of a list, passed on once a permit is held: the watch is
     /// not polled for the list's request until then.
     held: Option<watcher::Result<Event<T>>>,
-    started: bool,
+    /// Whether the watch's next request lists: a permit is taken before it
+    /// is polled again.
+    needs: bool,
+    /// Between the start of a list and its end.
+    listing: bool,
+    /// When the permit held goes back, listed or not.
+    expires: Option<Pin<Box<Sleep>>>,
+}
+
+impl<T> Permitted<T> {
+    fn acquire(&mut self) {
+        self.queued.store(true, Ordering::Relaxed);
+        self.acquiring = Some(self.lists.acquire());
+    }
+
+    fn release(&mut self) {
+        self.permit = None;
+        self.expires = None;
+    }
+}
+
+/// Whether `error` ends the watch's view of the cluster: the next request
+/// lists anew.
+fn relists(error: &watcher::Error) -> bool {
+    matches!(error, watcher::Error::WatchError(status) if status.code == 410)
 }
 
 // Nothing in it is pinned: the held event is moved, never polled.
@@ -160,28 +206,53 @@ impl<T> Stream for Permitted<T> {
             if let Some(acquiring) = &mut this.acquiring {
                 this.permit = Some(ready!(acquiring.poll_unpin(cx)));
                 this.acquiring = None;
+                this.queued.store(false, Ordering::Relaxed);
+                this.expires = Some(Box::pin(tokio::time::sleep(HOLD)));
                 if let Some(held) = this.held.take() {
                     return Poll::Ready(Some(held));
                 }
             }
-            // The first request of a watch is its list (or, streamed, the
-            // watch that carries it): not made before a permit is held.
-            if !this.started {
-                this.started = true;
-                this.acquiring = Some(this.lists.acquire());
+            // The first request, and the first after a list failed or the
+            // watch fell too far behind, lists (or, streamed, opens the
+            // watch that carries the list): not made before a permit is
+            // held.
+            if this.needs && this.permit.is_none() {
+                this.needs = false;
+                this.acquire();
                 continue;
+            }
+            this.needs = false;
+            if let Some(expires) = &mut this.expires
+                && expires.as_mut().poll(cx).is_ready()
+            {
+                tracing::debug!("a list held its permit for {HOLD:?}: it goes on without one");
+                this.release();
             }
             let next = ready!(this.events.poll_next_unpin(cx));
             match &next {
-                // A list that follows: its request is made when the watch
-                // is polled next, so the start waits for a permit.
-                Some(Ok(Event::Init)) if this.permit.is_none() => {
-                    this.held = Some(next.expect("matched"));
-                    this.acquiring = Some(this.lists.acquire());
-                    continue;
+                Some(Ok(Event::Init)) => {
+                    this.listing = true;
+                    // A paged list that follows: its request is made when
+                    // the watch is polled next, so the start waits for a
+                    // permit.
+                    if this.permit.is_none() {
+                        this.held = next;
+                        this.acquire();
+                        continue;
+                    }
                 }
-                // Listed, or failed: the watch waits to retry holding none.
-                Some(Ok(Event::InitDone)) | Some(Err(_)) | None => this.permit = None,
+                Some(Ok(Event::InitDone)) => {
+                    this.listing = false;
+                    this.release();
+                }
+                // Failed: the watch waits to retry holding none, and takes
+                // one again before it lists.
+                Some(Err(error)) => {
+                    this.needs = this.listing || relists(error);
+                    this.listing = false;
+                    this.release();
+                }
+                None => this.release(),
                 _ => {}
             }
             return Poll::Ready(next);
@@ -199,7 +270,7 @@ mod tests {
 
     fn watch(lists: &InitialLists) -> (Sender, BoxStream<'static, watcher::Result<Event<u32>>>) {
         let (tx, rx) = mpsc::unbounded();
-        (tx, lists.bound(rx.boxed()))
+        (tx, lists.bound(rx.boxed(), Arc::default()))
     }
 
     fn ready<T>(stream: &mut BoxStream<'static, T>) -> Option<Option<T>> {
@@ -245,14 +316,77 @@ mod tests {
     #[tokio::test]
     async fn a_watch_dropped_while_waiting_is_no_longer_counted() {
         let lists = InitialLists::new(1);
-        let mut first = lists.bound(stream::pending::<watcher::Result<Event<u32>>>().boxed());
+        let mut first = lists.bound(
+            stream::pending::<watcher::Result<Event<u32>>>().boxed(),
+            Arc::default(),
+        );
         assert!(ready(&mut first).is_none());
-        let mut second = lists.bound(stream::pending::<watcher::Result<Event<u32>>>().boxed());
+        let queued = Arc::new(AtomicBool::new(false));
+        let mut second = lists.bound(
+            stream::pending::<watcher::Result<Event<u32>>>().boxed(),
+            queued.clone(),
+        );
         assert!(ready(&mut second).is_none());
         assert_eq!((lists.in_flight(), lists.waiting()), (1, 1));
+        assert!(queued.load(Ordering::Relaxed));
         drop(second);
         assert_eq!(lists.waiting(), 0);
         drop(first);
         assert_eq!(lists.in_flight(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_list_that_hangs_gives_its_permit_back_after_the_hold() {
+        let lists = InitialLists::new(1);
+        let (a_tx, mut a) = watch(&lists);
+        let (b_tx, mut b) = watch(&lists);
+        a_tx.unbounded_send(Ok(Event::Init)).unwrap();
+        b_tx.unbounded_send(Ok(Event::Init)).unwrap();
+        assert!(matches!(ready(&mut a), Some(Some(Ok(Event::Init)))));
+        assert!(ready(&mut b).is_none());
+        // A's list hangs: once the hold is over, B lists; A's list goes on.
+        let b_next = tokio::spawn(async move { (b.next().await.is_some(), b) });
+        let a_next = tokio::spawn(async move { (a.next().await, a) });
+        tokio::time::sleep(HOLD + Duration::from_secs(1)).await;
+        let (listed, _b) = b_next.await.unwrap();
+        assert!(listed);
+        assert_eq!((lists.in_flight(), lists.waiting()), (1, 0));
+        a_tx.unbounded_send(Ok(Event::InitDone)).unwrap();
+        let (done, _a) = a_next.await.unwrap();
+        assert!(matches!(done, Some(Ok(Event::InitDone))));
+        assert_eq!(lists.in_flight(), 1, "B's permit only");
+    }
+
+    #[tokio::test]
+    async fn a_watch_that_falls_behind_takes_a_permit_before_it_lists_again() {
+        let lists = InitialLists::new(1);
+        let (a_tx, mut a) = watch(&lists);
+        a_tx.unbounded_send(Ok(Event::Init)).unwrap();
+        a_tx.unbounded_send(Ok(Event::InitDone)).unwrap();
+        assert!(matches!(ready(&mut a), Some(Some(Ok(Event::Init)))));
+        assert!(matches!(ready(&mut a), Some(Some(Ok(Event::InitDone)))));
+        assert_eq!(lists.in_flight(), 0);
+        // Another watch lists now.
+        let (b_tx, mut b) = watch(&lists);
+        b_tx.unbounded_send(Ok(Event::Init)).unwrap();
+        assert!(matches!(ready(&mut b), Some(Some(Ok(Event::Init)))));
+        // A's watch is refused as too old (410): before it is polled for
+        // its next request (a streamed list's opens the watch), it waits.
+        let gone = kube::core::Status::failure("too old", "Expired").with_code(410);
+        a_tx.unbounded_send(Err(watcher::Error::WatchError(gone.boxed())))
+            .unwrap();
+        a_tx.unbounded_send(Ok(Event::Init)).unwrap();
+        assert!(matches!(ready(&mut a), Some(Some(Err(_)))));
+        assert!(ready(&mut a).is_none());
+        assert_eq!(lists.waiting(), 1);
+        // Other failures while watching re-watch without a permit.
+        b_tx.unbounded_send(Ok(Event::InitDone)).unwrap();
+        assert!(matches!(ready(&mut b), Some(Some(Ok(Event::InitDone)))));
+        assert!(matches!(ready(&mut a), Some(Some(Ok(Event::Init)))));
+        b_tx.unbounded_send(Err(watcher::Error::NoResourceVersion))
+            .unwrap();
+        b_tx.unbounded_send(Ok(Event::Apply(3))).unwrap();
+        assert!(matches!(ready(&mut b), Some(Some(Err(_)))));
+        assert!(matches!(ready(&mut b), Some(Some(Ok(Event::Apply(3))))));
     }
 }

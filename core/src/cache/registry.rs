@@ -5,7 +5,7 @@ use std::{
     any::{Any, TypeId},
     collections::HashMap,
     fmt,
-    sync::{Arc, Mutex, MutexGuard, Weak},
+    sync::{Arc, Mutex, MutexGuard, Weak, atomic::AtomicBool},
 };
 
 use futures::StreamExt;
@@ -83,14 +83,11 @@ impl ClusterCache {
     }
 
     /// The cache of the cluster that is `view`'s namespace of its host.
-    pub(crate) fn of_view(
-        cluster: ClusterName,
-        view: &NamespaceView,
-        permits: InitialLists,
-    ) -> Self {
+    /// Its watches are the host's, under the host's bound on lists.
+    pub(crate) fn of_view(cluster: ClusterName, view: &NamespaceView) -> Self {
         Self {
             view: Some((view.host().clone(), view.namespace().to_owned())),
-            ..Self::new(cluster, view.client(), permits)
+            ..Self::new(cluster, view.client(), InitialLists::unbounded())
         }
     }
 
@@ -175,10 +172,12 @@ impl ClusterCache {
         let namespace = scope::<K>(namespace);
         let Some((host, own)) = &self.view else {
             return self.shared(shape, dyntype, namespace, config, || {
+                let queued = Arc::<AtomicBool>::default();
                 SharedWatch::start(
                     self.cluster.clone(),
                     dyntype.clone(),
-                    self.events::<K>(dyntype, namespace, shape, config),
+                    self.events::<K>(dyntype, namespace, shape, config, queued.clone()),
+                    queued,
                 )
             });
         };
@@ -195,7 +194,12 @@ impl ClusterCache {
                         Ok(watcher::Event::InitDone),
                     ])
                     .chain(futures::stream::pending());
-                    SharedWatch::start(self.cluster.clone(), dyntype.clone(), nothing)
+                    SharedWatch::start(
+                        self.cluster.clone(),
+                        dyntype.clone(),
+                        nothing,
+                        Arc::default(),
+                    )
                 })
             }
             _ => self.shared(shape, dyntype, Some(own), config, || {

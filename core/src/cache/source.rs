@@ -1,6 +1,8 @@
 //! Where a watch's events come from: listed as the cluster lists, found by
 //! discovery for a kind of any version, each object shaped.
 
+use std::sync::{Arc, atomic::AtomicBool};
+
 use futures::{Stream, StreamExt, stream::BoxStream};
 use kube::{Api, Resource, runtime::watcher};
 
@@ -10,13 +12,16 @@ use crate::{cluster_name::ClusterName, panic::contain};
 
 impl ClusterCache {
     /// The events of a watch of `K` in `namespace` (all for `None`) with
-    /// `config`, listed as this cluster lists, each object shaped.
+    /// `config`, listed as this cluster lists, each list under one of the
+    /// fleet's permits (`queued` while it waits for one), each object
+    /// shaped.
     pub(super) fn events<K: Watchable>(
         &self,
         dyntype: &K::DynamicType,
         namespace: Option<&str>,
         shape: &Shape,
         config: &watcher::Config,
+        queued: Arc<AtomicBool>,
     ) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static {
         let (client, config) = (self.client.clone(), config.clone());
         let (lists, cluster) = (self.lists.clone(), self.cluster.clone());
@@ -41,7 +46,7 @@ impl ClusterCache {
                     }
                 },
             );
-            permits.bound(events)
+            permits.bound(events, queued.clone())
         };
         shaped(
             self.discovering(dyntype, events),

@@ -4,7 +4,7 @@
 use std::{
     collections::HashMap,
     fmt,
-    sync::{Arc, Mutex, MutexGuard, Weak},
+    sync::{Arc, Mutex, MutexGuard, Weak, atomic::AtomicBool},
 };
 
 use futures::{FutureExt, Stream, StreamExt, future::BoxFuture};
@@ -113,6 +113,8 @@ pub struct SharedWatch<K: Resource<DynamicType: TypeInfo> + 'static> {
     store: Store<K>,
     hub: Arc<Hub<K>>,
     dyntype: K::DynamicType,
+    /// True while it waits for a permit to list.
+    queued: Arc<AtomicBool>,
     /// Last: fields drop in order, and a shared task's reader looks at the
     /// part once this watch has let go of its hub.
     task: Task,
@@ -148,7 +150,14 @@ impl<K> SharedWatch<K>
 where
     K: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
 {
-    pub(super) fn start<S>(cluster: ClusterName, dyntype: K::DynamicType, events: S) -> Self
+    /// A watch of `events`, run by its own task; `queued` is true while it
+    /// waits for a permit to list.
+    pub(super) fn start<S>(
+        cluster: ClusterName,
+        dyntype: K::DynamicType,
+        events: S,
+        queued: Arc<AtomicBool>,
+    ) -> Self
     where
         S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
     {
@@ -168,6 +177,7 @@ where
             hub,
             dyntype,
             task: Task::Own(task.abort_handle()),
+            queued,
         }
     }
 
@@ -185,6 +195,7 @@ where
             hub,
             dyntype,
             task: Task::Shared(feeder),
+            queued: Arc::default(),
         }
     }
 
@@ -264,6 +275,8 @@ impl<K: Resource<DynamicType: TypeInfo>> SharedWatch<K> {
 pub(crate) trait WatchProbe: Send + Sync {
     fn status(&self) -> WatchStatus;
     fn has_synced(&self) -> bool;
+    /// Whether it waits for a permit to list.
+    fn is_queued(&self) -> bool;
     /// Completes once the first list has completed.
     fn synced(&self) -> BoxFuture<'static, ()>;
 }
@@ -283,6 +296,10 @@ where
 
     fn has_synced(&self) -> bool {
         SharedWatch::has_synced(self)
+    }
+
+    fn is_queued(&self) -> bool {
+        self.queued.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn synced(&self) -> BoxFuture<'static, ()> {
@@ -429,7 +446,12 @@ mod tests {
     /// A watch fed from a channel instead of an API server.
     fn fed_watch() -> (Arc<SharedWatch<ConfigMap>>, Events) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let watch = SharedWatch::start("test".into(), (), UnboundedReceiverStream::new(rx));
+        let watch = SharedWatch::start(
+            "test".into(),
+            (),
+            UnboundedReceiverStream::new(rx),
+            Arc::default(),
+        );
         (Arc::new(watch), tx)
     }
 

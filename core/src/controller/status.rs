@@ -256,7 +256,13 @@ fn status(name: &ClusterName, served: &Served, sync_timeout: Duration) -> Cluste
         .iter()
         .map(|watch| {
             let mut status = watch.status();
-            if overdue && status.state == WatchState::Syncing && !watch.has_synced() {
+            // A watch waiting for the fleet's permit to list is late for
+            // want of a turn, not failing.
+            if overdue
+                && status.state == WatchState::Syncing
+                && !watch.has_synced()
+                && !watch.is_queued()
+            {
                 status.state = WatchState::Failing {
                     reason: format!("not synced within {sync_timeout:?}"),
                 };

@@ -12,7 +12,7 @@ use futures::{
 
 use super::Runner;
 use crate::{
-    cache::Watchable,
+    cache::{WatchState, Watchable},
     cluster::Cluster,
     cluster_name::ClusterName,
     controller::{
@@ -197,7 +197,17 @@ impl<K: Watchable> Runner<K> {
             }
             ClusterItem::StillSyncing => {
                 if let Some(status) = self.status.cluster(name.as_str()) {
-                    tracing::warn!(controller = %self.name, %status, "watches have not synced; the cluster's keys wait");
+                    let failing = status
+                        .watches
+                        .iter()
+                        .any(|w| matches!(w.state, WatchState::Failing { .. }));
+                    if failing {
+                        tracing::warn!(controller = %self.name, %status, "watches have not synced; the cluster's keys wait");
+                    } else {
+                        // Late for want of a permit to list: the fleet's
+                        // lists in flight tell it, not one line per cluster.
+                        tracing::debug!(controller = %self.name, %status, "watches wait to list; the cluster's keys wait");
+                    }
                 }
             }
             ClusterItem::Request(Dest::One(request), lane, reason) => {
