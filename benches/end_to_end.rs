@@ -10,6 +10,7 @@
 //! cargo bench --bench end_to_end -- --any --paged # the same, but API servers that refuse streaming
 //! cargo bench --bench end_to_end -- 10 1000 16 --one-server # the N clusters on one API server
 //! cargo bench --bench end_to_end -- 10 1000 16 --as-user    # set up as a user sets it up
+//! cargo bench --bench end_to_end -- 10 1000 16 --staggered  # one cluster busy at a time
 //! ```
 //!
 //! N envtest API servers (one etcd) each hold M ConfigMaps with one data key.
@@ -33,6 +34,12 @@
 //! namespace provider does, over one shared watch): the same objects and
 //! patches on one server instead of N, which tells what the servers cost
 //! from how many of them there are.
+//!
+//! With `--staggered`, the clusters are engaged one at a time, each once
+//! the one before is done, so that one API server is busy at a time (as a
+//! first-in, first-out queue over a backlog of all clusters keeps them):
+//! the same servers, client and work as the default, spread over time
+//! instead of over the servers at once.
 //!
 //! With `--as-user`, the controller is set up as a user's would be: each
 //! cluster's client built from the `kube::Config` its kubeconfig file gives,
@@ -95,6 +102,7 @@ async fn main() -> Result<(), BoxError> {
     let any = std::env::args().any(|a| a == "--any");
     let one_server = std::env::args().any(|a| a == "--one-server");
     let as_user = std::env::args().any(|a| a == "--as-user");
+    let staggered = std::env::args().any(|a| a == "--staggered");
 
     let servers = if one_server { 1 } else { clusters };
     let mut env = Envtest::builder().clusters((0..servers).map(|i| format!("cluster-{i}")));
@@ -230,8 +238,11 @@ async fn main() -> Result<(), BoxError> {
         }
     } else {
         let clients = if as_user { &users } else { &direct };
-        for (cluster, client) in env.clusters().iter().zip(clients) {
+        for (i, (cluster, client)) in env.clusters().iter().zip(clients).enumerate() {
             handle.engage(cluster.name(), client.clone());
+            while staggered && patched.load(Ordering::Relaxed) < (i + 1) * objects {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
         }
     }
     while patched.load(Ordering::Relaxed) < total {
@@ -263,10 +274,11 @@ async fn main() -> Result<(), BoxError> {
         (true, false) => "streaming lists",
         (true, true) => "paged lists from the cache (streaming refused)",
     };
-    let placement = match (one_server, as_user) {
-        (true, _) => "as namespaces of one API server",
-        (false, true) => "one API server each, set up as a user's",
-        (false, false) => "one API server each",
+    let placement = match (one_server, as_user, staggered) {
+        (true, _, _) => "as namespaces of one API server",
+        (false, true, _) => "one API server each, set up as a user's",
+        (false, false, true) => "one API server each, engaged one after the other",
+        (false, false, false) => "one API server each",
     };
     println!(
         "{clusters} clusters x {objects} ConfigMaps ({total} patched, {limit}, {protocol}, {lists}, {placement})"
