@@ -11,6 +11,7 @@
 //! cargo bench --bench end_to_end -- 10 1000 16 --one-server # the N clusters on one API server
 //! cargo bench --bench end_to_end -- 10 1000 16 --as-user    # set up as a user sets it up
 //! cargo bench --bench end_to_end -- 10 1000 16 --staggered  # one cluster busy at a time
+//! cargo bench --bench end_to_end -- 10 1000 16 --in-turn    # the queue's Sharing::InTurn
 //! ```
 //!
 //! N envtest API servers (one etcd) each hold M ConfigMaps with one data key.
@@ -103,6 +104,7 @@ async fn main() -> Result<(), BoxError> {
     let one_server = std::env::args().any(|a| a == "--one-server");
     let as_user = std::env::args().any(|a| a == "--as-user");
     let staggered = std::env::args().any(|a| a == "--staggered");
+    let in_turn = std::env::args().any(|a| a == "--in-turn");
 
     let servers = if one_server { 1 } else { clusters };
     let mut env = Envtest::builder().clusters((0..servers).map(|i| format!("cluster-{i}")));
@@ -185,6 +187,9 @@ async fn main() -> Result<(), BoxError> {
         async move { fleet.run(provider).await }
     });
     let mut config = kube_fleet::controller::Config::default();
+    if in_turn {
+        config = config.sharing(kube_fleet::queue::Sharing::InTurn);
+    }
     match concurrency {
         None => {}
         Some(0) => config = config.cluster_concurrency(usize::MAX),
@@ -268,7 +273,12 @@ async fn main() -> Result<(), BoxError> {
         Some(0) => "no limit".to_owned(),
         Some(limit) => format!("at most {limit} at once"),
     };
-    let protocol = if http1 { "HTTP/1.1" } else { "HTTP/2" };
+    let protocol = match (http1, in_turn) {
+        (true, false) => "HTTP/1.1",
+        (false, false) => "HTTP/2",
+        (true, true) => "HTTP/1.1, clusters in turn",
+        (false, true) => "HTTP/2, clusters in turn",
+    };
     let lists = match (any, paged) {
         (false, _) => "consistent paged lists",
         (true, false) => "streaming lists",

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use crate::queue::{Backoff, Limits, TokenBucket};
+use crate::queue::{Backoff, Limits, Sharing, TokenBucket};
 
 /// How many reconciles a controller runs at once in one cluster by default,
 /// when no [`Config::concurrency`] limit is set.
@@ -132,6 +132,15 @@ impl Config {
         // Checks the arguments now rather than at the first key.
         let _ = TokenBucket::new(rate, burst);
         self.limits.cluster_rate_limit = Some((rate, burst));
+        self
+    }
+
+    /// How clusters with work share the slots (default [`Sharing::Fair`]):
+    /// key by key with each its fair share, or [`Sharing::InTurn`], one
+    /// cluster's ready keys after another's, for fleets whose API servers
+    /// share a machine.
+    pub fn sharing(mut self, sharing: Sharing) -> Self {
+        self.limits.sharing = sharing;
         self
     }
 

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use super::{
     Queue,
     keys::Phase,
-    lanes::Lane,
+    lanes::{Lane, Sharing},
     token_bucket::{TokenBucket, Tokens},
 };
 
@@ -26,6 +26,8 @@ pub(crate) struct Limits {
     pub(crate) rate_limit: Option<TokenBucket>,
     /// A bucket of this rate and burst for each cluster.
     pub(crate) cluster_rate_limit: Option<(f64, u32)>,
+    /// How clusters with work share the slots.
+    pub(crate) sharing: Sharing,
 }
 
 impl Queue {
@@ -49,6 +51,9 @@ impl Queue {
                 .default_cluster_concurrency
                 .unwrap_or(usize::MAX);
         };
+        if self.limits.sharing == Sharing::InTurn {
+            return global;
+        }
         let floor = if self.clusters.len() - self.held_clusters > 1 {
             2
         } else {
@@ -133,6 +138,7 @@ impl Queue {
             };
             if cluster.held || cluster.ready == 0 {
                 cluster.in_turns = false;
+                cluster.turn_left = 0;
                 self.turns.pop_front();
                 continue;
             }
@@ -152,6 +158,7 @@ impl Queue {
                     Ok(()) => cluster.has_token = true,
                     Err(at) => {
                         cluster.in_turns = false;
+                        cluster.turn_left = 0;
                         cluster.throttled = true;
                         self.turns.pop_front();
                         self.throttled.insert_at(name, at);

@@ -12,10 +12,11 @@
 //! limits, and the token buckets have a token. Keys that may not run yet
 //! stay queued: deduplicated, counted and in order.
 //!
-//! Clusters take turns round-robin. Within a cluster, keys from changes seen
-//! while the watches ran alternate with keys from lists (the start-up
-//! backlog), so a fresh edit waits behind at most one backlog key, and the
-//! backlog still gets every other turn.
+//! Clusters take turns round-robin, one key per turn ([`Sharing::Fair`]),
+//! or the keys each had ready when its turn came ([`Sharing::InTurn`]).
+//! Within a cluster, keys from changes seen while the watches ran alternate
+//! with keys from lists (the start-up backlog), so a fresh edit waits behind
+//! at most one backlog key, and the backlog still gets every other turn.
 
 // Its parts: `keys` (each key's state, its delays and what a run's outcome
 // schedules), `lanes` (each cluster's lanes of ready keys and the
@@ -47,6 +48,7 @@ pub use backoff::Backoff;
 pub use depth::QueueDepth;
 pub(crate) use keys::Outcome;
 pub(crate) use lanes::Lane;
+pub use lanes::Sharing;
 pub use token_bucket::TokenBucket;
 
 use crate::{cluster_name::ClusterName, reason::ReconcileReason, request::McRequest};

@@ -341,6 +341,62 @@ async fn turns_alternate_between_clusters() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn in_turn_a_cluster_runs_the_keys_it_had_ready_before_the_next_cluster() {
+    let mut queue = queue_with(Limits {
+        sharing: Sharing::InTurn,
+        ..Limits::default()
+    });
+    for name in ["1", "2", "3"] {
+        push(&mut queue, key("a", name));
+        push(&mut queue, key("b", name));
+    }
+    let first = ready_now(&mut queue).unwrap();
+    assert_eq!(first, key("a", "1"));
+    // Keys that become ready during a's turn wait for its next one.
+    push(&mut queue, key("a", "4"));
+    let rest: Vec<String> = std::iter::from_fn(|| ready_now(&mut queue))
+        .map(|k| format!("{}/{}", k.cluster, k.name))
+        .collect();
+    assert_eq!(rest, ["a/2", "a/3", "b/1", "b/2", "b/3", "a/4"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_turn_one_cluster_may_take_every_slot_and_the_next_follows() {
+    let mut queue = queue_with(Limits {
+        concurrency: Some(16),
+        sharing: Sharing::InTurn,
+        ..Limits::default()
+    });
+    for cluster in ["a", "b"] {
+        for i in 0..20 {
+            push(&mut queue, key(cluster, &i.to_string()));
+        }
+    }
+    let running = start_all_now(&mut queue);
+    assert_eq!(running.len(), 16);
+    assert!(running.iter().all(|k| k.cluster == "a"), "{running:?}");
+    // As a's reconciles end, its last four start, then b's.
+    for k in &running[..8] {
+        queue.complete(k, success());
+    }
+    let next: Vec<String> = start_all_now(&mut queue)
+        .iter()
+        .map(|k| k.cluster.to_string())
+        .collect();
+    assert_eq!(next, ["a", "a", "a", "a", "b", "b", "b", "b"]);
+    // An explicit cluster limit still caps it, and the others run beside.
+    let mut capped = queue_with(Limits {
+        concurrency: Some(16),
+        cluster_concurrency: Some(4),
+        sharing: Sharing::InTurn,
+        ..Limits::default()
+    });
+    let counts = admitted(&mut capped, &["a", "b", "c", "d", "e"]);
+    assert_eq!(counts.values().sum::<usize>(), 16, "{counts:?}");
+    assert!(counts.values().all(|n| *n <= 4), "{counts:?}");
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_held_cluster_keeps_its_keys_queued_and_counted_until_released() {
     let mut queue = queue();
     queue.hold(&"syncing".into());
