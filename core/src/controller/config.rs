@@ -53,8 +53,9 @@ pub const DEFAULT_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 /// [`DEFAULT_CLUSTER_CONCURRENCY`] reconciles at once in each, and no limit
 /// on all of them together, so no cluster can take another's slots.
 ///
-/// With a [`concurrency`](Self::concurrency) limit `G` and no explicit
-/// [`cluster_concurrency`](Self::cluster_concurrency), a cluster may run at
+/// With a [`concurrency`](Self::concurrency) limit `G`, no explicit
+/// [`cluster_concurrency`](Self::cluster_concurrency) and
+/// [`Sharing::Fair`] (the default), a cluster may run at
 /// most `max(1, ⌈G / max(k, m)⌉)` reconciles at once, where `k` is the
 /// number of clusters that have work (keys running, or queued and ready)
 /// and `m` is 2 once the controller knows more than one cluster (1
@@ -65,7 +66,13 @@ pub const DEFAULT_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 /// reconcile starts and are not taken back: a cluster that started its
 /// reconciles while it was the only one with work (the first to sync, say)
 /// keeps those slots until they end. Bound how long a reconcile may take
-/// (a timeout layer) when one cluster must never wait on another's.
+/// (a timeout layer) when one cluster must never wait on another's. With
+/// [`Sharing::InTurn`] a cluster may take all `G` slots in its turn.
+///
+/// With a total limit, [`sharing`](Self::sharing) chooses how clusters with
+/// work share it: [`Sharing::Fair`] key by key, each cluster its share, or
+/// [`Sharing::InTurn`], a turn of one cluster's ready keys at a time, which
+/// costs API servers that share a machine less.
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct Config {
@@ -94,7 +101,8 @@ impl Config {
     /// (default: none, with at most [`DEFAULT_CLUSTER_CONCURRENCY`] in each
     /// cluster; 0 means none, and keeps that per-cluster default).
     ///
-    /// With this limit set, each cluster gets the fair share described
+    /// With this limit set, each cluster gets the fair share described (or,
+    /// with [`Sharing::InTurn`], every slot in its turn)
     /// [above](Self#concurrency-across-clusters) instead of the default
     /// per-cluster slots, which may be more than those in one cluster (a
     /// lone cluster may use all `limit`); add
@@ -135,10 +143,12 @@ impl Config {
         self
     }
 
-    /// How clusters with work share the slots (default [`Sharing::Fair`]):
-    /// key by key with each its fair share, or [`Sharing::InTurn`], one
-    /// cluster's ready keys after another's, for fleets whose API servers
-    /// share a machine.
+    /// How clusters with work share a total [`concurrency`](Self::concurrency)
+    /// limit (default [`Sharing::Fair`]): key by key with each its fair
+    /// share, or [`Sharing::InTurn`], a turn of one cluster's ready keys
+    /// after another's, for fleets whose API servers share a machine.
+    /// Without a total limit each cluster has slots of its own and the two
+    /// differ little.
     pub fn sharing(mut self, sharing: Sharing) -> Self {
         self.limits.sharing = sharing;
         self

@@ -31,7 +31,8 @@
 //! ```
 //!
 //! Limit concurrency with [`Config`], not with tower's `ConcurrencyLimit`
-//! layer: the queue hands each cluster its fair share of the slots, where a
+//! layer: the queue hands each cluster its fair share of the slots (with
+//! the default [`Sharing::Fair`](crate::queue::Sharing::Fair)), where a
 //! layer, which cannot see which cluster a request is for, lets one hung
 //! cluster hold every slot.
 //!

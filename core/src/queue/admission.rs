@@ -17,7 +17,8 @@ use super::{
 pub(crate) struct Limits {
     /// Reconciles at once in all clusters; `None` for no limit.
     pub(crate) concurrency: Option<usize>,
-    /// Reconciles at once in one cluster; `None` for the fair share.
+    /// Reconciles at once in one cluster; `None` for the fair share (or,
+    /// in turn, all of `concurrency`).
     pub(crate) cluster_concurrency: Option<usize>,
     /// Reconciles at once in one cluster when neither limit above is set;
     /// `None` for no limit.

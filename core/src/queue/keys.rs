@@ -208,6 +208,13 @@ impl Queue {
         };
         if !purged && let Some(cluster) = self.clusters.get_mut(&key.cluster) {
             if outcome == Outcome::Unanswered {
+                // A cluster that does not answer gives its turn up.
+                if cluster.turn_left > 0 {
+                    cluster.turn_left = 0;
+                    if self.turns.front() == Some(&key.cluster) {
+                        self.turns.rotate_left(1);
+                    }
+                }
                 cluster.unanswered.insert(key.clone());
             } else if !cluster.unanswered.is_empty() {
                 cluster.unanswered.remove(key);

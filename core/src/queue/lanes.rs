@@ -33,20 +33,28 @@ pub enum Sharing {
     /// its share. The default.
     #[default]
     Fair,
-    /// The cluster at the front of the line runs the keys it had ready when
-    /// its turn came, as many at once as the limits allow (the whole total
-    /// [`concurrency`](crate::controller::Config::concurrency) unless
+    /// With a total [`concurrency`](crate::controller::Config::concurrency)
+    /// limit `G`: the cluster at the front of the line runs as many keys as
+    /// it had ready when its turn came, up to `8 × G` (at least 64), as
+    /// many at once as the limits allow (all `G` slots unless
     /// [`cluster_concurrency`](crate::controller::Config::cluster_concurrency)
-    /// caps it), before the next cluster's turn; keys that became ready
-    /// meanwhile wait for its next turn. A start-up backlog drains one
-    /// cluster after another, keeping one API server busy at a time: where
-    /// the servers share a machine's cores (kind or envtest clusters on a
-    /// laptop), ten clusters labelled this way cost the servers 0.6 of
-    /// their CPU and finish in 0.6 of the time (`docs/benchmarks.md`). A
-    /// cluster whose reconciles hang can hold every slot: bound their time
-    /// with a timeout layer.
+    /// caps it), before the next cluster's turn. A run that finds the
+    /// cluster not answering ends its turn. A start-up backlog drains a
+    /// cluster or two at a time, keeping few API servers busy at once:
+    /// where the servers share a machine's cores (kind or envtest clusters
+    /// on a laptop), ten clusters labelled this way cost the servers
+    /// 0.6–0.7 of their CPU and finished in 0.6–0.7 of the time
+    /// (`docs/benchmarks.md`). The price is latency: a fresh change in one
+    /// cluster waits for the turns of the clusters ahead of it, and while
+    /// its turn runs, one cluster's slow or hanging reconciles hold up to
+    /// every slot (bound their time with a timeout layer). Without a total
+    /// limit each cluster has slots of its own, and clusters take turns
+    /// as with `Fair`.
     InTurn,
 }
+
+/// The fewest keys a turn of [`Sharing::InTurn`] may run.
+const TURN_FLOOR: usize = 64;
 
 /// Which lane of its cluster a ready key waits in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -210,8 +218,13 @@ impl Queue {
         };
         let in_turn = self.limits.sharing == Sharing::InTurn;
         if in_turn && cluster.turn_left == 0 {
-            // A turn begins: the keys ready now, this one included.
-            cluster.turn_left = cluster.ready;
+            // A turn begins: the keys ready now, this one included, up to
+            // eight waves of the controller's slots.
+            let most = self
+                .limits
+                .concurrency
+                .map_or(TURN_FLOOR, |g| g.saturating_mul(8).max(TURN_FLOOR));
+            cluster.turn_left = cluster.ready.min(most);
         }
         cluster.turn_left = cluster.turn_left.saturating_sub(1);
         cluster.ready -= 1;

@@ -384,16 +384,44 @@ async fn in_turn_one_cluster_may_take_every_slot_and_the_next_follows() {
         .map(|k| k.cluster.to_string())
         .collect();
     assert_eq!(next, ["a", "a", "a", "a", "b", "b", "b", "b"]);
-    // An explicit cluster limit still caps it, and the others run beside.
-    let mut capped = queue_with(Limits {
-        concurrency: Some(16),
-        cluster_concurrency: Some(4),
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_turn_a_turn_runs_at_most_eight_waves_of_the_slots() {
+    let mut queue = queue_with(Limits {
+        concurrency: Some(1),
         sharing: Sharing::InTurn,
         ..Limits::default()
     });
-    let counts = admitted(&mut capped, &["a", "b", "c", "d", "e"]);
-    assert_eq!(counts.values().sum::<usize>(), 16, "{counts:?}");
-    assert!(counts.values().all(|n| *n <= 4), "{counts:?}");
+    for i in 0..100 {
+        push(&mut queue, key("a", &i.to_string()));
+    }
+    push(&mut queue, key("b", "0"));
+    let order: Vec<String> = run_all_now(&mut queue)
+        .iter()
+        .map(|k| k.cluster.to_string())
+        .collect();
+    // Eight waves of one slot is 8, raised to the floor of 64.
+    assert!(order[..64].iter().all(|c| c == "a"), "{order:?}");
+    assert_eq!(order[64], "b");
+    assert_eq!(order.len(), 101);
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_turn_a_cluster_that_does_not_answer_gives_its_turn_up() {
+    let mut queue = queue_with(Limits {
+        concurrency: Some(1),
+        sharing: Sharing::InTurn,
+        ..Limits::default()
+    });
+    for i in 0..5 {
+        push(&mut queue, key("a", &i.to_string()));
+    }
+    push(&mut queue, key("b", "0"));
+    let first = ready_now(&mut queue).unwrap();
+    assert_eq!(first.cluster, "a");
+    queue.complete(&first, Outcome::Unanswered);
+    assert_eq!(ready_now(&mut queue).unwrap(), key("b", "0"));
 }
 
 #[tokio::test(start_paused = true)]
