@@ -102,6 +102,7 @@ impl Queue {
                 Phase::Ready { .. } | Phase::Idle => false,
             }
         });
+        self.shrink_keys();
         if let Some(entry) = self.clusters.remove(cluster) {
             self.ready_len -= entry.ready;
             if entry.busy {

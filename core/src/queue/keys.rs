@@ -236,12 +236,25 @@ impl Queue {
             }
             None => {
                 self.keys.remove(key);
+                self.shrink_keys();
             }
         }
         if !purged && let Some(cluster) = self.clusters.get_mut(&key.cluster) {
             cluster.running -= 1;
             self.take_turn(&key.cluster);
             self.refresh(&key.cluster);
+        }
+    }
+}
+
+impl Queue {
+    /// Gives a drained backlog's memory back: a map of keys sized for a
+    /// start-up of thousands would otherwise keep that size for the
+    /// controller's life.
+    pub(super) fn shrink_keys(&mut self) {
+        let capacity = self.keys.capacity();
+        if capacity > 1024 && self.keys.len() * 8 < capacity {
+            self.keys.shrink_to(self.keys.len() * 2);
         }
     }
 }

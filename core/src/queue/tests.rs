@@ -425,6 +425,36 @@ async fn in_turn_a_cluster_that_does_not_answer_gives_its_turn_up() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_drained_backlog_gives_its_memory_back() {
+    let mut queue = queue();
+    for i in 0..20_000 {
+        queue.push(
+            key("a", &i.to_string()),
+            Lane::Listed,
+            ReconcileReason::Unknown,
+        );
+    }
+    let full = queue.keys.capacity();
+    assert!(full >= 20_000);
+    assert_eq!(run_all_now(&mut queue).len(), 20_000);
+    assert!(
+        queue.keys.capacity() <= 1024 * 2,
+        "{} of {full}",
+        queue.keys.capacity()
+    );
+    // And a purge of a cluster's backlog too.
+    for i in 0..20_000 {
+        push(&mut queue, key("b", &i.to_string()));
+    }
+    queue.purge(&"b".into());
+    assert!(
+        queue.keys.capacity() <= 1024 * 2,
+        "{}",
+        queue.keys.capacity()
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_held_cluster_keeps_its_keys_queued_and_counted_until_released() {
     let mut queue = queue();
     queue.hold(&"syncing".into());
