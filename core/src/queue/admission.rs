@@ -31,6 +31,19 @@ pub(crate) struct Limits {
     pub(crate) sharing: Sharing,
 }
 
+impl Limits {
+    /// With [`Sharing::InTurn`] and a total limit, the most keys a turn
+    /// runs: eight waves of the slots, at least 64; `None` when clusters
+    /// take turns key by key.
+    pub(super) fn turns(&self) -> Option<usize> {
+        const FLOOR: usize = 64;
+        match (self.sharing, self.concurrency) {
+            (Sharing::InTurn, Some(global)) => Some(global.saturating_mul(8).max(FLOOR)),
+            _ => None,
+        }
+    }
+}
+
 impl Queue {
     /// How many reconciles one cluster may run at once now.
     ///
@@ -43,6 +56,16 @@ impl Queue {
     /// several have work. (Slots are counted when keys are admitted; runs
     /// already going are not taken back.)
     fn cluster_cap(&self) -> usize {
+        match self.limits.turns() {
+            Some(_) if self.limits.cluster_concurrency.is_none() => {
+                self.limits.concurrency.unwrap_or(usize::MAX)
+            }
+            _ => self.fair_cap(),
+        }
+    }
+
+    /// [`cluster_cap`](Self::cluster_cap) with [`Sharing::Fair`].
+    fn fair_cap(&self) -> usize {
         if let Some(cap) = self.limits.cluster_concurrency {
             return cap.max(1);
         }
@@ -52,9 +75,6 @@ impl Queue {
                 .default_cluster_concurrency
                 .unwrap_or(usize::MAX);
         };
-        if self.limits.sharing == Sharing::InTurn {
-            return global;
-        }
         let floor = if self.clusters.len() - self.held_clusters > 1 {
             2
         } else {
@@ -129,6 +149,9 @@ impl Queue {
     /// their concurrency cap. Each cluster is looked at once at most.
     fn front_admissible(&mut self, now: Instant) -> bool {
         let cap = self.cluster_cap();
+        // In turn, a cluster whose keys wait for it to answer again runs
+        // no more than its fair share: its runs hang until they time out.
+        let unanswering_cap = self.fair_cap();
         for _ in 0..self.turns.len() {
             let Some(name) = self.turns.front().cloned() else {
                 return false;
@@ -143,6 +166,11 @@ impl Queue {
                 self.turns.pop_front();
                 continue;
             }
+            let cap = if cluster.unanswered.is_empty() {
+                cap
+            } else {
+                cap.min(unanswering_cap)
+            };
             if cluster.running >= cap {
                 // Keeps its place in line for when a run ends.
                 self.turns.rotate_left(1);

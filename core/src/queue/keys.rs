@@ -208,8 +208,9 @@ impl Queue {
         };
         if !purged && let Some(cluster) = self.clusters.get_mut(&key.cluster) {
             if outcome == Outcome::Unanswered {
-                // A cluster that does not answer gives its turn up.
-                if cluster.turn_left > 0 {
+                // A cluster that does not answer gives its turn up (not for
+                // a run that waited through an outage that is over).
+                if cluster.turn_left > 0 && cluster.recoveries == started_at {
                     cluster.turn_left = 0;
                     if self.turns.front() == Some(&key.cluster) {
                         self.turns.rotate_left(1);

@@ -38,8 +38,10 @@ pub enum Sharing {
     /// it had ready when its turn came, up to `8 × G` (at least 64), as
     /// many at once as the limits allow (all `G` slots unless
     /// [`cluster_concurrency`](crate::controller::Config::cluster_concurrency)
-    /// caps it), before the next cluster's turn. A run that finds the
-    /// cluster not answering ends its turn. A start-up backlog drains a
+    /// caps it), before the next cluster's turn. A run that fails because
+    /// its cluster gave no answer ends the cluster's turn, and until the
+    /// cluster answers again it runs no more than its fair share, as with
+    /// `Fair`. A start-up backlog drains a
     /// cluster or two at a time, keeping few API servers busy at once:
     /// where the servers share a machine's cores (kind or envtest clusters
     /// on a laptop), ten clusters labelled this way cost the servers
@@ -48,13 +50,9 @@ pub enum Sharing {
     /// cluster waits for the turns of the clusters ahead of it, and while
     /// its turn runs, one cluster's slow or hanging reconciles hold up to
     /// every slot (bound their time with a timeout layer). Without a total
-    /// limit each cluster has slots of its own, and clusters take turns
-    /// as with `Fair`.
+    /// limit each cluster has slots of its own, and `InTurn` is `Fair`.
     InTurn,
 }
-
-/// The fewest keys a turn of [`Sharing::InTurn`] may run.
-const TURN_FLOOR: usize = 64;
 
 /// Which lane of its cluster a ready key waits in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,14 +214,12 @@ impl Queue {
                 break key;
             }
         };
-        let in_turn = self.limits.sharing == Sharing::InTurn;
-        if in_turn && cluster.turn_left == 0 {
+        let turns = self.limits.turns();
+        if let Some(most) = turns
+            && cluster.turn_left == 0
+        {
             // A turn begins: the keys ready now, this one included, up to
-            // eight waves of the controller's slots.
-            let most = self
-                .limits
-                .concurrency
-                .map_or(TURN_FLOOR, |g| g.saturating_mul(8).max(TURN_FLOOR));
+            // the most a turn runs.
             cluster.turn_left = cluster.ready.min(most);
         }
         cluster.turn_left = cluster.turn_left.saturating_sub(1);
@@ -232,7 +228,7 @@ impl Queue {
         if cluster.ready == 0 {
             cluster.turn_left = 0;
             cluster.in_turns = false;
-        } else if in_turn && cluster.turn_left > 0 {
+        } else if turns.is_some() && cluster.turn_left > 0 {
             // Its turn goes on: it stays first in line.
             self.turns.push_front(name.clone());
         } else {

@@ -13,7 +13,8 @@
 //! stay queued: deduplicated, counted and in order.
 //!
 //! Clusters take turns round-robin, one key per turn ([`Sharing::Fair`]),
-//! or the keys each had ready when its turn came ([`Sharing::InTurn`]).
+//! or, under a total limit, the keys each had ready when its turn came, up
+//! to a bound ([`Sharing::InTurn`]).
 //! Within a cluster, keys from changes seen while the watches ran alternate
 //! with keys from lists (the start-up backlog), so a fresh edit waits behind
 //! at most one backlog key, and the backlog still gets every other turn.

@@ -343,6 +343,7 @@ async fn turns_alternate_between_clusters() {
 #[tokio::test(start_paused = true)]
 async fn in_turn_a_cluster_runs_the_keys_it_had_ready_before_the_next_cluster() {
     let mut queue = queue_with(Limits {
+        concurrency: Some(100),
         sharing: Sharing::InTurn,
         ..Limits::default()
     });
@@ -384,6 +385,32 @@ async fn in_turn_one_cluster_may_take_every_slot_and_the_next_follows() {
         .map(|k| k.cluster.to_string())
         .collect();
     assert_eq!(next, ["a", "a", "a", "a", "b", "b", "b", "b"]);
+    // An explicit cluster limit still caps it, and the others run beside.
+    let mut capped = queue_with(Limits {
+        concurrency: Some(16),
+        cluster_concurrency: Some(4),
+        sharing: Sharing::InTurn,
+        ..Limits::default()
+    });
+    let counts = admitted(&mut capped, &["a", "b", "c", "d", "e"]);
+    assert_eq!(counts.values().sum::<usize>(), 16, "{counts:?}");
+    assert!(counts.values().all(|n| *n <= 4), "{counts:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_turn_without_a_total_limit_is_fair() {
+    let mut queue = queue_with(Limits {
+        sharing: Sharing::InTurn,
+        ..Limits::default()
+    });
+    for name in ["1", "2"] {
+        push(&mut queue, key("a", name));
+        push(&mut queue, key("b", name));
+    }
+    let clusters: Vec<String> = std::iter::from_fn(|| ready_now(&mut queue))
+        .map(|k| k.cluster.to_string())
+        .collect();
+    assert_eq!(clusters, ["a", "b", "a", "b"]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -422,6 +449,46 @@ async fn in_turn_a_cluster_that_does_not_answer_gives_its_turn_up() {
     assert_eq!(first.cluster, "a");
     queue.complete(&first, Outcome::Unanswered);
     assert_eq!(ready_now(&mut queue).unwrap(), key("b", "0"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_turn_a_run_that_waited_through_an_outage_that_is_over_keeps_the_turn() {
+    let mut queue = queue_with(Limits {
+        concurrency: Some(1),
+        sharing: Sharing::InTurn,
+        ..Limits::default()
+    });
+    for i in 0..5 {
+        push(&mut queue, key("a", &i.to_string()));
+    }
+    push(&mut queue, key("b", "0"));
+    let first = ready_now(&mut queue).unwrap();
+    queue.answering(&"a".into());
+    queue.complete(&first, Outcome::Unanswered);
+    assert_eq!(ready_now(&mut queue).unwrap().cluster, "a");
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_turn_a_cluster_that_does_not_answer_runs_no_more_than_its_fair_share() {
+    let mut queue = queue_with(Limits {
+        concurrency: Some(16),
+        sharing: Sharing::InTurn,
+        ..Limits::default()
+    });
+    for i in 0..40 {
+        push(&mut queue, key("dead", &i.to_string()));
+        push(&mut queue, key("live", &i.to_string()));
+    }
+    let first = start_all_now(&mut queue);
+    assert!(first.iter().all(|k| k.cluster == "dead"), "{first:?}");
+    // Its runs fail for want of an answer; their keys wait to retry.
+    for k in &first {
+        queue.complete(k, Outcome::Unanswered);
+    }
+    let next = start_all_now(&mut queue);
+    let dead = next.iter().filter(|k| k.cluster == "dead").count();
+    assert_eq!(next.len(), 16);
+    assert!(dead <= 8, "{dead} of the dead cluster's keys run at once");
 }
 
 #[tokio::test(start_paused = true)]
