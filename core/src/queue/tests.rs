@@ -434,8 +434,9 @@ async fn in_turn_a_turn_runs_at_most_eight_waves_of_the_slots() {
     assert_eq!(order.len(), 101);
 }
 
-#[tokio::test(start_paused = true)]
-async fn in_turn_a_cluster_that_does_not_answer_gives_its_turn_up() {
+/// In turn, one slot: five keys of `a`, one of `b`, and `a`'s first key
+/// started.
+fn in_turn_of_a_started() -> (Queue, McRequest) {
     let mut queue = queue_with(Limits {
         concurrency: Some(1),
         sharing: Sharing::InTurn,
@@ -447,22 +448,19 @@ async fn in_turn_a_cluster_that_does_not_answer_gives_its_turn_up() {
     push(&mut queue, key("b", "0"));
     let first = ready_now(&mut queue).unwrap();
     assert_eq!(first.cluster, "a");
+    (queue, first)
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_turn_a_cluster_that_does_not_answer_gives_its_turn_up() {
+    let (mut queue, first) = in_turn_of_a_started();
     queue.complete(&first, Outcome::Unanswered);
     assert_eq!(ready_now(&mut queue).unwrap(), key("b", "0"));
 }
 
 #[tokio::test(start_paused = true)]
 async fn in_turn_a_run_that_waited_through_an_outage_that_is_over_keeps_the_turn() {
-    let mut queue = queue_with(Limits {
-        concurrency: Some(1),
-        sharing: Sharing::InTurn,
-        ..Limits::default()
-    });
-    for i in 0..5 {
-        push(&mut queue, key("a", &i.to_string()));
-    }
-    push(&mut queue, key("b", "0"));
-    let first = ready_now(&mut queue).unwrap();
+    let (mut queue, first) = in_turn_of_a_started();
     queue.answering(&"a".into());
     queue.complete(&first, Outcome::Unanswered);
     assert_eq!(ready_now(&mut queue).unwrap().cluster, "a");
