@@ -17,27 +17,28 @@ use crate::{
     timing::Timings,
 };
 
-use super::{COUNT_ANNOTATION, Fence, Owned, SHARD_ANNOTATION, Sharder, engage, labels};
+use super::{COUNT_ANNOTATION, Fence, Owned, SHARD_ANNOTATION, Sharder, labels};
 
 impl Sharder {
-    /// Tries to take the Lease of each wanted shard, all at once, and
-    /// engages the clusters of those it takes.
-    pub(super) async fn take(&mut self, wanted: Vec<u32>, timeout: Duration) {
+    /// Tries to take the Lease of each wanted shard (with its offered
+    /// clusters), all at once, and engages the clusters of those it takes.
+    pub(super) async fn take(
+        &mut self,
+        mut wanted: HashMap<u32, HashSet<ClusterName>>,
+        timeout: Duration,
+    ) {
         let now = Instant::now();
         // A shard given up is taken again only once its Lease was released
         // or deleted: before, this replica's own holder is on it.
         self.ending.retain(|_, end| !end.is_finished());
-        let wanted: HashSet<u32> = wanted
-            .into_iter()
-            .filter(|shard| !self.ending.contains_key(shard))
-            .collect();
-        for shard in &wanted {
+        wanted.retain(|shard, _| !self.ending.contains_key(shard));
+        for shard in wanted.keys() {
             self.fence(*shard);
         }
         let attempts = self
             .fences
             .iter_mut()
-            .filter(|(shard, lock)| wanted.contains(*shard) && !lock.held_by_other(now))
+            .filter(|(shard, lock)| wanted.contains_key(*shard) && !lock.held_by_other(now))
             .map(|(shard, lock)| async move {
                 let start = Instant::now();
                 let result = tokio::time::timeout(timeout, lock.try_acquire_or_renew()).await;
@@ -47,29 +48,15 @@ impl Sharder {
         for (shard, start, result) in results {
             match result {
                 Ok(Ok(Holder::Me)) => {
-                    let clusters: HashSet<ClusterName> = self
-                        .offered
-                        .keys()
-                        .filter(|cluster| self.shard(cluster) == shard)
-                        .cloned()
-                        .collect();
+                    let clusters = wanted.remove(&shard).unwrap_or_default();
                     // No later than this replica's own deadline.
                     let until =
                         (start + self.timings.renew_deadline).min(self.me_until.unwrap_or(start));
                     let validity = Validity::closed();
                     validity.open_until(until);
-                    {
-                        let mut shards = self.shards.lock().unwrap_or_else(|e| e.into_inner());
-                        for cluster in &clusters {
-                            shards.insert(cluster.clone(), validity.clone());
-                        }
-                    }
                     let now = Instant::now();
                     for cluster in &clusters {
-                        self.status.took(cluster, now, until);
-                        if let Some(event) = self.offered.get(cluster).cloned() {
-                            engage(&self.fleet, event);
-                        }
+                        self.run_cluster(cluster, &validity, now, until);
                     }
                     tracing::info!(shard, clusters = clusters.len(), "running the shard");
                     self.owned.insert(
@@ -107,15 +94,8 @@ impl Sharder {
             };
             let until = Instant::now().min(owned.until);
             owned.validity.close();
-            {
-                let mut open = self.shards.lock().unwrap_or_else(|e| e.into_inner());
-                for cluster in &owned.clusters {
-                    open.remove(cluster);
-                }
-            }
             for cluster in &owned.clusters {
-                self.status.gave_up(cluster, until);
-                self.fleet.disengage(cluster);
+                self.stop_cluster(cluster, until);
             }
             drained.push((shard, owned.validity));
         }

@@ -229,15 +229,13 @@ impl Sharder {
                 };
                 // A cluster of a shard it runs: engaged at once, or anew
                 // with its new client.
-                if owned.clusters.insert(name.clone()) {
-                    self.shards
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(name.clone(), owned.validity.clone());
-                    self.status.took(&name, Instant::now(), owned.until);
-                    tracing::info!(cluster = %name, shard, "running the cluster");
+                if !owned.clusters.insert(name.clone()) {
+                    engage(&self.fleet, event);
+                    return false;
                 }
-                engage(&self.fleet, event);
+                let (validity, until) = (owned.validity.clone(), owned.until);
+                self.run_cluster(&name, &validity, Instant::now(), until);
+                tracing::info!(cluster = %name, shard, "running the cluster");
                 false
             }
             ClusterEvent::Disengage { name } => {
@@ -250,18 +248,57 @@ impl Sharder {
                 if !owned.clusters.remove(&name) {
                     return false;
                 }
+                let (until, emptied) = (Instant::now().min(owned.until), owned.clusters.is_empty());
                 // The shard's Lease stays held: no other replica runs the
                 // cluster while its reconciles here stop.
-                self.shards
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&name);
-                self.status.gave_up(&name, Instant::now().min(owned.until));
-                self.fleet.disengage(&name);
+                self.stop_cluster(&name, until);
                 // A shard left empty has its Lease deleted in a round.
-                owned.clusters.is_empty()
+                emptied
             }
         }
+    }
+
+    /// Runs `cluster` from `from` under its shard's `validity`, good until
+    /// `until`: its reconciles may run, and the fleet engages it as offered.
+    fn run_cluster(
+        &self,
+        cluster: &ClusterName,
+        validity: &Arc<Validity>,
+        from: Instant,
+        until: Instant,
+    ) {
+        self.shards
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(cluster.clone(), validity.clone());
+        self.status.took(cluster, from, until);
+        if let Some(event) = self.offered.get(cluster).cloned() {
+            engage(&self.fleet, event);
+        }
+    }
+
+    /// Stops running `cluster`, its stretch of ownership ending at `until`:
+    /// no reconcile starts there, and the fleet disengages it.
+    fn stop_cluster(&self, cluster: &ClusterName, until: Instant) {
+        self.shards
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(cluster);
+        self.status.gave_up(cluster, until);
+        self.fleet.disengage(cluster);
+    }
+
+    /// The offered clusters, by shard: the shards that hold one are those
+    /// with a Lease to take or keep.
+    fn offered_by_shard(&self) -> HashMap<u32, HashSet<ClusterName>> {
+        let mut by_shard: HashMap<u32, HashSet<ClusterName>> = HashMap::new();
+        for cluster in self.offered.keys() {
+            by_shard
+                .entry(self.shard(cluster))
+                .or_default()
+                .insert(cluster.clone());
+        }
+        by_shard
     }
 
     /// One pass: renew its own Lease, read the others', renew the shards
@@ -305,8 +342,10 @@ impl Sharder {
                 self.status.renewed_all(&owned.clusters, me_until);
             }
         }
+        // What the providers offer does not change during a round.
+        let mut offered = self.offered_by_shard();
         match listed {
-            Ok(Ok(list)) => self.read_leases(&list.items),
+            Ok(Ok(list)) => self.read_leases(&list.items, &offered),
             Ok(Err(error)) => tracing::warn!(%error, "listing the replicas' Leases"),
             Err(_) => tracing::warn!(?timeout, "listing the replicas' Leases: no answer in time"),
         }
@@ -345,25 +384,21 @@ impl Sharder {
             owner(&shard_key(shard), live.iter().map(String::as_str))
                 == Some(self.identity.as_str())
         };
-        let occupied: HashSet<u32> = self.offered.keys().map(|c| self.shard(c)).collect();
         self.status.set_assigned(
-            self.offered
-                .keys()
-                .filter(|c| mine(self.shard(c)))
-                .cloned()
+            offered
+                .iter()
+                .filter(|(shard, _)| mine(**shard))
+                .flat_map(|(_, clusters)| clusters.iter().cloned())
                 .collect(),
         );
         let (moving, emptied): (Vec<u32>, Vec<u32>) = self
             .owned
             .keys()
             .copied()
-            .filter(|shard| !occupied.contains(shard) || !mine(*shard))
-            .partition(|shard| occupied.contains(shard));
-        let wanted: Vec<u32> = occupied
-            .iter()
-            .copied()
-            .filter(|shard| !self.owned.contains_key(shard) && mine(*shard))
-            .collect();
+            .filter(|shard| !offered.contains_key(shard) || !mine(*shard))
+            .partition(|shard| offered.contains_key(shard));
+        offered.retain(|shard, _| !self.owned.contains_key(shard) && mine(*shard));
+        let wanted = offered;
         if !moving.is_empty() {
             tracing::info!(shards = ?moving, replicas = ?live, "handing shards over");
             self.give_up(moving, Fence::Release).await;
@@ -379,10 +414,9 @@ impl Sharder {
     /// many shards they count, and every Lease's record of a shard it may
     /// take, so that one whose holder died is known to have expired as
     /// soon as it has.
-    fn read_leases(&mut self, leases: &[Lease]) {
+    fn read_leases(&mut self, leases: &[Lease], offered: &HashMap<u32, HashSet<ClusterName>>) {
         let now = Instant::now();
         let count = self.count.to_string();
-        let occupied: HashSet<u32> = self.offered.keys().map(|c| self.shard(c)).collect();
         let mut replicas = HashMap::new();
         let mut strays = HashMap::new();
         let mut earlier = None;
@@ -426,7 +460,7 @@ impl Sharder {
             let shard = (kind == Some("shard") && annotation(COUNT_ANNOTATION) == Some(&count))
                 .then(|| annotation(SHARD_ANNOTATION)?.parse::<u32>().ok())
                 .flatten()
-                .filter(|shard| occupied.contains(shard));
+                .filter(|shard| offered.contains_key(shard));
             match shard {
                 Some(shard) => {
                     if !self.owned.contains_key(&shard) {
