@@ -51,13 +51,11 @@ fn mib(bytes: f64) -> f64 {
 async fn too_many(servers: &[Client]) -> Result<f64, BoxError> {
     let mut total = 0.0;
     for server in servers {
-        let text = server
-            .request_text(http::Request::get("/metrics").body(Vec::new())?)
-            .await?;
-        total += text
-            .lines()
-            .filter(|l| l.starts_with("apiserver_request_total{") && l.contains("code=\"429\""))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        total += setup::request_totals(server)
+            .await?
+            .iter()
+            .filter(|(labels, _)| labels.contains("code=\"429\""))
+            .map(|(_, value)| value)
             .sum::<f64>();
     }
     Ok(total)

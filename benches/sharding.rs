@@ -122,26 +122,18 @@ async fn settled(replicas: &[&Replica], clusters: usize) -> BTreeMap<String, Str
 
 /// The Lease requests the server has answered, by verb.
 async fn lease_requests(client: &Client) -> Result<BTreeMap<String, f64>, BoxError> {
-    let text = client
-        .request_text(http::Request::get("/metrics").body(Vec::new())?)
-        .await?;
     let mut by_verb = BTreeMap::new();
-    for line in text.lines() {
-        if !line.starts_with("apiserver_request_total{") || !line.contains("resource=\"leases\"") {
+    for (labels, value) in setup::request_totals(client).await? {
+        if !labels.contains("resource=\"leases\"") {
             continue;
         }
-        let Some(verb) = line
+        let Some(verb) = labels
             .split("verb=\"")
             .nth(1)
             .and_then(|rest| rest.split('"').next())
         else {
             continue;
         };
-        let value: f64 = line
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0);
         *by_verb.entry(verb.to_owned()).or_insert(0.0) += value;
     }
     Ok(by_verb)

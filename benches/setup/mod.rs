@@ -59,3 +59,19 @@ pub(crate) async fn fill(client: Client, objects: usize) -> Result<(), BoxError>
     }
     Ok(())
 }
+
+/// The API server's `apiserver_request_total` series, from its own
+/// `/metrics`: each series' labels, as written there, and its count.
+pub(crate) async fn request_totals(client: &Client) -> Result<Vec<(String, f64)>, BoxError> {
+    let text = client
+        .request_text(http::Request::get("/metrics").body(Vec::new())?)
+        .await?;
+    Ok(text
+        .lines()
+        .filter_map(|line| line.strip_prefix("apiserver_request_total{"))
+        .filter_map(|rest| {
+            let (labels, value) = rest.rsplit_once("} ")?;
+            Some((labels.to_owned(), value.parse().ok()?))
+        })
+        .collect())
+}
