@@ -151,7 +151,11 @@ impl Queue {
         let cap = self.cluster_cap();
         // In turn, a cluster whose keys wait for it to answer again runs
         // no more than its fair share: its runs hang until they time out.
-        let unanswering_cap = self.fair_cap();
+        // Otherwise the fair share is the cap already.
+        let unanswering_cap = match self.limits.turns() {
+            Some(_) => self.fair_cap(),
+            None => cap,
+        };
         for _ in 0..self.turns.len() {
             let Some(name) = self.turns.front().cloned() else {
                 return false;
