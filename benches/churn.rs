@@ -11,7 +11,8 @@
 //! One real API server (envtest) whose `default` namespace holds 20
 //! ConfigMaps (or `--objects`); one controller watches ConfigMaps in every
 //! cluster. Each
-//! cycle engages ten clusters under new names, each with its own client,
+//! cycle engages ten clusters under new names, each with its own client
+//! (`kube_fleet::client::cluster_client`),
 //! waits until the controller serves them, and disengages them. The
 //! process's resident memory is read after a first round of cycles (the
 //! baseline: the runtime, TLS and allocator have warmed up) and after each
@@ -72,7 +73,10 @@ async fn main() -> Result<(), BoxError> {
             .collect();
         next += 1;
         for name in &names {
-            handle.engage(name.as_str(), setup::client(config.clone(), false)?);
+            handle.engage(
+                name.as_str(),
+                kube_fleet::client::cluster_client(config.clone())?,
+            );
         }
         while status.clusters().iter().filter(|c| c.serving).count() < AT_ONCE {
             tokio::time::sleep(Duration::from_millis(5)).await;

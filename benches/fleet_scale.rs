@@ -12,7 +12,7 @@
 //!
 //! Real API servers (envtest), each with 20 ConfigMaps in its `default`
 //! namespace; every cluster is a name for one of them, taken in turn, with
-//! its own client (`kube_fleet::client` on the server's kubeconfig, so its
+//! its own client (`kube_fleet::client::cluster_client` on the server's kubeconfig, so its
 //! own connection), engaged through a `ProgrammaticProvider`. One typed
 //! controller watches ConfigMaps in `default` in every cluster. One
 //! cluster is engaged and served first (the baseline: runtime, TLS and
@@ -123,7 +123,10 @@ async fn main() -> Result<(), BoxError> {
     })));
     let serving = || status.clusters().iter().filter(|c| c.serving).count();
 
-    handle.engage("cluster-00000", setup::client(configs[0].clone(), false)?);
+    handle.engage(
+        "cluster-00000",
+        kube_fleet::client::cluster_client(configs[0].clone())?,
+    );
     while serving() < 1 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -137,7 +140,10 @@ async fn main() -> Result<(), BoxError> {
     let began = Instant::now();
     for i in 1..clusters {
         let config = configs[i % configs.len()].clone();
-        handle.engage(format!("cluster-{i:05}"), setup::client(config, false)?);
+        handle.engage(
+            format!("cluster-{i:05}"),
+            kube_fleet::client::cluster_client(config)?,
+        );
     }
     let built = began.elapsed();
     let mut most_waiting = 0;

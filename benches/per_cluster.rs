@@ -9,10 +9,14 @@
 //! cargo bench --bench per_cluster -- --bare    # no fleet: a client and a bare kube watcher each
 //! cargo bench --bench per_cluster -- --any     # lists from the cache, streamed, not consistent
 //! cargo bench --bench per_cluster -- --as-user # as a user sets it up (below)
+//! cargo bench --bench per_cluster -- --kube-client # engaged with a finished kube::Client
 //! ```
 //!
-//! Every cluster has a distinct name and its own `kube::Client` (from
-//! `kube_fleet::client`, or kube's own with `--http1`), all pointing at one
+//! Every cluster has a distinct name and its own client (from
+//! `kube_fleet::client::cluster_client`, which the fleet finishes with its
+//! counting; with `--kube-client` a finished `kube::Client` from
+//! `kube_fleet::client::client`, which the fleet wraps; kube's own with
+//! `--http1`), all pointing at one
 //! real API server (envtest) whose `default` namespace holds 20 ConfigMaps.
 //! One controller watches ConfigMaps in every cluster (in the `default`
 //! namespace, or with `--empty` in one that holds none). One cluster is
@@ -50,7 +54,8 @@ use kube::{
 };
 use kube_fleet::envtest::Envtest;
 use kube_fleet::{
-    Action, Controller, Fleet, ObjectRequest, controller::Watch, provider::ProgrammaticProvider,
+    Action, Controller, Fleet, ObjectRequest, client::ClusterClient, controller::Watch,
+    provider::ProgrammaticProvider,
 };
 use tower::{BoxError, service_fn};
 
@@ -93,11 +98,21 @@ struct Options {
     /// Each cluster's config from its own kubeconfig file, and a
     /// label-selected watch of all namespaces.
     as_user: bool,
+    /// Engage a finished `kube::Client`, not a `ClusterClient`.
+    kube_client: bool,
 }
 
 impl Options {
     fn client(&self, config: &Config) -> Result<Client, BoxError> {
         setup::client(config.clone(), self.http1)
+    }
+
+    /// What each cluster is engaged with.
+    fn engaged(&self, config: &Config) -> Result<ClusterClient, BoxError> {
+        if self.http1 || self.kube_client {
+            return Ok(self.client(config)?.into());
+        }
+        Ok(kube_fleet::client::cluster_client(config.clone())?)
     }
 
     fn watcher(&self) -> watcher::Config {
@@ -195,16 +210,16 @@ async fn measure(
     };
     // A user's program reads each cluster's kubeconfig file.
     let files = std::env::temp_dir().join(format!("per-cluster-{}", std::process::id()));
-    let client_of = async |i: usize| -> Result<Client, BoxError> {
+    let client_of = async |i: usize| -> Result<ClusterClient, BoxError> {
         if !options.as_user {
-            return options.client(config);
+            return options.engaged(config);
         }
         let path = files.join(format!("cluster-{i:04}.yaml"));
         std::fs::create_dir_all(&files)?;
         std::fs::write(&path, kubeconfig)?;
         let kubeconfig = kube::config::Kubeconfig::read_from(&path)?;
         let config = Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
-        options.client(&config)
+        options.engaged(&config)
     };
     let controller = Controller::<ConfigMap>::new(&fleet, watch);
     let status = controller.status();
@@ -252,6 +267,7 @@ async fn main() -> Result<(), BoxError> {
         bare: args.iter().any(|a| a == "--bare"),
         any: args.iter().any(|a| a == "--any"),
         as_user: args.iter().any(|a| a == "--as-user"),
+        kube_client: args.iter().any(|a| a == "--kube-client"),
         namespace: if args.iter().any(|a| a == "--empty") {
             "empty"
         } else {

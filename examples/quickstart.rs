@@ -41,7 +41,9 @@ use kube_fleet::layers::{metrics::ReconcileMetrics, recommended::RecommendedLaye
 use kube_fleet::manager::{LeaderElection, Manager};
 use kube_fleet::providers::file::FileProvider;
 use kube_fleet::{
-    Action, Controller, Fleet, ObjectRequest, controller,
+    Action, Controller, Fleet, ObjectRequest,
+    client::ClusterClient,
+    controller,
     provider::{ProgrammaticHandle, ProgrammaticProvider, kubeconfig::KubeconfigPolicy},
 };
 use tower::{BoxError, ServiceBuilder, service_fn};
@@ -199,9 +201,10 @@ async fn local_fleet(
 }
 
 /// A client for a local cluster from its kubeconfig, as for any other: one
-/// HTTP/2 connection for all its watches and requests.
-fn fleet_client(kubeconfig: &Kubeconfig) -> Result<Client, Box<dyn Error>> {
-    Ok(kube_fleet::client::client(Config::try_from(
+/// HTTP/2 connection for all its watches and requests, finished by the
+/// fleet as it engages the cluster.
+fn fleet_client(kubeconfig: &Kubeconfig) -> Result<ClusterClient, Box<dyn Error>> {
+    Ok(kube_fleet::client::cluster_client(Config::try_from(
         kubeconfig.clone(),
     )?)?)
 }

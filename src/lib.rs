@@ -67,10 +67,12 @@
 //!
 //! # Clients and TLS
 //!
-//! Build each cluster's client with [`client::client`] from its
-//! `kube::Config`: one HTTP/2 connection carries all of the cluster's
-//! watches and requests, where kube's own client opens an HTTP/1.1
-//! connection per watch and per request in flight.
+//! Build each cluster's client with [`client::cluster_client`] from its
+//! `kube::Config` and engage it: one HTTP/2 connection carries all of the
+//! cluster's watches and requests, where kube's own client opens an
+//! HTTP/1.1 connection per watch and per request in flight. The fleet
+//! finishes it into the cluster's `kube::Client`; [`client::client`] gives
+//! a finished one from the same configuration.
 //!
 //! The clusters' clients use the TLS backend you pick, through kube's own
 //! features: by default rustls with ring (the features `rustls-tls` and

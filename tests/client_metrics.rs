@@ -19,14 +19,15 @@ use kube_fleet::layers::metrics::ClientMetrics;
 use kube_fleet::{Fleet, client};
 use prometheus_client::{encoding::text::encode, registry::Registry};
 
-/// A client over kube-fleet's own stack, retrying as configured.
-async fn fleet_client(kubeconfig: Kubeconfig, retry: bool) -> Client {
+/// A client over kube-fleet's own stack, retrying as configured, for the
+/// fleet to finish.
+async fn fleet_client(kubeconfig: Kubeconfig, retry: bool) -> client::ClusterClient {
     let mut config =
         kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
             .expect("a config");
     config.default_retry = retry;
-    client::client(config).expect("a client")
+    client::cluster_client(config).expect("a client")
 }
 
 fn scrape(registry: &Registry) -> String {
@@ -204,8 +205,10 @@ async fn a_throttled_cluster_waits_as_retry_after_asks_and_is_counted_alone() {
     // The level's one seat held by lists that wait for a resource version
     // the server has not reached (it gives up on each after a few seconds).
     let kubeconfig = busy.kubeconfig_for(user, &[]).unwrap();
-    let probe =
-        Api::<ConfigMap>::namespaced(fleet_client(kubeconfig.clone(), false).await, "default");
+    let probe = Api::<ConfigMap>::namespaced(
+        fleet_client(kubeconfig.clone(), false).await.into_client(),
+        "default",
+    );
     let jam = Jam::start(probe.clone());
     // Until the API server applies the flow schema, which a client that
     // does not retry sees as a 429.

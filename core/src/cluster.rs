@@ -18,7 +18,7 @@ use tokio::sync::{Notify, OnceCell};
 
 use crate::{
     cache::{ClusterCache, InitialLists, NamespaceView, Watchable},
-    client::{Reachability, RequestStats, counting},
+    client::{ClusterClient, Reachability, RequestStats, counting},
     cluster_name::ClusterName,
     identity,
     identity::{ClusterIdentity, IdentityError},
@@ -79,14 +79,14 @@ impl Cluster {
     /// A cluster reached through `client`, with an empty cache. Its
     /// requests are counted in [`requests`](Self::requests). Call it inside
     /// a tokio runtime.
-    pub fn new(name: impl Into<ClusterName>, client: Client) -> Self {
-        Self::listing(name, client, InitialLists::unbounded())
+    pub fn new(name: impl Into<ClusterName>, client: impl Into<ClusterClient>) -> Self {
+        Self::listing(name, client.into(), InitialLists::unbounded())
     }
 
     /// [`new`](Self::new), its watches' lists bounded by `permits`.
     pub(crate) fn listing(
         name: impl Into<ClusterName>,
-        client: Client,
+        client: ClusterClient,
         permits: InitialLists,
     ) -> Self {
         let name = name.into();
@@ -109,7 +109,7 @@ impl Cluster {
         // The host's, shared with its other namespaces: a view that leaves
         // does not end it.
         let reachability = view.host().reachability().clone();
-        let client = counting(view.client(), requests.clone(), reachability.clone());
+        let client = counting(view.client().into(), requests.clone(), reachability.clone());
         let cache = ClusterCache::of_view(name.clone(), view);
         let mut cluster = Self::with_cache(name, client, cache, requests, reachability);
         Arc::get_mut(&mut cluster.inner)

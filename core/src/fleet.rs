@@ -8,8 +8,8 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
+use crate::client::ClusterClient;
 use futures::{Stream, StreamExt};
-use kube::Client;
 use tokio::sync::mpsc;
 
 use crate::{
@@ -205,9 +205,13 @@ impl Fleet {
     /// old one is [disengaged](Cluster::disengaged) (its watches stop once controllers
     /// let go of them) and controllers start over with the new one.
     /// Call it inside the tokio runtime that will use the client.
-    pub fn engage(&self, name: impl Into<ClusterName>, client: Client) -> Cluster {
+    pub fn engage(
+        &self,
+        name: impl Into<ClusterName>,
+        client: impl Into<ClusterClient>,
+    ) -> Cluster {
         let lists = self.initial_lists();
-        self.insert(Cluster::listing(name, client, lists))
+        self.insert(Cluster::listing(name, client.into(), lists))
     }
 
     /// Engages (or replaces) the cluster `name` that is a namespace of a
@@ -306,8 +310,11 @@ pub enum ClusterEvent {
     Engage {
         /// The cluster's name in the fleet.
         name: ClusterName,
-        /// A client for it, built inside the tokio runtime.
-        client: Client,
+        /// A client for it: a [`kube::Client`] built inside the tokio
+        /// runtime (`client.into()`), or, one request queue and task
+        /// lighter, a [`ClusterClient`] from
+        /// [`cluster_client`](crate::client::cluster_client).
+        client: ClusterClient,
     },
     /// Engage the cluster `name` that is one namespace of a host, read
     /// through the host's shared watches (see

@@ -198,6 +198,13 @@ pub fn http2_client(cluster: &TestCluster) -> Client {
     kube_fleet::client::client(config).expect("a client")
 }
 
+/// [`http2_client`], for the fleet to finish (one request queue in front of
+/// it, with the cluster's counting).
+pub fn cluster_client(cluster: &TestCluster) -> kube_fleet::client::ClusterClient {
+    let config = kube::Config::try_from(cluster.kubeconfig().clone()).expect("a valid kubeconfig");
+    kube_fleet::client::cluster_client(config).expect("a client")
+}
+
 /// A fleet fed by a programmatic provider, with its task.
 pub struct Running {
     pub fleet: Fleet,
@@ -235,7 +242,8 @@ impl Running {
     /// that speaks HTTP/2, as providers build them.
     pub fn add_all(&self, env: &Envtest) {
         for cluster in env.clusters() {
-            self.provider.engage(cluster.name(), http2_client(cluster));
+            self.provider
+                .engage(cluster.name(), cluster_client(cluster));
         }
     }
 

@@ -31,7 +31,7 @@ use super::{
     watch::{Hub, apply},
 };
 use crate::{
-    client::{Reachability, counting, is_unanswered},
+    client::{ClusterClient, Reachability, counting, is_unanswered},
     cluster_name::ClusterName,
 };
 
@@ -146,8 +146,9 @@ impl HostCache {
     /// The cache of the cluster `client` reaches, named `host` in logs.
     /// Call it inside a Tokio runtime: the client it keeps starts a task
     /// there.
-    pub fn new(host: impl Into<ClusterName>, client: Client) -> Self {
+    pub fn new(host: impl Into<ClusterName>, client: impl Into<ClusterClient>) -> Self {
         let host = host.into();
+        let client = client.into();
         let reachability = Arc::new(Reachability::new(host.clone(), client.clone()));
         // The host's own requests (its shared watches) are counted under no
         // cluster; each namespace's count in its own engagement.

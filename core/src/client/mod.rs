@@ -56,12 +56,15 @@ use std::time::Duration;
 
 use kube::{Client, Config};
 
+mod cluster_client;
 mod error;
 mod exec;
 mod reachability;
 mod requests;
 #[cfg(feature = "rustls-tls")]
 mod route;
+
+pub use cluster_client::ClusterClient;
 
 pub use error::error_chain;
 pub(crate) use error::is_unanswered;
@@ -97,6 +100,21 @@ pub const DEFAULT_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(15);
 /// be read, or credentials that cannot be turned into a request header.
 pub fn client(config: Config) -> Result<Client, kube::Error> {
     ClientOptions::default().client(config)
+}
+
+/// [`client`](fn@client), for the fleet to finish: what
+/// [`Fleet::engage`](crate::Fleet::engage) and the providers take, at one
+/// request queue and one task less per cluster than a [`Client`] (see
+/// [`ClusterClient`]). Over this crate's stack it starts no task until the
+/// cluster is engaged; where the client is kube's own (built with only
+/// `openssl-tls`, or through a proxy) it is a finished [`Client`], which
+/// needs a tokio runtime as [`client`](fn@client) does.
+///
+/// # Errors
+///
+/// As [`client`](fn@client).
+pub fn cluster_client(config: Config) -> Result<ClusterClient, kube::Error> {
+    ClientOptions::default().cluster_client(config)
 }
 
 /// How [`client`](ClientOptions::client) connects to a cluster.
@@ -170,6 +188,16 @@ impl ClientOptions {
     ///
     /// As [`client`](fn@client).
     pub fn client(&self, config: Config) -> Result<Client, kube::Error> {
+        Ok(self.client_with(config, None)?.into_client())
+    }
+
+    /// [`client`](Self::client), for the fleet to finish (see
+    /// [`ClusterClient`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`client`](fn@client).
+    pub fn cluster_client(&self, config: Config) -> Result<ClusterClient, kube::Error> {
         self.client_with(config, None)
     }
 
@@ -179,12 +207,12 @@ impl ClientOptions {
         &self,
         config: Config,
         token: Option<ExecToken>,
-    ) -> Result<Client, kube::Error> {
+    ) -> Result<ClusterClient, kube::Error> {
         if config.proxy_url.is_some() || cfg!(not(feature = "rustls-tls")) {
             let namespace = config.default_namespace.clone();
             let client = Client::try_from(config)?;
             let Some(token) = token else {
-                return Ok(client);
+                return Ok(client.into());
             };
             // kube's own client, with the token put on each request above it.
             let send = tower::service_fn(move |request: http::Request<kube::client::Body>| {
@@ -192,18 +220,18 @@ impl ClientOptions {
                 async move { client.send(request).await.map_err(tower::BoxError::from) }
             });
             let service = tower::filter::AsyncFilter::new(send, token);
-            return Ok(Client::new(service, namespace));
+            return Ok(ClusterClient::stack(service, namespace));
         }
         self.own(config, token)
     }
 
     #[cfg(not(feature = "rustls-tls"))]
-    fn own(&self, config: Config, _: Option<ExecToken>) -> Result<Client, kube::Error> {
-        Client::try_from(config)
+    fn own(&self, config: Config, _: Option<ExecToken>) -> Result<ClusterClient, kube::Error> {
+        Client::try_from(config).map(ClusterClient::from)
     }
 
     #[cfg(feature = "rustls-tls")]
-    fn own(&self, config: Config, token: Option<ExecToken>) -> Result<Client, kube::Error> {
+    fn own(&self, config: Config, token: Option<ExecToken>) -> Result<ClusterClient, kube::Error> {
         use hyper_util::{
             client::legacy::{self, connect::HttpConnector},
             rt::{TokioExecutor, TokioTimer},
@@ -304,7 +332,11 @@ where
 /// request to a cluster that is down as an `ERROR` (the cluster's
 /// reachability is told once instead: `reachability`).
 #[cfg(feature = "rustls-tls")]
-fn stack<S, B>(config: Config, http: S, token: Option<ExecToken>) -> Result<Client, kube::Error>
+fn stack<S, B>(
+    config: Config,
+    http: S,
+    token: Option<ExecToken>,
+) -> Result<ClusterClient, kube::Error>
 where
     S: tower::Service<
             http::Request<kube::client::Body>,
@@ -333,5 +365,5 @@ where
         .option_layer(token.map(tower::filter::AsyncFilterLayer::new))
         .layer(config.extra_headers_layer()?)
         .service(http);
-    Ok(Client::new(service, config.default_namespace))
+    Ok(ClusterClient::stack(service, config.default_namespace))
 }

@@ -25,10 +25,14 @@ use std::{
 };
 
 use http::{Request, StatusCode};
-use kube::{Client, client::Body};
+use kube::client::Body;
 use tokio::{runtime::Handle, sync::watch, time::Instant};
+use tower::ServiceExt;
 
-use super::error::{error_chain, is_gateway_failure};
+use super::{
+    cluster_client::{ClusterClient, Repr, as_kube_error},
+    error::{error_chain, is_gateway_failure},
+};
 use crate::cluster_name::ClusterName;
 
 /// How often a cluster that does not answer is asked whether it is back,
@@ -60,7 +64,7 @@ pub(crate) struct Reachability {
     runtime: Option<Handle>,
     /// What probes ask through: the cluster's client below the counting
     /// (which holds this), so that no probe keeps this alive.
-    client: Client,
+    client: ClusterClient,
 }
 
 impl std::fmt::Debug for Reachability {
@@ -75,7 +79,7 @@ impl std::fmt::Debug for Reachability {
 impl Reachability {
     /// For the cluster `cluster`, probed through `client` (its own, not
     /// one that reports here).
-    pub(crate) fn new(cluster: ClusterName, client: Client) -> Self {
+    pub(crate) fn new(cluster: ClusterName, client: ClusterClient) -> Self {
         Self {
             client,
             cluster,
@@ -221,12 +225,12 @@ impl Drop for Probing {
 /// confirm a gateway's failure); while it does not answer, again after each
 /// interval, until it does, its engagement ends, or no one holds it any
 /// more.
-async fn probe(mut probing: Probing, client: Client, now: bool) {
+async fn probe(mut probing: Probing, client: ClusterClient, now: bool) {
     asking(&probing.reachability, &client, now).await;
     probing.finished = true;
 }
 
-async fn asking(reachability: &Weak<Reachability>, client: &Client, mut now: bool) {
+async fn asking(reachability: &Weak<Reachability>, client: &ClusterClient, mut now: bool) {
     loop {
         if !now {
             let Some(interval) = reachability.upgrade().map(|r| r.interval()) else {
@@ -260,13 +264,26 @@ async fn asking(reachability: &Weak<Reachability>, client: &Client, mut now: boo
     }
 }
 
-async fn ask(client: &Client) -> Probed {
+/// The status of the answer to `request`, or why there was none.
+async fn send(client: &ClusterClient, request: Request<Body>) -> Result<StatusCode, kube::Error> {
+    match client.repr() {
+        Repr::Client(client) => client.send(request).await.map(|response| response.status()),
+        Repr::Stack { service, .. } => service
+            .clone()
+            .oneshot(request)
+            .await
+            .map(|response| response.status())
+            .map_err(as_kube_error),
+    }
+}
+
+async fn ask(client: &ClusterClient) -> Probed {
     let request = Request::get("/readyz")
         .body(Body::empty())
         .expect("a static request is valid");
-    match tokio::time::timeout(PROBE_TIMEOUT, client.send(request)).await {
-        Ok(Ok(response)) if response.status().is_server_error() => {
-            Probed::NoAnswer(format!("its readiness check answers {}", response.status()))
+    match tokio::time::timeout(PROBE_TIMEOUT, send(client, request)).await {
+        Ok(Ok(status)) if status.is_server_error() => {
+            Probed::NoAnswer(format!("its readiness check answers {status}"))
         }
         Ok(Ok(_)) => Probed::Answered,
         Ok(Err(error)) if super::error::credentials_unavailable(&error) => Probed::Unknown,

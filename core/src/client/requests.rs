@@ -11,11 +11,16 @@ use std::{
 
 use futures::future::BoxFuture;
 use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
 use kube::{Client, client::Body};
 use tokio::time::Instant;
-use tower::{BoxError, Service};
+use tower::{BoxError, Service, ServiceExt};
 
-use super::{error::is_unanswered, reachability::Reachability};
+use super::{
+    cluster_client::{AnyBody, ClusterClient, Repr, Stack, as_kube_error},
+    error::is_unanswered,
+    reachability::Reachability,
+};
 
 /// The upper bounds, in seconds, of the latency histogram's buckets:
 /// client-go's for `rest_client_request_duration_seconds`.
@@ -236,35 +241,57 @@ impl Drop for Pending {
 }
 
 /// `client`, counting its requests in `stats` and telling `reachability`
-/// whether they were answered.
+/// whether they were answered. Given this crate's stack, the counting goes
+/// in front of it, under the one request queue of the client it makes;
+/// given a `kube::Client`, in front of that client, under a queue of its
+/// own.
 pub(crate) fn counting(
-    client: Client,
+    client: ClusterClient,
     stats: Arc<RequestStats>,
     reachability: Arc<Reachability>,
 ) -> Client {
-    let namespace = client.default_namespace().to_owned();
-    let valid_until = *client.valid_until();
-    let outer = Outer {
-        client,
-        stats,
-        reachability,
-    };
-    Client::new(outer, namespace).with_valid_until(valid_until)
+    match client.into_repr() {
+        Repr::Client(client) => {
+            let namespace = client.default_namespace().to_owned();
+            let valid_until = *client.valid_until();
+            let outer = Outer {
+                below: Below::Client(client),
+                stats,
+                reachability,
+            };
+            Client::new(outer, namespace).with_valid_until(valid_until)
+        }
+        Repr::Stack { service, namespace } => {
+            let outer = Outer {
+                below: Below::Stack(service),
+                stats,
+                reachability,
+            };
+            Client::new(outer, namespace)
+        }
+    }
+}
+
+/// What the cluster's side sends its requests through.
+#[derive(Clone)]
+enum Below {
+    Client(Client),
+    Stack(Stack),
 }
 
 /// The cluster's side: marks each request for counting, and counts it
 /// itself when the stack below did not.
 #[derive(Clone)]
 struct Outer {
-    client: Client,
+    below: Below,
     stats: Arc<RequestStats>,
     reachability: Arc<Reachability>,
 }
 
 impl Service<Request<Body>> for Outer {
-    type Response = Response<Body>;
+    type Response = Response<AnyBody>;
     type Error = BoxError;
-    type Future = BoxFuture<'static, Result<Response<Body>, BoxError>>;
+    type Future = BoxFuture<'static, Result<Response<AnyBody>, BoxError>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         Poll::Ready(Ok(()))
@@ -284,20 +311,34 @@ impl Service<Request<Body>> for Outer {
                 Some(Pending::new(counted, request.method().clone(), None, false))
             }
         };
-        let client = self.client.clone();
+        let below = self.below.clone();
         let reachability = self.reachability.clone();
         Box::pin(async move {
-            let result = client.send(request).await;
+            let result = match below {
+                Below::Client(client) => client
+                    .send(request)
+                    .await
+                    .map(|response| {
+                        response.map(|body| body.map_err(BoxError::from).boxed_unsync())
+                    })
+                    .map_err(BoxError::from),
+                // As the `Client` the stack would otherwise be under
+                // tells its errors.
+                Below::Stack(stack) => stack
+                    .oneshot(request)
+                    .await
+                    .map_err(|error| BoxError::from(as_kube_error(error))),
+            };
             if let Some(pending) = &mut pending {
                 pending.done(result.as_ref().ok().map(Response::status));
             }
             match &result {
                 Ok(response) => reachability.answered_with(response.status()),
-                Err(error) if is_unanswered(error) => reachability.unanswered(error),
+                Err(error) if is_unanswered(&**error) => reachability.unanswered(&**error),
                 // Answered, with an error of the server's or the client's own.
                 Err(_) => {}
             }
-            result.map_err(BoxError::from)
+            result
         })
     }
 }
@@ -367,9 +408,13 @@ mod tests {
         let stats = Arc::<RequestStats>::default();
         let reachability = Arc::new(Reachability::new(
             "test".into(),
-            Client::new(service.clone(), "default"),
+            Client::new(service.clone(), "default").into(),
         ));
-        let client = counting(Client::new(service, "default"), stats.clone(), reachability);
+        let client = counting(
+            Client::new(service, "default").into(),
+            stats.clone(),
+            reachability,
+        );
         let asked = tokio::spawn(async move {
             client
                 .send(

@@ -11,15 +11,14 @@ use std::{
 };
 
 use futures::{
-    FutureExt, StreamExt,
+    FutureExt, StreamExt, TryFutureExt,
     future::{BoxFuture, poll_fn},
     stream::FuturesUnordered,
 };
-use kube::Client;
 use tokio_util::time::DelayQueue;
 
 use super::{ClusterEvent, Problems};
-use crate::cluster_name::ClusterName;
+use crate::{client::ClusterClient, cluster_name::ClusterName};
 
 /// Why building a client for a cluster gave none.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -43,7 +42,7 @@ impl From<super::kubeconfig::KubeconfigError> for BuildError {
     }
 }
 
-type Build = Arc<dyn Fn() -> BoxFuture<'static, Result<Client, BuildError>> + Send + Sync>;
+type Build = Arc<dyn Fn() -> BoxFuture<'static, Result<ClusterClient, BuildError>> + Send + Sync>;
 
 /// The clusters a provider wants engaged, each from a version of its source
 /// (a hash of what its client is built from), turned into [`ClusterEvent`]s.
@@ -68,7 +67,10 @@ type Build = Arc<dyn Fn() -> BoxFuture<'static, Result<Client, BuildError>> + Se
 ///
 /// ```
 /// use std::time::Duration;
-/// use kube_fleet::provider::{BuildError, ClusterEvent, Engagements, Problems};
+/// use kube_fleet::provider::{
+///     ClusterEvent, Engagements, Problems,
+///     kubeconfig::{self, KubeconfigPolicy},
+/// };
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -77,14 +79,15 @@ type Build = Arc<dyn Fn() -> BoxFuture<'static, Result<Client, BuildError>> + Se
 /// let config = kube::Config::new("https://east.example.com:6443".parse()?);
 /// let client = kube::Client::try_from(config)?;
 ///
-/// // Version 1 of the source builds; version 2 is refused.
+/// // Version 1 of the source builds; version 2 is not a kubeconfig.
 /// engagements.want("east", "Secret fleet/east", 1, move || {
 ///     let client = client.clone();
 ///     async move { Ok(client) }
 /// });
 /// assert!(matches!(engagements.next().await, ClusterEvent::Engage { .. }));
 /// engagements.want("east", "Secret fleet/east", 2, || async {
-///     Err(BuildError::Refused("Secret fleet/east: not a kubeconfig".into()))
+///     let policy = KubeconfigPolicy::default();
+///     kubeconfig::bytes_client(b"not: [a kubeconfig", "Secret fleet/east", &policy).await
 /// });
 /// assert!(matches!(engagements.next().await, ClusterEvent::Disengage { .. }));
 /// assert!(problems.get("Secret fleet/east").is_some());
@@ -131,7 +134,7 @@ enum State {
 struct Built {
     name: ClusterName,
     generation: u64,
-    result: Result<Client, BuildError>,
+    result: Result<ClusterClient, BuildError>,
 }
 
 impl fmt::Debug for Engagements {
@@ -172,14 +175,15 @@ impl Engagements {
     /// state is reported again (its problem, or none if it is engaged);
     /// otherwise it is built now, and `build` is kept to build it again if
     /// it gives no client now.
-    pub fn want<F>(
+    pub fn want<F, C>(
         &mut self,
         name: impl Into<ClusterName>,
         source: impl Into<String>,
         hash: u64,
         build: impl Fn() -> F + Send + Sync + 'static,
     ) where
-        F: Future<Output = Result<Client, BuildError>> + Send + 'static,
+        F: Future<Output = Result<C, BuildError>> + Send + 'static,
+        C: Into<ClusterClient> + 'static,
     {
         let name = name.into();
         if let Some(entry) = self.entries.get(&name)
@@ -198,7 +202,7 @@ impl Engagements {
         }
         self.generations += 1;
         let generation = self.generations;
-        let build: Build = Arc::new(move || build().boxed());
+        let build: Build = Arc::new(move || build().map_ok(Into::into).boxed());
         let engaged = self.entries.get(&name).and_then(|e| e.engaged);
         if engaged == Some(hash) {
             // Back to the version engaged now, while another was being
@@ -421,9 +425,9 @@ mod tests {
 
     use super::*;
 
-    fn client() -> Client {
+    fn client() -> kube::Client {
         let config = kube::Config::new("https://a.example.com".parse().unwrap());
-        Client::try_from(config).unwrap()
+        kube::Client::try_from(config).unwrap()
     }
 
     fn name(event: &ClusterEvent) -> (&'static str, String) {
@@ -437,7 +441,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_hung_build_holds_up_no_other() {
         let mut engagements = Engagements::new(Problems::new(), Duration::from_secs(30));
-        engagements.want("slow", "slow", 1, futures::future::pending);
+        engagements.want(
+            "slow",
+            "slow",
+            1,
+            futures::future::pending::<Result<ClusterClient, BuildError>>,
+        );
         engagements.want("quick", "quick", 1, || async { Ok(client()) });
         let event = engagements.next().await;
         assert_eq!(name(&event), ("engage", "quick".to_owned()));
@@ -465,7 +474,7 @@ mod tests {
         let counted = refused.clone();
         engagements.want("bad", "Secret a/bad", 1, move || {
             counted.fetch_add(1, Ordering::SeqCst);
-            async { Err(BuildError::Refused("not a kubeconfig".into())) }
+            async { Err::<ClusterClient, _>(BuildError::Refused("not a kubeconfig".into())) }
         });
         let began = tokio::time::Instant::now();
         let event = engagements.next().await;
@@ -492,7 +501,7 @@ mod tests {
         let mut engagements = Engagements::new(Problems::new(), Duration::from_secs(30));
         engagements.want("a", "a", 1, || async {
             tokio::time::sleep(Duration::from_secs(5)).await;
-            Err(BuildError::Refused("old".into()))
+            Err::<ClusterClient, _>(BuildError::Refused("old".into()))
         });
         engagements.want("a", "a", 2, || async { Ok(client()) });
         assert_eq!(name(&engagements.next().await), ("engage", "a".to_owned()));
@@ -523,7 +532,7 @@ mod tests {
         assert_eq!(name(&engagements.next().await), ("engage", "a".to_owned()));
         engagements.want("a", "a", 2, || async {
             tokio::time::sleep(Duration::from_secs(5)).await;
-            Err(BuildError::Unavailable("no".into()))
+            Err::<ClusterClient, _>(BuildError::Unavailable("no".into()))
         });
         assert!(engagements.is_engaged("a"));
         assert_eq!(
@@ -557,8 +566,10 @@ mod tests {
         assert!(engagements.is_engaged("a"));
         assert_eq!(problems.get("Secret a/a").as_deref(), Some("has no key"));
         // The engaged version back: nothing to build, nothing to engage.
-        engagements.want("a", "Secret a/a", 1, || async {
-            panic!("the engaged version was built again")
+        engagements.want("a", "Secret a/a", 1, || {
+            panic!("the engaged version was built again");
+            #[allow(unreachable_code)]
+            futures::future::pending::<Result<ClusterClient, BuildError>>()
         });
         assert!(
             tokio::time::timeout(Duration::from_secs(60), engagements.next())
@@ -571,7 +582,7 @@ mod tests {
         assert_eq!(name(&engagements.next().await), ("engage", "a".to_owned()));
         // A held version waiting to be built again is dropped too.
         engagements.want("a", "Secret a/a", 3, || async {
-            Err(BuildError::Unavailable("the plugin failed".into()))
+            Err::<ClusterClient, _>(BuildError::Unavailable("the plugin failed".into()))
         });
         assert_eq!(
             name(&engagements.next().await),
@@ -607,7 +618,7 @@ mod tests {
         let problems = Problems::new();
         let mut engagements = Engagements::new(problems.clone(), Duration::from_secs(30));
         engagements.want("bad", "Secret a/bad", 1, || async {
-            Err(BuildError::Refused("not a kubeconfig".into()))
+            Err::<ClusterClient, _>(BuildError::Refused("not a kubeconfig".into()))
         });
         let _ = tokio::time::timeout(Duration::from_secs(1), engagements.next()).await;
         // The provider reports something else meanwhile (its key went

@@ -4,10 +4,9 @@ use std::{
 };
 
 use futures::Stream;
-use kube::Client;
 
 use super::ClusterEvent;
-use crate::cluster_name::ClusterName;
+use crate::{client::ClusterClient, cluster_name::ClusterName};
 
 /// The process's own cluster, engaged once under [`ClusterName::local`].
 ///
@@ -22,7 +21,7 @@ use crate::cluster_name::ClusterName;
 /// # }
 /// ```
 pub struct LocalProvider {
-    client: Option<Client>,
+    client: Option<ClusterClient>,
 }
 
 impl std::fmt::Debug for LocalProvider {
@@ -35,20 +34,20 @@ impl std::fmt::Debug for LocalProvider {
 
 impl LocalProvider {
     /// The local cluster reached through `client`.
-    pub fn new(client: Client) -> Self {
+    pub fn new(client: impl Into<ClusterClient>) -> Self {
         Self {
-            client: Some(client),
+            client: Some(client.into()),
         }
     }
 
     /// The local cluster from the in-cluster configuration or the default
     /// kubeconfig, as [`kube::Config::infer`] finds it, reached over one
-    /// HTTP/2 connection ([`crate::client::client`]).
+    /// HTTP/2 connection ([`crate::client::cluster_client`]).
     pub async fn try_default() -> Result<Self, kube::Error> {
         let config = kube::Config::infer()
             .await
             .map_err(kube::Error::InferConfig)?;
-        Ok(Self::new(crate::client::client(config)?))
+        Ok(Self::new(crate::client::cluster_client(config)?))
     }
 }
 

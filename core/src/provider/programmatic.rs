@@ -4,11 +4,10 @@ use std::{
 };
 
 use futures::Stream;
-use kube::Client;
 use tokio::sync::mpsc;
 
 use super::ClusterEvent;
-use crate::cluster_name::ClusterName;
+use crate::{client::ClusterClient, cluster_name::ClusterName};
 
 /// A provider driven from code: add and remove clusters through a
 /// [`ProgrammaticHandle`].
@@ -52,11 +51,11 @@ impl ProgrammaticHandle {
     /// Engages (or replaces) the cluster `name`, reached through `client`.
     ///
     /// Returns `false` if the provider is gone.
-    pub fn engage(&self, name: impl Into<ClusterName>, client: Client) -> bool {
+    pub fn engage(&self, name: impl Into<ClusterName>, client: impl Into<ClusterClient>) -> bool {
         self.events
             .send(ClusterEvent::Engage {
                 name: name.into(),
-                client,
+                client: client.into(),
             })
             .is_ok()
     }
@@ -70,7 +69,7 @@ impl ProgrammaticHandle {
 
     /// Renamed [`engage`](Self::engage).
     #[deprecated(since = "0.1.0", note = "renamed `engage`")]
-    pub fn add(&self, name: impl Into<ClusterName>, client: Client) -> bool {
+    pub fn add(&self, name: impl Into<ClusterName>, client: impl Into<ClusterClient>) -> bool {
         self.engage(name, client)
     }
 

@@ -106,7 +106,7 @@ enum Verdict {
     /// New, or changed: engage the cluster through this client.
     Engage {
         fingerprint: u64,
-        client: kube::Client,
+        client: kube_fleet::client::ClusterClient,
     },
     /// No kubeconfig to judge (kind failed, or printed no kubeconfig):
     /// perhaps for a moment, so an engaged cluster stays.

@@ -89,7 +89,10 @@ impl fmt::Debug for NamespaceProvider {
 impl NamespaceProvider {
     /// A provider for every namespace of the cluster `client` reaches,
     /// which is named `host` in logs.
-    pub fn new(host: impl Into<ClusterName>, client: kube::Client) -> Self {
+    pub fn new(
+        host: impl Into<ClusterName>,
+        client: impl Into<kube_fleet::client::ClusterClient>,
+    ) -> Self {
         Self {
             host: HostCache::new(host, client),
             selector: None,

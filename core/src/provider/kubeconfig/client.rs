@@ -10,13 +10,13 @@ use super::{
     parse::{current_context, parse_bytes},
     policy::{KubeconfigPolicy, checked},
 };
-use crate::provider::engagements::BuildError;
+use crate::{client::ClusterClient, provider::engagements::BuildError};
 
 /// How long building a client may take, and how long its credential
 /// plugin may run (then it is killed).
 pub const CLIENT_TIMEOUT: std::time::Duration = crate::client::PLUGIN_TIMEOUT;
 
-/// A client (see [`client::client`](crate::client::client)) for the
+/// A client (see [`client::cluster_client`](crate::client::cluster_client)) for the
 /// context `context` of the kubeconfig from `origin`, given up after
 /// [`CLIENT_TIMEOUT`].
 ///
@@ -39,7 +39,7 @@ pub async fn client(
     config: kube::Config,
     origin: &str,
     context: &str,
-) -> Result<kube::Client, KubeconfigError> {
+) -> Result<ClusterClient, KubeconfigError> {
     let invalid = |reason: String| KubeconfigError::Invalid {
         origin: origin.to_owned(),
         context: context.to_owned(),
@@ -103,7 +103,7 @@ pub async fn bytes_client(
     bytes: &[u8],
     origin: &str,
     policy: &KubeconfigPolicy,
-) -> Result<kube::Client, BuildError> {
+) -> Result<ClusterClient, BuildError> {
     let parsed = parse_bytes(bytes, origin)?;
     current_client(&parsed, origin, policy).await
 }
@@ -136,7 +136,7 @@ pub async fn current_client(
     kubeconfig: &Kubeconfig,
     origin: &str,
     policy: &KubeconfigPolicy,
-) -> Result<kube::Client, BuildError> {
+) -> Result<ClusterClient, BuildError> {
     let context = current_context(kubeconfig, origin)?;
     let alone = checked(kubeconfig, &context, origin, policy)?;
     let config = load(alone, &context, origin).await?;

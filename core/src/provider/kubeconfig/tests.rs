@@ -287,7 +287,7 @@ contexts:
     let Ok(client) = client(config.unwrap(), "test", "a").await else {
         panic!("the first runs work");
     };
-    let error = client.apiserver_version().await.unwrap_err();
+    let error = client.into_client().apiserver_version().await.unwrap_err();
     let text = crate::client::error_chain(&error);
     assert!(text.contains("credentials could not be obtained"), "{text}");
     assert!(!text.contains("SECRET"), "{text}");

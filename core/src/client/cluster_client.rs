@@ -1,0 +1,271 @@
+//! What a cluster is engaged with: a `kube::Client`, or this crate's client
+//! stack that the fleet finishes itself.
+
+use std::fmt;
+
+use http::{Request, Response};
+use http_body_util::{BodyExt, combinators::UnsyncBoxBody};
+use hyper::body::Bytes;
+use kube::{Client, client::Body};
+use tower::{BoxError, ServiceExt, util::BoxCloneSyncService};
+
+/// A response body of any kind, as the stack below a cluster's client
+/// gives it.
+pub(crate) type AnyBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// This crate's client stack for one cluster: everything of a
+/// [`Client`] but the request queue in front of it.
+pub(crate) type Stack = BoxCloneSyncService<Request<Body>, Response<AnyBody>, BoxError>;
+
+/// What a cluster is engaged with ([`Fleet::engage`](crate::Fleet::engage),
+/// [`ClusterEvent::Engage`](crate::provider::ClusterEvent::Engage), the providers): a
+/// [`kube::Client`], or a client built by [`cluster_client`](super::cluster_client)
+/// that the fleet finishes itself.
+///
+/// Each engaged cluster counts its requests and tells whether its server
+/// answers ([`Cluster::requests`](crate::Cluster::requests)), which takes a
+/// client of its own in front of the one it was given. A `kube::Client`
+/// always has a request queue and a task of its own in front of its
+/// service, so a cluster engaged with one has two of each. One engaged
+/// with a `ClusterClient` from [`cluster_client`](super::cluster_client) has
+/// one: the fleet puts its counting into this crate's client stack instead
+/// (about 10 KiB and one task less per cluster, measured in
+/// `docs/benchmarks.md`). Both behave the same otherwise. Where
+/// [`cluster_client`](super::cluster_client) gives kube's own client (built
+/// with only `openssl-tls`, or through a proxy: see [`client`](super)), it
+/// gives it finished, and a cluster engaged with it has two queues.
+///
+/// Every `kube::Client` converts into one, so anything that takes
+/// `impl Into<ClusterClient>` takes a `kube::Client` as before.
+///
+/// ```
+/// # async fn example() -> Result<(), kube::Error> {
+/// use kube_fleet::{Fleet, client};
+///
+/// let config = kube::Config::infer().await.map_err(kube::Error::InferConfig)?;
+/// let fleet = Fleet::new();
+/// // The fleet finishes it: one request queue for the cluster.
+/// fleet.engage("east", client::cluster_client(config.clone())?);
+/// // Any kube::Client is taken too.
+/// fleet.engage("west", kube::Client::try_from(config)?);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct ClusterClient {
+    repr: Repr,
+}
+
+#[derive(Clone)]
+pub(crate) enum Repr {
+    /// A finished client, queue and all.
+    Client(Client),
+    /// This crate's stack, without its queue.
+    Stack { service: Stack, namespace: String },
+}
+
+impl ClusterClient {
+    /// This crate's `stack`, whose requests default to `namespace`.
+    pub(crate) fn stack<S, B>(service: S, namespace: String) -> Self
+    where
+        S: tower::Service<Request<Body>, Response = Response<B>, Error = BoxError>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let service = service.map_response(|response: Response<B>| {
+            response.map(|body| body.map_err(Into::into).boxed_unsync())
+        });
+        Self {
+            repr: Repr::Stack {
+                service: BoxCloneSyncService::new(service),
+                namespace,
+            },
+        }
+    }
+
+    pub(crate) fn into_repr(self) -> Repr {
+        self.repr
+    }
+
+    pub(crate) fn repr(&self) -> &Repr {
+        &self.repr
+    }
+
+    /// The namespace its requests default to.
+    pub fn default_namespace(&self) -> &str {
+        match &self.repr {
+            Repr::Client(client) => client.default_namespace(),
+            Repr::Stack { namespace, .. } => namespace,
+        }
+    }
+
+    /// A [`kube::Client`] of its own: the one it was made from, or one
+    /// finished from this crate's stack (sharing its connections). Call it
+    /// inside a tokio runtime.
+    pub fn into_client(self) -> Client {
+        match self.repr {
+            Repr::Client(client) => client,
+            Repr::Stack { service, namespace } => Client::new(service, namespace),
+        }
+    }
+}
+
+/// `error` of the stack as a [`Client`] reports it: the error a layer
+/// raised, hyper's own, or the service's.
+pub(crate) fn as_kube_error(error: BoxError) -> kube::Error {
+    error
+        .downcast::<kube::Error>()
+        .map(|error| *error)
+        .or_else(|error| {
+            error
+                .downcast::<hyper::Error>()
+                .map(|error| kube::Error::HyperError(*error))
+        })
+        .unwrap_or_else(kube::Error::Service)
+}
+
+impl From<Client> for ClusterClient {
+    fn from(client: Client) -> Self {
+        Self {
+            repr: Repr::Client(client),
+        }
+    }
+}
+
+impl fmt::Debug for ClusterClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match &self.repr {
+            Repr::Client(_) => "kube::Client",
+            Repr::Stack { .. } => "stack",
+        };
+        f.debug_struct("ClusterClient")
+            .field("kind", &kind)
+            .field("default_namespace", &self.default_namespace())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use http::StatusCode;
+    use tower_test::mock::{self, Handle};
+
+    use super::*;
+    use crate::Cluster;
+
+    type Requests = Handle<Request<Body>, Response<Body>>;
+
+    fn engaged() -> (Cluster, Requests) {
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let cluster = Cluster::new("east", ClusterClient::stack(service, "default".into()));
+        (cluster, handle)
+    }
+
+    fn get(path: &str) -> Request<Body> {
+        Request::get(path).body(Body::empty()).unwrap()
+    }
+
+    fn answer(status: StatusCode) -> Response<Body> {
+        Response::builder()
+            .status(status)
+            .body(Body::empty())
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_cluster_on_the_stack_counts_its_requests_and_lets_go_of_the_stack() {
+        let (cluster, mut requests) = engaged();
+        let client = cluster.client();
+        assert_eq!(client.default_namespace(), "default");
+        let asked = tokio::spawn(async move {
+            client
+                .send(get("/api/v1/namespaces"))
+                .await
+                .map(|r| r.status())
+        });
+        let (request, reply) = requests.next_request().await.expect("a request");
+        assert_eq!(request.uri().path(), "/api/v1/namespaces");
+        reply.send_response(answer(StatusCode::OK));
+        assert_eq!(asked.await.unwrap().unwrap(), StatusCode::OK);
+        assert_eq!(cluster.requests().total(), 1);
+
+        // Nothing else holds the stack: with the cluster gone, so is every
+        // clone of it, and its connections with them.
+        drop(cluster);
+        let end = tokio::time::timeout(Duration::from_secs(10), requests.next_request()).await;
+        assert!(matches!(end, Ok(None)), "the stack outlived its cluster");
+    }
+
+    #[tokio::test]
+    async fn a_cluster_on_the_stack_that_stops_answering_is_probed_through_it() {
+        let (cluster, mut requests) = engaged();
+        let client = cluster.client();
+        let asked = tokio::spawn(async move { client.send(get("/api/v1/pods")).await });
+        let (_, reply) = requests.next_request().await.expect("a request");
+        reply.send_error(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "connection refused",
+        ));
+        let error = asked.await.unwrap().expect_err("no answer");
+        assert!(
+            crate::client::is_unanswered(&error),
+            "{}",
+            crate::client::error_chain(&error)
+        );
+        assert!(!cluster.reachability().is_answering());
+        // The probe asks through the stack, and its answer brings the
+        // cluster back.
+        let (probe, reply) = requests.next_request().await.expect("a probe");
+        assert_eq!(probe.uri().path(), "/readyz");
+        let mut recoveries = cluster.reachability().recoveries();
+        reply.send_response(answer(StatusCode::OK));
+        tokio::time::timeout(Duration::from_secs(10), recoveries.changed())
+            .await
+            .expect("told it answers again")
+            .unwrap();
+        assert!(cluster.reachability().is_answering());
+    }
+
+    #[tokio::test]
+    async fn one_stack_engaged_twice_serves_each_engagement_until_it_alone_ends() {
+        let (service, mut requests) = mock::pair::<Request<Body>, Response<Body>>();
+        let stack = ClusterClient::stack(service, "default".into());
+        let (east, west) = (
+            Cluster::new("east", stack.clone()),
+            Cluster::new("west", stack),
+        );
+        east.leave();
+        drop(east);
+        let client = west.client();
+        let asked =
+            tokio::spawn(async move { client.send(get("/version")).await.map(|r| r.status()) });
+        let (_, reply) = requests.next_request().await.expect("a request");
+        reply.send_response(answer(StatusCode::OK));
+        assert_eq!(asked.await.unwrap().unwrap(), StatusCode::OK);
+        assert_eq!(west.requests().total(), 1);
+    }
+
+    #[tokio::test]
+    async fn through_a_proxy_the_client_is_kubes_own_and_finished() {
+        let mut config = kube::Config::new("https://east.example.com:6443".parse().unwrap());
+        config.proxy_url = Some("http://proxy.example.com:3128".parse().unwrap());
+        // kube's own client, or, without kube's proxy feature, its error.
+        match crate::client::cluster_client(config) {
+            Ok(client) => assert!(matches!(client.repr(), Repr::Client(_)), "{client:?}"),
+            Err(error) => assert!(
+                matches!(error, kube::Error::ProxyProtocolDisabled { .. }),
+                "{error}"
+            ),
+        }
+        let config = kube::Config::new("https://east.example.com:6443".parse().unwrap());
+        let client = crate::client::cluster_client(config).unwrap();
+        assert!(matches!(client.repr(), Repr::Stack { .. }), "{client:?}");
+    }
+}
