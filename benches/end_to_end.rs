@@ -10,6 +10,7 @@
 //! cargo bench --bench end_to_end -- --any --paged # the same, but API servers that refuse streaming
 //! cargo bench --bench end_to_end -- 10 1000 16 --one-server # the N clusters on one API server
 //! cargo bench --bench end_to_end -- 10 1000 16 --as-user    # set up as a user sets it up
+//! cargo bench --bench end_to_end -- --kube-client # engaged with finished kube::Clients
 //! cargo bench --bench end_to_end -- 10 1000 16 --staggered  # one cluster busy at a time
 //! cargo bench --bench end_to_end -- 10 1000 16 --in-turn    # the queue's Sharing::InTurn
 //! ```
@@ -50,8 +51,10 @@
 //!
 //! Otherwise the controller reaches the API servers past envtest's in-process fault
 //! proxy, so that the proxy's work is not counted as ours, with clients from
-//! `kube_fleet::client` (one HTTP/2 connection per cluster) unless `--http1`
-//! asks for kube's own.
+//! `kube_fleet::client::cluster_client` (one HTTP/2 connection per cluster)
+//! unless `--http1` asks for kube's own; `--kube-client` engages finished
+//! `kube::Client`s from `kube_fleet::client::client` instead, which the
+//! fleet wraps in a request queue of its own.
 
 use std::{
     sync::{
@@ -99,6 +102,7 @@ async fn main() -> Result<(), BoxError> {
     let concurrency = args.get(2).copied();
     let total = clusters * objects;
     let http1 = std::env::args().any(|a| a == "--http1");
+    let finished = std::env::args().any(|a| a == "--kube-client");
     let paged = std::env::args().any(|a| a == "--paged");
     let any = std::env::args().any(|a| a == "--any");
     let one_server = std::env::args().any(|a| a == "--one-server");
@@ -113,8 +117,11 @@ async fn main() -> Result<(), BoxError> {
     }
     let env = env.start().await?;
     let mut direct = Vec::new();
+    let mut engaged = Vec::new();
     for cluster in env.clusters() {
-        direct.push(setup::client(setup::direct_config(cluster).await?, http1)?);
+        let config = setup::direct_config(cluster).await?;
+        engaged.push(setup::engaged(config.clone(), http1, finished)?);
+        direct.push(setup::client(config, http1)?);
     }
     // With one server, each cluster is a namespace of it, viewed through
     // one shared host cache.
@@ -233,7 +240,7 @@ async fn main() -> Result<(), BoxError> {
             let kubeconfig = kube::config::Kubeconfig::read_from(cluster.kubeconfig_path())?;
             let config =
                 kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
-            users.push(setup::client(config, http1)?);
+            users.push(setup::engaged(config, http1, finished)?);
         }
     }
     if one_server {
@@ -242,7 +249,7 @@ async fn main() -> Result<(), BoxError> {
             fleet.engage_view(name, view);
         }
     } else {
-        let clients = if as_user { &users } else { &direct };
+        let clients = if as_user { &users } else { &engaged };
         for (i, (cluster, client)) in env.clusters().iter().zip(clients).enumerate() {
             handle.engage(cluster.name(), client.clone());
             while staggered && patched.load(Ordering::Relaxed) < (i + 1) * objects {

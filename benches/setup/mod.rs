@@ -32,6 +32,22 @@ pub(crate) fn client(config: kube::Config, http1: bool) -> Result<Client, BoxErr
     })
 }
 
+/// What a cluster is engaged with from `config`: kube's own client over
+/// HTTP/1.1 if `http1`; a finished `kube_fleet::client` if `finished` (the
+/// fleet wraps it in a queue of its own); else a
+/// `kube_fleet::client::cluster_client`, which the fleet finishes.
+pub(crate) fn engaged(
+    config: kube::Config,
+    http1: bool,
+    finished: bool,
+) -> Result<kube_fleet::client::ClusterClient, BoxError> {
+    Ok(if http1 || finished {
+        client(config, http1)?.into()
+    } else {
+        kube_fleet::client::cluster_client(config)?
+    })
+}
+
 /// Creates `objects` ConfigMaps `cm-00000`, `cm-00001`, ... in the default
 /// namespace, each with one data key, 16 at a time.
 pub(crate) async fn fill(client: Client, objects: usize) -> Result<(), BoxError> {
