@@ -92,7 +92,7 @@ impl Cluster {
         let name = name.into();
         let requests = Arc::<RequestStats>::default();
         let reachability = Arc::new(Reachability::new(name.clone(), client.clone()));
-        let client = counting(client, requests.clone(), reachability.clone());
+        let client = counting(name.clone(), client, requests.clone(), reachability.clone());
         let cache = ClusterCache::new(name.clone(), client.clone(), permits);
         Self::with_cache(name, client, cache, requests, reachability)
     }
@@ -109,7 +109,12 @@ impl Cluster {
         // The host's, shared with its other namespaces: a view that leaves
         // does not end it.
         let reachability = view.host().reachability().clone();
-        let client = counting(view.client().into(), requests.clone(), reachability.clone());
+        let client = counting(
+            name.clone(),
+            view.client().into(),
+            requests.clone(),
+            reachability.clone(),
+        );
         let cache = ClusterCache::of_view(name.clone(), view);
         let mut cluster = Self::with_cache(name, client, cache, requests, reachability);
         Arc::get_mut(&mut cluster.inner)

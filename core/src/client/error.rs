@@ -102,7 +102,10 @@ pub(crate) fn is_unanswered(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut unanswered = false;
     let mut next = Some(error);
     while let Some(error) = next {
-        if is_credential_failure(error) || is_tls_failure(error) {
+        if is_credential_failure(error)
+            || is_tls_failure(error)
+            || error.is::<super::owners::OwnerReferenceAcross>()
+        {
             return false;
         }
         match error.downcast_ref::<kube::Error>() {

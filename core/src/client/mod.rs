@@ -59,6 +59,7 @@ use kube::{Client, Config};
 mod cluster_client;
 mod error;
 mod exec;
+mod owners;
 mod reachability;
 mod requests;
 #[cfg(feature = "rustls-tls")]
@@ -69,6 +70,8 @@ pub use cluster_client::ClusterClient;
 pub use error::error_chain;
 pub(crate) use error::is_unanswered;
 pub(crate) use exec::{ExecToken, PLUGIN_TIMEOUT, resolve as resolve_exec};
+pub use owners::OwnerReferenceAcross;
+pub(crate) use owners::{Reconciling, reconciling};
 pub(crate) use reachability::Reachability;
 pub(crate) use requests::counting;
 pub use requests::{LATENCY_BUCKETS, RequestCount, RequestLatency, RequestStats};

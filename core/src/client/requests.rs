@@ -19,8 +19,10 @@ use tower::{BoxError, Service, ServiceExt};
 use super::{
     cluster_client::{AnyBody, ClusterClient, Repr, Stack, as_kube_error},
     error::is_unanswered,
+    owners::checked as owners_checked,
     reachability::Reachability,
 };
+use crate::cluster_name::ClusterName;
 
 /// The upper bounds, in seconds, of the latency histogram's buckets:
 /// client-go's for `rest_client_request_duration_seconds`.
@@ -246,6 +248,7 @@ impl Drop for Pending {
 /// given a `kube::Client`, in front of that client, under a queue of its
 /// own.
 pub(crate) fn counting(
+    cluster: ClusterName,
     client: ClusterClient,
     stats: Arc<RequestStats>,
     reachability: Arc<Reachability>,
@@ -255,6 +258,7 @@ pub(crate) fn counting(
             let namespace = client.default_namespace().to_owned();
             let valid_until = *client.valid_until();
             let outer = Outer {
+                cluster,
                 below: Below::Client(client),
                 stats,
                 reachability,
@@ -263,6 +267,7 @@ pub(crate) fn counting(
         }
         Repr::Stack { service, namespace } => {
             let outer = Outer {
+                cluster,
                 below: Below::Stack(service),
                 stats,
                 reachability,
@@ -283,6 +288,8 @@ enum Below {
 /// itself when the stack below did not.
 #[derive(Clone)]
 struct Outer {
+    /// The cluster's name: a write it refuses names it.
+    cluster: ClusterName,
     below: Below,
     stats: Arc<RequestStats>,
     reachability: Arc<Reachability>,
@@ -299,21 +306,27 @@ impl Service<Request<Body>> for Outer {
 
     fn call(&mut self, mut request: Request<Body>) -> Self::Future {
         // A request of a client stacked on this one (a namespace's, over its
-        // host's) is counted by that client alone.
-        let mut pending = match request.extensions().get::<Counted>() {
-            Some(_) => None,
-            None => {
-                let counted = Counted {
-                    stats: self.stats.clone(),
-                    inside: Arc::default(),
-                };
-                request.extensions_mut().insert(counted.clone());
-                Some(Pending::new(counted, request.method().clone(), None, false))
-            }
-        };
+        // host's) is counted, and checked, by that client alone.
+        let outermost = request.extensions().get::<Counted>().is_none();
+        let counted = outermost.then(|| {
+            let counted = Counted {
+                stats: self.stats.clone(),
+                inside: Arc::default(),
+            };
+            request.extensions_mut().insert(counted.clone());
+            counted
+        });
         let below = self.below.clone();
         let reachability = self.reachability.clone();
+        let cluster = self.cluster.clone();
+        // Polled by the task that sends the request (the queue in front
+        // hands it this future), where the reconcile it belongs to is known.
         Box::pin(async move {
+            if outermost && let Some(check) = owners_checked(&cluster, &request) {
+                check.await?;
+            }
+            let mut pending =
+                counted.map(|counted| Pending::new(counted, request.method().clone(), None, false));
             let result = match below {
                 Below::Client(client) => client
                     .send(request)
@@ -411,6 +424,7 @@ mod tests {
             Client::new(service.clone(), "default").into(),
         ));
         let client = counting(
+            "test".into(),
             Client::new(service, "default").into(),
             stats.clone(),
             reachability,

@@ -97,5 +97,6 @@ mod children;
 mod cleanup;
 pub(crate) mod parent;
 
+pub use crate::client::OwnerReferenceAcross;
 pub use children::{Children, Deleted};
 pub use parent::{PARENT_ANNOTATION, PARENT_UID_LABEL, ParentRef, ParentRefError};

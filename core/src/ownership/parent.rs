@@ -122,6 +122,12 @@ impl ParentRef {
 
     /// Marks `child` as this parent's: sets [`PARENT_ANNOTATION`] and
     /// [`PARENT_UID_LABEL`], keeping its other annotations and labels.
+    ///
+    /// A child in another cluster than its parent takes these instead of
+    /// an owner reference, which its cluster's garbage collector would take
+    /// for one to an owner that is gone: while the parent is reconciled,
+    /// writing a child that names it in `ownerReferences` to any other
+    /// cluster fails with [`OwnerReferenceAcross`](super::OwnerReferenceAcross).
     pub fn adopt<C: Resource>(&self, child: &mut C) {
         child
             .annotations_mut()

@@ -11,6 +11,7 @@ use super::Runner;
 use crate::{
     action::Action,
     cache::Watchable,
+    client::{Reconciling, reconciling},
     controller::Error,
     object_request::ObjectRequest,
     panic::{contain, panic_message},
@@ -94,6 +95,12 @@ impl<K: Watchable> Runner<K> {
         let request = ObjectRequest::read(cluster.clone(), key.clone(), watch)
             .with_reason(reason)
             .with_controller(self.name.clone());
+        // What the cluster clients it writes through refuse to make a
+        // child of in other clusters (see `OwnerReferenceAcross`).
+        let owner = request.object.as_ref().map(|object| Reconciling {
+            cluster: key.cluster.clone(),
+            object: object.clone(),
+        });
         let reconcile = match contain(|| service.call(request)) {
             Ok(reconcile) => reconcile,
             Err(message) => return self.panicked(&key, "call", &message),
@@ -104,7 +111,8 @@ impl<K: Watchable> Runner<K> {
             if !cluster.is_engaged() {
                 return (task_key, None);
             }
-            (task_key, Some(reconcile.await.map_err(Into::into)))
+            let result = reconciling(owner, reconcile).await;
+            (task_key, Some(result.map_err(Into::into)))
         });
         self.running_keys.insert(abort.id(), key.clone());
         self.aborts.insert(key, abort);
