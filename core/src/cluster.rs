@@ -18,7 +18,7 @@ use tokio::sync::{Notify, OnceCell};
 
 use crate::{
     cache::{ClusterCache, InitialLists, NamespaceView, Watchable},
-    client::{ClusterClient, Reachability, RequestStats, counting},
+    client::{Budget, ClusterClient, Reachability, RequestBudget, RequestStats, counting},
     cluster_name::ClusterName,
     identity,
     identity::{ClusterIdentity, IdentityError},
@@ -77,22 +77,37 @@ impl fmt::Debug for Cluster {
 
 impl Cluster {
     /// A cluster reached through `client`, with an empty cache. Its
-    /// requests are counted in [`requests`](Self::requests). Call it inside
-    /// a tokio runtime.
+    /// requests are counted in [`requests`](Self::requests), and sent within
+    /// the client's [budget](ClusterClient::with_budget), else
+    /// [`RequestBudget::DEFAULT`]. Call it inside a tokio runtime.
     pub fn new(name: impl Into<ClusterName>, client: impl Into<ClusterClient>) -> Self {
-        Self::listing(name, client.into(), InitialLists::unbounded())
+        Self::listing(
+            name,
+            client.into(),
+            InitialLists::unbounded(),
+            RequestBudget::DEFAULT,
+        )
     }
 
-    /// [`new`](Self::new), its watches' lists bounded by `permits`.
+    /// [`new`](Self::new), its watches' lists bounded by `permits`, within
+    /// `budget` unless the client has its own.
     pub(crate) fn listing(
         name: impl Into<ClusterName>,
         client: ClusterClient,
         permits: InitialLists,
+        budget: RequestBudget,
     ) -> Self {
         let name = name.into();
         let requests = Arc::<RequestStats>::default();
         let reachability = Arc::new(Reachability::new(name.clone(), client.clone()));
-        let client = counting(name.clone(), client, requests.clone(), reachability.clone());
+        let budget = Budget::new(client.budget().unwrap_or(budget)).map(Arc::new);
+        let client = counting(
+            name.clone(),
+            client,
+            requests.clone(),
+            reachability.clone(),
+            budget,
+        );
         let cache = ClusterCache::new(name.clone(), client.clone(), permits);
         Self::with_cache(name, client, cache, requests, reachability)
     }
@@ -104,6 +119,15 @@ impl Cluster {
     /// the host's shared watches are counted under no view. Call it inside a
     /// tokio runtime.
     pub fn of_view(name: impl Into<ClusterName>, view: &NamespaceView) -> Self {
+        Self::viewing(name, view, RequestBudget::DEFAULT)
+    }
+
+    /// [`of_view`](Self::of_view), its requests within `budget`.
+    pub(crate) fn viewing(
+        name: impl Into<ClusterName>,
+        view: &NamespaceView,
+        budget: RequestBudget,
+    ) -> Self {
         let name = name.into();
         let requests = Arc::<RequestStats>::default();
         // The host's, shared with its other namespaces: a view that leaves
@@ -114,6 +138,7 @@ impl Cluster {
             view.client().into(),
             requests.clone(),
             reachability.clone(),
+            Budget::new(budget).map(Arc::new),
         );
         let cache = ClusterCache::of_view(name.clone(), view);
         let mut cluster = Self::with_cache(name, client, cache, requests, reachability);
@@ -306,6 +331,17 @@ impl Cluster {
     }
 
     /// Whether the cluster answers, as its client's requests find it.
+    /// Its request counts, shared.
+    pub(crate) fn request_stats(&self) -> &Arc<RequestStats> {
+        &self.inner.requests
+    }
+
+    /// Whether it answers, shared (with the other namespaces of its host,
+    /// for a namespace view).
+    pub(crate) fn shared_reachability(&self) -> &Arc<Reachability> {
+        &self.inner.reachability
+    }
+
     pub(crate) fn reachability(&self) -> &Reachability {
         &self.inner.reachability
     }

@@ -8,7 +8,7 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
-use crate::client::ClusterClient;
+use crate::client::{ClusterClient, RequestBudget};
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 
@@ -75,6 +75,9 @@ struct State {
     subscribers: Vec<mpsc::UnboundedSender<FleetEvent>>,
     /// The bound on lists in flight of the clusters engaged from now on.
     lists: InitialLists,
+    /// The request budget of clusters engaged from now on without one of
+    /// their own.
+    budget: RequestBudget,
 }
 
 impl Default for State {
@@ -83,6 +86,7 @@ impl Default for State {
             clusters: HashMap::new(),
             subscribers: Vec::new(),
             lists: InitialLists::new(InitialLists::DEFAULT),
+            budget: RequestBudget::DEFAULT,
         }
     }
 }
@@ -135,6 +139,31 @@ impl Fleet {
     /// wait now.
     pub fn initial_lists(&self) -> InitialLists {
         self.state().lists.clone()
+    }
+
+    /// This fleet, whose clusters each send their requests within `budget`
+    /// (default [`RequestBudget::DEFAULT`]) unless their
+    /// [`ClusterClient`] has a budget of its own
+    /// ([`ClusterClient::with_budget`], or a provider's,
+    /// [`provider::with_request_budget`](crate::provider::with_request_budget)).
+    /// Each cluster has its own: one that spends its budget holds back no
+    /// other. It holds for every clone of the fleet, and for the clusters
+    /// engaged from now on: set it before engaging.
+    ///
+    /// ```
+    /// use kube_fleet::{Fleet, client::RequestBudget};
+    ///
+    /// let fleet = Fleet::new().with_request_budget(RequestBudget::DEFAULT.writes(100.0, 200));
+    /// assert_eq!(fleet.request_budget().write_rate(), Some((100.0, 200)));
+    /// ```
+    pub fn with_request_budget(self, budget: RequestBudget) -> Self {
+        self.state().budget = budget;
+        self
+    }
+
+    /// The request budget of the clusters engaged without one of their own.
+    pub fn request_budget(&self) -> RequestBudget {
+        self.state().budget
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -210,15 +239,19 @@ impl Fleet {
         name: impl Into<ClusterName>,
         client: impl Into<ClusterClient>,
     ) -> Cluster {
-        let lists = self.initial_lists();
-        self.insert(Cluster::listing(name, client.into(), lists))
+        let (lists, budget) = {
+            let state = self.state();
+            (state.lists.clone(), state.budget)
+        };
+        self.insert(Cluster::listing(name, client.into(), lists, budget))
     }
 
     /// Engages (or replaces) the cluster `name` that is a namespace of a
     /// host: see [`HostCache`](crate::cache::HostCache). Call it inside a
     /// tokio runtime.
     pub fn engage_view(&self, name: impl Into<ClusterName>, view: NamespaceView) -> Cluster {
-        self.insert(Cluster::of_view(name, &view))
+        let budget = self.request_budget();
+        self.insert(Cluster::viewing(name, &view, budget))
     }
 
     fn insert(&self, cluster: Cluster) -> Cluster {

@@ -152,7 +152,14 @@ impl HostCache {
         let reachability = Arc::new(Reachability::new(host.clone(), client.clone()));
         // The host's own requests (its shared watches) are counted under no
         // cluster; each namespace's count in its own engagement.
-        let client = counting(host.clone(), client, Arc::default(), reachability.clone());
+        // Its watches only: no budget to hold them back.
+        let client = counting(
+            host.clone(),
+            client,
+            Arc::default(),
+            reachability.clone(),
+            None,
+        );
         Self {
             inner: Arc::new(HostInner {
                 cache: ClusterCache::new(host, client, InitialLists::unbounded()),

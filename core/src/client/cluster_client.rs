@@ -9,6 +9,8 @@ use hyper::body::Bytes;
 use kube::{Client, client::Body};
 use tower::{BoxError, ServiceExt, util::BoxCloneSyncService};
 
+use super::budget::RequestBudget;
+
 /// A response body of any kind, as the stack below a cluster's client
 /// gives it.
 pub(crate) type AnyBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -54,6 +56,8 @@ pub(crate) type Stack = BoxCloneSyncService<Request<Body>, Response<AnyBody>, Bo
 #[derive(Clone)]
 pub struct ClusterClient {
     repr: Repr,
+    /// Its own budget, if it was given one.
+    budget: Option<RequestBudget>,
 }
 
 #[derive(Clone)]
@@ -85,11 +89,34 @@ impl ClusterClient {
                 service: BoxCloneSyncService::new(service),
                 namespace,
             },
+            budget: None,
         }
     }
 
     pub(crate) fn into_repr(self) -> Repr {
         self.repr
+    }
+
+    /// The cluster engaged with it sends its requests within `budget`,
+    /// whatever its fleet's or provider's budget is.
+    ///
+    /// ```
+    /// # async fn example(config: kube::Config) -> Result<(), kube::Error> {
+    /// use kube_fleet::client::{RequestBudget, cluster_client};
+    ///
+    /// let client = cluster_client(config)?.with_budget(RequestBudget::DEFAULT.writes(50.0, 100));
+    /// assert_eq!(client.budget().and_then(|b| b.write_rate()), Some((50.0, 100)));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_budget(mut self, budget: RequestBudget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// Its own budget, if it was given one.
+    pub fn budget(&self) -> Option<RequestBudget> {
+        self.budget
     }
 
     pub(crate) fn repr(&self) -> &Repr {
@@ -133,6 +160,7 @@ impl From<Client> for ClusterClient {
     fn from(client: Client) -> Self {
         Self {
             repr: Repr::Client(client),
+            budget: None,
         }
     }
 }
@@ -146,6 +174,7 @@ impl fmt::Debug for ClusterClient {
         f.debug_struct("ClusterClient")
             .field("kind", &kind)
             .field("default_namespace", &self.default_namespace())
+            .field("budget", &self.budget)
             .finish()
     }
 }

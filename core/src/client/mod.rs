@@ -56,6 +56,7 @@ use std::time::Duration;
 
 use kube::{Client, Config};
 
+mod budget;
 mod cluster_client;
 mod error;
 mod exec;
@@ -65,6 +66,8 @@ mod requests;
 #[cfg(feature = "rustls-tls")]
 mod route;
 
+pub(crate) use budget::Budget;
+pub use budget::RequestBudget;
 pub use cluster_client::ClusterClient;
 
 pub use error::error_chain;

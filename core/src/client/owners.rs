@@ -15,6 +15,7 @@ use http::{Method, Request};
 use kube::{Resource, ResourceExt, client::Body};
 use serde_json::Value;
 
+use super::{reachability::Reachability, requests::RequestStats};
 use crate::cluster_name::ClusterName;
 
 tokio::task_local! {
@@ -27,6 +28,8 @@ pub(crate) trait Owner: Send + Sync {
     fn uid(&self) -> Option<&str>;
     /// `namespace/name`, or `name`.
     fn describe(&self) -> String;
+    /// Its namespace; `None` if it is cluster-scoped.
+    fn namespace(&self) -> Option<&str>;
 }
 
 impl<K: Resource + Send + Sync> Owner for K {
@@ -40,6 +43,10 @@ impl<K: Resource + Send + Sync> Owner for K {
             None => self.name_any(),
         }
     }
+
+    fn namespace(&self) -> Option<&str> {
+        self.meta().namespace.as_deref()
+    }
 }
 
 /// The object a reconcile runs for, as the clients it writes through see
@@ -48,6 +55,10 @@ impl<K: Resource + Send + Sync> Owner for K {
 pub(crate) struct Reconciling {
     /// Its cluster.
     pub(crate) cluster: ClusterName,
+    /// Its cluster's request counts, which know the API server's address.
+    pub(crate) stats: Arc<RequestStats>,
+    /// Its cluster's reachability, shared by the namespaces of one host.
+    pub(crate) reachability: Arc<Reachability>,
     /// The object, shared with the cache.
     pub(crate) object: Arc<dyn Owner>,
 }
@@ -63,19 +74,22 @@ pub(crate) async fn reconciling<F: Future>(object: Option<Reconciling>, reconcil
 
 /// A write refused before it was sent: the object names as its owner, in
 /// `metadata.ownerReferences`, the object being reconciled in another
-/// cluster, where the owner does not exist.
+/// cluster, where the owner does not exist: on another API server, or, on
+/// the same one (namespaces of one host engaged as clusters), a namespaced
+/// owner in another namespace than the object.
 ///
-/// The cluster's garbage collector would delete the object soon after it
-/// was made, for want of its owner, and the next reconcile make it again,
-/// without end. A child in another cluster than its parent is marked with
+/// The cluster's garbage collector would take the owner for deleted and
+/// delete the object soon after it was made, and the next reconcile make
+/// it again, without end. A child in another cluster than its parent is marked with
 /// [`ParentRef::adopt`](crate::ownership::ParentRef::adopt) instead, and
 /// its parent reconciled when it changes or goes with
 /// [`Controller::owns_across`](crate::Controller::owns_across); see
 /// [`ownership`](crate::ownership).
 ///
-/// The cluster's client refuses it while its reconcile runs (also when a
-/// layer or [`apply`](crate::apply::apply) makes the write), but not from a
-/// task the reconcile spawned. It reaches the reconciler as
+/// An engaged cluster's client refuses it while the owner's reconcile runs
+/// (also when a layer or [`apply`](crate::apply::apply) makes the write),
+/// but not from a task the reconcile spawned, nor through a client the
+/// reconciler built itself. It reaches the reconciler as
 /// `kube::Error::Service` holding this error:
 ///
 /// ```
@@ -90,9 +104,10 @@ pub(crate) async fn reconciling<F: Future>(object: Option<Reconciling>, reconcil
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "refused to write {path} to cluster {cluster}: its ownerReferences name {owner} (uid {uid}), \
-     which is in cluster {owner_cluster}, not in {cluster}; {cluster}'s garbage collector would \
-     delete the object and the reconcile make it again, without end. Mark the child with \
+    "refused to write {path} to cluster {cluster}: its ownerReferences name {owner} (uid {uid}) \
+     of cluster {owner_cluster}, which the garbage collector where the object is written cannot \
+     find (another API server, or another namespace): it would take the owner for deleted and \
+     delete the object, and the reconcile make it again, without end. Mark the child with \
      ParentRef::adopt and watch it with Controller::owns_across instead"
 )]
 #[non_exhaustive]
@@ -110,26 +125,19 @@ pub struct OwnerReferenceAcross {
     pub uid: String,
 }
 
-/// Refuses `request` if it is a write to `cluster` during a reconcile in
-/// another cluster whose body names the reconciled object as an owner.
-/// Call it from the task that sends the request.
-#[cfg(test)]
-async fn refuse_owner_across(
-    cluster: &ClusterName,
-    request: &Request<Body>,
-) -> Result<(), OwnerReferenceAcross> {
-    match checked(cluster, request) {
-        Some(check) => check.await,
-        None => Ok(()),
-    }
+/// The cluster a write goes to, as its client knows it.
+pub(super) struct Destination<'a> {
+    pub(super) cluster: &'a ClusterName,
+    pub(super) stats: &'a Arc<RequestStats>,
+    pub(super) reachability: &'a Arc<Reachability>,
 }
 
-/// What is left to read to refuse a write to `cluster` during a reconcile
-/// in another cluster whose body names the reconciled object as an owner:
+/// What is left to read to refuse a write to `to` during a reconcile in
+/// another cluster whose body names the reconciled object as an owner:
 /// nothing unless it is such a write, else its body. Call it from the task
 /// that sends the request.
 pub(super) fn checked(
-    cluster: &ClusterName,
+    to: &Destination<'_>,
     request: &Request<Body>,
 ) -> Option<impl Future<Output = Result<(), OwnerReferenceAcross>> + Send + 'static> {
     if !matches!(
@@ -139,76 +147,135 @@ pub(super) fn checked(
         return None;
     }
     let object = RECONCILING.try_with(Reconciling::clone).ok()?;
-    if object.cluster == *cluster || object.object.uid().is_none() {
+    if object.cluster == *to.cluster || object.object.uid().is_none() {
         return None;
     }
     // A body in one piece, as kube's `Api` sends them; a streamed one is
     // not read.
     let body = request.body().try_clone()?;
-    let (cluster, path) = (cluster.clone(), request.uri().path().to_owned());
+    let cluster = to.cluster.clone();
+    let path = request.uri().path().to_owned();
+    let (stats, reachability) = (to.stats.clone(), to.reachability.clone());
     Some(async move {
         let Ok(bytes) = body.collect_bytes().await else {
             return Ok(());
         };
-        refused(&bytes, &object, cluster, path)
-    })
-}
-
-fn refused(
-    bytes: &[u8],
-    object: &Reconciling,
-    cluster: ClusterName,
-    path: String,
-) -> Result<(), OwnerReferenceAcross> {
-    let Some(uid) = object.object.uid() else {
-        return Ok(());
-    };
-    // Most writes do not carry the UID at all.
-    if !contains(bytes, uid.as_bytes()) {
-        return Ok(());
-    }
-    let Ok(body) = serde_json::from_slice::<Value>(bytes) else {
-        return Ok(());
-    };
-    if !names_owner(&body, uid) {
-        return Ok(());
-    }
-    Err(OwnerReferenceAcross {
-        cluster,
-        path,
-        owner_cluster: object.cluster.clone(),
-        owner: object.object.describe(),
-        uid: uid.to_owned(),
-    })
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
-}
-
-/// Whether `body` (an object, a merge or apply patch, or a JSON patch)
-/// puts an owner reference with `uid` into the object it writes.
-fn names_owner(body: &Value, uid: &str) -> bool {
-    let has_uid = |reference: &Value| reference.get("uid").and_then(Value::as_str) == Some(uid);
-    let in_list = |references: &Value| match references {
-        Value::Array(references) => references.iter().any(has_uid),
-        reference => has_uid(reference),
-    };
-    match body {
-        Value::Object(fields) => {
-            // A JSON patch's operation on the owner references.
-            let path = fields.get("path").and_then(Value::as_str);
-            if path.is_some_and(|path| path.contains("/ownerReferences"))
-                && fields.get("value").is_some_and(in_list)
-            {
-                return true;
-            }
-            fields.iter().any(|(name, value)| {
-                (name == "ownerReferences" && in_list(value)) || names_owner(value, uid)
-            })
+        let Some(uid) = object.object.uid() else {
+            return Ok(());
+        };
+        if !names_owner(&bytes, uid) || !unreachable_owner(&object, &stats, &reachability, &path) {
+            return Ok(());
         }
-        Value::Array(items) => items.iter().any(|item| names_owner(item, uid)),
+        Err(OwnerReferenceAcross {
+            cluster,
+            path,
+            owner_cluster: object.cluster.clone(),
+            owner: object.object.describe(),
+            uid: uid.to_owned(),
+        })
+    })
+}
+
+/// Whether the garbage collector where `path` is written cannot find the
+/// reconciled object: it is on another API server, or, on the same one
+/// (two namespaces of one host engaged as clusters, or one cluster engaged
+/// under two names), in another namespace than the child.
+fn unreachable_owner(
+    owner: &Reconciling,
+    stats: &RequestStats,
+    reachability: &Arc<Reachability>,
+    path: &str,
+) -> bool {
+    let same_server = Arc::ptr_eq(&owner.reachability, reachability)
+        || matches!(
+            (owner.stats.host(), stats.host()),
+            (Some(theirs), Some(ours)) if theirs == ours
+        );
+    if !same_server {
+        return true;
+    }
+    match owner.object.namespace() {
+        // A cluster-scoped owner is found from any namespace.
+        None => false,
+        Some(namespace) => namespace_of(path) != Some(namespace),
+    }
+}
+
+/// The namespace of the object at `path` (`/api/v1/namespaces/a/pods`,
+/// `/apis/apps/v1/namespaces/a/deployments/b`); `None` for a cluster-scoped
+/// one (a `Namespace` itself among them).
+fn namespace_of(path: &str) -> Option<&str> {
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let at = match segments.first() {
+        Some(&"api") => 2,
+        Some(&"apis") => 3,
+        _ => return None,
+    };
+    match (segments.get(at), segments.get(at + 1), segments.get(at + 2)) {
+        (Some(&"namespaces"), Some(namespace), Some(_)) => Some(namespace),
+        _ => None,
+    }
+}
+
+/// Whether `bytes` (an object, a merge or apply patch, or a JSON patch)
+/// put an owner reference with `uid` into the object's
+/// `metadata.ownerReferences`.
+fn names_owner(bytes: &[u8], uid: &str) -> bool {
+    // Most writes do not carry the UID at all.
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return false;
+    };
+    if !text.contains(uid) {
+        return false;
+    }
+    let Ok(body) = serde_json::from_str::<Value>(text) else {
+        return false;
+    };
+    puts_owner(&body, uid)
+}
+
+const OWNER_REFERENCES: &str = "/metadata/ownerReferences";
+
+fn puts_owner(body: &Value, uid: &str) -> bool {
+    match body {
+        Value::Object(_) => body
+            .pointer(OWNER_REFERENCES)
+            .is_some_and(|references| names_uid(references, uid)),
+        // A JSON patch: its operations that add or replace owner
+        // references, or the metadata that holds them.
+        Value::Array(operations) => operations.iter().any(|operation| {
+            let op = operation.get("op").and_then(Value::as_str);
+            let path = operation.get("path").and_then(Value::as_str);
+            let (Some("add" | "replace"), Some(path), Some(value)) =
+                (op, path, operation.get("value"))
+            else {
+                return false;
+            };
+            if path.starts_with(OWNER_REFERENCES) {
+                names_uid(value, uid)
+            } else if let Some(rest) = OWNER_REFERENCES.strip_prefix(path) {
+                value
+                    .pointer(rest)
+                    .is_some_and(|references| names_uid(references, uid))
+            } else {
+                false
+            }
+        }),
         _ => false,
+    }
+}
+
+/// Whether `references` (a list of owner references, or one) hold one to
+/// `uid` that is put, not taken out (a strategic merge patch's
+/// `$patch: delete`).
+fn names_uid(references: &Value, uid: &str) -> bool {
+    let names = |reference: &Value| {
+        reference.get("uid").and_then(Value::as_str) == Some(uid)
+            && reference.get("$patch").is_none()
+    };
+    match references {
+        Value::Array(references) => references.iter().any(names),
+        reference => names(reference),
     }
 }
 
@@ -216,7 +283,7 @@ fn names_owner(body: &Value, uid: &str) -> bool {
 mod tests {
     use serde_json::json;
 
-    use super::*;
+    use super::{super::cluster_client::ClusterClient, *};
 
     const UID: &str = "0b5a41c4-hub-parent";
 
@@ -224,76 +291,186 @@ mod tests {
         json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "parent", "uid": UID})
     }
 
-    #[test]
-    fn owner_references_are_found_in_objects_patches_and_lists() {
-        let object = json!({"metadata": {"name": "child", "ownerReferences": [owner()]}});
-        assert!(names_owner(&object, UID));
-        let json_patch =
-            json!([{"op": "add", "path": "/metadata/ownerReferences", "value": [owner()]}]);
-        assert!(names_owner(&json_patch, UID));
-        let one = json!([{"op": "add", "path": "/metadata/ownerReferences/-", "value": owner()}]);
-        assert!(names_owner(&one, UID));
-        let list = json!({"items": [{"metadata": {"ownerReferences": [owner()]}}]});
-        assert!(names_owner(&list, UID));
+    fn names(body: &Value) -> bool {
+        names_owner(&serde_json::to_vec(body).unwrap(), UID)
     }
 
     #[test]
-    fn the_uid_elsewhere_is_no_owner_reference() {
+    fn owner_references_put_by_objects_and_patches_are_found() {
+        assert!(names(
+            &json!({"metadata": {"name": "child", "ownerReferences": [owner()]}})
+        ));
+        assert!(names(
+            &json!([{"op": "add", "path": "/metadata/ownerReferences", "value": [owner()]}])
+        ));
+        assert!(names(
+            &json!([{"op": "add", "path": "/metadata/ownerReferences/-", "value": owner()}])
+        ));
+        assert!(names(
+            &json!([{"op": "replace", "path": "/metadata", "value": {"ownerReferences": [owner()]}}])
+        ));
+    }
+
+    #[test]
+    fn the_uid_elsewhere_or_taken_out_is_no_owner_reference() {
         // The marks `ParentRef::adopt` sets, and an Event about the parent.
-        let adopted = json!({"metadata": {
+        assert!(!names(&json!({"metadata": {
             "labels": {"kube-fleet.dev/parent-uid": UID},
             "annotations": {"kube-fleet.dev/parent": format!("{{\"uid\":\"{UID}\"}}")},
-        }});
-        assert!(!names_owner(&adopted, UID));
-        let event = json!({"involvedObject": owner(), "reason": "Copied"});
-        assert!(!names_owner(&event, UID));
-        let other = json!({"metadata": {"ownerReferences": [{"uid": "another", "name": "x"}]}});
-        assert!(!names_owner(&other, UID));
+        }})));
+        assert!(!names(
+            &json!({"involvedObject": owner(), "reason": "Copied"})
+        ));
+        // A manifest carried inside another object's spec.
+        assert!(!names(
+            &json!({"spec": {"manifests": [{"metadata": {"ownerReferences": [owner()]}}]}})
+        ));
+        // A reference taken out, or only tested.
+        let mut taken_out = owner();
+        taken_out["$patch"] = json!("delete");
+        assert!(!names(
+            &json!({"metadata": {"ownerReferences": [taken_out]}})
+        ));
+        assert!(!names(
+            &json!([{"op": "test", "path": "/metadata/ownerReferences", "value": [owner()]}])
+        ));
+        assert!(!names(
+            &json!({"metadata": {"ownerReferences": [{"uid": "another", "name": "x"}]}})
+        ));
     }
 
-    fn request(method: Method, body: &Value) -> Request<Body> {
+    #[test]
+    fn namespaces_are_read_from_the_path() {
+        assert_eq!(namespace_of("/api/v1/namespaces/a/configmaps"), Some("a"));
+        assert_eq!(
+            namespace_of("/apis/apps/v1/namespaces/b/deployments/x"),
+            Some("b")
+        );
+        assert_eq!(
+            namespace_of("/api/v1/namespaces/a"),
+            None,
+            "the Namespace itself"
+        );
+        assert_eq!(
+            namespace_of("/apis/rbac.authorization.k8s.io/v1/clusterroles"),
+            None
+        );
+    }
+
+    fn request(method: Method, path: &str, body: &Value) -> Request<Body> {
         Request::builder()
             .method(method)
-            .uri("/api/v1/namespaces/default/configmaps")
+            .uri(path)
             .body(Body::from(serde_json::to_vec(body).unwrap()))
             .unwrap()
     }
 
-    fn hub_parent() -> Reconciling {
+    fn client() -> ClusterClient {
+        let config = kube::Config::new("https://hub.example.com".parse().unwrap());
+        ClusterClient::from(kube::Client::try_from(config).unwrap())
+    }
+
+    /// A cluster's side of a write: its name, counts and reachability.
+    struct Side {
+        cluster: ClusterName,
+        stats: Arc<RequestStats>,
+        reachability: Arc<Reachability>,
+    }
+
+    impl Side {
+        fn new(name: &str) -> Self {
+            Self::sharing(name, &Arc::new(Reachability::new(name.into(), client())))
+        }
+
+        fn sharing(name: &str, reachability: &Arc<Reachability>) -> Self {
+            Self {
+                cluster: name.into(),
+                stats: Arc::default(),
+                reachability: reachability.clone(),
+            }
+        }
+
+        async fn write(
+            &self,
+            method: Method,
+            path: &str,
+            body: &Value,
+        ) -> Result<(), OwnerReferenceAcross> {
+            let to = Destination {
+                cluster: &self.cluster,
+                stats: &self.stats,
+                reachability: &self.reachability,
+            };
+            match checked(&to, &request(method, path, body)) {
+                Some(check) => check.await,
+                None => Ok(()),
+            }
+        }
+    }
+
+    fn parent_in(side: &Side, namespace: Option<&str>) -> Reconciling {
         let mut parent = k8s_openapi::api::core::v1::ConfigMap::default();
         parent.metadata.name = Some("parent".into());
-        parent.metadata.namespace = Some("default".into());
+        parent.metadata.namespace = namespace.map(str::to_owned);
         parent.metadata.uid = Some(UID.into());
         Reconciling {
-            cluster: "hub".into(),
+            cluster: side.cluster.clone(),
+            stats: side.stats.clone(),
+            reachability: side.reachability.clone(),
             object: Arc::new(parent),
         }
     }
 
+    const CONFIGMAPS: &str = "/api/v1/namespaces/default/configmaps";
+
     #[tokio::test]
     async fn only_writes_to_another_cluster_during_the_owners_reconcile_are_refused() {
         let child = json!({"metadata": {"name": "child", "ownerReferences": [owner()]}});
-        let member = ClusterName::new("member");
+        let (hub, member) = (Side::new("hub"), Side::new("member"));
         // Outside any reconcile: nothing known of the owner.
-        assert!(
-            refuse_owner_across(&member, &request(Method::POST, &child))
-                .await
-                .is_ok()
-        );
-        let refused = reconciling(Some(hub_parent()), async {
-            let same = refuse_owner_across(&"hub".into(), &request(Method::POST, &child)).await;
-            assert!(same.is_ok(), "the owner's own cluster");
-            let read = refuse_owner_across(&member, &request(Method::GET, &child)).await;
-            assert!(read.is_ok(), "a read");
-            refuse_owner_across(&member, &request(Method::PATCH, &child)).await
+        assert!(member.write(Method::POST, CONFIGMAPS, &child).await.is_ok());
+        let refused = reconciling(Some(parent_in(&hub, Some("default"))), async {
+            assert!(
+                hub.write(Method::POST, CONFIGMAPS, &child).await.is_ok(),
+                "its own cluster"
+            );
+            assert!(
+                member.write(Method::GET, CONFIGMAPS, &child).await.is_ok(),
+                "a read"
+            );
+            member.write(Method::PATCH, CONFIGMAPS, &child).await
         })
         .await
         .expect_err("refused");
-        assert_eq!(refused.cluster, member);
+        assert_eq!(refused.cluster, member.cluster);
         assert_eq!(refused.owner_cluster.as_str(), "hub");
-        assert_eq!(refused.path, "/api/v1/namespaces/default/configmaps");
+        assert_eq!(refused.path, CONFIGMAPS);
         assert_eq!(refused.owner, "default/parent");
         let text = refused.to_string();
         assert!(text.contains("owns_across") && text.contains(UID), "{text}");
+    }
+
+    #[tokio::test]
+    async fn on_the_same_server_only_a_namespaced_owner_in_another_namespace_is_refused() {
+        let child = json!({"metadata": {"name": "child", "ownerReferences": [owner()]}});
+        // Two namespaces of one host: one reachability between them.
+        let a = Side::new("team-a");
+        let b = Side::sharing("team-b", &a.reachability);
+        let cluster_scoped = reconciling(Some(parent_in(&a, None)), async {
+            b.write(Method::POST, CONFIGMAPS, &child).await
+        });
+        assert!(cluster_scoped.await.is_ok(), "found from any namespace");
+        let same_namespace = reconciling(Some(parent_in(&a, Some("default"))), async {
+            b.write(Method::POST, CONFIGMAPS, &child).await
+        });
+        assert!(
+            same_namespace.await.is_ok(),
+            "the same namespace of the same server"
+        );
+        let other = reconciling(Some(parent_in(&a, Some("team-a"))), async {
+            b.write(Method::POST, "/api/v1/namespaces/team-b/configmaps", &child)
+                .await
+        });
+        assert!(other.await.is_err(), "another namespace");
     }
 }

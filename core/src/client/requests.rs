@@ -17,9 +17,10 @@ use tokio::time::Instant;
 use tower::{BoxError, Service, ServiceExt};
 
 use super::{
+    budget::Budget,
     cluster_client::{AnyBody, ClusterClient, Repr, Stack, as_kube_error},
     error::is_unanswered,
-    owners::checked as owners_checked,
+    owners::{Destination, checked as owners_checked},
     reachability::Reachability,
 };
 use crate::cluster_name::ClusterName;
@@ -99,6 +100,31 @@ struct Tallies {
     host: Option<String>,
     counts: Vec<RequestCount>,
     latencies: Vec<RequestLatency>,
+    waits: Vec<RequestLatency>,
+}
+
+/// Adds `took` to the histogram of `method` in `histograms`.
+fn observe(histograms: &mut Vec<RequestLatency>, method: &Method, took: Duration) {
+    let seconds = took.as_secs_f64();
+    let histogram = match histograms.iter().position(|l| l.method == method) {
+        Some(at) => &mut histograms[at],
+        None => {
+            histograms.push(RequestLatency {
+                method: method.clone(),
+                buckets: [0; LATENCY_BUCKETS.len()],
+                count: 0,
+                sum: 0.0,
+            });
+            histograms.last_mut().expect("just pushed")
+        }
+    };
+    for (bucket, bound) in histogram.buckets.iter_mut().zip(LATENCY_BUCKETS) {
+        if seconds <= bound {
+            *bucket += 1;
+        }
+    }
+    histogram.count += 1;
+    histogram.sum += seconds;
 }
 
 impl RequestStats {
@@ -131,26 +157,12 @@ impl RequestStats {
                 count: 1,
             }),
         }
-        let seconds = took.as_secs_f64();
-        let latency = match tallies.latencies.iter().position(|l| l.method == method) {
-            Some(at) => &mut tallies.latencies[at],
-            None => {
-                tallies.latencies.push(RequestLatency {
-                    method: method.clone(),
-                    buckets: [0; LATENCY_BUCKETS.len()],
-                    count: 0,
-                    sum: 0.0,
-                });
-                tallies.latencies.last_mut().expect("just pushed")
-            }
-        };
-        for (bucket, bound) in latency.buckets.iter_mut().zip(LATENCY_BUCKETS) {
-            if seconds <= bound {
-                *bucket += 1;
-            }
-        }
-        latency.count += 1;
-        latency.sum += seconds;
+        observe(&mut tallies.latencies, method, took);
+    }
+
+    /// A request with `method` waited `took` for the cluster's budget.
+    fn waited(&self, method: &Method, took: Duration) {
+        observe(&mut self.tallies().waits, method, took);
     }
 
     /// The requests so far, by method and status.
@@ -161,6 +173,15 @@ impl RequestStats {
     /// How long the requests so far took, by method.
     pub fn latencies(&self) -> Vec<RequestLatency> {
         self.tallies().latencies.clone()
+    }
+
+    /// How long the requests so far waited for the cluster's
+    /// [`RequestBudget`](super::RequestBudget) before they were sent, by
+    /// method (client-go's `rest_client_rate_limiter_duration_seconds`);
+    /// empty for a cluster whose budget is
+    /// [`UNLIMITED`](super::RequestBudget::UNLIMITED).
+    pub fn budget_waits(&self) -> Vec<RequestLatency> {
+        self.tallies().waits.clone()
     }
 
     /// The API server's `host:port` as the last counted request addressed
@@ -192,6 +213,8 @@ struct Counted {
     stats: Arc<RequestStats>,
     /// Some attempt was counted inside the stack.
     inside: Arc<AtomicBool>,
+    /// The cluster's request budget, which a `429` holds back.
+    budget: Option<Arc<Budget>>,
 }
 
 /// One request or attempt on its way: counted once it ends, and counted
@@ -252,6 +275,7 @@ pub(crate) fn counting(
     client: ClusterClient,
     stats: Arc<RequestStats>,
     reachability: Arc<Reachability>,
+    budget: Option<Arc<Budget>>,
 ) -> Client {
     match client.into_repr() {
         Repr::Client(client) => {
@@ -259,6 +283,7 @@ pub(crate) fn counting(
             let valid_until = *client.valid_until();
             let outer = Outer {
                 cluster,
+                budget,
                 below: Below::Client(client),
                 stats,
                 reachability,
@@ -268,6 +293,7 @@ pub(crate) fn counting(
         Repr::Stack { service, namespace } => {
             let outer = Outer {
                 cluster,
+                budget,
                 below: Below::Stack(service),
                 stats,
                 reachability,
@@ -290,6 +316,8 @@ enum Below {
 struct Outer {
     /// The cluster's name: a write it refuses names it.
     cluster: ClusterName,
+    /// Its request budget, if it has one.
+    budget: Option<Arc<Budget>>,
     below: Below,
     stats: Arc<RequestStats>,
     reachability: Arc<Reachability>,
@@ -312,18 +340,30 @@ impl Service<Request<Body>> for Outer {
             let counted = Counted {
                 stats: self.stats.clone(),
                 inside: Arc::default(),
+                budget: self.budget.clone(),
             };
             request.extensions_mut().insert(counted.clone());
             counted
         });
+        let budget = self.budget.clone().filter(|_| outermost);
         let below = self.below.clone();
         let reachability = self.reachability.clone();
         let cluster = self.cluster.clone();
+        let stats = self.stats.clone();
         // Polled by the task that sends the request (the queue in front
         // hands it this future), where the reconcile it belongs to is known.
         Box::pin(async move {
-            if outermost && let Some(check) = owners_checked(&cluster, &request) {
+            let to = Destination {
+                cluster: &cluster,
+                stats: &stats,
+                reachability: &reachability,
+            };
+            if outermost && let Some(check) = owners_checked(&to, &request) {
                 check.await?;
+            }
+            if let (Some(budget), Some(counted)) = (&budget, &counted) {
+                let waited = budget.wait(request.method()).await;
+                counted.stats.waited(request.method(), waited);
             }
             let mut pending =
                 counted.map(|counted| Pending::new(counted, request.method().clone(), None, false));
@@ -344,6 +384,9 @@ impl Service<Request<Body>> for Outer {
             };
             if let Some(pending) = &mut pending {
                 pending.done(result.as_ref().ok().map(Response::status));
+            }
+            if let (Some(budget), Ok(response)) = (&budget, &result) {
+                budget.answered(response.status(), response.headers());
             }
             match &result {
                 Ok(response) => reachability.answered_with(response.status()),
@@ -405,6 +448,10 @@ where
             let result = response.await;
             if let Some(pending) = &mut pending {
                 pending.done(result.as_ref().ok().map(Response::status));
+                // Each attempt's 429, before the retries send it again.
+                if let (Some(budget), Ok(response)) = (&pending.counted.budget, &result) {
+                    budget.answered(response.status(), response.headers());
+                }
             }
             result
         })
@@ -428,6 +475,7 @@ mod tests {
             Client::new(service, "default").into(),
             stats.clone(),
             reachability,
+            None,
         );
         let asked = tokio::spawn(async move {
             client

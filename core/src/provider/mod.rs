@@ -13,6 +13,7 @@ pub mod kubeconfig;
 mod local;
 mod problems;
 mod programmatic;
+mod request_budget;
 mod seen;
 
 pub use crate::fleet::ClusterEvent;
@@ -20,6 +21,7 @@ pub use engagements::{BuildError, Engagements};
 pub use local::LocalProvider;
 pub use problems::Problems;
 pub use programmatic::{ProgrammaticHandle, ProgrammaticProvider};
+pub use request_budget::with_request_budget;
 pub use seen::{Change, Seen};
 
 /// Renamed [`client::error_chain`](crate::client::error_chain).
