@@ -11,6 +11,7 @@
 //! cargo bench --bench end_to_end -- 10 1000 16 --one-server # the N clusters on one API server
 //! cargo bench --bench end_to_end -- 10 1000 16 --as-user    # set up as a user sets it up
 //! cargo bench --bench end_to_end -- --kube-client # engaged with finished kube::Clients
+//! cargo bench --bench end_to_end -- --unbudgeted  # no request budget (RequestBudget::UNLIMITED)
 //! cargo bench --bench end_to_end -- 10 1000 16 --staggered  # one cluster busy at a time
 //! cargo bench --bench end_to_end -- 10 1000 16 --in-turn    # the queue's Sharing::InTurn
 //! ```
@@ -187,7 +188,11 @@ async fn main() -> Result<(), BoxError> {
         }
     });
 
-    let fleet = Fleet::new();
+    let fleet = if std::env::args().any(|a| a == "--unbudgeted") {
+        Fleet::new().with_request_budget(kube_fleet::client::RequestBudget::UNLIMITED)
+    } else {
+        Fleet::new()
+    };
     let (provider, handle) = ProgrammaticProvider::new();
     tokio::spawn({
         let fleet = fleet.clone();

@@ -297,4 +297,40 @@ mod tests {
         let client = crate::client::cluster_client(config).unwrap();
         assert!(matches!(client.repr(), Repr::Stack { .. }), "{client:?}");
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_429_with_retry_after_holds_back_its_cluster_and_no_other() {
+        let (east, mut east_requests) = engaged();
+        let (west, mut west_requests) = engaged();
+        let send = |cluster: &Cluster, path: &'static str| {
+            let client = cluster.client();
+            tokio::spawn(async move { client.send(get(path)).await.map(|r| r.status()) })
+        };
+        let asked = send(&east, "/first");
+        let (_, reply) = east_requests.next_request().await.expect("a request");
+        let throttled = Response::builder()
+            .status(StatusCode::TOO_MANY_REQUESTS)
+            .header(http::header::RETRY_AFTER, "3")
+            .body(Body::empty())
+            .unwrap();
+        reply.send_response(throttled);
+        assert_eq!(asked.await.unwrap().unwrap(), StatusCode::TOO_MANY_REQUESTS);
+
+        let started = tokio::time::Instant::now();
+        let (east_asked, west_asked) = (send(&east, "/second"), send(&west, "/other"));
+        let (_, reply) = west_requests.next_request().await.expect("west's request");
+        assert_eq!(started.elapsed(), Duration::ZERO, "west is not held back");
+        reply.send_response(answer(StatusCode::OK));
+        let (_, reply) = east_requests.next_request().await.expect("east's request");
+        assert!(
+            started.elapsed() >= Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+        reply.send_response(answer(StatusCode::OK));
+        assert_eq!(east_asked.await.unwrap().unwrap(), StatusCode::OK);
+        assert_eq!(west_asked.await.unwrap().unwrap(), StatusCode::OK);
+        let waits = east.requests().budget_waits();
+        assert!(waits.iter().any(|w| w.sum >= 3.0), "{waits:?}");
+    }
 }

@@ -214,6 +214,7 @@ struct Counted {
     /// Some attempt was counted inside the stack.
     inside: Arc<AtomicBool>,
     /// The cluster's request budget, which a `429` holds back.
+    #[cfg_attr(not(feature = "rustls-tls"), allow(dead_code))]
     budget: Option<Arc<Budget>>,
 }
 

@@ -1,6 +1,6 @@
 use kube_fleet::{
     Fleet,
-    client::{LATENCY_BUCKETS, RequestStats},
+    client::{LATENCY_BUCKETS, RequestLatency, RequestStats},
 };
 use prometheus_client::{
     collector::Collector,
@@ -18,7 +18,12 @@ use prometheus_client::{
 ///   throttled request shows as `code="429"`;
 /// - `rest_client_request_duration_seconds{cluster, verb, host}`: how long
 ///   each took until its response's head, by HTTP method, in client-go's
-///   buckets ([`LATENCY_BUCKETS`]).
+///   buckets ([`LATENCY_BUCKETS`]);
+/// - `rest_client_rate_limiter_duration_seconds{cluster, verb, host}`: how
+///   long each waited for its cluster's
+///   [`RequestBudget`](kube_fleet::client::RequestBudget) before it was
+///   sent ([`RequestStats::budget_waits`]), in the same buckets; none for a
+///   cluster without a budget.
 ///
 /// `kube-fleet-manager`'s `Manager` registers it already: register it
 /// yourself only in a registry of your own, and once (a second collector
@@ -79,33 +84,51 @@ impl Collector for ClientMetrics {
             }
         }
 
-        let mut family = encoder.encode_descriptor(
-            "rest_client_request_duration_seconds",
-            "How long API requests took until their response's head, by cluster, verb and host",
-            None,
-            MetricType::Histogram,
-        )?;
-        for (cluster, stats) in &stats {
-            let host = stats.host().unwrap_or_default();
-            for latency in stats.latencies() {
-                let labels = [
-                    ("cluster", *cluster),
-                    ("verb", latency.method.as_str()),
-                    ("host", host.as_str()),
-                ];
-                // The encoder adds the buckets up itself.
-                let mut buckets = Vec::with_capacity(LATENCY_BUCKETS.len() + 1);
-                let mut below = 0;
-                for (bound, cumulative) in LATENCY_BUCKETS.iter().zip(latency.buckets) {
-                    buckets.push((*bound, cumulative - below));
-                    below = cumulative;
+        let histograms: [(&str, &str, Read); 2] = [
+            (
+                "rest_client_request_duration_seconds",
+                "How long API requests took until their response's head, by cluster, verb and host",
+                RequestStats::latencies,
+            ),
+            (
+                "rest_client_rate_limiter_duration_seconds",
+                "How long API requests waited for their cluster's request budget, by cluster, verb and host",
+                RequestStats::budget_waits,
+            ),
+        ];
+        for (name, help, read) in histograms {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Histogram)?;
+            for (cluster, stats) in &stats {
+                let host = stats.host().unwrap_or_default();
+                for latency in read(stats) {
+                    let labels = [
+                        ("cluster", *cluster),
+                        ("verb", latency.method.as_str()),
+                        ("host", host.as_str()),
+                    ];
+                    encode_histogram(family.encode_family(&labels)?, &latency)?;
                 }
-                buckets.push((f64::INFINITY, latency.count - below));
-                family
-                    .encode_family(&labels)?
-                    .encode_histogram::<NoLabelSet>(latency.sum, latency.count, &buckets, None)?;
             }
         }
         Ok(())
     }
+}
+
+/// Reads one histogram of a cluster's requests, by method.
+type Read = fn(&RequestStats) -> Vec<RequestLatency>;
+
+/// `histogram` in client-go's buckets ([`LATENCY_BUCKETS`]).
+fn encode_histogram(
+    mut encoder: prometheus_client::encoding::MetricEncoder<'_>,
+    histogram: &RequestLatency,
+) -> Result<(), std::fmt::Error> {
+    // The encoder adds the buckets up itself.
+    let mut buckets = Vec::with_capacity(LATENCY_BUCKETS.len() + 1);
+    let mut below = 0;
+    for (bound, cumulative) in LATENCY_BUCKETS.iter().zip(histogram.buckets) {
+        buckets.push((*bound, cumulative - below));
+        below = cumulative;
+    }
+    buckets.push((f64::INFINITY, histogram.count - below));
+    encoder.encode_histogram::<NoLabelSet>(histogram.sum, histogram.count, &buckets, None)
 }
