@@ -331,11 +331,6 @@ impl Cluster {
     }
 
     /// Whether the cluster answers, as its client's requests find it.
-    /// Its request counts, shared.
-    pub(crate) fn request_stats(&self) -> &Arc<RequestStats> {
-        &self.inner.requests
-    }
-
     /// Whether it answers, shared (with the other namespaces of its host,
     /// for a namespace view).
     pub(crate) fn shared_reachability(&self) -> &Arc<Reachability> {

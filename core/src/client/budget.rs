@@ -13,21 +13,33 @@ use tokio::time::Instant;
 /// `Burst` are.
 ///
 /// A request over budget waits for it in the cluster's client before it is
-/// sent; the wait is counted per cluster
+/// sent (a request given up meanwhile gives its token back); the wait is
+/// counted per cluster
 /// ([`RequestStats::budget_waits`](super::RequestStats::budget_waits),
 /// reported as client-go's `rest_client_rate_limiter_duration_seconds`).
 /// A `429 Too Many Requests` with a `Retry-After` holds back every request
-/// of that cluster (and no other's) until the time it names, at most a
-/// minute. A runaway reconciler, or a burst of engages, so cannot flood
+/// of its kind (reads or writes) to that cluster, and none to another,
+/// until the time it names (at most a minute), then lets them through at
+/// the budget's rate, not in a burst. A runaway reconciler so cannot flood
 /// one cluster's API server, while other clusters go on as before.
 ///
+/// The budget is spent once per request: the retries of this crate's
+/// client (of a `429`, `503` or `504`) are not charged again, and each
+/// attempt's `429` holds the budget back. A finished `kube::Client` retries
+/// a `429` by itself, so for a cluster engaged with one the hold comes only
+/// when its retries give up. A cluster engaged again starts with a full
+/// budget.
+///
 /// The default ([`RequestBudget::DEFAULT`]) never slowed a healthy
-/// controller in this crate's benchmarks: 1,000 requests a second of each
-/// kind after 4,000 at once, where the fastest run here wrote about 1,800
+/// controller in this crate's benchmarks: reads not limited, 1,000 writes a
+/// second after 4,000 at once, where the fastest run here wrote about 1,800
 /// objects a second for under three seconds to one API server. Set another
 /// for a whole fleet ([`Fleet::with_request_budget`](crate::Fleet::with_request_budget)),
 /// for a provider's clusters ([`with_request_budget`](crate::provider::with_request_budget)),
 /// or for one cluster ([`ClusterClient::with_budget`](super::ClusterClient::with_budget)).
+/// The namespaces of one host engaged as clusters
+/// ([`Fleet::engage_view`](crate::Fleet::engage_view)) each have the
+/// fleet's, of their own.
 ///
 /// ```
 /// use kube_fleet::client::RequestBudget;
@@ -35,7 +47,7 @@ use tokio::time::Instant;
 /// // Writes held to 20 a second after 40 at once; reads as by default.
 /// let budget = RequestBudget::DEFAULT.writes(20.0, 40);
 /// assert_eq!(budget.write_rate(), Some((20.0, 40)));
-/// assert_eq!(RequestBudget::UNLIMITED.read_rate(), None);
+/// assert_eq!(budget.read_rate(), None);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RequestBudget {
@@ -50,12 +62,10 @@ struct Rate {
 }
 
 impl RequestBudget {
-    /// 1,000 reads and 1,000 writes a second, 4,000 of each at once.
+    /// Reads not limited (see [`reads`](Self::reads)); 1,000 writes a
+    /// second, 4,000 at once.
     pub const DEFAULT: Self = Self {
-        reads: Some(Rate {
-            per_second: 1_000.0,
-            burst: 4_000,
-        }),
+        reads: None,
         writes: Some(Rate {
             per_second: 1_000.0,
             burst: 4_000,
@@ -70,6 +80,13 @@ impl RequestBudget {
     };
 
     /// Reads limited to `per_second`, `burst` at once after a quiet while.
+    ///
+    /// Reads include the lists and watches that keep the cluster's cache:
+    /// a read budget too low for them delays its sync, and a list waiting
+    /// for the budget holds one of the fleet's initial-list permits
+    /// ([`Fleet::with_initial_lists`](crate::Fleet::with_initial_lists))
+    /// meanwhile. Reads are not limited by default, since reconcilers read
+    /// from caches.
     ///
     /// # Panics
     ///
@@ -133,43 +150,98 @@ impl Rate {
 /// The longest a `Retry-After` holds a cluster's requests back.
 const MAX_PAUSE: Duration = Duration::from_secs(60);
 
+/// The longest one request waits for its token, however low the rate.
+const MAX_DUE: Duration = Duration::from_secs(3600);
+
 /// One cluster's budget as its client spends it.
 #[derive(Debug)]
 pub(crate) struct Budget {
     reads: Option<Bucket>,
     writes: Option<Bucket>,
-    /// Until when a `429`'s `Retry-After` holds every request back.
-    paused_until: Mutex<Option<Instant>>,
 }
 
 #[derive(Debug)]
 struct Bucket {
     rate: Rate,
-    /// Tokens left (below zero: owed by requests waiting), as of when.
-    state: Mutex<(f64, Instant)>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Tokens left (below zero: owed by requests waiting), as of `since`.
+    tokens: f64,
+    since: Instant,
+    /// Until when a `429`'s `Retry-After` holds every request back.
+    paused_until: Option<Instant>,
 }
 
 impl Bucket {
     fn new(rate: Rate) -> Self {
         Self {
             rate,
-            state: Mutex::new((f64::from(rate.burst), Instant::now())),
+            state: Mutex::new(State {
+                tokens: f64::from(rate.burst),
+                since: Instant::now(),
+                paused_until: None,
+            }),
         }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Until when requests are held back, if they are now.
+    fn paused(&self, now: Instant) -> Option<Instant> {
+        self.state().paused_until.filter(|until| *until > now)
     }
 
     /// Takes a token now, and says how long to wait before it is due.
     fn reserve(&self, now: Instant) -> Duration {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let (tokens, since) = *state;
-        let refilled = (tokens
-            + now.saturating_duration_since(since).as_secs_f64() * self.rate.per_second)
+        let mut state = self.state();
+        let refilled = (state.tokens
+            + now.saturating_duration_since(state.since).as_secs_f64() * self.rate.per_second)
             .min(f64::from(self.rate.burst));
-        let left = refilled - 1.0;
-        *state = (left, now.max(since));
-        if left >= 0.0 {
+        state.tokens = refilled - 1.0;
+        state.since = now.max(state.since);
+        if state.tokens >= 0.0 {
             Duration::ZERO
         } else {
-            Duration::from_secs_f64(-left / self.rate.per_second)
+            Duration::try_from_secs_f64(-state.tokens / self.rate.per_second)
+                .unwrap_or(MAX_DUE)
+                .min(MAX_DUE)
+        }
+    }
+
+    /// Gives back a token taken by a request that was given up before it
+    /// was due.
+    fn refund(&self) {
+        let mut state = self.state();
+        state.tokens = (state.tokens + 1.0).min(f64::from(self.rate.burst));
+    }
+
+    /// Holds every request back until `until`, and lets one through at
+    /// once after, no burst: the bucket refills from `until` on.
+    fn pause(&self, until: Instant) {
+        let mut state = self.state();
+        if state.paused_until.is_none_or(|paused| paused < until) {
+            state.paused_until = Some(until);
+        }
+        state.tokens = state.tokens.min(1.0);
+        state.since = state.since.max(until);
+    }
+}
+
+/// A token taken and not yet due: given back if the request is given up.
+struct Reserved<'a> {
+    bucket: &'a Bucket,
+    due: bool,
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        if !self.due {
+            self.bucket.refund();
         }
     }
 }
@@ -183,39 +255,47 @@ impl Budget {
         Some(Self {
             reads: budget.reads.map(Bucket::new),
             writes: budget.writes.map(Bucket::new),
-            paused_until: Mutex::new(None),
         })
+    }
+
+    fn bucket(&self, method: &Method) -> Option<&Bucket> {
+        match *method {
+            Method::GET | Method::HEAD | Method::OPTIONS => self.reads.as_ref(),
+            _ => self.writes.as_ref(),
+        }
     }
 
     /// Waits until a request with `method` may be sent; how long it waited.
     pub(crate) async fn wait(&self, method: &Method) -> Duration {
         let started = Instant::now();
-        loop {
-            let paused = *self.paused_until.lock().unwrap_or_else(|e| e.into_inner());
-            match paused {
-                Some(until) if until > Instant::now() => tokio::time::sleep_until(until).await,
-                _ => break,
-            }
-        }
-        let bucket = match *method {
-            Method::GET | Method::HEAD | Method::OPTIONS => &self.reads,
-            _ => &self.writes,
+        let Some(bucket) = self.bucket(method) else {
+            return Duration::ZERO;
         };
-        if let Some(bucket) = bucket {
-            let due = bucket.reserve(Instant::now());
-            if !due.is_zero() {
-                tokio::time::sleep(due).await;
-            }
+        while let Some(until) = bucket.paused(Instant::now()) {
+            tokio::time::sleep_until(until).await;
+        }
+        let due = bucket.reserve(Instant::now());
+        let mut reserved = Reserved { bucket, due: false };
+        if !due.is_zero() {
+            tokio::time::sleep(due).await;
+        }
+        reserved.due = true;
+        // A 429 that came meanwhile holds this one back too.
+        while let Some(until) = bucket.paused(Instant::now()) {
+            tokio::time::sleep_until(until).await;
         }
         started.elapsed()
     }
 
-    /// A response came: a `429` with a `Retry-After` holds every request
-    /// back until then.
-    pub(crate) fn answered(&self, status: StatusCode, headers: &HeaderMap) {
+    /// A response to a request with `method` came: a `429` with a
+    /// `Retry-After` holds back every request of its kind until then.
+    pub(crate) fn answered(&self, method: &Method, status: StatusCode, headers: &HeaderMap) {
         if status != StatusCode::TOO_MANY_REQUESTS {
             return;
         }
+        let Some(bucket) = self.bucket(method) else {
+            return;
+        };
         let Some(seconds) = headers
             .get(http::header::RETRY_AFTER)
             .and_then(|value| value.to_str().ok())
@@ -223,11 +303,7 @@ impl Budget {
         else {
             return;
         };
-        let until = Instant::now() + Duration::from_secs(seconds).min(MAX_PAUSE);
-        let mut paused = self.paused_until.lock().unwrap_or_else(|e| e.into_inner());
-        if paused.is_none_or(|paused| paused < until) {
-            *paused = Some(until);
-        }
+        bucket.pause(Instant::now() + Duration::from_secs(seconds).min(MAX_PAUSE));
     }
 }
 
@@ -280,17 +356,76 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_429_with_retry_after_holds_everything_back_until_then() {
-        let budget = Budget::new(RequestBudget::DEFAULT).unwrap();
-        budget.answered(StatusCode::TOO_MANY_REQUESTS, &retry_after("2"));
+    async fn a_429_with_retry_after_holds_its_kind_back_until_then_and_lets_no_burst_through() {
+        let budget = Budget::new(RequestBudget::UNLIMITED.reads(10.0, 5).writes(10.0, 5)).unwrap();
+        budget.answered(
+            &Method::GET,
+            StatusCode::TOO_MANY_REQUESTS,
+            &retry_after("2"),
+        );
+        // Writes go on.
+        assert_eq!(budget.wait(&Method::PATCH).await, Duration::ZERO);
         assert_eq!(budget.wait(&Method::GET).await, Duration::from_secs(2));
-        assert_eq!(budget.wait(&Method::GET).await, Duration::ZERO);
+        // After the pause, at the rate: no burst saved up meanwhile.
+        assert_eq!(budget.wait(&Method::GET).await, Duration::from_millis(100));
         // No Retry-After, another status, or one beyond a minute.
-        budget.answered(StatusCode::TOO_MANY_REQUESTS, &HeaderMap::new());
-        budget.answered(StatusCode::SERVICE_UNAVAILABLE, &retry_after("5"));
+        budget.answered(
+            &Method::PUT,
+            StatusCode::TOO_MANY_REQUESTS,
+            &HeaderMap::new(),
+        );
+        budget.answered(
+            &Method::PUT,
+            StatusCode::SERVICE_UNAVAILABLE,
+            &retry_after("5"),
+        );
         assert_eq!(budget.wait(&Method::PUT).await, Duration::ZERO);
-        budget.answered(StatusCode::TOO_MANY_REQUESTS, &retry_after("3600"));
-        assert_eq!(budget.wait(&Method::DELETE).await, MAX_PAUSE);
+        budget.answered(
+            &Method::DELETE,
+            StatusCode::TOO_MANY_REQUESTS,
+            &retry_after("3600"),
+        );
+        assert!(budget.wait(&Method::DELETE).await >= MAX_PAUSE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_due_later_waits_out_a_pause_that_came_meanwhile() {
+        let budget =
+            std::sync::Arc::new(Budget::new(RequestBudget::UNLIMITED.writes(1.0, 1)).unwrap());
+        assert_eq!(budget.wait(&Method::POST).await, Duration::ZERO);
+        // Due in a second; a 429 half-way holds it back three seconds.
+        let waiting = tokio::spawn({
+            let budget = budget.clone();
+            async move { budget.wait(&Method::POST).await }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        budget.answered(
+            &Method::POST,
+            StatusCode::TOO_MANY_REQUESTS,
+            &retry_after("3"),
+        );
+        assert_eq!(waiting.await.unwrap(), Duration::from_millis(3500));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_given_up_while_it_waits_gives_its_token_back() {
+        let budget = Budget::new(RequestBudget::UNLIMITED.writes(1.0, 1)).unwrap();
+        assert_eq!(budget.wait(&Method::POST).await, Duration::ZERO);
+        // Ten requests given up before they were due owe nothing.
+        for _ in 0..10 {
+            let given_up =
+                tokio::time::timeout(Duration::from_millis(10), budget.wait(&Method::POST));
+            assert!(given_up.await.is_err());
+        }
+        assert!(budget.wait(&Method::POST).await <= Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_rate_too_low_to_wait_for_waits_an_hour_at_most() {
+        let bucket = Bucket::new(Rate::new(1e-300, 1));
+        let now = Instant::now();
+        assert_eq!(bucket.reserve(now), Duration::ZERO);
+        assert_eq!(bucket.reserve(now), MAX_DUE);
     }
 
     #[test]

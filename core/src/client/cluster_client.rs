@@ -192,9 +192,13 @@ mod tests {
     type Requests = Handle<Request<Body>, Response<Body>>;
 
     fn engaged() -> (Cluster, Requests) {
+        engaged_within(RequestBudget::DEFAULT)
+    }
+
+    fn engaged_within(budget: RequestBudget) -> (Cluster, Requests) {
         let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let cluster = Cluster::new("east", ClusterClient::stack(service, "default".into()));
-        (cluster, handle)
+        let client = ClusterClient::stack(service, "default".into()).with_budget(budget);
+        (Cluster::new("east", client), handle)
     }
 
     fn get(path: &str) -> Request<Body> {
@@ -300,8 +304,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_429_with_retry_after_holds_back_its_cluster_and_no_other() {
-        let (east, mut east_requests) = engaged();
-        let (west, mut west_requests) = engaged();
+        let reads = RequestBudget::DEFAULT.reads(1_000.0, 1_000);
+        let (east, mut east_requests) = engaged_within(reads);
+        let (west, mut west_requests) = engaged_within(reads);
         let send = |cluster: &Cluster, path: &'static str| {
             let client = cluster.client();
             tokio::spawn(async move { client.send(get(path)).await.map(|r| r.status()) })

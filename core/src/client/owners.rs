@@ -15,7 +15,7 @@ use http::{Method, Request};
 use kube::{Resource, ResourceExt, client::Body};
 use serde_json::Value;
 
-use super::{reachability::Reachability, requests::RequestStats};
+use super::reachability::Reachability;
 use crate::cluster_name::ClusterName;
 
 tokio::task_local! {
@@ -55,8 +55,6 @@ impl<K: Resource + Send + Sync> Owner for K {
 pub(crate) struct Reconciling {
     /// Its cluster.
     pub(crate) cluster: ClusterName,
-    /// Its cluster's request counts, which know the API server's address.
-    pub(crate) stats: Arc<RequestStats>,
     /// Its cluster's reachability, shared by the namespaces of one host.
     pub(crate) reachability: Arc<Reachability>,
     /// The object, shared with the cache.
@@ -128,7 +126,6 @@ pub struct OwnerReferenceAcross {
 /// The cluster a write goes to, as its client knows it.
 pub(super) struct Destination<'a> {
     pub(super) cluster: &'a ClusterName,
-    pub(super) stats: &'a Arc<RequestStats>,
     pub(super) reachability: &'a Arc<Reachability>,
 }
 
@@ -155,7 +152,7 @@ pub(super) fn checked(
     let body = request.body().try_clone()?;
     let cluster = to.cluster.clone();
     let path = request.uri().path().to_owned();
-    let (stats, reachability) = (to.stats.clone(), to.reachability.clone());
+    let reachability = to.reachability.clone();
     Some(async move {
         let Ok(bytes) = body.collect_bytes().await else {
             return Ok(());
@@ -163,7 +160,7 @@ pub(super) fn checked(
         let Some(uid) = object.object.uid() else {
             return Ok(());
         };
-        if !names_owner(&bytes, uid) || !unreachable_owner(&object, &stats, &reachability, &path) {
+        if !names_owner(&bytes, uid) || !unreachable_owner(&object, &reachability, &path) {
             return Ok(());
         }
         Err(OwnerReferenceAcross {
@@ -177,21 +174,14 @@ pub(super) fn checked(
 }
 
 /// Whether the garbage collector where `path` is written cannot find the
-/// reconciled object: it is on another API server, or, on the same one
-/// (two namespaces of one host engaged as clusters, or one cluster engaged
-/// under two names), in another namespace than the child.
-fn unreachable_owner(
-    owner: &Reconciling,
-    stats: &RequestStats,
-    reachability: &Arc<Reachability>,
-    path: &str,
-) -> bool {
-    let same_server = Arc::ptr_eq(&owner.reachability, reachability)
-        || matches!(
-            (owner.stats.host(), stats.host()),
-            (Some(theirs), Some(ours)) if theirs == ours
-        );
-    if !same_server {
+/// reconciled object: it is in another cluster, or, in the same one (two
+/// namespaces of one host engaged as clusters), in another namespace than
+/// the child.
+fn unreachable_owner(owner: &Reconciling, reachability: &Arc<Reachability>, path: &str) -> bool {
+    // Namespaces of one host share its reachability. Clusters of their own
+    // are taken for different servers, even one engaged under two names:
+    // an address does not tell (one proxy can front many clusters).
+    if !Arc::ptr_eq(&owner.reachability, reachability) {
         return true;
     }
     match owner.object.namespace() {
@@ -370,10 +360,9 @@ mod tests {
         ClusterClient::from(kube::Client::try_from(config).unwrap())
     }
 
-    /// A cluster's side of a write: its name, counts and reachability.
+    /// A cluster's side of a write: its name and reachability.
     struct Side {
         cluster: ClusterName,
-        stats: Arc<RequestStats>,
         reachability: Arc<Reachability>,
     }
 
@@ -385,7 +374,6 @@ mod tests {
         fn sharing(name: &str, reachability: &Arc<Reachability>) -> Self {
             Self {
                 cluster: name.into(),
-                stats: Arc::default(),
                 reachability: reachability.clone(),
             }
         }
@@ -398,7 +386,6 @@ mod tests {
         ) -> Result<(), OwnerReferenceAcross> {
             let to = Destination {
                 cluster: &self.cluster,
-                stats: &self.stats,
                 reachability: &self.reachability,
             };
             match checked(&to, &request(method, path, body)) {
@@ -415,7 +402,6 @@ mod tests {
         parent.metadata.uid = Some(UID.into());
         Reconciling {
             cluster: side.cluster.clone(),
-            stats: side.stats.clone(),
             reachability: side.reachability.clone(),
             object: Arc::new(parent),
         }

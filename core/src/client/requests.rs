@@ -350,13 +350,11 @@ impl Service<Request<Body>> for Outer {
         let below = self.below.clone();
         let reachability = self.reachability.clone();
         let cluster = self.cluster.clone();
-        let stats = self.stats.clone();
         // Polled by the task that sends the request (the queue in front
         // hands it this future), where the reconcile it belongs to is known.
         Box::pin(async move {
             let to = Destination {
                 cluster: &cluster,
-                stats: &stats,
                 reachability: &reachability,
             };
             if outermost && let Some(check) = owners_checked(&to, &request) {
@@ -366,8 +364,9 @@ impl Service<Request<Body>> for Outer {
                 let waited = budget.wait(request.method()).await;
                 counted.stats.waited(request.method(), waited);
             }
+            let method = request.method().clone();
             let mut pending =
-                counted.map(|counted| Pending::new(counted, request.method().clone(), None, false));
+                counted.map(|counted| Pending::new(counted, method.clone(), None, false));
             let result = match below {
                 Below::Client(client) => client
                     .send(request)
@@ -387,7 +386,7 @@ impl Service<Request<Body>> for Outer {
                 pending.done(result.as_ref().ok().map(Response::status));
             }
             if let (Some(budget), Ok(response)) = (&budget, &result) {
-                budget.answered(response.status(), response.headers());
+                budget.answered(&method, response.status(), response.headers());
             }
             match &result {
                 Ok(response) => reachability.answered_with(response.status()),
@@ -451,7 +450,7 @@ where
                 pending.done(result.as_ref().ok().map(Response::status));
                 // Each attempt's 429, before the retries send it again.
                 if let (Some(budget), Ok(response)) = (&pending.counted.budget, &result) {
-                    budget.answered(response.status(), response.headers());
+                    budget.answered(&pending.method, response.status(), response.headers());
                 }
             }
             result

@@ -99,7 +99,6 @@ impl<K: Watchable> Runner<K> {
         // child of in other clusters (see `OwnerReferenceAcross`).
         let owner = request.object.as_ref().map(|object| Reconciling {
             cluster: key.cluster.clone(),
-            stats: cluster.request_stats().clone(),
             reachability: cluster.shared_reachability().clone(),
             object: object.clone(),
         });
