@@ -20,6 +20,7 @@ use crate::{
     cache::{ClusterCache, InitialLists, NamespaceView, Watchable},
     client::{Budget, ClusterClient, Reachability, RequestBudget, RequestStats, counting},
     cluster_name::ClusterName,
+    health::ClusterHealth,
     identity,
     identity::{ClusterIdentity, IdentityError},
 };
@@ -335,6 +336,31 @@ impl Cluster {
     /// for a namespace view).
     pub(crate) fn shared_reachability(&self) -> &Arc<Reachability> {
         &self.inner.reachability
+    }
+
+    /// Whether it answers and its watches run: see [`ClusterHealth`].
+    ///
+    /// ```no_run
+    /// # fn example(cluster: kube_fleet::Cluster) {
+    /// if !cluster.health().is_healthy() {
+    ///     eprintln!("{}: {}", cluster.name(), cluster.health());
+    /// }
+    /// # }
+    /// ```
+    pub fn health(&self) -> ClusterHealth {
+        if let Some((down_for, cause)) = self.inner.reachability.down() {
+            return ClusterHealth::Unreachable { down_for, cause };
+        }
+        let failing = self.inner.cache.failing();
+        if failing.is_empty() {
+            return ClusterHealth::Healthy;
+        }
+        let cause = failing
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ");
+        ClusterHealth::Degraded { cause }
     }
 
     pub(crate) fn reachability(&self) -> &Reachability {

@@ -161,6 +161,23 @@ impl Fleet {
         self
     }
 
+    /// The health of every engaged cluster, by name: see
+    /// [`ClusterHealth`](crate::health::ClusterHealth).
+    ///
+    /// ```
+    /// let fleet = kube_fleet::Fleet::new();
+    /// assert!(fleet.health().is_empty());
+    /// ```
+    pub fn health(&self) -> Vec<(ClusterName, crate::health::ClusterHealth)> {
+        let mut health: Vec<_> = self
+            .clusters()
+            .into_iter()
+            .map(|cluster| (cluster.name().clone(), cluster.health()))
+            .collect();
+        health.sort_by(|(a, _), (b, _)| a.cmp(b));
+        health
+    }
+
     /// The request budget of the clusters engaged without one of their own.
     pub fn request_budget(&self) -> RequestBudget {
         self.state().budget

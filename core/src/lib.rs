@@ -19,6 +19,7 @@ mod error;
 pub mod finalizer;
 mod fleet;
 pub mod fleetwide;
+pub mod health;
 pub mod identity;
 mod object_request;
 pub mod ownership;

@@ -8,7 +8,7 @@ use std::{
     },
 };
 
-use kube_fleet::controller::ControllerStatus;
+use kube_fleet::{Fleet, controller::ControllerStatus};
 use tokio::sync::watch;
 
 use crate::election::Role;
@@ -24,6 +24,8 @@ pub(crate) struct Watched {
 /// The state behind the readiness answer.
 #[derive(Debug)]
 pub(crate) struct Readiness {
+    /// Whose clusters' health is told.
+    pub(crate) fleet: Fleet,
     pub(crate) controllers: Vec<Watched>,
     /// The Lease and this replica's role in its election, if any.
     pub(crate) election: Option<(String, watch::Receiver<Role>)>,
@@ -86,6 +88,13 @@ impl Readiness {
                 "controller {name}: serving {serving} of {} clusters",
                 clusters.len() + not_started.len()
             );
+        }
+        // Told, never unready for: one broken member must not take the
+        // operator out of its Service.
+        for (cluster, health) in self.fleet.health() {
+            if !health.is_healthy() {
+                let _ = writeln!(lines, "cluster {:?}: {health}", cluster.as_str());
+            }
         }
         let head = if ready { "ready" } else { "not ready" };
         (ready, format!("{head}\n{lines}"))

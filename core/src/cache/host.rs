@@ -420,9 +420,10 @@ async fn feed<K, S>(
             Ok(event) => event,
             Err(error) => {
                 let reason = super::discovery::failure_reason(&error, &kind, &api_version);
-                failures.failed(&host, &kind, &reason, is_unanswered(&error));
+                let unanswered = is_unanswered(&error);
+                failures.failed(&host, &kind, &reason, unanswered);
                 let mut parts = lock(&parts);
-                if parts.health.fail(&reason) {
+                if parts.health.fail(&reason, unanswered) {
                     parts.tell_health();
                 }
                 continue;

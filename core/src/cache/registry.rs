@@ -16,6 +16,8 @@ use kube::{
 };
 
 use super::permits::InitialLists;
+use super::state::{WatchState, WatchStatus};
+use super::watch::WatchProbe;
 use super::{
     HostCache, NamespaceView, Shape, SharedWatch, TypeInfo, Watchable, initial_list, is_namespaced,
     scope,
@@ -58,6 +60,8 @@ pub struct ClusterCache {
     /// For a namespace of a host engaged as a cluster: the host, whose
     /// watches it reads its part of, and the namespace.
     pub(super) view: Option<(HostCache, String)>,
+    /// Each watch started here, for its health.
+    pub(super) probes: Mutex<Vec<Weak<dyn WatchProbe>>>,
 }
 
 impl fmt::Debug for ClusterCache {
@@ -79,6 +83,7 @@ impl ClusterCache {
             lists: Arc::default(),
             permits,
             view: None,
+            probes: Mutex::default(),
         }
     }
 
@@ -332,7 +337,25 @@ impl ClusterCache {
         let watch = Arc::new(start());
         let weak: Weak<dyn Any + Send + Sync> = Arc::downgrade(&watch) as _;
         watches.insert(key, weak);
+        let mut probes = self.probes.lock().unwrap_or_else(|e| e.into_inner());
+        probes.retain(|probe| probe.strong_count() > 0);
+        probes.push(Arc::downgrade(&watch) as Weak<dyn WatchProbe>);
         watch
+    }
+
+    /// The watches started here that are failing now for a cause other
+    /// than the cluster giving no answer (which the cluster's reachability
+    /// tells, and which ends when it answers, whether or not a quiet watch
+    /// has heard anything since).
+    pub(crate) fn failing(&self) -> Vec<WatchStatus> {
+        let probes = self.probes.lock().unwrap_or_else(|e| e.into_inner());
+        probes
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|probe| !probe.fails_unanswered())
+            .map(|probe| probe.status())
+            .filter(|status| matches!(status.state, WatchState::Failing { .. }))
+            .collect()
     }
 }
 

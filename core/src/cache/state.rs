@@ -48,6 +48,10 @@ impl fmt::Display for WatchState {
 pub(crate) struct Health {
     pub(crate) state: WatchState,
     pub(crate) has_synced: bool,
+    /// It fails because the cluster gave no answer: the cluster's own
+    /// reachability tells when that ends, before the watch next hears
+    /// something (a quiet watch that resumed may hear nothing for long).
+    pub(crate) unanswered: bool,
 }
 
 impl Health {
@@ -56,16 +60,19 @@ impl Health {
         Self {
             state: WatchState::Syncing,
             has_synced: false,
+            unanswered: false,
         }
     }
 
-    /// The watch failed for `reason`. Returns whether that changed its state.
-    pub(crate) fn fail(&mut self, reason: &str) -> bool {
+    /// The watch failed for `reason`, for want of an answer if
+    /// `unanswered`. Returns whether that changed its state.
+    pub(crate) fn fail(&mut self, reason: &str, unanswered: bool) -> bool {
         let failing = WatchState::Failing {
             reason: reason.to_owned(),
         };
         let changed = self.state != failing;
         self.state = failing;
+        self.unanswered = unanswered;
         changed
     }
 
@@ -80,6 +87,7 @@ impl Health {
         };
         let changed = self.state != state || listed;
         self.state = state;
+        self.unanswered = false;
         changed
     }
 }

@@ -277,6 +277,8 @@ pub(crate) trait WatchProbe: Send + Sync {
     fn has_synced(&self) -> bool;
     /// Whether it waits for a permit to list.
     fn is_queued(&self) -> bool;
+    /// Whether it fails because the cluster gave no answer.
+    fn fails_unanswered(&self) -> bool;
     /// Completes once the first list has completed.
     fn synced(&self) -> BoxFuture<'static, ()>;
 }
@@ -300,6 +302,10 @@ where
 
     fn is_queued(&self) -> bool {
         self.queued.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn fails_unanswered(&self) -> bool {
+        self.hub.health.borrow().unanswered
     }
 
     fn synced(&self) -> BoxFuture<'static, ()> {
@@ -335,8 +341,10 @@ async fn run<K, S>(
             Ok(event) => event,
             Err(error) => {
                 let reason = super::discovery::failure_reason(&error, &kind, &api_version);
-                failures.failed(&cluster, &kind, &reason, is_unanswered(&error));
-                hub.health.send_if_modified(|health| health.fail(&reason));
+                let unanswered = is_unanswered(&error);
+                failures.failed(&cluster, &kind, &reason, unanswered);
+                hub.health
+                    .send_if_modified(|health| health.fail(&reason, unanswered));
                 continue;
             }
         };

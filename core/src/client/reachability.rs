@@ -56,6 +56,8 @@ pub(crate) struct Reachability {
     /// A probe runs (at most one at a time).
     probing: AtomicBool,
     since: Mutex<Option<Instant>>,
+    /// Why it does not answer, while it does not.
+    cause: Mutex<Option<String>>,
     /// How many times the cluster answered again after it did not.
     recoveries: watch::Sender<u64>,
     /// The engagement has ended: no more probes.
@@ -86,6 +88,7 @@ impl Reachability {
             down: AtomicBool::new(false),
             probing: AtomicBool::new(false),
             since: Mutex::new(None),
+            cause: Mutex::new(None),
             recoveries: watch::Sender::new(0),
             closed: AtomicBool::new(false),
             runtime: Handle::try_current().ok(),
@@ -96,6 +99,22 @@ impl Reachability {
     /// been asked yet).
     pub(crate) fn is_answering(&self) -> bool {
         !self.down.load(Ordering::SeqCst)
+    }
+
+    /// For how long, and why, the cluster has not answered; `None` while
+    /// it answers.
+    pub(crate) fn down(&self) -> Option<(Duration, String)> {
+        if self.is_answering() {
+            return None;
+        }
+        let since = (*self.since.lock().unwrap_or_else(|e| e.into_inner()))?;
+        let cause = self
+            .cause
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or_default();
+        Some((since.elapsed(), cause))
     }
 
     /// Changes each time the cluster answers again after it did not.
@@ -137,6 +156,7 @@ impl Reachability {
             return;
         }
         let since = self.since.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.cause.lock().unwrap_or_else(|e| e.into_inner()).take();
         if self.is_closed() {
             return;
         }
@@ -155,7 +175,9 @@ impl Reachability {
             return false;
         }
         *self.since.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
-        tracing::warn!(cluster = %self.cluster, cause = %cause(), "the cluster does not answer; its requests fail until it is back");
+        let cause = cause();
+        tracing::warn!(cluster = %self.cluster, cause = %cause, "the cluster does not answer; its requests fail until it is back");
+        *self.cause.lock().unwrap_or_else(|e| e.into_inner()) = Some(cause);
         true
     }
 

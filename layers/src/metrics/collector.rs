@@ -8,8 +8,12 @@ use prometheus_client::{
     registry::Registry,
 };
 
-/// Reports `kube_fleet_engaged_clusters`, the number of clusters the fleet
-/// has engaged, at each scrape.
+/// Reports, at each scrape, `kube_fleet_engaged_clusters`, the number of
+/// clusters the fleet has engaged, and `kube_fleet_cluster_health{cluster,
+/// state}`: one series per engaged cluster, of value 1, whose `state` is its
+/// [`ClusterHealth::state`](kube_fleet::health::ClusterHealth::state)
+/// (`healthy`, `degraded` or `unreachable`); a cluster's series goes when it
+/// leaves.
 #[derive(Debug)]
 pub struct FleetCollector {
     fleet: Fleet,
@@ -24,14 +28,26 @@ impl FleetCollector {
 
 impl Collector for FleetCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let engaged = ConstGauge::new(self.fleet.clusters().len() as i64);
+        let health = self.fleet.health();
+        let engaged = ConstGauge::new(health.len() as i64);
         let metric = encoder.encode_descriptor(
             "kube_fleet_engaged_clusters",
             "Clusters engaged in the fleet",
             None,
             engaged.metric_type(),
         )?;
-        engaged.encode(metric)
+        engaged.encode(metric)?;
+        let mut family = encoder.encode_descriptor(
+            "kube_fleet_cluster_health",
+            "Each engaged cluster's health: 1 under its state (healthy, degraded, unreachable)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (cluster, health) in &health {
+            let labels = [("cluster", cluster.as_str()), ("state", health.state())];
+            ConstGauge::new(1).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 }
 

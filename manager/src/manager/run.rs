@@ -125,7 +125,7 @@ impl Manager {
         };
 
         let endpoints = Arc::new(Endpoints {
-            readiness: readiness(&controllers, lease.clone(), &role, strict),
+            readiness: readiness(&fleet, &controllers, lease.clone(), &role, strict),
             registry,
         });
         let listener = bind(address).await?;
@@ -289,12 +289,14 @@ async fn coordinate(
 
 /// What `/readyz` reports on: each controller, and the election.
 fn readiness(
+    fleet: &Fleet,
     controllers: &[Added],
     lease: Option<String>,
     role: &watch::Receiver<Role>,
     strict: bool,
 ) -> Readiness {
     Readiness {
+        fleet: fleet.clone(),
         controllers: controllers
             .iter()
             .map(|added| Watched {

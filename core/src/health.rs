@@ -1,0 +1,82 @@
+//! Whether an engaged cluster is well, from what the fleet already sees of
+//! it: whether its API server answers its client, and whether its cache's
+//! watches run.
+
+use std::{fmt, time::Duration};
+
+/// The health of one engaged cluster
+/// ([`Cluster::health`](crate::Cluster::health); every cluster's with
+/// [`Fleet::health`](crate::Fleet::health)).
+///
+/// It is read from what the cluster's client and cache see, never from a
+/// request of its own while the cluster answers: a cluster whose requests
+/// get no answer (its connection refused, reset or timed out, HTTP/2
+/// `PING`s unanswered, a gateway's `502`-`504` with its readiness check
+/// failing too) is [`Unreachable`](Self::Unreachable), and is asked whether
+/// it is ready (`GET /readyz`) until it answers again; one that answers but
+/// where a watch fails (a type it does not serve, a right missing) is
+/// [`Degraded`](Self::Degraded).
+///
+/// ```no_run
+/// # fn example(fleet: kube_fleet::Fleet) {
+/// use kube_fleet::health::ClusterHealth;
+///
+/// for (cluster, health) in fleet.health() {
+///     match health {
+///         ClusterHealth::Healthy => {}
+///         ClusterHealth::Degraded { cause } => eprintln!("{cluster}: degraded: {cause}"),
+///         ClusterHealth::Unreachable { down_for, cause } => {
+///             eprintln!("{cluster}: no answer for {down_for:?}: {cause}")
+///         }
+///         _ => {}
+///     }
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClusterHealth {
+    /// It answers, and its cache's watches run.
+    Healthy,
+    /// It answers, but something fails there.
+    Degraded {
+        /// What fails: each failing watch, with its error.
+        cause: String,
+    },
+    /// Its API server gives no answer.
+    Unreachable {
+        /// For how long.
+        down_for: Duration,
+        /// What the request that found it found.
+        cause: String,
+    },
+}
+
+impl ClusterHealth {
+    /// `healthy`, `degraded` or `unreachable`: the `state` label of
+    /// `kube_fleet_cluster_health`.
+    pub fn state(&self) -> &'static str {
+        match self {
+            Self::Healthy => "healthy",
+            Self::Degraded { .. } => "degraded",
+            Self::Unreachable { .. } => "unreachable",
+        }
+    }
+
+    /// Whether it is [`Healthy`](Self::Healthy).
+    pub fn is_healthy(&self) -> bool {
+        matches!(self, Self::Healthy)
+    }
+}
+
+impl fmt::Display for ClusterHealth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Healthy => f.write_str("healthy"),
+            Self::Degraded { cause } => write!(f, "degraded: {cause}"),
+            Self::Unreachable { down_for, cause } => {
+                write!(f, "unreachable for {}s: {cause}", down_for.as_secs())
+            }
+        }
+    }
+}
