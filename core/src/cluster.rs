@@ -348,10 +348,17 @@ impl Cluster {
     /// # }
     /// ```
     pub fn health(&self) -> ClusterHealth {
-        if let Some((down_for, cause)) = self.inner.reachability.down() {
+        let reachability = &self.inner.reachability;
+        if let Some((down_for, cause)) = reachability.down() {
             return ClusterHealth::Unreachable { down_for, cause };
         }
-        let failing = self.inner.cache.failing();
+        let recovered_at = reachability.recovered_at();
+        let cache = &self.inner.cache;
+        let mut failing = cache.failing(recovered_at);
+        if cache.view_namespace().is_some() {
+            // Its cluster-scoped kinds are watched by its host.
+            failing.extend(cache.whole().failing(recovered_at));
+        }
         if failing.is_empty() {
             return ClusterHealth::Healthy;
         }

@@ -8,14 +8,15 @@ use std::{fmt, time::Duration};
 /// ([`Cluster::health`](crate::Cluster::health); every cluster's with
 /// [`Fleet::health`](crate::Fleet::health)).
 ///
-/// It is read from what the cluster's client and cache see, never from a
-/// request of its own while the cluster answers: a cluster whose requests
-/// get no answer (its connection refused, reset or timed out, HTTP/2
-/// `PING`s unanswered, a gateway's `502`-`504` with its readiness check
-/// failing too) is [`Unreachable`](Self::Unreachable), and is asked whether
-/// it is ready (`GET /readyz`) until it answers again; one that answers but
-/// where a watch fails (a type it does not serve, a right missing) is
-/// [`Degraded`](Self::Degraded).
+/// It is read from what the cluster's client and cache see: a cluster whose
+/// requests get no answer (its connection refused, reset or timed out, a
+/// gateway's `502`-`504` with its readiness check failing too) is
+/// [`Unreachable`](Self::Unreachable), and is asked whether it is ready
+/// (`GET /readyz`) until it answers again; one that answers but where a
+/// watch fails (a type it does not serve, a right missing) is
+/// [`Degraded`](Self::Degraded). A watch that has not failed again for two
+/// minutes, or that failed for want of an answer before the cluster
+/// answered again, counts as resumed.
 ///
 /// ```no_run
 /// # fn example(fleet: kube_fleet::Fleet) {

@@ -13,6 +13,10 @@ use tokio::sync::watch;
 
 use crate::election::Role;
 
+/// How many clusters that are not healthy `/readyz` names; the rest it
+/// counts.
+const UNWELL_TOLD: usize = 20;
+
 /// A controller as the endpoints see it.
 #[derive(Debug)]
 pub(crate) struct Watched {
@@ -90,11 +94,22 @@ impl Readiness {
             );
         }
         // Told, never unready for: one broken member must not take the
-        // operator out of its Service.
-        for (cluster, health) in self.fleet.health() {
-            if !health.is_healthy() {
-                let _ = writeln!(lines, "cluster {:?}: {health}", cluster.as_str());
-            }
+        // operator out of its Service. A few by name, the rest counted.
+        let unwell: Vec<_> = self
+            .fleet
+            .health()
+            .into_iter()
+            .filter(|(_, health)| !health.is_healthy())
+            .collect();
+        for (cluster, health) in unwell.iter().take(UNWELL_TOLD) {
+            let _ = writeln!(lines, "cluster {:?}: {health}", cluster.as_str());
+        }
+        if unwell.len() > UNWELL_TOLD {
+            let _ = writeln!(
+                lines,
+                "and {} more clusters not healthy (kube_fleet_cluster_health)",
+                unwell.len() - UNWELL_TOLD
+            );
         }
         let head = if ready { "ready" } else { "not ready" };
         (ready, format!("{head}\n{lines}"))

@@ -14,10 +14,16 @@ use kube::{
     core::PartialObjectMeta,
     runtime::{reflector::Store, watcher},
 };
+use tokio::time::Instant;
 
 use super::permits::InitialLists;
-use super::state::{WatchState, WatchStatus};
+use super::state::WatchStatus;
 use super::watch::WatchProbe;
+
+/// How long after its last failure a failing watch counts as resumed
+/// though it has heard nothing: its retries come at most about half a
+/// minute apart, each after a request that takes at most its timeout.
+pub(crate) const RESUMED_AFTER: std::time::Duration = std::time::Duration::from_secs(120);
 use super::{
     HostCache, NamespaceView, Shape, SharedWatch, TypeInfo, Watchable, initial_list, is_namespaced,
     scope,
@@ -343,20 +349,38 @@ impl ClusterCache {
         watch
     }
 
-    /// The watches started here that are failing now for a cause other
-    /// than the cluster giving no answer (which the cluster's reachability
-    /// tells, and which ends when it answers, whether or not a quiet watch
-    /// has heard anything since).
-    pub(crate) fn failing(&self) -> Vec<WatchStatus> {
+    /// The watches started here that fail now, for health: not those that
+    /// failed for want of an answer before the cluster last answered again
+    /// (`recovered_at`), nor those that have not failed again for
+    /// [`RESUMED_AFTER`] (their retries come far more often), which have
+    /// resumed whether or not a quiet watch has heard anything since.
+    pub(crate) fn failing(&self, recovered_at: Option<Instant>) -> Vec<WatchStatus> {
+        let now = Instant::now();
         let probes = self.probes.lock().unwrap_or_else(|e| e.into_inner());
         probes
             .iter()
             .filter_map(Weak::upgrade)
-            .filter(|probe| !probe.fails_unanswered())
-            .map(|probe| probe.status())
-            .filter(|status| matches!(status.state, WatchState::Failing { .. }))
+            .filter_map(|probe| probe.failure())
+            .filter(|failure| still_failing(failure.at, failure.unanswered, recovered_at, now))
+            .map(|failure| failure.status)
             .collect()
     }
+}
+
+/// Whether a watch that last failed `at` (for want of an answer if
+/// `unanswered`) still counts as failing `now`, its cluster having last
+/// answered again after an outage at `recovered_at`.
+fn still_failing(
+    at: Option<Instant>,
+    unanswered: bool,
+    recovered_at: Option<Instant>,
+    now: Instant,
+) -> bool {
+    let Some(at) = at else {
+        return true;
+    };
+    let outage_over = unanswered && recovered_at.is_some_and(|recovered| at <= recovered);
+    !outage_over && now.saturating_duration_since(at) < RESUMED_AFTER
 }
 
 pub(super) fn watch_key<T: Resource<DynamicType: TypeInfo> + 'static>(
@@ -383,5 +407,34 @@ pub(super) fn watch_key<T: Resource<DynamicType: TypeInfo> + 'static>(
                 ..config.clone()
             }
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn a_failure_counts_until_its_outage_ends_or_it_has_not_failed_again_for_a_while() {
+        let at = Instant::now();
+        let soon = at + Duration::from_secs(5);
+        // A watch refused by the cluster (forbidden, say) fails again and again.
+        assert!(still_failing(Some(at), false, None, soon));
+        assert!(
+            still_failing(Some(at), false, Some(soon), soon),
+            "no outage of its own"
+        );
+        // For want of an answer: over once the cluster answered again.
+        assert!(still_failing(Some(at), true, None, soon));
+        assert!(!still_failing(Some(at), true, Some(soon), soon));
+        assert!(
+            still_failing(Some(soon), true, Some(at), soon),
+            "failed again after the cluster answered"
+        );
+        // Not failed again for two minutes: resumed, though it heard nothing.
+        assert!(!still_failing(Some(at), false, None, at + RESUMED_AFTER));
+        assert!(still_failing(None, false, None, soon));
     }
 }

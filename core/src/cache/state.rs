@@ -52,6 +52,8 @@ pub(crate) struct Health {
     /// reachability tells when that ends, before the watch next hears
     /// something (a quiet watch that resumed may hear nothing for long).
     pub(crate) unanswered: bool,
+    /// When it last failed, while it is failing.
+    pub(crate) failed_at: Option<tokio::time::Instant>,
 }
 
 impl Health {
@@ -61,6 +63,7 @@ impl Health {
             state: WatchState::Syncing,
             has_synced: false,
             unanswered: false,
+            failed_at: None,
         }
     }
 
@@ -73,6 +76,7 @@ impl Health {
         let changed = self.state != failing;
         self.state = failing;
         self.unanswered = unanswered;
+        self.failed_at = Some(tokio::time::Instant::now());
         changed
     }
 
@@ -88,6 +92,7 @@ impl Health {
         let changed = self.state != state || listed;
         self.state = state;
         self.unanswered = false;
+        self.failed_at = None;
         changed
     }
 }

@@ -271,14 +271,23 @@ impl<K: Resource<DynamicType: TypeInfo>> SharedWatch<K> {
     }
 }
 
+/// How a watch fails.
+pub(crate) struct Failure {
+    pub(crate) status: WatchStatus,
+    /// For want of an answer from the cluster.
+    pub(crate) unanswered: bool,
+    /// When it last failed.
+    pub(crate) at: Option<tokio::time::Instant>,
+}
+
 /// A watch's health, whatever its type: what a controller reports and waits on.
 pub(crate) trait WatchProbe: Send + Sync {
     fn status(&self) -> WatchStatus;
     fn has_synced(&self) -> bool;
     /// Whether it waits for a permit to list.
     fn is_queued(&self) -> bool;
-    /// Whether it fails because the cluster gave no answer.
-    fn fails_unanswered(&self) -> bool;
+    /// How it fails, if it does.
+    fn failure(&self) -> Option<Failure>;
     /// Completes once the first list has completed.
     fn synced(&self) -> BoxFuture<'static, ()>;
 }
@@ -304,8 +313,21 @@ where
         self.queued.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    fn fails_unanswered(&self) -> bool {
-        self.hub.health.borrow().unanswered
+    fn failure(&self) -> Option<Failure> {
+        let health = self.hub.health.borrow();
+        let WatchState::Failing { .. } = &health.state else {
+            return None;
+        };
+        Some(Failure {
+            status: WatchStatus {
+                kind: K::kind(&self.dyntype).into_owned(),
+                api_version: K::api_version(&self.dyntype).into_owned(),
+                metadata_only: K::metadata_api(),
+                state: health.state.clone(),
+            },
+            unanswered: health.unanswered,
+            at: health.failed_at,
+        })
     }
 
     fn synced(&self) -> BoxFuture<'static, ()> {

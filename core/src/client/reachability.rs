@@ -48,6 +48,15 @@ pub(crate) const PROBE_SLOW_INTERVAL: Duration = Duration::from_secs(5);
 /// How long one probe may wait for its answer (a hung server gives none).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// A cluster's outages, as its reachability knows them.
+#[derive(Debug, Default)]
+struct Outage {
+    /// Since when and why it does not answer, while it does not.
+    current: Option<(Instant, String)>,
+    /// When it last answered again after it did not.
+    recovered_at: Option<Instant>,
+}
+
 /// Whether one engaged cluster answers, as its client's requests find it.
 pub(crate) struct Reachability {
     cluster: ClusterName,
@@ -55,9 +64,10 @@ pub(crate) struct Reachability {
     down: AtomicBool,
     /// A probe runs (at most one at a time).
     probing: AtomicBool,
-    since: Mutex<Option<Instant>>,
-    /// Why it does not answer, while it does not.
-    cause: Mutex<Option<String>>,
+    /// The outage: since when and why the cluster does not answer, and
+    /// when it last answered again after one. `down` flips under this
+    /// lock, so the two always agree.
+    outage: Mutex<Outage>,
     /// How many times the cluster answered again after it did not.
     recoveries: watch::Sender<u64>,
     /// The engagement has ended: no more probes.
@@ -87,8 +97,7 @@ impl Reachability {
             cluster,
             down: AtomicBool::new(false),
             probing: AtomicBool::new(false),
-            since: Mutex::new(None),
-            cause: Mutex::new(None),
+            outage: Mutex::default(),
             recoveries: watch::Sender::new(0),
             closed: AtomicBool::new(false),
             runtime: Handle::try_current().ok(),
@@ -101,20 +110,24 @@ impl Reachability {
         !self.down.load(Ordering::SeqCst)
     }
 
+    fn outage(&self) -> std::sync::MutexGuard<'_, Outage> {
+        self.outage.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// For how long, and why, the cluster has not answered; `None` while
     /// it answers.
     pub(crate) fn down(&self) -> Option<(Duration, String)> {
         if self.is_answering() {
             return None;
         }
-        let since = (*self.since.lock().unwrap_or_else(|e| e.into_inner()))?;
-        let cause = self
-            .cause
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-            .unwrap_or_default();
-        Some((since.elapsed(), cause))
+        let outage = self.outage();
+        let (since, cause) = outage.current.as_ref()?;
+        Some((since.elapsed(), cause.clone()))
+    }
+
+    /// When the cluster last answered again after it did not.
+    pub(crate) fn recovered_at(&self) -> Option<Instant> {
+        self.outage().recovered_at
     }
 
     /// Changes each time the cluster answers again after it did not.
@@ -152,11 +165,17 @@ impl Reachability {
     }
 
     fn answered(&self) {
-        if !self.down.load(Ordering::SeqCst) || !self.down.swap(false, Ordering::SeqCst) {
+        if !self.down.load(Ordering::SeqCst) {
             return;
         }
-        let since = self.since.lock().unwrap_or_else(|e| e.into_inner()).take();
-        self.cause.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let since = {
+            let mut outage = self.outage();
+            if !self.down.swap(false, Ordering::SeqCst) {
+                return;
+            }
+            outage.recovered_at = Some(Instant::now());
+            outage.current.take().map(|(since, _)| since)
+        };
         if self.is_closed() {
             return;
         }
@@ -170,14 +189,19 @@ impl Reachability {
         if self.is_closed() {
             return false;
         }
-        if self.down.swap(true, Ordering::SeqCst) {
+        if self.down.load(Ordering::SeqCst) {
             tracing::debug!(cluster = %self.cluster, "the cluster still does not answer");
             return false;
         }
-        *self.since.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
         let cause = cause();
+        {
+            let mut outage = self.outage();
+            if self.down.swap(true, Ordering::SeqCst) {
+                return false;
+            }
+            outage.current = Some((Instant::now(), cause.clone()));
+        }
         tracing::warn!(cluster = %self.cluster, cause = %cause, "the cluster does not answer; its requests fail until it is back");
-        *self.cause.lock().unwrap_or_else(|e| e.into_inner()) = Some(cause);
         true
     }
 
@@ -200,7 +224,7 @@ impl Reachability {
 
     /// How long the probe waits before it asks again.
     fn interval(&self) -> Duration {
-        let since = *self.since.lock().unwrap_or_else(|e| e.into_inner());
+        let since = self.outage().current.as_ref().map(|(since, _)| *since);
         match since {
             Some(since) if since.elapsed() >= PROBE_FAST_FOR => PROBE_SLOW_INTERVAL,
             _ => PROBE_INTERVAL,
