@@ -47,7 +47,20 @@ pub(super) struct WatchKey {
     config: String,
 }
 
-pub(super) type Watches = HashMap<WatchKey, Weak<dyn Any + Send + Sync>>;
+pub(super) type Watches = HashMap<WatchKey, Held>;
+
+/// A watch as the cache holds it, without keeping it alive: by its type,
+/// to hand it out again, and by its health.
+pub(super) struct Held {
+    watch: Weak<dyn Any + Send + Sync>,
+    probe: Weak<dyn WatchProbe>,
+}
+
+impl Held {
+    fn is_live(&self) -> bool {
+        self.watch.strong_count() > 0
+    }
+}
 
 /// The watches and stores of one engaged cluster, shared by every controller.
 ///
@@ -66,8 +79,6 @@ pub struct ClusterCache {
     /// For a namespace of a host engaged as a cluster: the host, whose
     /// watches it reads its part of, and the namespace.
     pub(super) view: Option<(HostCache, String)>,
-    /// Each watch started here, for its health.
-    pub(super) probes: Mutex<Vec<Weak<dyn WatchProbe>>>,
 }
 
 impl fmt::Debug for ClusterCache {
@@ -89,7 +100,6 @@ impl ClusterCache {
             lists: Arc::default(),
             permits,
             view: None,
-            probes: Mutex::default(),
         }
     }
 
@@ -298,7 +308,7 @@ impl ClusterCache {
             _ => scope::<K>(namespace),
         };
         let key = watch_key::<K>(&Shape::default(), dyntype, namespace, config);
-        let watch = self.watches().get(&key)?.upgrade()?;
+        let watch = self.watches().get(&key)?.watch.upgrade()?;
         watch.downcast::<SharedWatch<K>>().ok()
     }
 
@@ -314,7 +324,7 @@ impl ClusterCache {
     pub fn watch_count(&self) -> usize {
         self.watches()
             .values()
-            .filter(|w| w.strong_count() > 0)
+            .filter(|held| held.is_live())
             .count()
     }
 
@@ -333,19 +343,19 @@ impl ClusterCache {
         // `PartialObjectMeta<K>`, a type of its own, so the keys never clash.
         let key = watch_key::<T>(shape, dyntype, namespace, config);
         let mut watches = self.watches();
-        if let Some(existing) = watches.get(&key).and_then(Weak::upgrade)
+        if let Some(existing) = watches.get(&key).and_then(|held| held.watch.upgrade())
             && let Ok(existing) = existing.downcast::<SharedWatch<T>>()
         {
             return existing;
         }
         // Forget watches that nobody holds any more.
-        watches.retain(|_, w| w.strong_count() > 0);
+        watches.retain(|_, held| held.is_live());
         let watch = Arc::new(start());
-        let weak: Weak<dyn Any + Send + Sync> = Arc::downgrade(&watch) as _;
-        watches.insert(key, weak);
-        let mut probes = self.probes.lock().unwrap_or_else(|e| e.into_inner());
-        probes.retain(|probe| probe.strong_count() > 0);
-        probes.push(Arc::downgrade(&watch) as Weak<dyn WatchProbe>);
+        let held = Held {
+            watch: Arc::downgrade(&watch) as Weak<dyn Any + Send + Sync>,
+            probe: Arc::downgrade(&watch) as Weak<dyn WatchProbe>,
+        };
+        watches.insert(key, held);
         watch
     }
 
@@ -356,10 +366,14 @@ impl ClusterCache {
     /// resumed whether or not a quiet watch has heard anything since.
     pub(crate) fn failing(&self, recovered_at: Option<Instant>) -> Vec<WatchStatus> {
         let now = Instant::now();
-        let probes = self.probes.lock().unwrap_or_else(|e| e.into_inner());
+        // Read out of the lock: a watch let go meanwhile ends here.
+        let probes: Vec<_> = self
+            .watches()
+            .values()
+            .filter_map(|held| held.probe.upgrade())
+            .collect();
         probes
             .iter()
-            .filter_map(Weak::upgrade)
             .filter_map(|probe| probe.failure())
             .filter(|failure| still_failing(failure.at, failure.unanswered, recovered_at, now))
             .map(|failure| failure.status)

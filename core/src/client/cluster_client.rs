@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use futures::future::BoxFuture;
+
 use http::{Request, Response};
 use http_body_util::{BodyExt, combinators::UnsyncBoxBody};
 use hyper::body::Bytes;
@@ -142,9 +144,32 @@ impl ClusterClient {
     }
 }
 
+impl Repr {
+    /// Sends `request`, and tells its errors as a [`Client`] does, whether
+    /// through a finished client or this crate's stack.
+    pub(crate) fn send(
+        &self,
+        request: Request<Body>,
+    ) -> BoxFuture<'static, Result<Response<AnyBody>, kube::Error>> {
+        match self {
+            Self::Client(client) => {
+                let client = client.clone();
+                Box::pin(async move {
+                    let response = client.send(request).await?;
+                    Ok(response.map(|body| body.map_err(BoxError::from).boxed_unsync()))
+                })
+            }
+            Self::Stack { service, .. } => {
+                let sent = service.clone().oneshot(request);
+                Box::pin(async move { sent.await.map_err(as_kube_error) })
+            }
+        }
+    }
+}
+
 /// `error` of the stack as a [`Client`] reports it: the error a layer
 /// raised, hyper's own, or the service's.
-pub(crate) fn as_kube_error(error: BoxError) -> kube::Error {
+fn as_kube_error(error: BoxError) -> kube::Error {
     error
         .downcast::<kube::Error>()
         .map(|error| *error)

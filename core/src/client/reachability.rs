@@ -27,10 +27,9 @@ use std::{
 use http::{Request, StatusCode};
 use kube::client::Body;
 use tokio::{runtime::Handle, sync::watch, time::Instant};
-use tower::ServiceExt;
 
 use super::{
-    cluster_client::{ClusterClient, Repr, as_kube_error},
+    cluster_client::ClusterClient,
     error::{error_chain, is_gateway_failure},
 };
 use crate::cluster_name::ClusterName;
@@ -310,26 +309,14 @@ async fn asking(reachability: &Weak<Reachability>, client: &ClusterClient, mut n
     }
 }
 
-/// The status of the answer to `request`, or why there was none.
-async fn send(client: &ClusterClient, request: Request<Body>) -> Result<StatusCode, kube::Error> {
-    match client.repr() {
-        Repr::Client(client) => client.send(request).await.map(|response| response.status()),
-        Repr::Stack { service, .. } => service
-            .clone()
-            .oneshot(request)
-            .await
-            .map(|response| response.status())
-            .map_err(as_kube_error),
-    }
-}
-
 async fn ask(client: &ClusterClient) -> Probed {
     let request = Request::get("/readyz")
         .body(Body::empty())
         .expect("a static request is valid");
-    match tokio::time::timeout(PROBE_TIMEOUT, send(client, request)).await {
-        Ok(Ok(status)) if status.is_server_error() => {
-            Probed::NoAnswer(format!("its readiness check answers {status}"))
+    let sent = client.repr().send(request);
+    match tokio::time::timeout(PROBE_TIMEOUT, sent).await {
+        Ok(Ok(response)) if response.status().is_server_error() => {
+            Probed::NoAnswer(format!("its readiness check answers {}", response.status()))
         }
         Ok(Ok(_)) => Probed::Answered,
         Ok(Err(error)) if super::error::credentials_unavailable(&error) => Probed::Unknown,

@@ -11,14 +11,13 @@ use std::{
 
 use futures::future::BoxFuture;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::BodyExt;
 use kube::{Client, client::Body};
 use tokio::time::Instant;
-use tower::{BoxError, Service, ServiceExt};
+use tower::{BoxError, Service};
 
 use super::{
     budget::Budget,
-    cluster_client::{AnyBody, ClusterClient, Repr, Stack, as_kube_error},
+    cluster_client::{AnyBody, ClusterClient, Repr},
     error::is_unanswered,
     owners::{Destination, checked as owners_checked},
     reachability::Reachability,
@@ -278,37 +277,19 @@ pub(crate) fn counting(
     reachability: Arc<Reachability>,
     budget: Option<Arc<Budget>>,
 ) -> Client {
-    match client.into_repr() {
-        Repr::Client(client) => {
-            let namespace = client.default_namespace().to_owned();
-            let valid_until = *client.valid_until();
-            let outer = Outer {
-                cluster,
-                budget,
-                below: Below::Client(client),
-                stats,
-                reachability,
-            };
-            Client::new(outer, namespace).with_valid_until(valid_until)
-        }
-        Repr::Stack { service, namespace } => {
-            let outer = Outer {
-                cluster,
-                budget,
-                below: Below::Stack(service),
-                stats,
-                reachability,
-            };
-            Client::new(outer, namespace)
-        }
-    }
-}
-
-/// What the cluster's side sends its requests through.
-#[derive(Clone)]
-enum Below {
-    Client(Client),
-    Stack(Stack),
+    let below = client.into_repr();
+    let (namespace, valid_until) = match &below {
+        Repr::Client(client) => (client.default_namespace().to_owned(), *client.valid_until()),
+        Repr::Stack { namespace, .. } => (namespace.clone(), None),
+    };
+    let outer = Outer {
+        cluster,
+        budget,
+        below,
+        stats,
+        reachability,
+    };
+    Client::new(outer, namespace).with_valid_until(valid_until)
 }
 
 /// The cluster's side: marks each request for counting, and counts it
@@ -319,7 +300,8 @@ struct Outer {
     cluster: ClusterName,
     /// Its request budget, if it has one.
     budget: Option<Arc<Budget>>,
-    below: Below,
+    /// What it sends its requests through.
+    below: Repr,
     stats: Arc<RequestStats>,
     reachability: Arc<Reachability>,
 }
@@ -367,21 +349,7 @@ impl Service<Request<Body>> for Outer {
             let method = request.method().clone();
             let mut pending =
                 counted.map(|counted| Pending::new(counted, method.clone(), None, false));
-            let result = match below {
-                Below::Client(client) => client
-                    .send(request)
-                    .await
-                    .map(|response| {
-                        response.map(|body| body.map_err(BoxError::from).boxed_unsync())
-                    })
-                    .map_err(BoxError::from),
-                // As the `Client` the stack would otherwise be under
-                // tells its errors.
-                Below::Stack(stack) => stack
-                    .oneshot(request)
-                    .await
-                    .map_err(|error| BoxError::from(as_kube_error(error))),
-            };
+            let result = below.send(request).await.map_err(BoxError::from);
             if let Some(pending) = &mut pending {
                 pending.done(result.as_ref().ok().map(Response::status));
             }
