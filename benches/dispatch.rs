@@ -14,7 +14,9 @@
 //! controller-wide concurrency limit, the per-cluster fair share, a shared
 //! and a per-cluster token bucket, all generous enough never to hold a key
 //! back), and the reconciler in the recommended stack (`RecommendedLayer`:
-//! trace, metrics following the fleet, panic catch, timeout, retry).
+//! trace, metrics following the fleet, panic catch, timeout, retry), and
+//! that stack with the queue's per-cluster workqueue metrics counted
+//! (`Counted`: `Controller::queue_metrics`, as the manager takes them).
 //! kube-runtime's own `applier` runs the same keys in the same process as
 //! the baseline (a no-op reconciler over a store holding their objects, at
 //! most 64 reconciles at once, as ours by default in one cluster).
@@ -46,7 +48,10 @@ use kube::runtime::{
     watcher,
 };
 use kube_fleet::envtest::Envtest;
-use kube_fleet::layers::{metrics::ReconcileMetrics, recommended::RecommendedLayer};
+use kube_fleet::layers::{
+    metrics::{ReconcileMetrics, WorkqueueMetrics},
+    recommended::RecommendedLayer,
+};
 use kube_fleet::{
     Action, Controller, Fleet, McRequest, ObjectRequest,
     controller::{Config, DEFAULT_CLUSTER_CONCURRENCY},
@@ -101,6 +106,9 @@ enum Stack {
     Admission,
     Typed,
     Recommended,
+    /// The recommended stack, with the queue's per-cluster workqueue
+    /// metrics counted (`Controller::queue_metrics`).
+    Counted,
     /// kube-runtime's own `applier`, fed the same keys, over a store that
     /// holds their objects.
     KubeRuntime,
@@ -197,7 +205,14 @@ async fn run(fleet: &Fleet, stack: Stack, n: usize, paced: bool) -> (Duration, A
             )
         }
         Stack::KubeRuntime => unreachable!("run above"),
-        Stack::Recommended => {
+        Stack::Recommended | Stack::Counted => {
+            let controller = if let Stack::Counted = stack {
+                let mut registry = Registry::default();
+                WorkqueueMetrics::register(&mut registry).add(controller.queue_metrics());
+                controller
+            } else {
+                controller
+            };
             let clock = clock.clone();
             let service = ServiceBuilder::new()
                 .layer(
@@ -299,6 +314,7 @@ async fn main() -> Result<(), BoxError> {
     let rounds = rounds();
     let stacks = [
         Stack::Recommended,
+        Stack::Counted,
         Stack::Admission,
         Stack::Typed,
         Stack::KubeRuntime,

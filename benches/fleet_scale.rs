@@ -8,6 +8,8 @@
 //! cargo bench --bench fleet_scale -- --servers 2     # over two API servers
 //! cargo bench --bench fleet_scale -- --lists 16      # at most 16 initial lists at once
 //! cargo bench --bench fleet_scale -- --lists 0       # no bound on initial lists
+//! cargo bench --bench fleet_scale -- --idle 120      # idle CPU over 120 s (default 20)
+//! cargo bench --bench fleet_scale -- --idle-probe 0  # no idle probe (default: after 60 s)
 //! ```
 //!
 //! Real API servers (envtest), each with 20 ConfigMaps in its `default`
@@ -64,11 +66,14 @@ async fn too_many(servers: &[Client]) -> Result<f64, BoxError> {
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let (mut clusters, mut servers, mut lists) = (10_000usize, 4usize, None);
+    let (mut idle_for, mut idle_probe) = (20u64, None);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--servers" => servers = args.next().and_then(|n| n.parse().ok()).unwrap_or(servers),
             "--lists" => lists = args.next().and_then(|n| n.parse().ok()),
+            "--idle" => idle_for = args.next().and_then(|n| n.parse().ok()).unwrap_or(idle_for),
+            "--idle-probe" => idle_probe = args.next().and_then(|n| n.parse::<u64>().ok()),
             "--bench" => {}
             other => clusters = other.parse().unwrap_or(clusters),
         }
@@ -77,6 +82,11 @@ async fn main() -> Result<(), BoxError> {
         Some(0) => Fleet::new().with_initial_lists(usize::MAX),
         Some(n) => Fleet::new().with_initial_lists(n),
         None => Fleet::new(),
+    };
+    let fleet = match idle_probe {
+        Some(0) => fleet.with_idle_probe(None),
+        Some(seconds) => fleet.with_idle_probe(Some(Duration::from_secs(seconds))),
+        None => fleet,
     };
     let bound = fleet.initial_lists().limit();
     println!(
@@ -177,7 +187,7 @@ async fn main() -> Result<(), BoxError> {
     let steady = resident_bytes() as f64;
     let (tasks, sockets) = (alive_tasks(), open_sockets());
     let (cpu_idle, servers_idle, idle_from) = (cpu_seconds("self"), servers_cpu(), Instant::now());
-    tokio::time::sleep(Duration::from_secs(20)).await;
+    tokio::time::sleep(Duration::from_secs(idle_for)).await;
     let idle_seconds = idle_from.elapsed().as_secs_f64();
     let idle = (cpu_seconds("self") - cpu_idle) / idle_seconds;
     let servers_idle = (servers_cpu() - servers_idle) / idle_seconds;
@@ -207,7 +217,8 @@ async fn main() -> Result<(), BoxError> {
         "CPU in the storm: controller {storm_cpu:.1} s, API servers and etcd {storm_servers:.1} s"
     );
     println!(
-        "idle: controller {:.1} % of one core, API servers and etcd {:.1} %",
+        "idle ({idle_for} s, probe after {:?}): controller {:.1} % of one core, API servers and etcd {:.1} %",
+        fleet.idle_probe(),
         idle * 100.0,
         servers_idle * 100.0
     );

@@ -378,6 +378,27 @@ impl Cluster {
         if !self.inner.shares_reachability {
             self.inner.reachability.close();
         }
+        self.ended();
+    }
+
+    /// Ends this engagement but keeps asking the cluster whether it is
+    /// back: its reachability, to hold while it is set aside, and what its
+    /// probes ask through, to engage it with again. `None` for a namespace
+    /// of a host, whose reachability is the host's and is not set aside.
+    pub(crate) fn set_aside(&self) -> Option<Arc<Reachability>> {
+        if self.inner.shares_reachability {
+            return None;
+        }
+        self.ended();
+        Some(self.inner.reachability.clone())
+    }
+
+    /// Whether its reachability is its own (not a host's).
+    pub(crate) fn owns_reachability(&self) -> bool {
+        !self.inner.shares_reachability
+    }
+
+    fn ended(&self) {
         self.inner.left.store(true, Ordering::Release);
         self.inner.leaving.notify_waiters();
     }

@@ -81,3 +81,16 @@ impl fmt::Display for ClusterHealth {
         }
     }
 }
+
+/// After how long without hearing anything from a cluster the fleet asks
+/// it whether it is ready (`GET /readyz`), by default
+/// ([`Fleet::with_idle_probe`](crate::Fleet::with_idle_probe)).
+///
+/// Every answer a cluster's client gets counts as hearing from it, so a
+/// cluster with work in hand is never asked; an idle one is asked about
+/// once a minute. A hung connection is found sooner by its HTTP/2 PINGs
+/// ([`ClientOptions::keep_alive`](crate::client::ClientOptions::keep_alive));
+/// the probe finds what they cannot: an API server that holds its
+/// connections but is not ready (its etcd gone, say), and clients without
+/// PINGs (HTTP/1.1).
+pub const IDLE_PROBE_AFTER: Duration = Duration::from_secs(60);

@@ -3,12 +3,15 @@
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric},
-    metrics::gauge::ConstGauge,
+    metrics::{MetricType, gauge::ConstGauge},
     registry::Registry,
 };
 use tokio::sync::watch;
 
-use crate::election::Role;
+use crate::{
+    election::Role,
+    shard::{ShardStatus, shard_of},
+};
 
 /// `leader_election_master_status{name}`: 1 while this replica leads
 /// through the Lease `name`, 0 otherwise, as client-go reports it.
@@ -35,5 +38,59 @@ impl Collector for LeaderGauge {
             gauge.metric_type(),
         )?;
         gauge.encode(family.encode_family(&[("name", self.name.as_str())])?)
+    }
+}
+
+/// `kube_fleet_shard_owned{name, cluster, shard}`: 1 per cluster this
+/// replica runs now under the sharding `name` (its shard's Lease held),
+/// and `kube_fleet_shard_replicas{name}`: the live replicas it saw last,
+/// itself included.
+#[derive(Debug)]
+pub(crate) struct ShardGauge {
+    name: String,
+    shards: u32,
+    status: ShardStatus,
+}
+
+impl ShardGauge {
+    pub(crate) fn register(
+        registry: &mut Registry,
+        name: String,
+        shards: u32,
+        status: ShardStatus,
+    ) {
+        registry.register_collector(Box::new(Self {
+            name,
+            shards,
+            status,
+        }));
+    }
+}
+
+impl Collector for ShardGauge {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let mut family = encoder.encode_descriptor(
+            "kube_fleet_shard_owned",
+            "Each cluster this replica runs now: 1 under its shard",
+            None,
+            MetricType::Gauge,
+        )?;
+        for cluster in self.status.owned() {
+            let shard = shard_of(cluster.as_str(), self.shards).to_string();
+            let labels = [
+                ("name", self.name.as_str()),
+                ("cluster", cluster.as_str()),
+                ("shard", shard.as_str()),
+            ];
+            ConstGauge::new(1).encode(family.encode_family(&labels)?)?;
+        }
+        let replicas = ConstGauge::new(self.status.replicas().len() as i64);
+        let mut family = encoder.encode_descriptor(
+            "kube_fleet_shard_replicas",
+            "The live replicas of the sharding this replica saw last, itself included",
+            None,
+            replicas.metric_type(),
+        )?;
+        replicas.encode(family.encode_family(&[("name", self.name.as_str())])?)
     }
 }

@@ -19,7 +19,7 @@
 use std::{
     sync::{
         Arc, Mutex, Weak,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -76,6 +76,11 @@ pub(crate) struct Reachability {
     /// What probes ask through: the cluster's client below the counting
     /// (which holds this), so that no probe keeps this alive.
     client: ClusterClient,
+    /// When this was made: what `heard` counts from.
+    born: Instant,
+    /// When the cluster last answered anything, in milliseconds after
+    /// `born`: on every answer, so an atomic.
+    heard: AtomicU64,
 }
 
 impl std::fmt::Debug for Reachability {
@@ -100,6 +105,40 @@ impl Reachability {
             recoveries: watch::Sender::new(0),
             closed: AtomicBool::new(false),
             runtime: Handle::try_current().ok(),
+            born: Instant::now(),
+            heard: AtomicU64::new(0),
+        }
+    }
+
+    /// The client probes ask through: the one the cluster was engaged
+    /// with.
+    pub(crate) fn client(&self) -> &ClusterClient {
+        &self.client
+    }
+
+    /// The cluster answered something now.
+    fn heard(&self) {
+        let millis = self.born.elapsed().as_millis();
+        self.heard
+            .store(u64::try_from(millis).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// For how long, at `now`, nothing has been heard from the cluster (or
+    /// since this was made, if nothing ever was).
+    pub(crate) fn silent_for(&self, now: Instant) -> Duration {
+        let heard = self.born + Duration::from_millis(self.heard.load(Ordering::Relaxed));
+        now.saturating_duration_since(heard)
+    }
+
+    /// Asks the cluster whether it is ready if it answers (as far as is
+    /// known) but nothing has been heard from it for `after`: the light
+    /// probe that finds a cluster gone quiet where nothing else asks it
+    /// (no request, and watches that hear nothing). An answer counts as
+    /// heard; none marks the cluster down, and the probe then goes on as
+    /// for any outage.
+    pub(crate) fn probe_if_silent(self: &Arc<Self>, after: Duration, now: Instant) {
+        if self.is_answering() && !self.is_closed() && self.silent_for(now) >= after {
+            self.probe(true);
         }
     }
 
@@ -151,6 +190,7 @@ impl Reachability {
                 self.probe(true);
             }
         } else {
+            self.heard();
             self.answered();
         }
     }
@@ -291,7 +331,10 @@ async fn asking(reachability: &Weak<Reachability>, client: &ClusterClient, mut n
             return;
         }
         match ask(client).await {
-            Probed::Answered => reachability.answered(),
+            Probed::Answered => {
+                reachability.heard();
+                reachability.answered();
+            }
             Probed::NoAnswer(cause) => {
                 reachability.went_down(|| cause);
             }

@@ -98,6 +98,7 @@ impl Queue {
                     state.phase = Phase::Ready {
                         ticket,
                         lane: Lane::Changed,
+                        since: self.metrics.as_ref().map(|_| Instant::now()),
                     };
                 }
             }

@@ -48,6 +48,11 @@ impl Queue {
     pub(crate) fn hold(&mut self, cluster: &ClusterName) {
         let entry = self.clusters.entry(cluster.clone()).or_default();
         entry.served = true;
+        if let Some(metrics) = &self.metrics {
+            // A cluster served has its figures from the start.
+            let depth = entry.ready + entry.delayed;
+            entry.stats(metrics, cluster).depth(depth);
+        }
         if !entry.held {
             entry.held = true;
             self.held_clusters += 1;
@@ -103,6 +108,9 @@ impl Queue {
             }
         });
         self.shrink_keys();
+        if let Some(metrics) = &self.metrics {
+            metrics.forget(cluster);
+        }
         if let Some(entry) = self.clusters.remove(cluster) {
             self.ready_len -= entry.ready;
             if entry.busy {

@@ -15,8 +15,13 @@ pub(super) const MAX_DELAY: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 
 #[derive(Debug)]
 pub(super) enum Phase {
-    /// Waits in its cluster's lane, in the entry marked with this ticket.
-    Ready { ticket: u64, lane: Lane },
+    /// Waits in its cluster's lane, in the entry marked with this ticket;
+    /// since when, if the queue's metrics are counted.
+    Ready {
+        ticket: u64,
+        lane: Lane,
+        since: Option<Instant>,
+    },
     /// Waits in the delay queue until `at`.
     Delayed { at: Instant, slot: delay_queue::Key },
     /// A reconcile runs; if `rerun` is set, the key was scheduled again
@@ -28,6 +33,8 @@ pub(super) enum Phase {
         purged: bool,
         /// How many times its cluster had answered again when it started.
         recoveries: u64,
+        /// When it started, if the queue's metrics are counted.
+        started: Option<Instant>,
     },
     /// Nothing scheduled; kept only to remember failures for the backoff.
     Idle,
@@ -88,12 +95,21 @@ impl Queue {
             return;
         };
         let enqueue = match &mut state.phase {
-            Phase::Ready { lane: current, .. } => {
+            Phase::Ready {
+                lane: current,
+                since,
+                ..
+            } => {
                 if lane == Lane::Changed && *current == Lane::Listed {
                     // Promoted: its entry in the `Listed` lane goes stale.
                     self.next_ticket += 1;
                     let ticket = self.next_ticket;
-                    state.phase = Phase::Ready { ticket, lane };
+                    let since = *since;
+                    state.phase = Phase::Ready {
+                        ticket,
+                        lane,
+                        since,
+                    };
                     state.reason = reason;
                     let cluster = self.clusters.entry(key.cluster.clone()).or_default();
                     cluster.changed.push_back((ticket, key.clone()));
@@ -141,9 +157,14 @@ impl Queue {
             Phase::Ready {
                 ticket: self.make_ready(key.clone(), lane),
                 lane,
+                since: self.metrics.as_ref().map(|_| Instant::now()),
             }
         } else {
-            self.cluster_mut(&key.cluster).delayed += 1;
+            let cluster = self.clusters.entry(key.cluster.clone()).or_default();
+            cluster.delayed += 1;
+            if let Some(stats) = &cluster.stats {
+                stats.depth(cluster.ready + cluster.delayed);
+            }
             let slot = self.delayed.insert_at(key.clone(), at);
             Phase::Delayed { at, slot }
         };
@@ -163,11 +184,12 @@ impl Queue {
             rerun,
             purged,
             recoveries,
+            started,
         } = &mut state.phase
         else {
             return;
         };
-        let (rerun, purged, started_at) = (rerun.take(), *purged, *recoveries);
+        let (rerun, purged, started_at, started) = (rerun.take(), *purged, *recoveries, *started);
         self.running_len -= 1;
         let now = Instant::now();
         let next = match outcome {
@@ -206,6 +228,13 @@ impl Queue {
                 ))
             }
         };
+        if !purged
+            && let Some(cluster) = self.clusters.get_mut(&key.cluster)
+            && let (Some(metrics), Some(started)) = (&self.metrics, started)
+        {
+            let retried = matches!(outcome, Outcome::Failure(_) | Outcome::Unanswered);
+            cluster.finished(metrics, &key.cluster, started, now, retried);
+        }
         if !purged && let Some(cluster) = self.clusters.get_mut(&key.cluster) {
             if outcome == Outcome::Unanswered {
                 // A cluster that does not answer gives its turn up (not for

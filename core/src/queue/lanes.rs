@@ -4,11 +4,18 @@
 //! watches ran (the `Changed` lane) alternate with keys from lists (the
 //! `Listed` lane: the start-up backlog).
 
-use std::collections::{HashSet, VecDeque};
+use std::{
+    collections::{HashSet, VecDeque},
+    sync::Arc,
+    time::Duration,
+};
+
+use tokio::time::Instant;
 
 use super::{
     Queue,
     keys::{KeyState, Phase},
+    metrics::{ClusterStats, QueueMetrics},
     token_bucket::Tokens,
 };
 use crate::{cluster_name::ClusterName, reason::ReconcileReason, request::McRequest};
@@ -106,9 +113,57 @@ pub(super) struct ClusterQueue {
     pub(super) unanswered: HashSet<McRequest>,
     /// How many times the cluster answered again after it did not.
     pub(super) recoveries: u64,
+    /// Its figures, if the queue's metrics are counted (made on first
+    /// use).
+    pub(super) stats: Option<Arc<ClusterStats>>,
+    /// When its runs under way started, from the metrics' epoch (kept
+    /// only while they are counted).
+    pub(super) running_since: Vec<u64>,
 }
 
 impl ClusterQueue {
+    /// Its figures in `metrics`, made on first use.
+    pub(super) fn stats(&mut self, metrics: &QueueMetrics, name: &ClusterName) -> &ClusterStats {
+        self.stats.get_or_insert_with(|| metrics.of(name))
+    }
+
+    /// A key that was ready since `since` starts its run at `now`.
+    fn started(
+        &mut self,
+        metrics: &QueueMetrics,
+        name: &ClusterName,
+        since: Option<Instant>,
+        now: Instant,
+    ) {
+        let start = metrics.since_epoch(now);
+        self.running_since.push(start);
+        let oldest = self.running_since.iter().copied().min().unwrap_or(start);
+        let waited = since.map_or(Duration::ZERO, |since| now - since);
+        self.stats(metrics, name).started(waited, start, oldest);
+    }
+
+    /// A run started at `started` ended at `now`; `retried` if it failed
+    /// and is scheduled again.
+    pub(super) fn finished(
+        &mut self,
+        metrics: &QueueMetrics,
+        name: &ClusterName,
+        started: Instant,
+        now: Instant,
+        retried: bool,
+    ) {
+        let start = metrics.since_epoch(started);
+        if let Some(at) = self.running_since.iter().position(|s| *s == start) {
+            self.running_since.swap_remove(at);
+        }
+        let oldest = self.running_since.iter().copied().min();
+        let stats = self.stats(metrics, name);
+        stats.finished(now - started, start, oldest);
+        if retried {
+            stats.retried();
+        }
+    }
+
     pub(super) fn is_busy(&self) -> bool {
         self.running > 0 || (self.ready > 0 && !self.held)
     }
@@ -139,6 +194,9 @@ impl Queue {
             Lane::Listed => cluster.listed.push_back((ticket, key)),
         }
         cluster.ready += 1;
+        if let Some(metrics) = &self.metrics {
+            cluster.stats(metrics, &name).added();
+        }
         self.ready_len += 1;
         self.take_turn(&name);
         self.refresh(&name);
@@ -165,6 +223,9 @@ impl Queue {
         let Some(cluster) = self.clusters.get_mut(name) else {
             return;
         };
+        if let Some(stats) = &cluster.stats {
+            stats.depth(cluster.ready + cluster.delayed);
+        }
         let busy = cluster.is_busy();
         if busy != cluster.busy {
             cluster.busy = busy;
@@ -174,8 +235,14 @@ impl Queue {
                 self.busy_clusters -= 1;
             }
         }
-        if cluster.is_empty() && !cluster.in_turns && !cluster.throttled {
-            self.clusters.remove(name);
+        if cluster.is_empty()
+            && !cluster.in_turns
+            && !cluster.throttled
+            && let Some(entry) = self.clusters.remove(name)
+            && entry.stats.is_some()
+            && let Some(metrics) = &self.metrics
+        {
+            metrics.forget(name);
         }
     }
 
@@ -205,11 +272,20 @@ impl Queue {
                 // A drained backlog gives its memory back.
                 *list = VecDeque::new();
             }
-            let live = matches!(
-                self.keys.get(&key),
-                Some(KeyState { phase: Phase::Ready { ticket: t, .. }, .. }) if *t == ticket
-            );
-            if live {
+            let since = match self.keys.get(&key) {
+                Some(KeyState {
+                    phase:
+                        Phase::Ready {
+                            ticket: t, since, ..
+                        },
+                    ..
+                }) if *t == ticket => Some(*since),
+                _ => None,
+            };
+            if let Some(since) = since {
+                if let Some(metrics) = &self.metrics {
+                    cluster.started(metrics, &name, since, Instant::now());
+                }
                 cluster.changed_last = lane == Lane::Changed;
                 break key;
             }
@@ -244,6 +320,7 @@ impl Queue {
                     rerun: None,
                     purged: false,
                     recoveries,
+                    started: self.metrics.as_ref().map(|_| Instant::now()),
                 };
                 state.reason.clone()
             }

@@ -31,6 +31,7 @@ mod depth;
 mod gate;
 mod keys;
 mod lanes;
+mod metrics;
 #[cfg(test)]
 mod tests;
 mod token_bucket;
@@ -50,6 +51,7 @@ pub use depth::QueueDepth;
 pub(crate) use keys::Outcome;
 pub(crate) use lanes::Lane;
 pub use lanes::Sharing;
+pub use metrics::{ClusterQueueMetrics, DurationHistogram, QueueMetrics, WORKQUEUE_BUCKETS};
 pub use token_bucket::TokenBucket;
 
 use crate::{cluster_name::ClusterName, reason::ReconcileReason, request::McRequest};
@@ -82,6 +84,8 @@ pub(crate) struct Queue {
     jitter: Jitter,
     next_ticket: u64,
     hasher: std::hash::RandomState,
+    /// Where each cluster's figures are counted, if anyone reads them.
+    metrics: Option<QueueMetrics>,
 }
 
 /// The key the queue admits next, taken out only by [`pop`](Self::pop): a
@@ -118,7 +122,13 @@ impl Queue {
             jitter: Jitter::new(),
             next_ticket: 0,
             hasher: std::hash::RandomState::new(),
+            metrics: None,
         }
+    }
+
+    /// Counts each cluster's figures in `metrics` from now on.
+    pub(crate) fn count_in(&mut self, metrics: QueueMetrics) {
+        self.metrics = Some(metrics);
     }
 
     /// Schedules `key` to run now, in `lane`, for `reason`.

@@ -912,3 +912,57 @@ async fn the_waiting_count_follows_every_change() {
     assert!(ready_now(&mut queue).is_some());
     assert_eq!((queue.waiting(), counted(&queue)), (0, 0));
 }
+
+#[tokio::test(start_paused = true)]
+async fn each_clusters_figures_are_counted_and_go_with_the_cluster() {
+    let metrics = QueueMetrics::default();
+    let mut queue = queue();
+    queue.count_in(metrics.clone());
+    let figures = |name: &str| {
+        metrics
+            .clusters()
+            .into_iter()
+            .find(|(cluster, _)| cluster == name)
+            .map(|(_, figures)| figures)
+    };
+    queue.hold(&ClusterName::from("b"));
+    assert_eq!(
+        figures("b").map(|f| f.depth),
+        Some(0),
+        "served from the start"
+    );
+    for name in ["x", "y", "z"] {
+        push(&mut queue, key("a", name));
+    }
+    // Pushed again while waiting: not added again.
+    push(&mut queue, key("a", "x"));
+    let a = figures("a").unwrap();
+    assert_eq!((a.depth, a.adds), (3, 3));
+
+    tokio::time::advance(Duration::from_millis(20)).await;
+    let x = ready_now(&mut queue).unwrap();
+    let y = ready_now(&mut queue).unwrap();
+    let a = figures("a").unwrap();
+    assert_eq!(a.depth, 1, "two run, one waits");
+    assert_eq!(a.queue_duration.count, 2);
+    assert_eq!(a.queue_duration.sum, Duration::from_millis(40));
+
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let a = figures("a").unwrap();
+    assert_eq!(a.unfinished_work, Duration::from_secs(4));
+    assert_eq!(a.longest_running, Duration::from_secs(2));
+    queue.complete(&x, success());
+    queue.complete(&y, Outcome::Failure(None));
+    let a = figures("a").unwrap();
+    assert_eq!(a.work_duration.count, 2);
+    assert_eq!(a.work_duration.sum, Duration::from_secs(4));
+    assert_eq!(a.work_duration.buckets[8], 0, "none within a second");
+    assert_eq!(a.work_duration.buckets[9], 2, "both within ten");
+    assert_eq!(a.retries, 1, "the failure is retried");
+    assert_eq!(a.unfinished_work, Duration::ZERO);
+    assert_eq!(figures("b").map(|f| f.adds), Some(0));
+
+    queue.purge(&ClusterName::from("a"));
+    assert!(figures("a").is_none(), "its series go with the cluster");
+    assert!(figures("b").is_some());
+}

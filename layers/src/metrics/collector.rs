@@ -9,9 +9,11 @@ use prometheus_client::{
 };
 
 /// Reports, at each scrape, `kube_fleet_engaged_clusters`, the number of
-/// clusters the fleet has engaged, and `kube_fleet_cluster_health{cluster,
-/// state}`: one series per engaged cluster, of value 1, whose `state` is its
-/// [`ClusterHealth::state`](kube_fleet::health::ClusterHealth::state)
+/// clusters the fleet has engaged, `kube_fleet_set_aside_clusters`, the
+/// number it has [set aside](kube_fleet::Fleet::with_set_aside_after) for
+/// want of an answer, and `kube_fleet_cluster_health{cluster, state}`: one
+/// series per engaged or set-aside cluster, of value 1, whose `state` is
+/// its [`ClusterHealth::state`](kube_fleet::health::ClusterHealth::state)
 /// (`healthy`, `degraded` or `unreachable`); a cluster's series goes when it
 /// leaves.
 #[derive(Debug)]
@@ -29,7 +31,8 @@ impl FleetCollector {
 impl Collector for FleetCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let health = self.fleet.health();
-        let engaged = ConstGauge::new(health.len() as i64);
+        let set_aside = self.fleet.set_aside().len();
+        let engaged = ConstGauge::new(health.len().saturating_sub(set_aside) as i64);
         let metric = encoder.encode_descriptor(
             "kube_fleet_engaged_clusters",
             "Clusters engaged in the fleet",
@@ -37,9 +40,17 @@ impl Collector for FleetCollector {
             engaged.metric_type(),
         )?;
         engaged.encode(metric)?;
+        let aside = ConstGauge::new(set_aside as i64);
+        let metric = encoder.encode_descriptor(
+            "kube_fleet_set_aside_clusters",
+            "Clusters set aside for want of an answer, engaged again when they answer",
+            None,
+            aside.metric_type(),
+        )?;
+        aside.encode(metric)?;
         let mut family = encoder.encode_descriptor(
             "kube_fleet_cluster_health",
-            "Each engaged cluster's health: 1 under its state (healthy, degraded, unreachable)",
+            "Each engaged or set-aside cluster's health: 1 under its state (healthy, degraded, unreachable)",
             None,
             MetricType::Gauge,
         )?;

@@ -24,8 +24,12 @@
 //! Without it, series are kept for every cluster name ever seen.
 //!
 //! [`FleetCollector`] adds `kube_fleet_engaged_clusters`, read from the fleet
-//! at each scrape; [`QueueDepths`] adds `workqueue_depth{name, controller}`
-//! from each controller's [`QueueDepth`](kube_fleet::queue::QueueDepth); and
+//! at each scrape, with `kube_fleet_cluster_health{cluster, state}`;
+//! [`WorkqueueMetrics`] adds controller-runtime's workqueue metrics
+//! (`workqueue_depth`, `workqueue_adds_total`, ...) per controller and
+//! cluster from each controller's
+//! [`QueueMetrics`](kube_fleet::queue::QueueMetrics) (or [`QueueDepths`],
+//! `workqueue_depth{name, controller}` alone, per controller); and
 //! [`ClientMetrics`] adds client-go's `rest_client_requests_total` and
 //! `rest_client_request_duration_seconds` per cluster. The registry encodes
 //! to the Prometheus text format with `prometheus_client::encoding::text::encode`.
@@ -76,6 +80,7 @@ mod future;
 mod layer;
 mod registry;
 mod service;
+mod workqueue;
 
 pub use client::ClientMetrics;
 pub use collector::{FleetCollector, QueueDepths};
@@ -83,3 +88,4 @@ pub use future::ResponseFuture;
 pub use layer::MetricsLayer;
 pub use registry::ReconcileMetrics;
 pub use service::Metrics;
+pub use workqueue::{WORKQUEUE_METRICS, WorkqueueMetrics};

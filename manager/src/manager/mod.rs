@@ -17,7 +17,7 @@ use kube_fleet::{
     provider::ClusterEvent,
     rbac::{Permissions, Rule, Scope},
 };
-use kube_fleet_layers::metrics::{ClientMetrics, FleetCollector, QueueDepths};
+use kube_fleet_layers::metrics::{ClientMetrics, FleetCollector, WorkqueueMetrics};
 use prometheus_client::registry::Registry;
 use tower::{BoxError, Layer, Service};
 
@@ -64,7 +64,7 @@ pub struct Manager {
     controllers: Vec<Added>,
     address: Address,
     registry: Registry,
-    depths: QueueDepths,
+    workqueues: WorkqueueMetrics,
     election: Option<LeaderElection>,
     sharding: Option<Sharding>,
     strict: bool,
@@ -86,23 +86,25 @@ impl std::fmt::Debug for Manager {
 
 impl Manager {
     /// A manager of `fleet`, with no provider, controller or endpoint yet.
-    /// Its metrics registry holds the fleet's gauge
-    /// (`kube_fleet_engaged_clusters`), each added controller's queue depth
-    /// (`workqueue_depth`) and each engaged cluster's API requests
+    /// Its metrics registry holds the fleet's gauges
+    /// (`kube_fleet_engaged_clusters`, `kube_fleet_cluster_health`), each
+    /// added controller's queue per cluster (`workqueue_depth` and the other
+    /// workqueue metrics; see `kube_fleet_layers::metrics::WorkqueueMetrics`)
+    /// and each engaged cluster's API requests
     /// (`rest_client_requests_total`, `rest_client_request_duration_seconds`;
     /// see `kube_fleet_layers::metrics::ClientMetrics`).
     pub fn new(fleet: &Fleet) -> Self {
         let mut registry = Registry::default();
         FleetCollector::register(&mut registry, fleet.clone());
         ClientMetrics::register(&mut registry, fleet.clone());
-        let depths = QueueDepths::register(&mut registry);
+        let workqueues = WorkqueueMetrics::register(&mut registry);
         Self {
             fleet: fleet.clone(),
             providers: Vec::new(),
             controllers: Vec::new(),
             address: Address::None,
             registry,
-            depths,
+            workqueues,
             election: None,
             sharding: None,
             strict: false,
@@ -137,7 +139,7 @@ impl Manager {
         S::Future: Send + 'static,
         S::Error: Into<BoxError>,
     {
-        self.depths.add(controller.queue_depth());
+        self.workqueues.add(controller.queue_metrics());
         let name = controller.name().to_owned();
         let status = controller.status();
         let permissions = controller.permissions();

@@ -36,7 +36,7 @@ use crate::{
     gate::{Gate, Shards, Validity},
     http::{Endpoints, serve},
     lease::{LeaseLock, holder_for},
-    metrics::LeaderGauge,
+    metrics::{LeaderGauge, ShardGauge},
     readiness::{Readiness, Watched},
     shard::{ShardStatus, Sharding},
     sharder::Sharder,
@@ -95,7 +95,7 @@ impl Manager {
             controllers,
             address,
             mut registry,
-            depths: _,
+            workqueues: _,
             election,
             sharding,
             strict,
@@ -259,6 +259,12 @@ async fn coordinate(
         let shards = Shards::default();
         gate = Gate::Shards(shards.clone());
         shard_status = Some(sharding.status.clone());
+        ShardGauge::register(
+            registry,
+            sharding.name.clone(),
+            sharding.shards,
+            sharding.status.clone(),
+        );
         let sharder = Sharder::new(
             fleet.clone(),
             client,

@@ -3,6 +3,8 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod endpoints;
+
 use std::{
     sync::{Arc, Mutex},
     time::Duration,

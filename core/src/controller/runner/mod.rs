@@ -48,7 +48,7 @@ use crate::{
     cluster_name::ClusterName,
     fleet::{Fleet, FleetEvent},
     object_request::ObjectRequest,
-    queue::{Queue, QueueDepth},
+    queue::{Queue, QueueDepth, QueueMetrics},
     request::McRequest,
 };
 use membership::{ClusterItem, watched_anywhere};
@@ -78,6 +78,7 @@ pub(super) struct Setup<K: Watchable> {
     /// Signals to reconcile everything the controller knows.
     pub(super) reconcile_all: BoxStream<'static, ()>,
     pub(super) queue_depth: QueueDepth,
+    pub(super) queue_metrics: Option<QueueMetrics>,
     pub(super) status: ControllerStatus,
 }
 
@@ -139,18 +140,25 @@ impl<K: Watchable> Runner<K> {
             external,
             reconcile_all,
             queue_depth,
+            queue_metrics,
             status,
         } = setup;
+        let name: Arc<str> = name.into();
+        let mut queue = Queue::new(config.backoff, config.limits);
+        if let Some(metrics) = queue_metrics {
+            metrics.name(name.clone());
+            queue.count_in(metrics);
+        }
         status.configure(watched_anywhere(&clusters, &related), config.sync_timeout);
         let subscription = fleet.subscribe();
         Self {
-            name: name.into(),
+            name,
             error_policy,
             fleet,
             own,
             related,
             selection: clusters,
-            queue: Queue::new(config.backoff, config.limits),
+            queue,
             incoming: StreamMap::new(),
             external: external.fuse(),
             reconcile_all: reconcile_all.fuse(),

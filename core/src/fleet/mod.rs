@@ -1,11 +1,14 @@
 //! The fleet: the engaged clusters, and the one place that changes them.
 
+mod set_aside;
+
 use std::{
     borrow::Borrow,
     collections::HashMap,
     fmt,
     hash::Hash,
     sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
 };
 
 use crate::client::{ClusterClient, RequestBudget};
@@ -16,7 +19,9 @@ use crate::{
     cache::{InitialLists, NamespaceView},
     cluster::Cluster,
     cluster_name::ClusterName,
+    health::ClusterHealth,
 };
+use set_aside::Vigil;
 
 /// A change in the fleet, as controllers see it.
 #[derive(Debug, Clone)]
@@ -78,6 +83,8 @@ struct State {
     /// The request budget of clusters engaged from now on without one of
     /// their own.
     budget: RequestBudget,
+    /// What the fleet does on its own about its clusters' answers.
+    vigil: Vigil,
 }
 
 impl Default for State {
@@ -87,6 +94,7 @@ impl Default for State {
             subscribers: Vec::new(),
             lists: InitialLists::new(InitialLists::DEFAULT),
             budget: RequestBudget::DEFAULT,
+            vigil: Vigil::default(),
         }
     }
 }
@@ -161,21 +169,105 @@ impl Fleet {
         self
     }
 
-    /// The health of every engaged cluster, by name: see
-    /// [`ClusterHealth`](crate::health::ClusterHealth).
+    /// The health of every engaged cluster, by name, and of every cluster
+    /// [set aside](Self::with_set_aside_after) (`Unreachable`): see
+    /// [`ClusterHealth`].
     ///
     /// ```
     /// let fleet = kube_fleet::Fleet::new();
     /// assert!(fleet.health().is_empty());
     /// ```
-    pub fn health(&self) -> Vec<(ClusterName, crate::health::ClusterHealth)> {
-        let mut health: Vec<_> = self
-            .clusters()
-            .into_iter()
-            .map(|cluster| (cluster.name().clone(), cluster.health()))
-            .collect();
+    pub fn health(&self) -> Vec<(ClusterName, ClusterHealth)> {
+        let (clusters, mut health) = {
+            let state = self.state();
+            let clusters: Vec<Cluster> = state.clusters.values().cloned().collect();
+            let aside: Vec<_> = state
+                .vigil
+                .set_aside
+                .iter()
+                .map(|(name, aside)| (name.clone(), aside.health()))
+                .collect();
+            (clusters, aside)
+        };
+        health.extend(
+            clusters
+                .into_iter()
+                .map(|cluster| (cluster.name().clone(), cluster.health())),
+        );
         health.sort_by(|(a, _), (b, _)| a.cmp(b));
         health
+    }
+
+    /// This fleet, which asks a cluster it has heard nothing from for
+    /// `after` whether it is ready (`GET /readyz`); `None` never asks.
+    /// Default [`IDLE_PROBE_AFTER`](crate::health::IDLE_PROBE_AFTER) (a
+    /// minute): a quiet cluster that is gone, or not ready, is then found
+    /// within about that long, and is [unreachable](ClusterHealth) until
+    /// it answers. Every answer a cluster's client gets counts as hearing
+    /// from it, so a busy cluster is never asked. It holds for every clone
+    /// of the fleet.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use kube_fleet::Fleet;
+    ///
+    /// let fleet = Fleet::new().with_idle_probe(Some(Duration::from_secs(20)));
+    /// assert_eq!(fleet.idle_probe(), Some(Duration::from_secs(20)));
+    /// ```
+    pub fn with_idle_probe(self, after: Option<Duration>) -> Self {
+        self.state().vigil.idle_probe_after = after;
+        self
+    }
+
+    /// After how long without a word a cluster is asked whether it is
+    /// ready, if it is.
+    pub fn idle_probe(&self) -> Option<Duration> {
+        self.state().vigil.idle_probe_after
+    }
+
+    /// This fleet, which sets aside a cluster that has not answered for
+    /// `after` (opt-in; by default a cluster that does not answer stays
+    /// engaged until its provider says otherwise).
+    ///
+    /// A cluster set aside is disengaged: it is not in
+    /// [`get`](Self::get) or [`clusters`](Self::clusters), subscribers see
+    /// [`FleetEvent::Disengaged`], and controllers stop its watches and
+    /// forget its keys, so its cache's memory is freed and its retries
+    /// stop. The fleet keeps what it was engaged with and goes on asking
+    /// it whether it is ready (every few seconds); when it answers, the
+    /// fleet engages it again under its name with the same client, within
+    /// a second, and controllers start over there (a full list, every key
+    /// reconciled). Meanwhile it is in [`set_aside`](Self::set_aside) and,
+    /// as `Unreachable`, in [`health`](Self::health). Its provider need do
+    /// nothing: an engage of its name replaces it, a disengage forgets it.
+    /// A namespace of a host ([`engage_view`](Self::engage_view)) is not
+    /// set aside: its watches are its host's, shared with the other
+    /// namespaces. It holds for every clone of the fleet.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use kube_fleet::Fleet;
+    ///
+    /// let fleet = Fleet::new().with_set_aside_after(Duration::from_secs(300));
+    /// assert_eq!(fleet.set_aside_after(), Some(Duration::from_secs(300)));
+    /// assert!(fleet.set_aside().is_empty());
+    /// ```
+    pub fn with_set_aside_after(self, after: Duration) -> Self {
+        self.state().vigil.set_aside_after = Some(after);
+        self
+    }
+
+    /// After how long without an answer a cluster is set aside, if ever.
+    pub fn set_aside_after(&self) -> Option<Duration> {
+        self.state().vigil.set_aside_after
+    }
+
+    /// The clusters set aside for want of an answer, by name: see
+    /// [`with_set_aside_after`](Self::with_set_aside_after).
+    pub fn set_aside(&self) -> Vec<ClusterName> {
+        let mut names: Vec<_> = self.state().vigil.set_aside.keys().cloned().collect();
+        names.sort();
+        names
     }
 
     /// The request budget of the clusters engaged without one of their own.
@@ -274,6 +366,10 @@ impl Fleet {
     fn insert(&self, cluster: Cluster) -> Cluster {
         let name = cluster.name().clone();
         let mut state = self.state();
+        set_aside::start(&self.inner, &mut state);
+        if let Some(aside) = state.vigil.set_aside.remove(&name) {
+            aside.forget();
+        }
         if let Some(replaced) = state.clusters.insert(name.clone(), cluster.clone()) {
             replaced.leave();
             tracing::info!(cluster = %name, "cluster replaced");
@@ -286,13 +382,20 @@ impl Fleet {
 
     /// Disengages `name`: it is no longer visible, its reconciles are
     /// cancelled, and controllers stop its watches and forget its queued
-    /// work. Returns whether the cluster was engaged.
+    /// work. Returns whether the cluster was engaged. A cluster
+    /// [set aside](Self::with_set_aside_after) under `name` is forgotten
+    /// (and `true` returned).
     pub fn disengage<Q>(&self, name: &Q) -> bool
     where
         ClusterName: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         let mut state = self.state();
+        if let Some((name, aside)) = state.vigil.set_aside.remove_entry(name) {
+            aside.forget();
+            tracing::info!(cluster = %name, "cluster set aside disengaged");
+            return true;
+        }
         let Some((name, cluster)) = state.clusters.remove_entry(name) else {
             return false;
         };

@@ -1,0 +1,179 @@
+//! What the fleet does on its own about its clusters' answers, once a
+//! second: asks a cluster gone quiet whether it is ready, sets aside a
+//! cluster that has not answered for too long, and engages again one set
+//! aside that answers.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, Weak},
+    time::Duration,
+};
+
+use tokio::time::Instant;
+
+use super::{FleetEvent, State};
+use crate::{
+    client::{ClusterClient, Reachability},
+    cluster::Cluster,
+    cluster_name::ClusterName,
+    health::{ClusterHealth, IDLE_PROBE_AFTER},
+};
+
+/// How often the fleet looks over its clusters.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// The fleet's watch over its clusters' answers.
+pub(super) struct Vigil {
+    /// Ask a cluster silent for this long whether it is ready.
+    pub(super) idle_probe_after: Option<Duration>,
+    /// Set aside a cluster that has not answered for this long.
+    pub(super) set_aside_after: Option<Duration>,
+    /// The clusters set aside, by name.
+    pub(super) set_aside: HashMap<ClusterName, SetAside>,
+    /// The sweep runs.
+    sweeping: bool,
+}
+
+impl Default for Vigil {
+    fn default() -> Self {
+        Self {
+            idle_probe_after: Some(IDLE_PROBE_AFTER),
+            set_aside_after: None,
+            set_aside: HashMap::new(),
+            sweeping: false,
+        }
+    }
+}
+
+/// A cluster set aside: disengaged for want of an answer, still asked
+/// whether it is back.
+pub(super) struct SetAside {
+    /// What it was engaged with, to engage it with again.
+    client: ClusterClient,
+    /// Its outage, its probes running while this is held.
+    reachability: Arc<Reachability>,
+    /// Since when it has not answered, and why, when it was set aside.
+    since: Instant,
+    cause: String,
+}
+
+impl SetAside {
+    /// Forgets it: its probes stop.
+    pub(super) fn forget(self) {
+        self.reachability.close();
+    }
+
+    /// `Unreachable`, for as long as it has not answered.
+    pub(super) fn health(&self) -> ClusterHealth {
+        match self.reachability.down() {
+            Some((down_for, cause)) => ClusterHealth::Unreachable { down_for, cause },
+            None => ClusterHealth::Unreachable {
+                down_for: self.since.elapsed(),
+                cause: self.cause.clone(),
+            },
+        }
+    }
+}
+
+/// Starts the sweep of the fleet in `inner`, unless it runs, in the tokio
+/// runtime of the caller (if any); it ends with the fleet.
+pub(super) fn start(inner: &Arc<Mutex<State>>, state: &mut State) {
+    if state.vigil.sweeping {
+        return;
+    }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    state.vigil.sweeping = true;
+    drop(runtime.spawn(sweeping(Arc::downgrade(inner))));
+}
+
+async fn sweeping(fleet: Weak<Mutex<State>>) {
+    let mut every = tokio::time::interval(SWEEP_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let Some(fleet) = fleet.upgrade() else {
+            return;
+        };
+        let mut state = fleet.lock().unwrap_or_else(|e| e.into_inner());
+        sweep(&mut state, Instant::now());
+    }
+}
+
+/// One look over the fleet at `now`.
+fn sweep(state: &mut State, now: Instant) {
+    if let Some(after) = state.vigil.idle_probe_after {
+        for cluster in state.clusters.values() {
+            cluster.shared_reachability().probe_if_silent(after, now);
+        }
+    }
+    if let Some(after) = state.vigil.set_aside_after {
+        let due: Vec<ClusterName> = state
+            .clusters
+            .iter()
+            .filter(|(_, cluster)| {
+                cluster.owns_reachability()
+                    && !cluster.reachability().is_answering()
+                    && cluster
+                        .reachability()
+                        .down()
+                        .is_some_and(|(down_for, _)| down_for >= after)
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in due {
+            set_aside(state, name);
+        }
+    }
+    let back: Vec<ClusterName> = state
+        .vigil
+        .set_aside
+        .iter()
+        .filter(|(_, aside)| aside.reachability.is_answering())
+        .map(|(name, _)| name.clone())
+        .collect();
+    for name in back {
+        engage_again(state, name);
+    }
+}
+
+fn set_aside(state: &mut State, name: ClusterName) {
+    let Some(cluster) = state.clusters.get(&name) else {
+        return;
+    };
+    let Some((down_for, cause)) = cluster.reachability().down() else {
+        return;
+    };
+    let Some(reachability) = cluster.set_aside() else {
+        return;
+    };
+    state.clusters.remove(&name);
+    tracing::warn!(
+        cluster = %name,
+        down_for = ?down_for,
+        cause = %cause,
+        "the cluster has not answered for too long: set aside (disengaged) until it answers"
+    );
+    state.publish(FleetEvent::Disengaged(name.clone()));
+    let aside = SetAside {
+        client: reachability.client().clone(),
+        since: Instant::now() - down_for,
+        cause,
+        reachability,
+    };
+    state.vigil.set_aside.insert(name, aside);
+}
+
+fn engage_again(state: &mut State, name: ClusterName) {
+    let Some(aside) = state.vigil.set_aside.remove(&name) else {
+        return;
+    };
+    let client = aside.client.clone();
+    let set_aside_for = aside.since.elapsed();
+    aside.forget();
+    let cluster = Cluster::listing(name.clone(), client, state.lists.clone(), state.budget);
+    tracing::warn!(cluster = %name, down_for = ?set_aside_for, "the cluster set aside answers again: engaged again");
+    state.clusters.insert(name, cluster.clone());
+    state.publish(FleetEvent::Engaged(cluster));
+}
