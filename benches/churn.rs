@@ -52,7 +52,8 @@ async fn main() -> Result<(), BoxError> {
     setup::fill(cluster.client(), objects).await?;
     let config = setup::direct_config(cluster).await?;
 
-    let fleet = Fleet::new();
+    // Every cluster is a name for one API server, on purpose.
+    let fleet = Fleet::new().with_duplicates(kube_fleet::Duplicates::Ignore);
     let (provider, handle) = ProgrammaticProvider::new();
     tokio::spawn({
         let fleet = fleet.clone();

@@ -83,6 +83,8 @@ async fn main() -> Result<(), BoxError> {
         Some(n) => Fleet::new().with_initial_lists(n),
         None => Fleet::new(),
     };
+    // Every cluster is a name for one of a few API servers, on purpose.
+    let fleet = fleet.with_duplicates(kube_fleet::Duplicates::Ignore);
     let fleet = match idle_probe {
         Some(0) => fleet.with_idle_probe(None),
         Some(seconds) => fleet.with_idle_probe(Some(Duration::from_secs(seconds))),

@@ -197,7 +197,8 @@ async fn measure(
     if options.bare {
         return measure_bare(config, clusters, options).await;
     }
-    let fleet = Fleet::new();
+    // Every cluster is a name for one API server, on purpose.
+    let fleet = Fleet::new().with_duplicates(kube_fleet::Duplicates::Ignore);
     let (provider, handle) = ProgrammaticProvider::new();
     let provider_task = tokio::spawn({
         let fleet = fleet.clone();

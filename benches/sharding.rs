@@ -52,7 +52,8 @@ fn start(
     shards: u32,
     last: &Last,
 ) -> Replica {
-    let fleet = Fleet::new();
+    // Every cluster is a name for one API server, on purpose.
+    let fleet = Fleet::new().with_duplicates(kube_fleet::Duplicates::Ignore);
     let (provider, handle) = ProgrammaticProvider::new();
     for (cluster, client) in clusters {
         handle.engage(cluster.as_str(), client.clone());

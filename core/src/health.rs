@@ -86,9 +86,11 @@ impl fmt::Display for ClusterHealth {
 /// it whether it is ready (`GET /readyz`), by default
 /// ([`Fleet::with_idle_probe`](crate::Fleet::with_idle_probe)).
 ///
-/// Every answer a cluster's client gets counts as hearing from it, so a
-/// cluster with work in hand is never asked; an idle one is asked about
-/// once a minute. A hung connection is found sooner by its HTTP/2 PINGs
+/// Every answer to a request of the cluster's client counts as hearing
+/// from it (a watch's events do not; its restarts, every few minutes, do),
+/// so a cluster with work in hand is not asked; an idle one is asked about
+/// once a minute. A probe that gets no answer within 5 s marks the cluster
+/// down. A hung connection is found sooner by its HTTP/2 PINGs
 /// ([`ClientOptions::keep_alive`](crate::client::ClientOptions::keep_alive));
 /// the probe finds what they cannot: an API server that holds its
 /// connections but is not ready (its etcd gone, say), and clients without

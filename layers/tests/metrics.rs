@@ -232,7 +232,8 @@ async fn following_a_fleet_keeps_nothing_of_it_alive_once_both_are_dropped() {
         http::Request<kube::client::Body>,
         http::Response<kube::client::Body>,
     >();
-    let fleet = Fleet::new();
+    // No identity read: the mock answers nothing, and must see no request.
+    let fleet = Fleet::new().with_duplicates(kube_fleet::Duplicates::Ignore);
     fleet.engage("east", kube::Client::new(idle, "default"));
     let metrics = ReconcileMetrics::new(&mut Registry::default()).follow(&fleet);
     drop(metrics);

@@ -111,6 +111,19 @@ impl Readiness {
                 unwell.len() - UNWELL_TOLD
             );
         }
+        // Names offered for a cluster engaged under another, and clusters
+        // whose identity could not be read: told too.
+        let problems = self.fleet.problems().current();
+        for (source, problem) in problems.iter().take(UNWELL_TOLD) {
+            let _ = writeln!(lines, "{source}: {problem}");
+        }
+        if problems.len() > UNWELL_TOLD {
+            let _ = writeln!(
+                lines,
+                "and {} more problems of the fleet (Fleet::problems)",
+                problems.len() - UNWELL_TOLD
+            );
+        }
         let head = if ready { "ready" } else { "not ready" };
         (ready, format!("{head}\n{lines}"))
     }

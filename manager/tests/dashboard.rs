@@ -215,7 +215,7 @@ async fn the_dashboard_reads_only_metrics_the_manager_exports() {
         .iter()
         .map(|v| v["name"].as_str().expect("a variable's name"))
         .collect();
-    for wanted in ["datasource", "cluster", "controller"] {
+    for wanted in ["datasource", "job", "cluster", "controller"] {
         assert!(variables.contains(wanted), "variable {wanted}");
     }
 

@@ -21,7 +21,7 @@ use kube::{
     api::{ObjectMeta, PostParams},
     runtime::watcher,
 };
-use kube_fleet::{Controller, Fleet};
+use kube_fleet::{Controller, Fleet, controller::Config};
 use kube_fleet_envtest::Envtest;
 use kube_fleet_manager::{ElectionStatus, Error, LeaderElection, Manager, Role};
 use support::{PATIENCE, Records, assert_no_overlap, config_maps};
@@ -56,13 +56,27 @@ impl Replica {
         client: Client,
         records: &Records,
     ) -> Self {
+        Self::start_with(identity, recorded, label, client, records, false).0
+    }
+
+    /// [`start_as`](Self::start_as), as a warm standby if `warm`; with its
+    /// fleet.
+    fn start_with(
+        identity: &str,
+        recorded: &str,
+        label: &str,
+        client: Client,
+        records: &Records,
+        warm: bool,
+    ) -> (Self, Fleet) {
         let fleet = Fleet::new();
         fleet.engage("member", client.clone());
         let controller = Controller::<ConfigMap>::new(
             &fleet,
             watcher::Config::default().labels(&format!("{label}=true")),
         )
-        .named("echo");
+        .named("echo")
+        .with_config(Config::default().warm_standby(warm));
         let (stop, stopped) = oneshot::channel::<()>();
         let election = LeaderElection::new(format!("{label}-leader"))
             .namespace("default")
@@ -85,12 +99,71 @@ impl Replica {
                     Duration::from_millis(100),
                 ),
             );
-        Self {
+        let replica = Self {
             status,
             stop: Some(stop),
             run: tokio::spawn(manager.run()),
-        }
+        };
+        (replica, fleet)
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_standby_keeps_its_watches_synced_and_takes_over_from_them() {
+    let env = Envtest::start(1).await.expect("envtest");
+    let cluster = &env.clusters()[0];
+    config_maps(cluster.client(), "warm", 3).await;
+    let records = Records::default();
+    let config = watcher::Config::default().labels("warm=true");
+
+    let mut a = Replica::start("a", "warm", cluster.client(), &records);
+    records.first_after("a", Instant::now()).await;
+    let (mut b, b_fleet) = Replica::start_with("b", "b", "warm", cluster.client(), &records, true);
+    let (mut c, c_fleet) = Replica::start_with("c", "c", "warm", cluster.client(), &records, false);
+    // The warm standby's watch runs and syncs while it does not lead; the
+    // cold one's does not run.
+    let member = |fleet: &Fleet| fleet.get("member").expect("engaged");
+    let deadline = Instant::now() + PATIENCE;
+    while member(&b_fleet).cache().watch_count() == 0 {
+        assert!(Instant::now() < deadline, "b's watch did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let watch = member(&b_fleet).cache().watch::<ConfigMap>(&config);
+    tokio::time::timeout(PATIENCE, watch.synced())
+        .await
+        .expect("b's watch syncs");
+    assert_eq!(
+        watch.store().state().len(),
+        3,
+        "b's cache holds the objects"
+    );
+    assert_eq!(
+        member(&c_fleet).cache().watch_count(),
+        0,
+        "c watches nothing"
+    );
+    assert!(records.of("b").is_empty() && records.of("c").is_empty());
+
+    // The cold standby leaves; the leader hands over to the warm one,
+    // which reconciles every object.
+    let _ = c.stop.take().expect("c runs").send(());
+    let _ = tokio::time::timeout(PATIENCE, &mut c.run).await;
+    let stopping = Instant::now();
+    let _ = a.stop.take().expect("a runs").send(());
+    let _ = tokio::time::timeout(PATIENCE, &mut a.run).await;
+    records.first_after("b", stopping).await;
+    let deadline = Instant::now() + PATIENCE;
+    while records.of("b").len() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "b reconciled {:?}",
+            records.of("b")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(b.status.role(), Role::Leading);
+    let _ = b.stop.take().expect("b runs").send(());
+    let _ = tokio::time::timeout(PATIENCE, b.run).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

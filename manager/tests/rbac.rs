@@ -62,20 +62,29 @@ impl Operator {
 
         // What it prints is what it needs, and valid YAML for kubectl.
         let read = ["get", "list", "watch"];
+        // With the fleet's identity reads, to find one cluster under two
+        // names.
+        let identity = |rules: &[Rule]| {
+            let mut rules = rules.to_vec();
+            rules.push(Rule::new("", "namespaces", ["get"]));
+            rules.push(Rule::new("about.k8s.io", "clusterproperties", ["get"]));
+            rules.sort_by(|a, b| (&a.api_groups, &a.resources).cmp(&(&b.api_groups, &b.resources)));
+            rules
+        };
         assert_eq!(
             permissions.rules(Scope::Local),
-            [
+            identity(&[
                 Rule::new("", "configmaps", ["get", "list", "patch", "watch"]),
                 Rule::new("", "secrets", read),
-            ]
+            ])
         );
         assert_eq!(
             permissions.rules(Scope::Members),
-            [Rule::new(
+            identity(&[Rule::new(
                 "",
                 "configmaps",
                 ["get", "list", "patch", "watch"]
-            )]
+            )])
         );
         let printed: Vec<ClusterRole> =
             serde_saphyr::from_multiple(&manager.rbac_yaml(LOCAL_ROLE)).expect("valid YAML");

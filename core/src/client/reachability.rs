@@ -137,9 +137,23 @@ impl Reachability {
     /// heard; none marks the cluster down, and the probe then goes on as
     /// for any outage.
     pub(crate) fn probe_if_silent(self: &Arc<Self>, after: Duration, now: Instant) {
-        if self.is_answering() && !self.is_closed() && self.silent_for(now) >= after {
-            self.probe(true);
+        if self.is_answering()
+            && !self.is_closed()
+            && self.silent_for(now) >= after
+            && !self.probing.load(Ordering::SeqCst)
+        {
+            // Asked counts as heard: a probe that learns nothing (no
+            // credentials to ask with) is not made again before `after`.
+            self.heard();
+            self.probe_idle();
         }
+    }
+
+    /// Asks at once whether a quiet cluster is ready; no answer in the
+    /// probe's time marks it down (it is quiet: the wait cannot be for a
+    /// request of its own).
+    fn probe_idle(self: &Arc<Self>) {
+        self.start_probe(true, true);
     }
 
     /// Whether the cluster answered its client's last request (or has not
@@ -247,6 +261,10 @@ impl Reachability {
     /// Starts the probe, unless one runs: asking at once if `now`, else
     /// after the interval.
     fn probe(self: &Arc<Self>, now: bool) {
+        self.start_probe(now, false);
+    }
+
+    fn start_probe(self: &Arc<Self>, now: bool, idle: bool) {
         if self.is_closed() || self.probing.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -254,7 +272,7 @@ impl Reachability {
             reachability: Arc::downgrade(self),
             finished: false,
         };
-        let probe = probe(probing, self.client.clone(), now);
+        let probe = probe(probing, self.client.clone(), now, idle);
         match &self.runtime {
             Some(runtime) => drop(runtime.spawn(probe)),
             None => drop(tokio::spawn(probe)),
@@ -310,12 +328,17 @@ impl Drop for Probing {
 /// confirm a gateway's failure); while it does not answer, again after each
 /// interval, until it does, its engagement ends, or no one holds it any
 /// more.
-async fn probe(mut probing: Probing, client: ClusterClient, now: bool) {
-    asking(&probing.reachability, &client, now).await;
+async fn probe(mut probing: Probing, client: ClusterClient, now: bool, idle: bool) {
+    asking(&probing.reachability, &client, now, idle).await;
     probing.finished = true;
 }
 
-async fn asking(reachability: &Weak<Reachability>, client: &ClusterClient, mut now: bool) {
+async fn asking(
+    reachability: &Weak<Reachability>,
+    client: &ClusterClient,
+    mut now: bool,
+    mut idle: bool,
+) {
     loop {
         if !now {
             let Some(interval) = reachability.upgrade().map(|r| r.interval()) else {
@@ -339,8 +362,9 @@ async fn asking(reachability: &Weak<Reachability>, client: &ClusterClient, mut n
                 reachability.went_down(|| cause);
             }
             // A cluster that answers is not marked down for a probe that
-            // waited too long: the wait may have been for its credentials.
-            Probed::TimedOut(_) if reachability.is_answering() => {}
+            // waited too long: the wait may have been for its credentials,
+            // unless the probe asks a quiet cluster.
+            Probed::TimedOut(_) if reachability.is_answering() && !idle => {}
             Probed::TimedOut(cause) => {
                 reachability.went_down(|| cause);
             }
@@ -349,6 +373,7 @@ async fn asking(reachability: &Weak<Reachability>, client: &ClusterClient, mut n
         if reachability.is_answering() {
             return;
         }
+        idle = false;
     }
 }
 

@@ -80,6 +80,7 @@ pub struct Config {
     pub(crate) backoff: Backoff,
     pub(crate) sync_timeout: Duration,
     pub(crate) shutdown_timeout: Duration,
+    pub(crate) warm_standby: bool,
 }
 
 impl Default for Config {
@@ -92,6 +93,7 @@ impl Default for Config {
             backoff: Backoff::default(),
             sync_timeout: DEFAULT_SYNC_TIMEOUT,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            warm_standby: false,
         }
     }
 }
@@ -175,5 +177,28 @@ impl Config {
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.shutdown_timeout = timeout;
         self
+    }
+
+    /// Whether a replica that does not lead keeps this controller's
+    /// watches synced (default `false`): the manager then runs
+    /// [`Controller::warm_up`](crate::Controller::warm_up) from its start,
+    /// so that on taking over the controller reconciles at once from
+    /// caches already full, rather than after listing every type in every
+    /// cluster. A standby then costs what the leader's watches cost.
+    ///
+    /// ```
+    /// use kube_fleet::controller::Config;
+    ///
+    /// let config = Config::default().warm_standby(true);
+    /// assert!(config.is_warm_standby());
+    /// ```
+    pub fn warm_standby(mut self, warm: bool) -> Self {
+        self.warm_standby = warm;
+        self
+    }
+
+    /// Whether a standby keeps the controller's watches synced.
+    pub fn is_warm_standby(&self) -> bool {
+        self.warm_standby
     }
 }

@@ -47,6 +47,7 @@ mod runner;
 mod selector;
 mod status;
 mod trigger;
+mod warm;
 pub(crate) mod watch;
 
 use std::{fmt, future::Future, marker::PhantomData, sync::Arc};
@@ -60,6 +61,7 @@ pub use config::{
 pub use error::{Error, ErrorPolicy};
 pub use selector::ClusterSelector;
 pub use status::{ClusterStatus, ControllerStatus};
+pub use warm::WarmUp;
 use watch::Resolved;
 pub use watch::Watch;
 
@@ -276,6 +278,43 @@ impl<K: Watchable> Controller<K> {
     pub fn reconcile_all_on(mut self, signal: impl Stream<Item = ()> + Send + 'static) -> Self {
         self.reconcile_all.push(signal.boxed());
         self
+    }
+
+    /// The controller's watches, kept running and synced in every cluster
+    /// it would serve without reconciling anything, for as long as the
+    /// returned future runs: for a standby replica, so that on taking
+    /// over the controller serves each cluster at once (see [`WarmUp`]).
+    /// The manager runs it for a controller configured with
+    /// [`Config::warm_standby`].
+    ///
+    /// ```no_run
+    /// # use k8s_openapi::api::core::v1::ConfigMap;
+    /// # use kube::runtime::watcher;
+    /// # use kube_fleet::{Controller, Fleet};
+    /// # async fn example(fleet: Fleet, leading: impl std::future::Future<Output = ()>) {
+    /// let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default());
+    /// let warm = tokio::spawn(controller.warm_up());
+    /// leading.await;
+    /// // The controller finds its watches synced in every cluster.
+    /// # let service = tower::service_fn(|_: kube_fleet::ObjectRequest<ConfigMap>| async {
+    /// #     Ok::<_, tower::BoxError>(kube_fleet::Action::await_change())
+    /// # });
+    /// controller.run(service).await.unwrap();
+    /// # warm.abort();
+    /// # }
+    /// ```
+    pub fn warm_up(&self) -> WarmUp {
+        WarmUp::new(
+            self.fleet.clone(),
+            self.clusters.clone(),
+            self.for_trigger.as_ref().map(|own| own.watch.clone()),
+            self.triggers.clone(),
+        )
+    }
+
+    /// Its configuration ([`with_config`](Self::with_config)).
+    pub fn config(&self) -> &Config {
+        &self.config
     }
 
     /// A handle to the number of keys waiting in this controller's queue.

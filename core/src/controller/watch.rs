@@ -209,6 +209,19 @@ pub(crate) struct Resolved<T: Watchable> {
     pub(crate) shape: Shape,
 }
 
+impl<T: Watchable> Clone for Resolved<T> {
+    fn clone(&self) -> Self {
+        Self {
+            dyntype: self.dyntype.clone(),
+            config: self.config.clone(),
+            clusters: self.clusters.clone(),
+            namespace: self.namespace.clone(),
+            namespaced: self.namespaced,
+            shape: self.shape.clone(),
+        }
+    }
+}
+
 impl<T: Watchable> Resolved<T> {
     /// The shared watch this describes in `cluster`, started if none runs:
     /// the same one a controller's trigger with this watch reads.

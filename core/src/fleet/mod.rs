@@ -1,5 +1,6 @@
 //! The fleet: the engaged clusters, and the one place that changes them.
 
+mod duplicates;
 mod set_aside;
 
 use std::{
@@ -20,7 +21,10 @@ use crate::{
     cluster::Cluster,
     cluster_name::ClusterName,
     health::ClusterHealth,
+    problems::Problems,
 };
+use duplicates::Sameness;
+pub use duplicates::{Duplicate, Duplicates};
 use set_aside::Vigil;
 
 /// A change in the fleet, as controllers see it.
@@ -50,7 +54,8 @@ pub struct FleetSubscription {
 ///
 /// Engaging and disengaging take effect at once and in the order they are
 /// made, so for every name the fleet is in the state of the last event about
-/// it. A cluster is visible as soon as it is engaged; each controller then
+/// it (with [`Duplicates::EngageOnce`], a new name joins once its
+/// cluster's identity is read). A cluster is visible as soon as it is engaged; each controller then
 /// starts its watches there and serves the cluster once they have synced
 /// (see [`Controller::status`](crate::Controller::status)). A cluster that is
 /// slow, unreachable or lacks a type thus holds up no other cluster, and no
@@ -85,6 +90,8 @@ struct State {
     budget: RequestBudget,
     /// What the fleet does on its own about its clusters' answers.
     vigil: Vigil,
+    /// Which cluster each name is.
+    same: Sameness,
 }
 
 impl Default for State {
@@ -95,6 +102,7 @@ impl Default for State {
             lists: InitialLists::new(InitialLists::DEFAULT),
             budget: RequestBudget::DEFAULT,
             vigil: Vigil::default(),
+            same: Sameness::default(),
         }
     }
 }
@@ -337,7 +345,11 @@ impl Fleet {
         self.engagements()
     }
 
-    /// Engages `name` through `client`; the cluster is visible at once.
+    /// Engages `name` through `client`; the cluster is visible at once
+    /// (with [`Duplicates::EngageOnce`], once its identity is read and no
+    /// other name serves the same cluster; until then the returned
+    /// `Cluster` is not in the fleet, and if it is held back it is
+    /// [disengaged](Cluster::disengaged)).
     ///
     /// Engaging a name that is engaged already replaces that cluster: the
     /// old one is [disengaged](Cluster::disengaged) (its watches stop once controllers
@@ -348,61 +360,130 @@ impl Fleet {
         name: impl Into<ClusterName>,
         client: impl Into<ClusterClient>,
     ) -> Cluster {
+        let name = name.into();
         let (lists, budget) = {
             let state = self.state();
             (state.lists.clone(), state.budget)
         };
-        self.insert(Cluster::listing(name, client.into(), lists, budget))
+        let cluster = Cluster::listing(name.clone(), client.into(), lists, budget);
+        let mut state = self.state();
+        self.offered(&mut state, &name);
+        duplicates::admit(&self.inner, &mut state, cluster.clone());
+        cluster
     }
 
     /// Engages (or replaces) the cluster `name` that is a namespace of a
     /// host: see [`HostCache`](crate::cache::HostCache). Call it inside a
-    /// tokio runtime.
+    /// tokio runtime. Namespaces of one host are one cluster's, by design:
+    /// they are not checked for [duplicates](Self::with_duplicates).
     pub fn engage_view(&self, name: impl Into<ClusterName>, view: NamespaceView) -> Cluster {
+        let name = name.into();
         let budget = self.request_budget();
-        self.insert(Cluster::viewing(name, &view, budget))
+        let cluster = Cluster::viewing(name.clone(), &view, budget);
+        let mut state = self.state();
+        self.offered(&mut state, &name);
+        insert_locked(&mut state, cluster.clone());
+        for heir in duplicates::heirs(&mut state) {
+            engage_heir(&mut state, heir);
+        }
+        cluster
     }
 
-    fn insert(&self, cluster: Cluster) -> Cluster {
-        let name = cluster.name().clone();
-        let mut state = self.state();
-        set_aside::start(&self.inner, &mut state);
-        if let Some(aside) = state.vigil.set_aside.remove(&name) {
+    /// `name` is offered anew: what was known of it goes (a cluster set
+    /// aside under it, its identity, its wait), and the sweep runs. A name
+    /// engaged keeps its engagement until the new one replaces it.
+    fn offered(&self, state: &mut State, name: &ClusterName) {
+        set_aside::start(&self.inner, state);
+        if let Some(aside) = state.vigil.set_aside.remove(name) {
             aside.forget();
         }
-        if let Some(replaced) = state.clusters.insert(name.clone(), cluster.clone()) {
-            replaced.leave();
-            tracing::info!(cluster = %name, "cluster replaced");
-        } else {
-            tracing::info!(cluster = %name, "cluster engaged");
-        }
-        state.publish(FleetEvent::Engaged(cluster.clone()));
-        cluster
+        duplicates::forget(state, name);
     }
 
     /// Disengages `name`: it is no longer visible, its reconciles are
     /// cancelled, and controllers stop its watches and forget its queued
     /// work. Returns whether the cluster was engaged. A cluster
-    /// [set aside](Self::with_set_aside_after) under `name` is forgotten
-    /// (and `true` returned).
+    /// [set aside](Self::with_set_aside_after) under `name`, or waiting
+    /// for its identity or held back as a
+    /// [duplicate](Self::with_duplicates), is forgotten (and `true`
+    /// returned).
     pub fn disengage<Q>(&self, name: &Q) -> bool
     where
         ClusterName: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         let mut state = self.state();
-        if let Some((name, aside)) = state.vigil.set_aside.remove_entry(name) {
-            aside.forget();
-            tracing::info!(cluster = %name, "cluster set aside disengaged");
-            return true;
-        }
-        let Some((name, cluster)) = state.clusters.remove_entry(name) else {
+        let known = state
+            .clusters
+            .get_key_value(name)
+            .map(|(name, _)| name.clone())
+            .or_else(|| state.same.waiting(name))
+            .or_else(|| {
+                state
+                    .vigil
+                    .set_aside
+                    .get_key_value(name)
+                    .map(|(name, _)| name.clone())
+            });
+        let Some(name) = known else {
             return false;
         };
-        cluster.leave();
-        state.publish(FleetEvent::Disengaged(name.clone()));
-        tracing::info!(cluster = %name, "cluster disengaged");
+        if let Some(aside) = state.vigil.set_aside.remove::<ClusterName>(&name) {
+            aside.forget();
+            tracing::info!(cluster = %name, "cluster set aside disengaged");
+        }
+        duplicates::forget(&mut state, &name);
+        if let Some(cluster) = state.clusters.remove::<ClusterName>(&name) {
+            cluster.leave();
+            state.publish(FleetEvent::Disengaged(name.clone()));
+            tracing::info!(cluster = %name, "cluster disengaged");
+        }
+        for heir in duplicates::heirs(&mut state) {
+            engage_heir(&mut state, heir);
+        }
         true
+    }
+
+    /// What is wrong with the clusters as offered, under the source
+    /// `cluster "<name>"`: a name that is a cluster engaged under another
+    /// (engaged too, or held back; see
+    /// [`with_duplicates`](Self::with_duplicates)), or whose identity could
+    /// not be read, so that it was not checked.
+    ///
+    /// ```
+    /// let fleet = kube_fleet::Fleet::new();
+    /// assert!(fleet.problems().current().is_empty());
+    /// ```
+    pub fn problems(&self) -> Problems {
+        self.state().same.problems.clone()
+    }
+
+    /// This fleet, which does `policy` when two names it engages are one
+    /// cluster (default [`Duplicates::Warn`]). It holds for every clone of
+    /// the fleet and for the clusters engaged from now on: set it before
+    /// engaging.
+    ///
+    /// ```
+    /// use kube_fleet::{Duplicates, Fleet};
+    ///
+    /// let fleet = Fleet::new().with_duplicates(Duplicates::Ignore);
+    /// assert_eq!(fleet.duplicate_policy(), Duplicates::Ignore);
+    /// ```
+    pub fn with_duplicates(self, policy: Duplicates) -> Self {
+        self.state().same.policy = policy;
+        self
+    }
+
+    /// What the fleet does when two names are one cluster.
+    pub fn duplicate_policy(&self) -> Duplicates {
+        self.state().same.policy
+    }
+
+    /// Every name offered for a cluster engaged under another, by name:
+    /// engaged too ([`Duplicates::Warn`]) or held back
+    /// ([`Duplicates::EngageOnce`]).
+    pub fn duplicates(&self) -> Vec<Duplicate> {
+        self.state().same.duplicates()
     }
 
     /// Applies a provider's events, in order, until its stream ends.
@@ -452,6 +533,26 @@ impl Fleet {
             }
         }
     }
+}
+
+/// Makes `cluster` the one engaged under its name, replacing any, and
+/// tells the subscribers.
+fn insert_locked(state: &mut State, cluster: Cluster) {
+    let name = cluster.name().clone();
+    if let Some(replaced) = state.clusters.insert(name.clone(), cluster.clone()) {
+        replaced.leave();
+        tracing::info!(cluster = %name, "cluster replaced");
+    } else {
+        tracing::info!(cluster = %name, "cluster engaged");
+    }
+    state.publish(FleetEvent::Engaged(cluster));
+}
+
+/// Engages a name held back in the place of its cluster's name that left.
+fn engage_heir(state: &mut State, (name, client, id): duplicates::Heir) {
+    let cluster = Cluster::listing(name.clone(), client, state.lists.clone(), state.budget);
+    state.same.register(name, id);
+    insert_locked(state, cluster);
 }
 
 /// A change in the set of clusters a provider knows, as the fleet applies

@@ -30,8 +30,9 @@ pub(super) struct Vigil {
     pub(super) set_aside_after: Option<Duration>,
     /// The clusters set aside, by name.
     pub(super) set_aside: HashMap<ClusterName, SetAside>,
-    /// The sweep runs.
-    sweeping: bool,
+    /// The sweep's task, once started: started again if its runtime has
+    /// gone.
+    sweeping: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Default for Vigil {
@@ -40,7 +41,7 @@ impl Default for Vigil {
             idle_probe_after: Some(IDLE_PROBE_AFTER),
             set_aside_after: None,
             set_aside: HashMap::new(),
-            sweeping: false,
+            sweeping: None,
         }
     }
 }
@@ -76,16 +77,21 @@ impl SetAside {
 }
 
 /// Starts the sweep of the fleet in `inner`, unless it runs, in the tokio
-/// runtime of the caller (if any); it ends with the fleet.
+/// runtime of the caller (if any); it ends with the fleet, or with its
+/// runtime (and starts again in the next caller's).
 pub(super) fn start(inner: &Arc<Mutex<State>>, state: &mut State) {
-    if state.vigil.sweeping {
+    if state
+        .vigil
+        .sweeping
+        .as_ref()
+        .is_some_and(|task| !task.is_finished())
+    {
         return;
     }
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    state.vigil.sweeping = true;
-    drop(runtime.spawn(sweeping(Arc::downgrade(inner))));
+    state.vigil.sweeping = Some(runtime.spawn(sweeping(Arc::downgrade(inner))));
 }
 
 async fn sweeping(fleet: Weak<Mutex<State>>) {
@@ -97,12 +103,12 @@ async fn sweeping(fleet: Weak<Mutex<State>>) {
             return;
         };
         let mut state = fleet.lock().unwrap_or_else(|e| e.into_inner());
-        sweep(&mut state, Instant::now());
+        sweep(&fleet, &mut state, Instant::now());
     }
 }
 
-/// One look over the fleet at `now`.
-fn sweep(state: &mut State, now: Instant) {
+/// One look over the fleet in `inner` at `now`.
+fn sweep(inner: &Arc<Mutex<State>>, state: &mut State, now: Instant) {
     if let Some(after) = state.vigil.idle_probe_after {
         for cluster in state.clusters.values() {
             cluster.shared_reachability().probe_if_silent(after, now);
@@ -134,7 +140,7 @@ fn sweep(state: &mut State, now: Instant) {
         .map(|(name, _)| name.clone())
         .collect();
     for name in back {
-        engage_again(state, name);
+        engage_again(inner, state, name);
     }
 }
 
@@ -162,10 +168,15 @@ fn set_aside(state: &mut State, name: ClusterName) {
         cause,
         reachability,
     };
-    state.vigil.set_aside.insert(name, aside);
+    state.vigil.set_aside.insert(name.clone(), aside);
+    // Another name held back for the same cluster may serve it meanwhile.
+    super::duplicates::forget(state, &name);
+    for heir in super::duplicates::heirs(state) {
+        super::engage_heir(state, heir);
+    }
 }
 
-fn engage_again(state: &mut State, name: ClusterName) {
+fn engage_again(inner: &Arc<Mutex<State>>, state: &mut State, name: ClusterName) {
     let Some(aside) = state.vigil.set_aside.remove(&name) else {
         return;
     };
@@ -174,6 +185,6 @@ fn engage_again(state: &mut State, name: ClusterName) {
     aside.forget();
     let cluster = Cluster::listing(name.clone(), client, state.lists.clone(), state.budget);
     tracing::warn!(cluster = %name, down_for = ?set_aside_for, "the cluster set aside answers again: engaged again");
-    state.clusters.insert(name, cluster.clone());
-    state.publish(FleetEvent::Engaged(cluster));
+    // Checked again, as any offer: another name may serve it now.
+    super::duplicates::admit(inner, state, cluster);
 }

@@ -11,15 +11,14 @@
 mod engagements;
 pub mod kubeconfig;
 mod local;
-mod problems;
 mod programmatic;
 mod request_budget;
 mod seen;
 
 pub use crate::fleet::ClusterEvent;
+pub use crate::problems::Problems;
 pub use engagements::{BuildError, Engagements};
 pub use local::LocalProvider;
-pub use problems::Problems;
 pub use programmatic::{ProgrammaticHandle, ProgrammaticProvider};
 pub use request_budget::with_request_budget;
 pub use seen::{Change, Seen};

@@ -255,6 +255,9 @@ impl Queue {
         self.shared_token = false;
         let cluster = self.clusters.get_mut(&name)?;
         cluster.has_token = false;
+        // One reading, kept with the run and counted now, so that its end
+        // finds it among the runs under way.
+        let started = self.metrics.as_ref().map(|_| Instant::now());
         let key = loop {
             let lane = if cluster.changed_last && !cluster.listed.is_empty() {
                 Lane::Listed
@@ -283,8 +286,8 @@ impl Queue {
                 _ => None,
             };
             if let Some(since) = since {
-                if let Some(metrics) = &self.metrics {
-                    cluster.started(metrics, &name, since, Instant::now());
+                if let (Some(metrics), Some(started)) = (&self.metrics, started) {
+                    cluster.started(metrics, &name, since, started);
                 }
                 cluster.changed_last = lane == Lane::Changed;
                 break key;
@@ -320,7 +323,7 @@ impl Queue {
                     rerun: None,
                     purged: false,
                     recoveries,
-                    started: self.metrics.as_ref().map(|_| Instant::now()),
+                    started,
                 };
                 state.reason.clone()
             }

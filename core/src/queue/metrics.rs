@@ -189,8 +189,11 @@ impl ClusterStats {
     /// epoch); `oldest` is the earliest start of the runs under way now.
     pub(super) fn started(&self, waited: Duration, start: u64, oldest: u64) {
         self.queue_duration.observe(waited);
-        self.running.fetch_add(1, Ordering::Relaxed);
+        // The sum before the count, and the count read first: a reading
+        // between the two may understate the work under way, never
+        // overstate it.
         self.started_sum.fetch_add(start, Ordering::Relaxed);
+        self.running.fetch_add(1, Ordering::Release);
         self.oldest.store(oldest + 1, Ordering::Relaxed);
     }
 
@@ -198,7 +201,7 @@ impl ClusterStats {
     /// `oldest` is the earliest start of the runs still under way.
     pub(super) fn finished(&self, took: Duration, start: u64, oldest: Option<u64>) {
         self.work_duration.observe(took);
-        self.running.fetch_sub(1, Ordering::Relaxed);
+        self.running.fetch_sub(1, Ordering::Release);
         self.started_sum.fetch_sub(start, Ordering::Relaxed);
         self.oldest
             .store(oldest.map_or(0, |o| o + 1), Ordering::Relaxed);
@@ -206,7 +209,7 @@ impl ClusterStats {
 
     fn read(&self, epoch: Instant, now: Instant) -> ClusterQueueMetrics {
         let now = nanos(now.saturating_duration_since(epoch));
-        let running = self.running.load(Ordering::Relaxed);
+        let running = self.running.load(Ordering::Acquire);
         let started = self.started_sum.load(Ordering::Relaxed);
         let unfinished = (running.saturating_mul(now)).saturating_sub(started);
         let oldest = self.oldest.load(Ordering::Relaxed);

@@ -88,6 +88,18 @@ pub(crate) struct Queue {
     metrics: Option<QueueMetrics>,
 }
 
+impl Drop for Queue {
+    /// The controller has stopped: its figures go, rather than stand still
+    /// with runs that will never end.
+    fn drop(&mut self) {
+        if let Some(metrics) = &self.metrics {
+            for cluster in self.clusters.keys() {
+                metrics.forget(cluster);
+            }
+        }
+    }
+}
+
 /// The key the queue admits next, taken out only by [`pop`](Self::pop): a
 /// caller whose service is not ready leaves it first in line.
 pub(crate) struct PopReady<'a> {

@@ -966,3 +966,26 @@ async fn each_clusters_figures_are_counted_and_go_with_the_cluster() {
     assert!(figures("a").is_none(), "its series go with the cluster");
     assert!(figures("b").is_some());
 }
+
+#[tokio::test]
+async fn a_run_that_ended_is_no_longer_counted_as_under_way() {
+    let metrics = QueueMetrics::default();
+    let mut queue = queue();
+    queue.count_in(metrics.clone());
+    // Served: its entry, and its figures, stay while it has no key.
+    queue.hold(&ClusterName::from("a"));
+    queue.release(&ClusterName::from("a"));
+    for name in ["x", "y"] {
+        push(&mut queue, key("a", name));
+    }
+    let started = start_all_now(&mut queue);
+    std::thread::sleep(Duration::from_millis(2));
+    queue.complete(&started[0], success());
+    let a = &metrics.clusters()[0].1;
+    assert!(a.longest_running > Duration::ZERO, "one still runs");
+    queue.complete(&started[1], success());
+    let a = &metrics.clusters()[0].1;
+    assert_eq!(a.longest_running, Duration::ZERO, "none runs");
+    assert_eq!(a.unfinished_work, Duration::ZERO);
+    assert_eq!(a.work_duration.count, 2);
+}

@@ -11,7 +11,10 @@ use prometheus_client::{
 /// Reports, at each scrape, `kube_fleet_engaged_clusters`, the number of
 /// clusters the fleet has engaged, `kube_fleet_set_aside_clusters`, the
 /// number it has [set aside](kube_fleet::Fleet::with_set_aside_after) for
-/// want of an answer, and `kube_fleet_cluster_health{cluster, state}`: one
+/// want of an answer, `kube_fleet_duplicate_clusters`, the names offered
+/// for a cluster engaged under another
+/// ([`Fleet::duplicates`](kube_fleet::Fleet::duplicates)), and
+/// `kube_fleet_cluster_health{cluster, state}`: one
 /// series per engaged or set-aside cluster, of value 1, whose `state` is
 /// its [`ClusterHealth::state`](kube_fleet::health::ClusterHealth::state)
 /// (`healthy`, `degraded` or `unreachable`); a cluster's series goes when it
@@ -32,7 +35,7 @@ impl Collector for FleetCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let health = self.fleet.health();
         let set_aside = self.fleet.set_aside().len();
-        let engaged = ConstGauge::new(health.len().saturating_sub(set_aside) as i64);
+        let engaged = ConstGauge::new(self.fleet.clusters().len() as i64);
         let metric = encoder.encode_descriptor(
             "kube_fleet_engaged_clusters",
             "Clusters engaged in the fleet",
@@ -48,6 +51,14 @@ impl Collector for FleetCollector {
             aside.metric_type(),
         )?;
         aside.encode(metric)?;
+        let duplicates = ConstGauge::new(self.fleet.duplicates().len() as i64);
+        let metric = encoder.encode_descriptor(
+            "kube_fleet_duplicate_clusters",
+            "Names offered for a cluster engaged under another name (Fleet::duplicates)",
+            None,
+            duplicates.metric_type(),
+        )?;
+        duplicates.encode(metric)?;
         let mut family = encoder.encode_descriptor(
             "kube_fleet_cluster_health",
             "Each engaged or set-aside cluster's health: 1 under its state (healthy, degraded, unreachable)",

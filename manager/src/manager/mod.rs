@@ -11,9 +11,10 @@ use std::{
 
 use futures::{FutureExt, Stream, StreamExt, future::BoxFuture, stream::BoxStream};
 use kube_fleet::{
-    Action, Controller, Fleet, ObjectRequest,
+    Action, Controller, Duplicates, Fleet, ObjectRequest,
     cache::Watchable,
     controller::ControllerStatus,
+    identity::ClusterIdentity,
     provider::ClusterEvent,
     rbac::{Permissions, Rule, Scope},
 };
@@ -42,6 +43,9 @@ struct Added {
     permissions: Permissions,
     started: Arc<AtomicBool>,
     start: Start,
+    /// Its watches kept synced from the manager's start, for a controller
+    /// configured as a warm standby.
+    warm: Option<kube_fleet::controller::WarmUp>,
 }
 
 enum Address {
@@ -131,7 +135,12 @@ impl Manager {
     /// Runs `controller` with `service` ([`Controller::run`]) once this
     /// replica leads (at once without leader election), until the manager
     /// stops. The manager sets the controller's graceful shutdown: a
-    /// signal given to the controller itself is replaced.
+    /// signal given to the controller itself is replaced. A controller
+    /// configured with
+    /// [`Config::warm_standby`](kube_fleet::controller::Config::warm_standby)
+    /// has its watches kept synced from the manager's start, while this
+    /// replica waits for the Lease, so that it reconciles at once on taking
+    /// over ([`Controller::warm_up`]).
     pub fn controller<K, S>(mut self, controller: Controller<K>, service: S) -> Self
     where
         K: Watchable,
@@ -143,6 +152,10 @@ impl Manager {
         let name = controller.name().to_owned();
         let status = controller.status();
         let permissions = controller.permissions();
+        let warm = controller
+            .config()
+            .is_warm_standby()
+            .then(|| controller.warm_up());
         let start: Start = Box::new(move |shutdown, gate| {
             controller
                 .graceful_shutdown_on(shutdown)
@@ -155,6 +168,7 @@ impl Manager {
             permissions,
             started: Arc::new(AtomicBool::new(false)),
             start,
+            warm,
         });
         self
     }
@@ -222,7 +236,11 @@ impl Manager {
     /// [sharding](Self::sharding), `list` and `delete` as well). A Lease
     /// reached through [`LeaderElection::client`] or [`Sharding::client`]
     /// lives in that client's cluster: a note says so, since the rules
-    /// then belong there.
+    /// then belong there. Unless the fleet ignores
+    /// [duplicates](kube_fleet::Duplicates::Ignore), `get` on `namespaces`
+    /// and on `about.k8s.io` `clusterproperties` in every cluster as well
+    /// ([`ClusterIdentity::rules`]): the fleet reads each cluster's identity
+    /// to find one cluster under two names.
     ///
     /// ```
     /// use k8s_openapi::api::core::v1::ConfigMap;
@@ -231,7 +249,8 @@ impl Manager {
     /// use kube_fleet_manager::{LeaderElection, Manager};
     /// use tower::{BoxError, service_fn};
     ///
-    /// let fleet = Fleet::new();
+    /// // Names that are one cluster are its providers' to keep apart.
+    /// let fleet = Fleet::new().with_duplicates(kube_fleet::Duplicates::Ignore);
     /// let manager = Manager::new(&fleet)
     ///     .leader_election(LeaderElection::new("my-operator").namespace("operators"))
     ///     .controller(
@@ -258,6 +277,14 @@ impl Manager {
         let mut permissions = Permissions::new();
         for added in &self.controllers {
             permissions.merge(added.permissions.clone());
+        }
+        if self.fleet.duplicate_policy() != Duplicates::Ignore {
+            // The fleet reads each cluster's identity to find one cluster
+            // under two names.
+            for rule in ClusterIdentity::rules() {
+                permissions.grant(Scope::Local, rule.clone());
+                permissions.grant(Scope::Members, rule);
+            }
         }
         if let Some(election) = &self.election {
             let leases = Rule::new("coordination.k8s.io", "leases", ["get", "create", "update"]);
@@ -299,7 +326,9 @@ impl Manager {
     /// # use kube_fleet::Fleet;
     /// # use kube_fleet_manager::Manager;
     /// let yaml = Manager::new(&Fleet::new()).rbac_yaml("my-operator");
-    /// assert!(yaml.contains("kind: ClusterRole\nmetadata:\n  name: my-operator-member\nrules: []\n"));
+    /// assert!(yaml.contains("kind: ClusterRole\nmetadata:\n  name: my-operator-member\n"));
+    /// // The fleet reads each cluster's identity.
+    /// assert!(yaml.contains("- clusterproperties"));
     /// ```
     pub fn rbac_yaml(&self, name: &str) -> String {
         self.permissions().to_yaml(name)

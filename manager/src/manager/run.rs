@@ -131,7 +131,13 @@ impl Manager {
         let listener = bind(address).await?;
         let mut tasks = Tasks::default();
         let mut serving = start_serving(listener, endpoints.clone(), &mut tasks);
+        let mut controllers = controllers;
         let result = async {
+            // Warm standbys' watches follow the fleet from the start.
+            for warm in controllers.iter_mut().filter_map(|c| c.warm.take()) {
+                let run = tokio::spawn(warm);
+                tasks.0.push(run.abort_handle());
+            }
             for provider in providers.into_iter().flatten() {
                 let fleet = fleet.clone();
                 let run = tokio::spawn(async move { fleet.run(provider).await });

@@ -14,8 +14,8 @@ use kube::{
     runtime::watcher,
 };
 use kube_fleet::{
-    Action, Controller, Fleet, FleetEvent, McRequest, ObjectRequest, controller::ControllerStatus,
-    provider::Problems,
+    Action, Controller, Duplicates, Fleet, FleetEvent, McRequest, ObjectRequest,
+    controller::ControllerStatus, provider::Problems,
 };
 use kube_fleet_envtest::{Envtest, TestCluster};
 use kube_fleet_provider_secret::{DEFAULT_LABEL, SecretProvider};
@@ -84,6 +84,7 @@ async fn create(cluster: &TestCluster, name: &str) {
 }
 
 struct Running {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
     fleet: Fleet,
     reconciles: mpsc::UnboundedReceiver<McRequest>,
     status: ControllerStatus,
@@ -92,23 +93,31 @@ struct Running {
 }
 
 fn run(provider: SecretProvider) -> Running {
+    run_in(Fleet::new(), provider)
+}
+
+fn run_in(fleet: Fleet, provider: SecretProvider) -> Running {
     let problems = provider.problems();
-    let fleet = Fleet::new();
     let engaged = fleet.subscribe().events;
     let (tx, reconciles) = mpsc::unbounded_channel();
     let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default());
     let status = controller.status();
-    tokio::spawn(controller.run(tower::service_fn(
-        move |request: ObjectRequest<ConfigMap>| {
-            let _ = tx.send(request.request);
-            async { Ok::<_, BoxError>(Action::await_change()) }
-        },
-    )));
-    tokio::spawn({
+    let controller = tokio::spawn(async move {
+        let _ = controller
+            .run(tower::service_fn(
+                move |request: ObjectRequest<ConfigMap>| {
+                    let _ = tx.send(request.request);
+                    async { Ok::<_, BoxError>(Action::await_change()) }
+                },
+            ))
+            .await;
+    });
+    let provider = tokio::spawn({
         let fleet = fleet.clone();
         async move { fleet.run(provider).await }
     });
     Running {
+        tasks: vec![controller, provider],
         fleet,
         reconciles,
         status,
@@ -117,7 +126,32 @@ fn run(provider: SecretProvider) -> Running {
     }
 }
 
+impl Drop for Running {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
 impl Running {
+    /// Waits until each `cluster/name` of `wanted` has been reconciled, in
+    /// any order.
+    async fn reconciled_all(&mut self, wanted: &[(&str, &str)]) {
+        let mut missing: Vec<String> = wanted.iter().map(|(c, n)| format!("{c}/{n}")).collect();
+        tokio::time::timeout(PATIENCE, async {
+            while let Some(request) = self.reconciles.recv().await {
+                let seen = format!("{}/{}", request.cluster, request.name);
+                missing.retain(|m| *m != seen);
+                if missing.is_empty() {
+                    return;
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{wanted:?} not all reconciled within {PATIENCE:?}"));
+    }
+
     async fn reconciled(&mut self, cluster: &str, name: &str) {
         tokio::time::timeout(PATIENCE, async {
             while let Some(request) = self.reconciles.recv().await {
@@ -153,6 +187,17 @@ impl Running {
         })
         .await
         .unwrap_or_else(|_| panic!("not {what} within {PATIENCE:?}"));
+    }
+
+    /// The fleet's problem with the name `name`, once it has one.
+    async fn problem_of_fleet(&self, name: &str) -> String {
+        let source = format!("cluster {name:?}");
+        let problems = self.fleet.problems();
+        tokio::time::timeout(PATIENCE, problems.wait_for(|set| set.contains_key(&source)))
+            .await
+            .unwrap_or_else(|_| panic!("no problem of {source} in {:?}", problems.current()))
+            .remove(&source)
+            .unwrap()
     }
 
     async fn problem_of(&self, source: &str) -> String {
@@ -770,4 +815,88 @@ async fn a_plugin_token_about_to_expire_is_renewed_in_the_same_engagement() {
         running.problems.current()
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Every reconcile seen within `window`, as `cluster/name`.
+async fn seen_for(running: &mut Running, window: Duration) -> Vec<String> {
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + window;
+    while let Ok(Some(request)) = tokio::time::timeout_at(deadline, running.reconciles.recv()).await
+    {
+        seen.push(format!("{}/{}", request.cluster, request.name));
+    }
+    seen
+}
+
+#[tokio::test]
+async fn two_secrets_for_one_cluster_are_warned_about_by_default_and_engaged_once_when_asked() {
+    let env = Envtest::start(3).await.unwrap();
+    let (hub, east, west) = (&env.clusters()[0], &env.clusters()[1], &env.clusters()[2]);
+    create(east, "on-east").await;
+    create(west, "on-west").await;
+    let kubeconfig = text(east.kubeconfig());
+    for name in ["east-a", "east-b"] {
+        put(hub, secret(name, &[("kubeconfig", &kubeconfig)])).await;
+    }
+    put(
+        hub,
+        secret("west", &[("kubeconfig", &text(west.kubeconfig()))]),
+    )
+    .await;
+
+    // By default both names are engaged, and the second is reported.
+    let mut running = run(SecretProvider::new(hub.client(), NAMESPACE));
+    running
+        .until("the duplicate found", |fleet| fleet.duplicates().len() == 1)
+        .await;
+    let duplicate = running.fleet.duplicates().remove(0);
+    let mut names = [duplicate.name.to_string(), duplicate.of.to_string()];
+    names.sort();
+    assert_eq!(names, ["east-a", "east-b"], "{duplicate:?}");
+    assert!(duplicate.engaged);
+    let problems = running.fleet.problems().current();
+    let problem = &problems[&format!("cluster {:?}", duplicate.name.as_str())];
+    assert!(
+        problem.contains(&format!("{:?}", duplicate.of.as_str())) && problem.contains("EngageOnce"),
+        "{problem}"
+    );
+    running
+        .reconciled_all(&[("east-a", "on-east"), ("east-b", "on-east")])
+        .await;
+    drop(running);
+
+    // Engaged once: one name serves the cluster, the other is held back.
+    let fleet = Fleet::new().with_duplicates(Duplicates::EngageOnce);
+    let mut running = run_in(fleet, SecretProvider::new(hub.client(), NAMESPACE));
+    running
+        .until("one name engaged, one held back", |fleet| {
+            fleet.duplicates().len() == 1 && fleet.get("west").is_some()
+        })
+        .await;
+    let duplicate = running.fleet.duplicates().remove(0);
+    assert!(!duplicate.engaged);
+    let (engaged, held) = (duplicate.of.to_string(), duplicate.name.to_string());
+    assert!(running.fleet.get(engaged.as_str()).is_some());
+    assert!(running.fleet.get(held.as_str()).is_none());
+    running
+        .reconciled_all(&[(engaged.as_str(), "on-east"), ("west", "on-west")])
+        .await;
+    let seen = seen_for(&mut running, Duration::from_secs(2)).await;
+    assert!(
+        !seen.contains(&format!("{held}/on-east")),
+        "the name held back reconciles nothing: {seen:?}"
+    );
+    let problem = running.problem_of_fleet(&held).await;
+    assert!(problem.contains(&format!("{engaged:?}")), "{problem}");
+    assert!(running.engagements().iter().all(|name| *name != held));
+
+    // The name engaged goes: the one held back takes its place.
+    secrets(hub)
+        .delete(&engaged, &DeleteParams::default())
+        .await
+        .unwrap();
+    running.reconciled(&held, "on-east").await;
+    assert!(running.fleet.get(engaged.as_str()).is_none());
+    assert!(running.fleet.duplicates().is_empty());
+    assert!(running.fleet.problems().current().is_empty());
 }

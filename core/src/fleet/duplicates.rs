@@ -1,0 +1,400 @@
+//! One cluster under two names: found from each engaged cluster's identity,
+//! warned about, or engaged once.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, Weak},
+    time::Duration,
+};
+
+use tokio::{task::AbortHandle, time::Instant};
+
+use super::State;
+use crate::{
+    client::ClusterClient,
+    cluster::Cluster,
+    cluster_name::ClusterName,
+    identity::{ClusterIdentity, IdSource},
+    problems::Problems,
+};
+
+/// How long the fleet tries to read a cluster's identity before it gives
+/// up on checking it.
+const IDENTITY_WAIT: Duration = Duration::from_secs(30);
+
+/// How long the fleet waits before it tries again a read that failed.
+const IDENTITY_RETRY: Duration = Duration::from_secs(1);
+
+/// What the fleet does when two names it engages are one cluster, as told
+/// by the cluster's [identity](crate::identity::ClusterIdentity): the
+/// `ClusterProperty` `cluster.clusterset.k8s.io`, else the UID of its
+/// `kube-system` namespace ([`Fleet::with_duplicates`](crate::Fleet::with_duplicates)).
+///
+/// Two providers may know one cluster (a kubeconfig Secret and a Cluster
+/// API `Cluster`, say), or one provider twice (two Secrets, two
+/// `ClusterProfile`s in two namespaces). Engaged under both names, the
+/// cluster has two caches, and every controller reconciles each of its
+/// objects twice, from two queues, at once.
+///
+/// ```
+/// use kube_fleet::{Duplicates, Fleet};
+///
+/// let fleet = Fleet::new().with_duplicates(Duplicates::EngageOnce);
+/// assert_eq!(fleet.duplicate_policy(), Duplicates::EngageOnce);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Duplicates {
+    /// Engage every name at once; read each cluster's identity meanwhile
+    /// and, for a name that is a cluster engaged already, warn once and
+    /// report it in [`Fleet::problems`](crate::Fleet::problems) and
+    /// [`Fleet::duplicates`](crate::Fleet::duplicates), until one of the
+    /// two leaves. The default.
+    #[default]
+    Warn,
+    /// Engage each cluster once: a new name joins the fleet only once its
+    /// cluster's identity is read (a round trip or two; nothing runs there
+    /// before; a name engaged already keeps its engagement meanwhile), and
+    /// a name whose cluster is engaged already under another is held back,
+    /// reported as for `Warn`. When the name engaged leaves (or is set
+    /// aside for want of an answer), the first name held back for the same
+    /// cluster is engaged in its place, with the client it was offered
+    /// with. The local cluster ([`ClusterName::local`]) is never held back.
+    /// A cluster whose identity cannot be read within 30 s (tried every
+    /// second) is engaged unchecked, and that is reported.
+    EngageOnce,
+    /// Read no identity: every name is taken for a cluster of its own (as
+    /// where many names for one API server are meant, in tests and
+    /// benchmarks).
+    Ignore,
+}
+
+/// A name the fleet was offered for a cluster engaged already under
+/// another ([`Fleet::duplicates`](crate::Fleet::duplicates)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Duplicate {
+    /// The second name.
+    pub name: ClusterName,
+    /// The name the cluster was engaged under first.
+    pub of: ClusterName,
+    /// The cluster's ID.
+    pub id: String,
+    /// Whether the second name is engaged too ([`Duplicates::Warn`]) or
+    /// held back ([`Duplicates::EngageOnce`]).
+    pub engaged: bool,
+}
+
+/// The fleet's record of which cluster each name is.
+#[derive(Default)]
+pub(super) struct Sameness {
+    pub(super) policy: Duplicates,
+    /// The ID of each engaged name whose identity was read.
+    ids: HashMap<ClusterName, String>,
+    /// The engaged names of each ID, the first engaged first.
+    names: HashMap<String, Vec<ClusterName>>,
+    /// Names whose identity is being read before they join
+    /// ([`Duplicates::EngageOnce`]).
+    pending: HashMap<ClusterName, Cluster>,
+    /// Names held back as a cluster engaged under another, the first
+    /// offered first ([`Duplicates::EngageOnce`]).
+    held: Vec<Held>,
+    /// The identity read under way for each name.
+    reading: HashMap<ClusterName, AbortHandle>,
+    pub(super) problems: Problems,
+}
+
+impl Drop for Sameness {
+    fn drop(&mut self) {
+        for read in self.reading.values() {
+            read.abort();
+        }
+    }
+}
+
+struct Held {
+    name: ClusterName,
+    id: String,
+    /// What it was offered with, to engage it with if its cluster's name
+    /// leaves.
+    client: ClusterClient,
+}
+
+impl Sameness {
+    /// Records that `name`, engaged, is the cluster `id`.
+    pub(super) fn register(&mut self, name: ClusterName, id: String) {
+        self.names.entry(id.clone()).or_default().push(name.clone());
+        self.ids.insert(name, id.clone());
+        self.tell(&id);
+    }
+
+    /// The name, as the fleet holds it, of the name waiting for its
+    /// identity or held back that equals `name`.
+    pub(super) fn waiting<Q>(&self, name: &Q) -> Option<ClusterName>
+    where
+        ClusterName: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ?Sized,
+    {
+        use std::borrow::Borrow;
+
+        if let Some((name, _)) = self.pending.get_key_value(name) {
+            return Some(name.clone());
+        }
+        self.held
+            .iter()
+            .find(|held| Borrow::<Q>::borrow(&held.name) == name)
+            .map(|held| held.name.clone())
+    }
+
+    /// Every name that is a cluster engaged under another.
+    pub(super) fn duplicates(&self) -> Vec<Duplicate> {
+        let mut found = Vec::new();
+        for (id, names) in &self.names {
+            let Some((first, rest)) = names.split_first() else {
+                continue;
+            };
+            found.extend(rest.iter().map(|name| Duplicate {
+                name: name.clone(),
+                of: first.clone(),
+                id: id.clone(),
+                engaged: true,
+            }));
+            found.extend(
+                self.held
+                    .iter()
+                    .filter(|held| held.id == *id)
+                    .map(|held| Duplicate {
+                        name: held.name.clone(),
+                        of: first.clone(),
+                        id: id.clone(),
+                        engaged: false,
+                    }),
+            );
+        }
+        found.sort_by(|a, b| a.name.cmp(&b.name));
+        found
+    }
+
+    /// Reports or clears, for the names of `id`, that each but the first
+    /// is the first's cluster.
+    fn tell(&self, id: &str) {
+        let Some(names) = self.names.get(id) else {
+            return;
+        };
+        let Some((first, rest)) = names.split_first() else {
+            return;
+        };
+        self.problems.clear(&source(first));
+        for name in rest {
+            self.problems.report(
+                source(name),
+                format!(
+                    "is the cluster engaged as {:?} (ID {id}): engaged under both names, so each of its objects is reconciled twice; remove one, or set Duplicates::EngageOnce",
+                    first.as_str()
+                ),
+            );
+        }
+        for held in self.held.iter().filter(|held| held.id == id) {
+            self.problems.report(
+                source(&held.name),
+                format!(
+                    "is the cluster engaged as {:?} (ID {id}): not engaged under this name while that one is",
+                    first.as_str()
+                ),
+            );
+        }
+    }
+}
+
+/// The source a name's problem is reported under.
+fn source(name: &ClusterName) -> String {
+    format!("cluster {:?}", name.as_str())
+}
+
+/// A name held back, to engage in the place of its cluster's name that
+/// left: its name, the client it was offered with, its cluster's ID.
+pub(super) type Heir = (ClusterName, ClusterClient, String);
+
+/// Forgets what is known of `name`: its read stops, it waits no more, is
+/// held back no more, and is no longer one of its cluster's names.
+pub(super) fn forget(state: &mut State, name: &ClusterName) {
+    let same = &mut state.same;
+    if let Some(read) = same.reading.remove(name) {
+        read.abort();
+    }
+    if let Some(pending) = same.pending.remove(name) {
+        pending.leave();
+    }
+    same.problems.clear(&source(name));
+    same.held.retain(|held| held.name != *name);
+    let Some(id) = same.ids.remove(name) else {
+        return;
+    };
+    if let Some(names) = same.names.get_mut(&id) {
+        names.retain(|n| n != name);
+        if names.is_empty() {
+            same.names.remove(&id);
+        }
+    }
+    same.tell(&id);
+}
+
+/// The names held back whose cluster is engaged under no name any more
+/// (it left, or was set aside), the first held back for each: to be
+/// engaged in its place.
+pub(super) fn heirs(state: &mut State) -> Vec<Heir> {
+    let same = &mut state.same;
+    let mut heirs: Vec<Heir> = Vec::new();
+    let mut at = 0;
+    while at < same.held.len() {
+        let held = &same.held[at];
+        let orphan =
+            !same.names.contains_key(&held.id) && !heirs.iter().any(|(_, _, id)| *id == held.id);
+        if orphan {
+            let held = same.held.remove(at);
+            same.problems.clear(&source(&held.name));
+            tracing::warn!(cluster = %held.name, id = %held.id, "the cluster's engaged name is gone: engaged under this one instead");
+            heirs.push((held.name, held.client, held.id));
+        } else {
+            at += 1;
+        }
+    }
+    heirs
+}
+
+/// Engages `cluster`, offered with a client of its own, as `state`'s
+/// policy says: at once (its identity read meanwhile, unless ignored), or
+/// once its identity is read.
+pub(super) fn admit(inner: &Arc<Mutex<State>>, state: &mut State, cluster: Cluster) {
+    match state.same.policy {
+        Duplicates::Ignore => super::insert_locked(state, cluster),
+        Duplicates::Warn => {
+            super::insert_locked(state, cluster.clone());
+            read(inner, state, cluster);
+        }
+        // Outside a runtime no identity can be read: it joins unchecked.
+        Duplicates::EngageOnce if tokio::runtime::Handle::try_current().is_err() => {
+            state.same.problems.report(
+                source(cluster.name()),
+                "engaged outside a tokio runtime: not checked for duplicates",
+            );
+            super::insert_locked(state, cluster);
+        }
+        Duplicates::EngageOnce => {
+            if let Some(earlier) = state
+                .same
+                .pending
+                .insert(cluster.name().clone(), cluster.clone())
+            {
+                earlier.leave();
+            }
+            read(inner, state, cluster);
+        }
+    }
+}
+
+/// Reads `cluster`'s identity in a task of the caller's runtime, trying
+/// again every second for up to 30 s, then records it in the fleet of
+/// `inner` (if that still stands and the cluster is still the one offered
+/// under its name).
+fn read(inner: &Arc<Mutex<State>>, state: &mut State, cluster: Cluster) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let fleet: Weak<Mutex<State>> = Arc::downgrade(inner);
+    let name = cluster.name().clone();
+    let task = runtime.spawn(async move {
+        let began = Instant::now();
+        let read = loop {
+            let error = match tokio::time::timeout(IDENTITY_WAIT, cluster.identity()).await {
+                Ok(Ok(identity)) => break Ok(identity),
+                Ok(Err(error)) => error.to_string(),
+                Err(_) => format!("no answer within {IDENTITY_WAIT:?}"),
+            };
+            if began.elapsed() + IDENTITY_RETRY >= IDENTITY_WAIT || !cluster.is_engaged() {
+                break Err(error);
+            }
+            tokio::time::sleep(IDENTITY_RETRY).await;
+        };
+        let Some(fleet) = fleet.upgrade() else {
+            return;
+        };
+        let mut state = fleet.lock().unwrap_or_else(|e| e.into_inner());
+        found(&mut state, &cluster, read);
+    });
+    if let Some(earlier) = state.same.reading.insert(name, task.abort_handle()) {
+        earlier.abort();
+    }
+}
+
+fn found(state: &mut State, cluster: &Cluster, read: Result<ClusterIdentity, String>) {
+    let name = cluster.name().clone();
+    let current = state
+        .clusters
+        .get(&name)
+        .is_some_and(|engaged| engaged.same_engagement(cluster))
+        || state
+            .same
+            .pending
+            .get(&name)
+            .is_some_and(|pending| pending.same_engagement(cluster));
+    if !current {
+        return;
+    }
+    state.same.reading.remove(&name);
+    let pending = state.same.pending.remove(&name);
+    let identity = match read {
+        Ok(identity) => identity,
+        Err(error) => {
+            state.same.problems.report(
+                source(&name),
+                format!("its identity could not be read ({error}): not checked for duplicates"),
+            );
+            if let Some(pending) = pending {
+                super::insert_locked(state, pending);
+            }
+            return;
+        }
+    };
+    let id = identity.id().to_owned();
+    let first = state
+        .same
+        .names
+        .get(&id)
+        .and_then(|names| names.first())
+        .cloned();
+    let hold = state.same.policy == Duplicates::EngageOnce
+        && first.is_some()
+        && name != ClusterName::local();
+    if hold {
+        tracing::debug!(cluster = %name, id = %id, how = %how(&identity), "the cluster is engaged under another name already: held back");
+        if let Some(engaged) = state.clusters.remove(&name) {
+            // The engagement this offer was to replace goes too.
+            engaged.leave();
+            state.publish(super::FleetEvent::Disengaged(name.clone()));
+        }
+        state.same.held.push(Held {
+            name,
+            id: id.clone(),
+            client: cluster.reachability().client().clone(),
+        });
+        cluster.leave();
+        state.same.tell(&id);
+        return;
+    }
+    state.same.register(name, id);
+    if let Some(pending) = pending {
+        super::insert_locked(state, pending);
+    }
+    for heir in heirs(state) {
+        super::engage_heir(state, heir);
+    }
+}
+
+/// How an identity was read, for the log.
+fn how(identity: &ClusterIdentity) -> &'static str {
+    match identity.source() {
+        IdSource::ClusterProperty => "ClusterProperty cluster.clusterset.k8s.io",
+        IdSource::KubeSystemNamespace => "the UID of namespace kube-system",
+    }
+}
