@@ -12,6 +12,7 @@
 //! cargo bench --bench end_to_end -- 10 1000 16 --as-user    # set up as a user sets it up
 //! cargo bench --bench end_to_end -- --kube-client # engaged with finished kube::Clients
 //! cargo bench --bench end_to_end -- --unbudgeted  # no request budget (RequestBudget::UNLIMITED)
+//! cargo bench --bench end_to_end -- --queue-metrics # the queue's per-cluster metrics counted
 //! cargo bench --bench end_to_end -- 10 1000 16 --staggered  # one cluster busy at a time
 //! cargo bench --bench end_to_end -- 10 1000 16 --in-turn    # the queue's Sharing::InTurn
 //! ```
@@ -215,11 +216,14 @@ async fn main() -> Result<(), BoxError> {
     if as_user {
         watch = watch.labels("!bench.kube-fleet.dev/skip");
     }
-    let controller = tokio::spawn(
-        Controller::<ConfigMap>::new(&fleet, watch)
-            .with_config(config)
-            .run(reconcile),
-    );
+    let controller = Controller::<ConfigMap>::new(&fleet, watch).with_config(config);
+    // Counted per cluster, as the manager counts them.
+    let mut registry = prometheus_client::registry::Registry::default();
+    if std::env::args().any(|a| a == "--queue-metrics") {
+        kube_fleet::layers::metrics::WorkqueueMetrics::register(&mut registry)
+            .add(controller.queue_metrics());
+    }
+    let controller = tokio::spawn(controller.run(reconcile));
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     // What the API servers and etcd spend doing nothing: a fleet at rest

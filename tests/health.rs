@@ -135,8 +135,10 @@ async fn client_through(
 async fn a_quiet_cluster_that_is_gone_is_found_by_the_idle_probe() {
     let env = Envtest::start(1).await.unwrap();
     let link = env.clusters()[0].link().unwrap();
-    let fleet = Fleet::new().with_idle_probe(None);
-    // Nothing asks it anything: no watch, no request.
+    let fleet = Fleet::new()
+        .with_idle_probe(None)
+        .with_duplicates(kube_fleet::Duplicates::Ignore);
+    // Nothing asks it anything: no watch, no request, no identity read.
     let east = fleet.engage("east", client_through(&link).await);
     link.cut_off();
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -89,8 +89,9 @@ impl fmt::Display for ClusterHealth {
 /// Every answer to a request of the cluster's client counts as hearing
 /// from it (a watch's events do not; its restarts, every few minutes, do),
 /// so a cluster with work in hand is not asked; an idle one is asked about
-/// once a minute. A probe that gets no answer within 5 s marks the cluster
-/// down. A hung connection is found sooner by its HTTP/2 PINGs
+/// once a minute. A probe that gets no answer within 35 s (5 s, and the
+/// time a credential plugin may take to renew its token first) marks the
+/// cluster down. A hung connection is found sooner by its HTTP/2 PINGs
 /// ([`ClientOptions::keep_alive`](crate::client::ClientOptions::keep_alive));
 /// the probe finds what they cannot: an API server that holds its
 /// connections but is not ready (its etcd gone, say), and clients without

@@ -71,6 +71,16 @@ pub enum IdSource {
 }
 
 impl ClusterIdentity {
+    /// An identity of `id`, from the `kube-system` namespace: for tests.
+    #[cfg(test)]
+    pub(crate) fn of(id: &str) -> Self {
+        Self {
+            id: id.to_owned(),
+            source: IdSource::KubeSystemNamespace,
+            clusterset: None,
+        }
+    }
+
     /// The name of the `ClusterProperty` whose value is the cluster's ID.
     pub const ID_PROPERTY: &str = "cluster.clusterset.k8s.io";
 

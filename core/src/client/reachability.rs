@@ -47,6 +47,10 @@ pub(crate) const PROBE_SLOW_INTERVAL: Duration = Duration::from_secs(5);
 /// How long one probe may wait for its answer (a hung server gives none).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a probe of a quiet cluster may wait for its answer: as long,
+/// plus the time a credential plugin may take to renew the token first.
+const IDLE_PROBE_TIMEOUT: Duration = PROBE_TIMEOUT.saturating_add(super::PLUGIN_TIMEOUT);
+
 /// A cluster's outages, as its reachability knows them.
 #[derive(Debug, Default)]
 struct Outage {
@@ -353,7 +357,12 @@ async fn asking(
         if reachability.is_closed() {
             return;
         }
-        match ask(client).await {
+        let timeout = if idle {
+            IDLE_PROBE_TIMEOUT
+        } else {
+            PROBE_TIMEOUT
+        };
+        match ask(client, timeout).await {
             Probed::Answered => {
                 reachability.heard();
                 reachability.answered();
@@ -377,12 +386,12 @@ async fn asking(
     }
 }
 
-async fn ask(client: &ClusterClient) -> Probed {
+async fn ask(client: &ClusterClient, timeout: Duration) -> Probed {
     let request = Request::get("/readyz")
         .body(Body::empty())
         .expect("a static request is valid");
     let sent = client.repr().send(request);
-    match tokio::time::timeout(PROBE_TIMEOUT, sent).await {
+    match tokio::time::timeout(timeout, sent).await {
         Ok(Ok(response)) if response.status().is_server_error() => {
             Probed::NoAnswer(format!("its readiness check answers {}", response.status()))
         }
@@ -394,8 +403,6 @@ async fn ask(client: &ClusterClient) -> Probed {
         // An answer of another kind (a refused TLS handshake, say): the
         // cluster is there.
         Ok(Err(_)) => Probed::Answered,
-        Err(_) => Probed::TimedOut(format!(
-            "its readiness check gave no answer in {PROBE_TIMEOUT:?}"
-        )),
+        Err(_) => Probed::TimedOut(format!("its readiness check gave no answer in {timeout:?}")),
     }
 }

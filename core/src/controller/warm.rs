@@ -82,6 +82,10 @@ async fn warm(
     let mut events = subscription.events;
     let mut held: HashMap<ClusterName, Vec<Arc<dyn WatchProbe>>> = HashMap::new();
     let start = |cluster: &Cluster| -> Vec<Arc<dyn WatchProbe>> {
+        // An engagement that ended already: its successor's event follows.
+        if !cluster.is_engaged() {
+            return Vec::new();
+        }
         let name = cluster.name();
         let mut watches = Vec::new();
         if let Some(own) = &own
@@ -97,15 +101,21 @@ async fn warm(
         );
         watches
     };
+    let keep = |held: &mut HashMap<_, _>, cluster: &Cluster| {
+        // The watches of a replaced engagement go with it.
+        let watches = start(cluster);
+        if watches.is_empty() {
+            held.remove(cluster.name());
+        } else {
+            held.insert(cluster.name().clone(), watches);
+        }
+    };
     for cluster in subscription.clusters {
-        held.insert(cluster.name().clone(), start(&cluster));
+        keep(&mut held, &cluster);
     }
     while let Some(event) = events.recv().await {
         match event {
-            FleetEvent::Engaged(cluster) => {
-                // The watches of a replaced engagement go with it.
-                held.insert(cluster.name().clone(), start(&cluster));
-            }
+            FleetEvent::Engaged(cluster) => keep(&mut held, &cluster),
             FleetEvent::Disengaged(name) => {
                 held.remove(&name);
             }

@@ -123,9 +123,30 @@ struct Held {
 impl Sameness {
     /// Records that `name`, engaged, is the cluster `id`.
     pub(super) fn register(&mut self, name: ClusterName, id: String) {
+        if let Some(earlier) = self.ids.get(&name) {
+            if *earlier == id {
+                // Offered again, the same cluster: it keeps its place.
+                self.tell(&id);
+                return;
+            }
+            let earlier = earlier.clone();
+            self.unregister(&name, &earlier);
+        }
         self.names.entry(id.clone()).or_default().push(name.clone());
         self.ids.insert(name, id.clone());
         self.tell(&id);
+    }
+
+    /// `name` is no longer one of the names of `id`.
+    fn unregister(&mut self, name: &ClusterName, id: &str) {
+        self.ids.remove(name);
+        if let Some(names) = self.names.get_mut(id) {
+            names.retain(|n| n != name);
+            if names.is_empty() {
+                self.names.remove(id);
+            }
+        }
+        self.tell(id);
     }
 
     /// The name, as the fleet holds it, of the name waiting for its
@@ -189,8 +210,13 @@ impl Sameness {
             self.problems.report(
                 source(name),
                 format!(
-                    "is the cluster engaged as {:?} (ID {id}): engaged under both names, so each of its objects is reconciled twice; remove one, or set Duplicates::EngageOnce",
-                    first.as_str()
+                    "is the cluster engaged as {:?} (ID {id}): engaged under both names, so each of its objects is reconciled twice; remove one{}",
+                    first.as_str(),
+                    if self.policy == Duplicates::Warn {
+                        ", or set Duplicates::EngageOnce"
+                    } else {
+                        ""
+                    }
                 ),
             );
         }
@@ -215,6 +241,23 @@ fn source(name: &ClusterName) -> String {
 /// left: its name, the client it was offered with, its cluster's ID.
 pub(super) type Heir = (ClusterName, ClusterClient, String);
 
+/// `name` is offered anew: its read stops, it waits no more and is held
+/// back no more; while its engagement stands, it keeps its place among its
+/// cluster's names (the new offer's read decides what follows).
+pub(super) fn reoffer(state: &mut State, name: &ClusterName) {
+    let same = &mut state.same;
+    if let Some(read) = same.reading.remove(name) {
+        read.abort();
+    }
+    if let Some(pending) = same.pending.remove(name) {
+        pending.leave();
+    }
+    same.held.retain(|held| held.name != *name);
+    if !state.clusters.contains_key(name) {
+        forget(state, name);
+    }
+}
+
 /// Forgets what is known of `name`: its read stops, it waits no more, is
 /// held back no more, and is no longer one of its cluster's names.
 pub(super) fn forget(state: &mut State, name: &ClusterName) {
@@ -227,16 +270,9 @@ pub(super) fn forget(state: &mut State, name: &ClusterName) {
     }
     same.problems.clear(&source(name));
     same.held.retain(|held| held.name != *name);
-    let Some(id) = same.ids.remove(name) else {
-        return;
-    };
-    if let Some(names) = same.names.get_mut(&id) {
-        names.retain(|n| n != name);
-        if names.is_empty() {
-            same.names.remove(&id);
-        }
+    if let Some(id) = same.ids.get(name).cloned() {
+        same.unregister(name, &id);
     }
-    same.tell(&id);
 }
 
 /// The names held back whose cluster is engaged under no name any more
@@ -306,7 +342,8 @@ fn read(inner: &Arc<Mutex<State>>, state: &mut State, cluster: Cluster) {
     let task = runtime.spawn(async move {
         let began = Instant::now();
         let read = loop {
-            let error = match tokio::time::timeout(IDENTITY_WAIT, cluster.identity()).await {
+            let left = IDENTITY_WAIT.saturating_sub(began.elapsed());
+            let error = match tokio::time::timeout(left, cluster.identity()).await {
                 Ok(Ok(identity)) => break Ok(identity),
                 Ok(Err(error)) => error.to_string(),
                 Err(_) => format!("no answer within {IDENTITY_WAIT:?}"),
@@ -343,11 +380,26 @@ fn found(state: &mut State, cluster: &Cluster, read: Result<ClusterIdentity, Str
     }
     state.same.reading.remove(&name);
     let pending = state.same.pending.remove(&name);
+    settle(state, &name, cluster, pending, read);
+    for heir in heirs(state) {
+        super::engage_heir(state, heir);
+    }
+}
+
+/// What a read's outcome makes of `name`, offered as `cluster` (`pending`
+/// if it waits to join).
+fn settle(
+    state: &mut State,
+    name: &ClusterName,
+    cluster: &Cluster,
+    pending: Option<Cluster>,
+    read: Result<ClusterIdentity, String>,
+) {
     let identity = match read {
         Ok(identity) => identity,
         Err(error) => {
             state.same.problems.report(
-                source(&name),
+                source(name),
                 format!("its identity could not be read ({error}): not checked for duplicates"),
             );
             if let Some(pending) = pending {
@@ -357,24 +409,27 @@ fn found(state: &mut State, cluster: &Cluster, read: Result<ClusterIdentity, Str
         }
     };
     let id = identity.id().to_owned();
-    let first = state
+    let other = state
         .same
         .names
         .get(&id)
-        .and_then(|names| names.first())
+        .and_then(|names| names.iter().find(|n| *n != name))
         .cloned();
     let hold = state.same.policy == Duplicates::EngageOnce
-        && first.is_some()
-        && name != ClusterName::local();
+        && other.is_some()
+        && *name != ClusterName::local();
     if hold {
         tracing::debug!(cluster = %name, id = %id, how = %how(&identity), "the cluster is engaged under another name already: held back");
-        if let Some(engaged) = state.clusters.remove(&name) {
+        if let Some(engaged) = state.clusters.remove(name) {
             // The engagement this offer was to replace goes too.
             engaged.leave();
             state.publish(super::FleetEvent::Disengaged(name.clone()));
         }
+        if let Some(earlier) = state.same.ids.get(name).cloned() {
+            state.same.unregister(name, &earlier);
+        }
         state.same.held.push(Held {
-            name,
+            name: name.clone(),
             id: id.clone(),
             client: cluster.reachability().client().clone(),
         });
@@ -382,12 +437,9 @@ fn found(state: &mut State, cluster: &Cluster, read: Result<ClusterIdentity, Str
         state.same.tell(&id);
         return;
     }
-    state.same.register(name, id);
+    state.same.register(name.clone(), id);
     if let Some(pending) = pending {
         super::insert_locked(state, pending);
-    }
-    for heir in heirs(state) {
-        super::engage_heir(state, heir);
     }
 }
 
@@ -396,5 +448,115 @@ fn how(identity: &ClusterIdentity) -> &'static str {
     match identity.source() {
         IdSource::ClusterProperty => "ClusterProperty cluster.clusterset.k8s.io",
         IdSource::KubeSystemNamespace => "the UID of namespace kube-system",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::Fleet;
+
+    /// A client whose server never answers: identity reads wait, and the
+    /// test settles them by hand.
+    fn silent() -> kube::Client {
+        let (service, handle) = tower_test::mock::pair::<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >();
+        std::mem::forget(handle);
+        kube::Client::new(service, "default")
+    }
+
+    /// Settles the read under way of the cluster offered as `name`, as
+    /// the cluster `id`.
+    fn read_as(fleet: &Fleet, name: &str, id: &str) {
+        let mut state = fleet.state();
+        let name = ClusterName::from(name);
+        let cluster = state
+            .same
+            .pending
+            .get(&name)
+            .or_else(|| state.clusters.get(&name))
+            .cloned()
+            .expect("offered");
+        found(&mut state, &cluster, Ok(ClusterIdentity::of(id)));
+    }
+
+    fn engaged(fleet: &Fleet) -> Vec<String> {
+        let mut names: Vec<String> = fleet
+            .clusters()
+            .iter()
+            .map(|c| c.name().to_string())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[tokio::test]
+    async fn engaged_once_the_name_offered_again_keeps_its_place_and_the_held_one_follows_it() {
+        let fleet = Fleet::new().with_duplicates(Duplicates::EngageOnce);
+        fleet.engage("a", silent());
+        assert!(engaged(&fleet).is_empty(), "a waits for its identity");
+        read_as(&fleet, "a", "x");
+        fleet.engage("b", silent());
+        read_as(&fleet, "b", "x");
+        assert_eq!(engaged(&fleet), ["a"]);
+        let duplicates = fleet.duplicates();
+        assert_eq!(duplicates.len(), 1);
+        assert_eq!(
+            (duplicates[0].name.as_str(), duplicates[0].of.as_str()),
+            ("b", "a")
+        );
+        assert!(!duplicates[0].engaged);
+
+        // Offered again (its credentials rotated): a keeps its place while
+        // the new offer is read, and b stays held back, even when another
+        // cluster's read settles meanwhile.
+        fleet.engage("a", silent());
+        fleet.engage("c", silent());
+        read_as(&fleet, "c", "y");
+        assert_eq!(engaged(&fleet), ["a", "c"]);
+        read_as(&fleet, "a", "x");
+        assert_eq!(engaged(&fleet), ["a", "c"]);
+        assert_eq!(fleet.duplicates().len(), 1);
+
+        // a leaves: b takes its place, and nothing is reported any more.
+        assert!(fleet.disengage("a"));
+        assert_eq!(engaged(&fleet), ["b", "c"]);
+        assert!(fleet.duplicates().is_empty());
+        assert!(fleet.problems().current().is_empty());
+    }
+
+    #[tokio::test]
+    async fn warned_both_names_are_engaged_and_reported_until_one_leaves() {
+        let fleet = Fleet::new();
+        fleet.engage("a", silent());
+        fleet.engage("b", silent());
+        assert_eq!(engaged(&fleet), ["a", "b"]);
+        read_as(&fleet, "a", "x");
+        read_as(&fleet, "b", "x");
+        let problems = fleet.problems().current();
+        assert!(
+            problems[r#"cluster "b""#].contains(r#""a""#),
+            "{problems:?}"
+        );
+        // Offered again: the same pair, the same report.
+        fleet.engage("a", silent());
+        read_as(&fleet, "a", "x");
+        assert_eq!(fleet.duplicates()[0].of.as_str(), "a");
+        assert!(fleet.disengage("a"));
+        assert!(fleet.duplicates().is_empty());
+        assert!(fleet.problems().current().is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_local_cluster_is_never_held_back() {
+        let fleet = Fleet::new().with_duplicates(Duplicates::EngageOnce);
+        fleet.engage("member", silent());
+        read_as(&fleet, "member", "x");
+        fleet.engage(ClusterName::local(), silent());
+        read_as(&fleet, "", "x");
+        assert_eq!(engaged(&fleet), ["", "member"]);
+        assert_eq!(fleet.duplicates().len(), 1);
     }
 }

@@ -382,6 +382,8 @@ impl Fleet {
         let cluster = Cluster::viewing(name.clone(), &view, budget);
         let mut state = self.state();
         self.offered(&mut state, &name);
+        // A namespace of a host is not one of a cluster's names.
+        duplicates::forget(&mut state, &name);
         insert_locked(&mut state, cluster.clone());
         for heir in duplicates::heirs(&mut state) {
             engage_heir(&mut state, heir);
@@ -397,7 +399,7 @@ impl Fleet {
         if let Some(aside) = state.vigil.set_aside.remove(name) {
             aside.forget();
         }
-        duplicates::forget(state, name);
+        duplicates::reoffer(state, name);
     }
 
     /// Disengages `name`: it is no longer visible, its reconciles are

@@ -145,6 +145,10 @@ fn sweep(inner: &Arc<Mutex<State>>, state: &mut State, now: Instant) {
 }
 
 fn set_aside(state: &mut State, name: ClusterName) {
+    if state.same.waiting(&name).is_some() {
+        // A newer offer of it waits for its identity: that one decides.
+        return;
+    }
     let Some(cluster) = state.clusters.get(&name) else {
         return;
     };

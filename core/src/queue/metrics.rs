@@ -190,8 +190,8 @@ impl ClusterStats {
     pub(super) fn started(&self, waited: Duration, start: u64, oldest: u64) {
         self.queue_duration.observe(waited);
         // The sum before the count, and the count read first: a reading
-        // between the two may understate the work under way, never
-        // overstate it.
+        // between the two may understate the work under way; one across a
+        // run's end is bounded by the longest run (see `read`).
         self.started_sum.fetch_add(start, Ordering::Relaxed);
         self.running.fetch_add(1, Ordering::Release);
         self.oldest.store(oldest + 1, Ordering::Relaxed);
@@ -211,13 +211,18 @@ impl ClusterStats {
         let now = nanos(now.saturating_duration_since(epoch));
         let running = self.running.load(Ordering::Acquire);
         let started = self.started_sum.load(Ordering::Relaxed);
-        let unfinished = (running.saturating_mul(now)).saturating_sub(started);
         let oldest = self.oldest.load(Ordering::Relaxed);
         let longest = if oldest == 0 {
             0
         } else {
             now.saturating_sub(oldest - 1)
         };
+        // A run that ends between the two readings leaves its start in the
+        // count but not in the sum: no run under way has run longer than
+        // the longest, so neither can their sum.
+        let unfinished = (running.saturating_mul(now))
+            .saturating_sub(started)
+            .min(running.saturating_mul(longest));
         ClusterQueueMetrics {
             depth: self.depth.load(Ordering::Relaxed),
             adds: self.adds.load(Ordering::Relaxed),

@@ -124,7 +124,8 @@ impl Manager {
     /// Runs `provider` in the fleet ([`Fleet::run`]) for as long as the
     /// manager runs, on every replica: clusters are engaged whether or not
     /// this replica leads (the watches there start with the controllers,
-    /// once it leads). With
+    /// once it leads, or at once for a controller configured as a
+    /// [warm standby](kube_fleet::controller::Config::warm_standby)). With
     /// [sharding](Self::sharding), the fleet engages only the clusters this
     /// replica runs.
     pub fn provider(mut self, provider: impl Stream<Item = ClusterEvent> + Send + 'static) -> Self {
