@@ -113,11 +113,12 @@ async fn endpoints_report_health_readiness_by_cluster_and_metrics() {
     assert_eq!(status, StatusCode::OK);
     assert!(text.contains("kube_fleet_engaged_clusters 2"), "{text}");
     for cluster in ["cluster-0", "cluster-1"] {
-        // Each cluster's two keys wait in the queue for their requeue in
-        // 300 s, each added and run once; no Widget waits anywhere.
+        // Each cluster's two keys were added and run once, and wait for
+        // their requeue in 300 s: delayed, not ready, so not in the depth.
+        // No Widget waits anywhere.
         for series in [
             format!(
-                r#"workqueue_depth{{name="configmaps",controller="configmaps",cluster="{cluster}"}} 2"#
+                r#"workqueue_depth{{name="configmaps",controller="configmaps",cluster="{cluster}"}} 0"#
             ),
             format!(
                 r#"workqueue_adds_total{{name="configmaps",controller="configmaps",cluster="{cluster}"}} 2"#

@@ -50,7 +50,7 @@ impl Queue {
         entry.served = true;
         if let Some(metrics) = &self.metrics {
             // A cluster served has its figures from the start.
-            let depth = entry.ready + entry.delayed;
+            let depth = entry.ready;
             entry.stats(metrics, cluster).depth(depth);
         }
         if !entry.held {

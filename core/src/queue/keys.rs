@@ -160,11 +160,7 @@ impl Queue {
                 since: self.metrics.as_ref().map(|_| Instant::now()),
             }
         } else {
-            let cluster = self.clusters.entry(key.cluster.clone()).or_default();
-            cluster.delayed += 1;
-            if let Some(stats) = &cluster.stats {
-                stats.depth(cluster.ready + cluster.delayed);
-            }
+            self.cluster_mut(&key.cluster).delayed += 1;
             let slot = self.delayed.insert_at(key.clone(), at);
             Phase::Delayed { at, slot }
         };

@@ -224,7 +224,7 @@ impl Queue {
             return;
         };
         if let Some(stats) = &cluster.stats {
-            stats.depth(cluster.ready + cluster.delayed);
+            stats.depth(cluster.ready);
         }
         let busy = cluster.is_busy();
         if busy != cluster.busy {

@@ -124,7 +124,9 @@ impl QueueMetrics {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct ClusterQueueMetrics {
-    /// Keys waiting, ready or delayed (not running): `workqueue_depth`.
+    /// Keys ready to run, waiting for their turn (not those delayed until
+    /// a requeue or a retry, nor those running), as controller-runtime
+    /// counts `workqueue_depth`.
     pub depth: u64,
     /// Keys that became ready to run (a key already waiting is not added
     /// again): `workqueue_adds_total`.

@@ -959,6 +959,10 @@ async fn each_clusters_figures_are_counted_and_go_with_the_cluster() {
     assert_eq!(a.work_duration.buckets[8], 0, "none within a second");
     assert_eq!(a.work_duration.buckets[9], 2, "both within ten");
     assert_eq!(a.retries, 1, "the failure is retried");
+    assert_eq!(
+        a.depth, 1,
+        "z is ready; y, retried later, is delayed and not counted"
+    );
     assert_eq!(a.unfinished_work, Duration::ZERO);
     assert_eq!(figures("b").map(|f| f.adds), Some(0));
 

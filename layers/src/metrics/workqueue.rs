@@ -26,7 +26,9 @@ pub const WORKQUEUE_METRICS: [&str; 7] = [
 /// label ([`WORKQUEUE_METRICS`]), from its
 /// [`QueueMetrics`](kube_fleet::queue::QueueMetrics):
 ///
-/// - `workqueue_depth`: keys waiting, ready or delayed (not running);
+/// - `workqueue_depth`: keys ready to run, waiting for their turn (not
+///   those delayed until a requeue or retry, nor those running), as
+///   controller-runtime counts it;
 /// - `workqueue_adds_total`: keys that became ready to run;
 /// - `workqueue_queue_duration_seconds`: how long keys were ready before
 ///   they ran, a histogram from 10 ns to 1,000 s by factors of ten
