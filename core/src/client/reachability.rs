@@ -149,15 +149,10 @@ impl Reachability {
             // Asked counts as heard: a probe that learns nothing (no
             // credentials to ask with) is not made again before `after`.
             self.heard();
-            self.probe_idle();
+            // At once; no answer in the idle probe's time marks it down (it
+            // is quiet: the wait cannot be for a request of its own).
+            self.start_probe(true, true);
         }
-    }
-
-    /// Asks at once whether a quiet cluster is ready; no answer in the
-    /// probe's time marks it down (it is quiet: the wait cannot be for a
-    /// request of its own).
-    fn probe_idle(self: &Arc<Self>) {
-        self.start_probe(true, true);
     }
 
     /// Whether the cluster answered its client's last request (or has not

@@ -137,6 +137,18 @@ impl Sameness {
         self.tell(&id);
     }
 
+    /// `name`'s identity read stops, and it neither waits to join nor is
+    /// held back any more.
+    fn stop_waiting(&mut self, name: &ClusterName) {
+        if let Some(read) = self.reading.remove(name) {
+            read.abort();
+        }
+        if let Some(pending) = self.pending.remove(name) {
+            pending.leave();
+        }
+        self.held.retain(|held| held.name != *name);
+    }
+
     /// `name` is no longer one of the names of `id`.
     fn unregister(&mut self, name: &ClusterName, id: &str) {
         self.ids.remove(name);
@@ -237,23 +249,13 @@ fn source(name: &ClusterName) -> String {
     format!("cluster {:?}", name.as_str())
 }
 
-/// A name held back, to engage in the place of its cluster's name that
-/// left: its name, the client it was offered with, its cluster's ID.
-pub(super) type Heir = (ClusterName, ClusterClient, String);
-
 /// `name` is offered anew: its read stops, it waits no more and is held
 /// back no more; while its engagement stands, it keeps its place among its
 /// cluster's names (the new offer's read decides what follows).
 pub(super) fn reoffer(state: &mut State, name: &ClusterName) {
-    let same = &mut state.same;
-    if let Some(read) = same.reading.remove(name) {
-        read.abort();
-    }
-    if let Some(pending) = same.pending.remove(name) {
-        pending.leave();
-    }
-    same.held.retain(|held| held.name != *name);
-    if !state.clusters.contains_key(name) {
+    if state.clusters.contains_key(name) {
+        state.same.stop_waiting(name);
+    } else {
         forget(state, name);
     }
 }
@@ -262,23 +264,31 @@ pub(super) fn reoffer(state: &mut State, name: &ClusterName) {
 /// held back no more, and is no longer one of its cluster's names.
 pub(super) fn forget(state: &mut State, name: &ClusterName) {
     let same = &mut state.same;
-    if let Some(read) = same.reading.remove(name) {
-        read.abort();
-    }
-    if let Some(pending) = same.pending.remove(name) {
-        pending.leave();
-    }
+    same.stop_waiting(name);
     same.problems.clear(&source(name));
-    same.held.retain(|held| held.name != *name);
     if let Some(id) = same.ids.get(name).cloned() {
         same.unregister(name, &id);
     }
 }
 
-/// The names held back whose cluster is engaged under no name any more
-/// (it left, or was set aside), the first held back for each: to be
-/// engaged in its place.
-pub(super) fn heirs(state: &mut State) -> Vec<Heir> {
+/// Engages each name held back whose cluster is engaged under no name any
+/// more (it left, or was set aside), the first held back for each, in its
+/// place, with the client it was offered with.
+pub(super) fn engage_heirs(state: &mut State) {
+    for (name, client, id) in heirs(state) {
+        let cluster = Cluster::listing(name.clone(), client, state.lists.clone(), state.budget);
+        state.same.register(name, id);
+        super::insert_locked(state, cluster);
+    }
+}
+
+/// A name held back, to engage in the place of its cluster's name that
+/// left: its name, the client it was offered with, its cluster's ID.
+type Heir = (ClusterName, ClusterClient, String);
+
+/// The names held back whose cluster is engaged under no name any more,
+/// the first held back for each, taken out of those held back.
+fn heirs(state: &mut State) -> Vec<Heir> {
     let same = &mut state.same;
     let mut heirs: Vec<Heir> = Vec::new();
     let mut at = 0;
@@ -381,9 +391,7 @@ fn found(state: &mut State, cluster: &Cluster, read: Result<ClusterIdentity, Str
     state.same.reading.remove(&name);
     let pending = state.same.pending.remove(&name);
     settle(state, &name, cluster, pending, read);
-    for heir in heirs(state) {
-        super::engage_heir(state, heir);
-    }
+    engage_heirs(state);
 }
 
 /// What a read's outcome makes of `name`, offered as `cluster` (`pending`

@@ -385,9 +385,7 @@ impl Fleet {
         // A namespace of a host is not one of a cluster's names.
         duplicates::forget(&mut state, &name);
         insert_locked(&mut state, cluster.clone());
-        for heir in duplicates::heirs(&mut state) {
-            engage_heir(&mut state, heir);
-        }
+        duplicates::engage_heirs(&mut state);
         cluster
     }
 
@@ -440,9 +438,7 @@ impl Fleet {
             state.publish(FleetEvent::Disengaged(name.clone()));
             tracing::info!(cluster = %name, "cluster disengaged");
         }
-        for heir in duplicates::heirs(&mut state) {
-            engage_heir(&mut state, heir);
-        }
+        duplicates::engage_heirs(&mut state);
         true
     }
 
@@ -548,13 +544,6 @@ fn insert_locked(state: &mut State, cluster: Cluster) {
         tracing::info!(cluster = %name, "cluster engaged");
     }
     state.publish(FleetEvent::Engaged(cluster));
-}
-
-/// Engages a name held back in the place of its cluster's name that left.
-fn engage_heir(state: &mut State, (name, client, id): duplicates::Heir) {
-    let cluster = Cluster::listing(name.clone(), client, state.lists.clone(), state.budget);
-    state.same.register(name, id);
-    insert_locked(state, cluster);
 }
 
 /// A change in the set of clusters a provider knows, as the fleet applies

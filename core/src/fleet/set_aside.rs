@@ -175,9 +175,7 @@ fn set_aside(state: &mut State, name: ClusterName) {
     state.vigil.set_aside.insert(name.clone(), aside);
     // Another name held back for the same cluster may serve it meanwhile.
     super::duplicates::forget(state, &name);
-    for heir in super::duplicates::heirs(state) {
-        super::engage_heir(state, heir);
-    }
+    super::duplicates::engage_heirs(state);
 }
 
 fn engage_again(inner: &Arc<Mutex<State>>, state: &mut State, name: ClusterName) {

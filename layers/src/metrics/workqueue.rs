@@ -1,6 +1,9 @@
 use std::sync::{Arc, Mutex};
 
-use kube_fleet::queue::{DurationHistogram, QueueMetrics, WORKQUEUE_BUCKETS};
+use kube_fleet::{
+    ClusterName,
+    queue::{ClusterQueueMetrics, DurationHistogram, QueueMetrics, WORKQUEUE_BUCKETS},
+};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric},
@@ -101,18 +104,10 @@ impl Collector for WorkqueueMetrics {
             }
         }
         let [depth, adds, queued, worked, unfinished, longest, retries] = WORKQUEUE_METRICS;
-        let labels = |controller, cluster: &kube_fleet::ClusterName| {
-            [
-                ("name", controller),
-                ("controller", controller),
-                ("cluster", cluster.as_str()),
-            ]
-            .map(|(k, v): (&str, &str)| (k.to_owned(), v.to_owned()))
-        };
 
         let mut family = encoder.encode_descriptor(
             depth,
-            "Keys waiting in each controller's queue, per cluster",
+            "Keys ready to run in each controller's queue, per cluster",
             None,
             MetricType::Gauge,
         )?;
@@ -120,28 +115,36 @@ impl Collector for WorkqueueMetrics {
             ConstGauge::new(figures.depth as i64)
                 .encode(family.encode_family(&labels(controller, cluster))?)?;
         }
-        let mut family = encoder.encode_descriptor(
+        for (name, help, count) in [
+            (
+                adds,
+                "Keys that became ready to run, per controller and cluster",
+                (|f| f.adds) as fn(&ClusterQueueMetrics) -> u64,
+            ),
+            (
+                retries,
+                "Runs that failed and were scheduled again, per controller and cluster",
+                |f| f.retries,
+            ),
+        ] {
             // The encoder adds `_total` to a counter's name.
-            adds.trim_end_matches("_total"),
-            "Keys that became ready to run, per controller and cluster",
-            None,
-            MetricType::Counter,
-        )?;
-        for (controller, cluster, figures) in &read {
-            ConstCounter::new(figures.adds)
-                .encode(family.encode_family(&labels(controller, cluster))?)?;
+            let name = name.trim_end_matches("_total");
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (controller, cluster, figures) in &read {
+                ConstCounter::new(count(figures))
+                    .encode(family.encode_family(&labels(controller, cluster))?)?;
+            }
         }
         for (name, help, histogram) in [
             (
                 queued,
                 "How long keys were ready before they ran, per controller and cluster",
-                (|f: &kube_fleet::queue::ClusterQueueMetrics| f.queue_duration.clone())
-                    as fn(&_) -> DurationHistogram,
+                (|f| &f.queue_duration) as fn(&ClusterQueueMetrics) -> &DurationHistogram,
             ),
             (
                 worked,
                 "How long runs took, per controller and cluster",
-                |f| f.work_duration.clone(),
+                |f| &f.work_duration,
             ),
         ] {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Histogram)?;
@@ -168,8 +171,7 @@ impl Collector for WorkqueueMetrics {
             (
                 unfinished,
                 "The time the runs under way have taken so far, summed, per controller and cluster",
-                (|f: &kube_fleet::queue::ClusterQueueMetrics| f.unfinished_work.as_secs_f64())
-                    as fn(&_) -> f64,
+                (|f| f.unfinished_work.as_secs_f64()) as fn(&ClusterQueueMetrics) -> f64,
             ),
             (
                 longest,
@@ -183,16 +185,15 @@ impl Collector for WorkqueueMetrics {
                     .encode(family.encode_family(&labels(controller, cluster))?)?;
             }
         }
-        let mut family = encoder.encode_descriptor(
-            retries.trim_end_matches("_total"),
-            "Runs that failed and were scheduled again, per controller and cluster",
-            None,
-            MetricType::Counter,
-        )?;
-        for (controller, cluster, figures) in &read {
-            ConstCounter::new(figures.retries)
-                .encode(family.encode_family(&labels(controller, cluster))?)?;
-        }
         Ok(())
     }
+}
+
+/// A series' labels, as controller-runtime gives them, with its cluster.
+fn labels<'a>(controller: &'a str, cluster: &'a ClusterName) -> [(&'static str, &'a str); 3] {
+    [
+        ("name", controller),
+        ("controller", controller),
+        ("cluster", cluster.as_str()),
+    ]
 }
