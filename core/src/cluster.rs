@@ -18,7 +18,10 @@ use tokio::sync::{Notify, OnceCell};
 
 use crate::{
     cache::{ClusterCache, InitialLists, NamespaceView, Watchable},
-    client::{Budget, ClusterClient, Reachability, RequestBudget, RequestStats, counting},
+    client::{
+        Budget, ClusterClient, Reachability, RequestBudget, RequestStats, WriteWaits, Writes,
+        counting,
+    },
     cluster_name::ClusterName,
     health::ClusterHealth,
     identity,
@@ -102,14 +105,16 @@ impl Cluster {
         let requests = Arc::<RequestStats>::default();
         let reachability = Arc::new(Reachability::new(name.clone(), client.clone()));
         let budget = Budget::new(client.budget().unwrap_or(budget)).map(Arc::new);
+        let writes = Arc::<Writes>::default();
         let client = counting(
             name.clone(),
             client,
             requests.clone(),
             reachability.clone(),
             budget,
+            writes.clone(),
         );
-        let cache = ClusterCache::new(name.clone(), client.clone(), permits);
+        let cache = ClusterCache::new(name.clone(), client.clone(), permits, writes);
         Self::with_cache(name, client, cache, requests, reachability)
     }
 
@@ -140,6 +145,7 @@ impl Cluster {
             requests.clone(),
             reachability.clone(),
             Budget::new(budget).map(Arc::new),
+            view.host().cache().writes().clone(),
         );
         let cache = ClusterCache::of_view(name.clone(), view);
         let mut cluster = Self::with_cache(name, client, cache, requests, reachability);
@@ -188,6 +194,15 @@ impl Cluster {
     /// counts: see [`of_view`](Self::of_view).)
     pub fn requests(&self) -> &RequestStats {
         &self.inner.requests
+    }
+
+    /// How long this cluster's reconciles waited for its watches to show
+    /// what their controllers wrote, and how often the wait ran out (see
+    /// [`Config::read_your_writes`](crate::controller::Config::read_your_writes)).
+    /// A namespace of a host shares its host's figures, as it shares its
+    /// watches.
+    pub fn read_your_writes(&self) -> WriteWaits {
+        self.inner.cache.writes().stats()
     }
 
     /// The cluster's shared watches and stores.

@@ -16,8 +16,8 @@ use std::{fmt, sync::Arc};
 /// ports as it is; a related object is named by its kind here, not by an
 /// object reference. The others say what a fleet adds: `Listed` (a watch
 /// listed the object, as when the controller starts serving a cluster),
-/// `External` (kube-runtime says `Unknown` for `reconcile_on`) and
-/// `ClusterReplaced`.
+/// `External` (kube-runtime says `Unknown` for `reconcile_on`),
+/// `ClusterReplaced` and `OwnWrite`.
 ///
 /// ```
 /// use kube_fleet::ReconcileReason;
@@ -41,6 +41,15 @@ pub enum ReconcileReason {
     /// child, or a watched object whose mapper named this one.
     RelatedObjectUpdated {
         /// The kind of the object that changed.
+        kind: Arc<str>,
+    },
+    /// A change that only echoes the controller's own write: the object
+    /// (this one, or a related one that maps to it) is as a reconcile of
+    /// this controller left it. Queued behind every other change and the
+    /// start-up backlog; see
+    /// [`Config::read_your_writes`](crate::controller::Config::read_your_writes).
+    OwnWrite {
+        /// The kind of the object written.
         kind: Arc<str>,
     },
     /// A request from [`Controller::reconcile_on`](crate::Controller::reconcile_on).
@@ -98,6 +107,7 @@ impl fmt::Display for ReconcileReason {
             Self::Listed => f.write_str("listed"),
             Self::ObjectUpdated => f.write_str("object updated"),
             Self::RelatedObjectUpdated { kind } => write!(f, "related object updated: {kind}"),
+            Self::OwnWrite { kind } => write!(f, "own write echoed: {kind}"),
             Self::External => f.write_str("external request"),
             Self::BulkReconcile => f.write_str("bulk reconcile requested"),
             Self::ReconcilerRequestedRetry => f.write_str("reconciler requested retry"),

@@ -28,10 +28,10 @@ use super::registry::{WatchKey, watch_key};
 use super::{
     ClusterCache, Shape, SharedWatch, TypeInfo, Watchable,
     state::{FailureLog, Health},
-    watch::{Hub, apply},
+    watch::{Crossing, Hub, apply},
 };
 use crate::{
-    client::{ClusterClient, Reachability, counting, is_unanswered},
+    client::{ClusterClient, Reachability, Writes, counting, is_unanswered},
     cluster_name::ClusterName,
 };
 
@@ -153,16 +153,18 @@ impl HostCache {
         // The host's own requests (its shared watches) are counted under no
         // cluster; each namespace's count in its own engagement.
         // Its watches only: no budget to hold them back.
+        let writes = Arc::<Writes>::default();
         let client = counting(
             host.clone(),
             client,
             Arc::default(),
             reachability.clone(),
             None,
+            writes.clone(),
         );
         Self {
             inner: Arc::new(HostInner {
-                cache: ClusterCache::new(host, client, InitialLists::unbounded()),
+                cache: ClusterCache::new(host, client, InitialLists::unbounded(), writes),
                 reachability,
                 split: Mutex::new(HashMap::new()),
             }),
@@ -250,6 +252,7 @@ impl HostCache {
                         self.inner.cache.cluster.clone(),
                         dyntype.clone(),
                         events,
+                        self.inner.cache.writes().clone(),
                     ));
                     let weak: Weak<dyn Any + Send + Sync> = Arc::downgrade(&split) as _;
                     watches.insert(key, weak);
@@ -326,7 +329,7 @@ impl<K> Split<K>
 where
     K: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
 {
-    fn start<S>(host: ClusterName, dyntype: K::DynamicType, events: S) -> Self
+    fn start<S>(host: ClusterName, dyntype: K::DynamicType, events: S, writes: Arc<Writes>) -> Self
     where
         S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
     {
@@ -337,7 +340,8 @@ where
             listed: false,
             health: Health::syncing(),
         }));
-        let task = tokio::spawn(feed(host, events, parts.clone(), dyntype));
+        let crossing = Crossing::new::<K>(writes, &dyntype);
+        let task = tokio::spawn(feed(host, events, parts.clone(), dyntype, crossing));
         Self {
             parts,
             task: task.abort_handle(),
@@ -407,6 +411,7 @@ async fn feed<K, S>(
     events: S,
     parts: Arc<Mutex<Parts<K>>>,
     dyntype: K::DynamicType,
+    crossing: Crossing,
 ) where
     K: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
     S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
@@ -431,6 +436,7 @@ async fn feed<K, S>(
         };
         let listed = matches!(event, Event::InitDone);
         let healthy = !matches!(event, Event::Init);
+        let shown = crossing.before(&event);
         // What to tell each part's subscribers, told once the lock is let go.
         let mut told: Vec<Told<K>> = Vec::new();
         let mut parts = lock(&parts);
@@ -471,6 +477,7 @@ async fn feed<K, S>(
                 }
             }
         }
+        crossing.after(shown);
         if healthy {
             failures.recovered();
             if parts.health.heard(listed) {
@@ -513,7 +520,12 @@ mod tests {
 
     fn split() -> (Arc<Split<ConfigMap>>, Events) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let split = Split::start("host".into(), (), UnboundedReceiverStream::new(rx));
+        let split = Split::start(
+            "host".into(),
+            (),
+            UnboundedReceiverStream::new(rx),
+            Arc::default(),
+        );
         (Arc::new(split), tx)
     }
 

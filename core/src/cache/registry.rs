@@ -17,6 +17,7 @@ use kube::{
 use tokio::time::Instant;
 
 use super::permits::InitialLists;
+use super::selects::Scope;
 use super::state::WatchStatus;
 use super::watch::WatchProbe;
 
@@ -28,7 +29,10 @@ use super::{
     HostCache, NamespaceView, Shape, SharedWatch, TypeInfo, Watchable, initial_list, is_namespaced,
     scope,
 };
-use crate::cluster_name::ClusterName;
+use crate::{
+    client::{Writes, Written},
+    cluster_name::ClusterName,
+};
 
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub(super) struct WatchKey {
@@ -54,6 +58,9 @@ pub(super) type Watches = HashMap<WatchKey, Held>;
 pub(super) struct Held {
     watch: Weak<dyn Any + Send + Sync>,
     probe: Weak<dyn WatchProbe>,
+    /// What it holds; `None` for a watch that never holds anything (a
+    /// namespace view's watch of another namespace).
+    scope: Option<Scope>,
 }
 
 impl Held {
@@ -79,6 +86,9 @@ pub struct ClusterCache {
     /// For a namespace of a host engaged as a cluster: the host, whose
     /// watches it reads its part of, and the namespace.
     pub(super) view: Option<(HostCache, String)>,
+    /// What reconciles wrote through the cluster's client and its watches
+    /// have not shown yet: the host's, for a namespace of a host.
+    pub(super) writes: Arc<Writes>,
 }
 
 impl fmt::Debug for ClusterCache {
@@ -92,7 +102,12 @@ impl fmt::Debug for ClusterCache {
 
 impl ClusterCache {
     /// The cache of `cluster`, its lists bounded by `permits`.
-    pub(crate) fn new(cluster: ClusterName, client: Client, permits: InitialLists) -> Self {
+    pub(crate) fn new(
+        cluster: ClusterName,
+        client: Client,
+        permits: InitialLists,
+        writes: Arc<Writes>,
+    ) -> Self {
         Self {
             cluster,
             client,
@@ -100,6 +115,7 @@ impl ClusterCache {
             lists: Arc::default(),
             permits,
             view: None,
+            writes,
         }
     }
 
@@ -108,7 +124,12 @@ impl ClusterCache {
     pub(crate) fn of_view(cluster: ClusterName, view: &NamespaceView) -> Self {
         Self {
             view: Some((view.host().clone(), view.namespace().to_owned())),
-            ..Self::new(cluster, view.client(), InitialLists::unbounded())
+            ..Self::new(
+                cluster,
+                view.client(),
+                InitialLists::unbounded(),
+                view.host().cache().writes.clone(),
+            )
         }
     }
 
@@ -119,6 +140,12 @@ impl ClusterCache {
             Some((host, _)) => host.cache(),
             None => self,
         }
+    }
+
+    /// What reconciles wrote through the cluster's client and its watches
+    /// have not shown yet.
+    pub(crate) fn writes(&self) -> &Arc<Writes> {
+        &self.writes
     }
 
     /// The namespace of its host this cluster is, if it is one.
@@ -199,6 +226,7 @@ impl ClusterCache {
                     dyntype.clone(),
                     self.events::<K>(dyntype, namespace, shape, config, queued.clone()),
                     queued,
+                    self.writes.clone(),
                 )
             });
         };
@@ -209,7 +237,7 @@ impl ClusterCache {
         match namespace {
             Some(other) if other != own => {
                 // Another namespace, which this cluster does not see.
-                self.shared(shape, dyntype, namespace, config, || {
+                self.shared_holding(false, shape, dyntype, namespace, config, || {
                     let nothing = futures::stream::iter([
                         Ok(watcher::Event::Init),
                         Ok(watcher::Event::InitDone),
@@ -219,6 +247,7 @@ impl ClusterCache {
                         self.cluster.clone(),
                         dyntype.clone(),
                         nothing,
+                        Arc::default(),
                         Arc::default(),
                     )
                 })
@@ -339,6 +368,22 @@ impl ClusterCache {
     where
         T: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
     {
+        self.shared_holding(true, shape, dyntype, namespace, config, start)
+    }
+
+    /// [`shared`](Self::shared), for a watch that holds objects or not.
+    fn shared_holding<T>(
+        &self,
+        holds: bool,
+        shape: &Shape,
+        dyntype: &T::DynamicType,
+        namespace: Option<&str>,
+        config: &watcher::Config,
+        start: impl FnOnce() -> SharedWatch<T>,
+    ) -> Arc<SharedWatch<T>>
+    where
+        T: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
+    {
         // Keyed by the watched type: for metadata watches it is
         // `PartialObjectMeta<K>`, a type of its own, so the keys never clash.
         let key = watch_key::<T>(shape, dyntype, namespace, config);
@@ -354,9 +399,27 @@ impl ClusterCache {
         let held = Held {
             watch: Arc::downgrade(&watch) as Weak<dyn Any + Send + Sync>,
             probe: Arc::downgrade(&watch) as Weak<dyn WatchProbe>,
+            scope: holds.then(|| Scope::of::<T>(dyntype, namespace, config)),
         };
         watches.insert(key, held);
         watch
+    }
+
+    /// Whether a watch of this cluster that holds the object `written`
+    /// wrote has yet to show the write.
+    pub(crate) fn awaits(&self, written: &Written) -> bool {
+        // Read out of the lock: the store is read for each.
+        let probes: Vec<_> = self
+            .watches()
+            .values()
+            .filter(|held| held.scope.as_ref().is_some_and(|s| s.holds(written)))
+            .filter_map(|held| held.probe.upgrade())
+            .collect();
+        let here = probes.iter().any(|probe| !probe.shows(written));
+        here || self
+            .view
+            .as_ref()
+            .is_some_and(|(host, _)| host.cache().awaits(written))
     }
 
     /// The watches started here that fail now, for health: not those that

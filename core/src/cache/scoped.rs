@@ -85,3 +85,20 @@ pub(super) fn objects<K: Watchable>(
     let api = Api::<InNamespace<K>>::namespaced_with(client, namespace, dyntype);
     watcher::watcher(api, config).map(|event| event.map(|e| unwrap_event(e, |o| o.0)))
 }
+
+/// The `K` object `name` in `namespace` (`None` for a cluster-scoped one),
+/// read through the API; `None` if it does not exist.
+pub(crate) async fn get<K: Watchable>(
+    client: Client,
+    dyntype: &K::DynamicType,
+    namespace: Option<&str>,
+    name: &str,
+) -> Result<Option<K>, kube::Error> {
+    match namespace {
+        Some(namespace) => {
+            let api = Api::<InNamespace<K>>::namespaced_with(client, namespace, dyntype);
+            Ok(api.get_opt(name).await?.map(|o| o.0))
+        }
+        None => Api::<K>::all_with(client, dyntype).get_opt(name).await,
+    }
+}

@@ -23,7 +23,11 @@ use super::{
     state::{FailureLog, Health, WatchState, WatchStatus},
     subscription::{Inbox, Note, Subscription, key_of},
 };
-use crate::{client::is_unanswered, cluster_name::ClusterName, request::McRequest};
+use crate::{
+    client::{Shown, Writes, Written, is_unanswered},
+    cluster_name::ClusterName,
+    request::McRequest,
+};
 
 /// The subscribers of a watch, and whether it has listed yet (a subscriber
 /// that comes later is told of the objects already there).
@@ -157,6 +161,7 @@ where
         dyntype: K::DynamicType,
         events: S,
         queued: Arc<AtomicBool>,
+        writes: Arc<Writes>,
     ) -> Self
     where
         S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
@@ -167,10 +172,10 @@ where
         let task = tokio::spawn(run(
             cluster,
             events,
-            writer,
-            store.clone(),
+            (writer, store.clone()),
             hub.clone(),
             dyntype.clone(),
+            Crossing::new::<K>(writes, &dyntype),
         ));
         Self {
             store,
@@ -290,6 +295,9 @@ pub(crate) trait WatchProbe: Send + Sync {
     fn failure(&self) -> Option<Failure>;
     /// Completes once the first list has completed.
     fn synced(&self) -> BoxFuture<'static, ()>;
+    /// Whether the store shows `written`: holds its object at its version
+    /// or later, or, for a deletion, no longer holds it.
+    fn shows(&self, written: &Written) -> bool;
 }
 
 impl<K> WatchProbe for SharedWatch<K>
@@ -330,6 +338,28 @@ where
         })
     }
 
+    fn shows(&self, written: &Written) -> bool {
+        let mut reference = ObjectRef::<K>::new_with(&written.id.name, self.dyntype.clone());
+        reference.namespace.clone_from(&written.id.namespace);
+        let Some(object) = self.store.get(&reference) else {
+            return written.gone;
+        };
+        let meta = object.meta();
+        let same = match (&written.uid, &meta.uid) {
+            (Some(written), Some(stored)) => written == stored,
+            _ => true,
+        };
+        if written.gone {
+            return !same;
+        }
+        !same
+            || meta
+                .resource_version
+                .as_deref()
+                .and_then(|v| v.parse::<u64>().ok())
+                .is_none_or(|v| v >= written.version)
+    }
+
     fn synced(&self) -> BoxFuture<'static, ()> {
         let mut health = self.hub.health.subscribe();
         async move {
@@ -345,10 +375,10 @@ where
 async fn run<K, S>(
     cluster: ClusterName,
     events: S,
-    mut writer: Writer<K>,
-    reader: Store<K>,
+    (mut writer, reader): (Writer<K>, Store<K>),
     hub: Arc<Hub<K>>,
     dyntype: K::DynamicType,
+    crossing: Crossing,
 ) where
     K: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
     S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
@@ -372,14 +402,83 @@ async fn run<K, S>(
         };
         let listed = matches!(event, Event::InitDone);
         let healthy = !matches!(event, Event::Init);
-        // The store first, so that whoever learns the watch synced finds it full.
+        let shown = crossing.before(&event);
+        // The store first, so that whoever learns the watch synced finds it
+        // full, and a reconcile that waited for a write finds it there.
         let notes = apply(&mut writer, &reader, event, &dyntype);
+        crossing.after(shown);
         // `Init` comes before the list request, so it tells nothing of health.
         if healthy {
             failures.recovered();
             hub.health.send_if_modified(|health| health.heard(listed));
         }
         hub.notify(&notes, listed);
+    }
+}
+
+/// Crosses off the writes a watch's events show (see `client::writes`).
+pub(super) struct Crossing {
+    writes: Arc<Writes>,
+    group: String,
+    resource: String,
+}
+
+/// What one event shows of its object, taken before the event is applied.
+pub(super) struct Seen {
+    namespace: Option<String>,
+    name: String,
+    version: Option<u64>,
+    uid: Option<String>,
+    deleted: bool,
+}
+
+impl Crossing {
+    /// For a watch of `K` described by `dyntype`.
+    pub(super) fn new<K: Resource>(writes: Arc<Writes>, dyntype: &K::DynamicType) -> Self {
+        Self {
+            writes,
+            group: K::group(dyntype).into_owned(),
+            resource: K::plural(dyntype).into_owned(),
+        }
+    }
+
+    /// What `event` shows, if any write waits to be shown.
+    pub(super) fn before<K: Resource>(&self, event: &Event<K>) -> Option<Seen> {
+        if !self.writes.is_tracking() {
+            return None;
+        }
+        let (object, deleted) = match event {
+            Event::Apply(object) | Event::InitApply(object) => (object, false),
+            Event::Delete(object) => (object, true),
+            Event::Init | Event::InitDone => return None,
+        };
+        let meta = object.meta();
+        Some(Seen {
+            namespace: meta.namespace.clone(),
+            name: meta.name.clone()?,
+            version: meta
+                .resource_version
+                .as_deref()
+                .and_then(|v| v.parse().ok()),
+            uid: meta.uid.clone(),
+            deleted,
+        })
+    }
+
+    /// Tells the cluster's writes what the event applied showed.
+    pub(super) fn after(&self, seen: Option<Seen>) {
+        let Some(seen) = seen else {
+            return;
+        };
+        self.writes.shown(&Shown {
+            group: &self.group,
+            resource: &self.resource,
+            namespace: seen.namespace.as_deref(),
+            name: &seen.name,
+            version: seen.version,
+            uid: seen.uid.as_deref(),
+            deleted: seen.deleted,
+        });
     }
 }
 
@@ -480,6 +579,7 @@ mod tests {
             "test".into(),
             (),
             UnboundedReceiverStream::new(rx),
+            Arc::default(),
             Arc::default(),
         );
         (Arc::new(watch), tx)

@@ -65,6 +65,7 @@ mod reachability;
 mod requests;
 #[cfg(feature = "rustls-tls")]
 mod route;
+mod writes;
 
 pub(crate) use budget::Budget;
 pub use budget::RequestBudget;
@@ -78,6 +79,8 @@ pub(crate) use owners::{Reconciling, reconciling};
 pub(crate) use reachability::Reachability;
 pub(crate) use requests::counting;
 pub use requests::{LATENCY_BUCKETS, RequestCount, RequestLatency, RequestStats};
+pub use writes::WriteWaits;
+pub(crate) use writes::{Shown, Writes, Written};
 
 /// How many requests and watches the HTTP/2 connection carries at once
 /// before the next one goes over HTTP/1.1 instead.

@@ -57,17 +57,25 @@ pub(crate) struct Reconciling {
     pub(crate) cluster: ClusterName,
     /// Its cluster's reachability, shared by the namespaces of one host.
     pub(crate) reachability: Arc<Reachability>,
-    /// The object, shared with the cache.
-    pub(crate) object: Arc<dyn Owner>,
+    /// The object, shared with the cache; `None` if it is gone.
+    pub(crate) object: Option<Arc<dyn Owner>>,
+    /// The controller whose reconcile it is, if it reads its own writes:
+    /// what the cluster's client records its writes under.
+    pub(crate) writer: Option<Arc<str>>,
 }
 
-/// Runs `reconcile` as the reconcile of `object` (none: an object that is
-/// gone, which nothing can name as its owner).
-pub(crate) async fn reconciling<F: Future>(object: Option<Reconciling>, reconcile: F) -> F::Output {
-    match object {
-        Some(object) => RECONCILING.scope(object, reconcile).await,
-        None => reconcile.await,
-    }
+/// Runs `reconcile` as the reconcile of `object`.
+pub(crate) async fn reconciling<F: Future>(object: Reconciling, reconcile: F) -> F::Output {
+    RECONCILING.scope(object, reconcile).await
+}
+
+/// The controller whose reconcile runs on this task, if it reads its own
+/// writes.
+pub(crate) fn writer() -> Option<Arc<str>> {
+    RECONCILING
+        .try_with(|reconciling| reconciling.writer.clone())
+        .ok()
+        .flatten()
 }
 
 /// A write refused before it was sent: the object names as its owner, in
@@ -144,7 +152,8 @@ pub(super) fn checked(
         return None;
     }
     let object = RECONCILING.try_with(Reconciling::clone).ok()?;
-    if object.cluster == *to.cluster || object.object.uid().is_none() {
+    let owner = object.object.clone()?;
+    if object.cluster == *to.cluster || owner.uid().is_none() {
         return None;
     }
     // A body in one piece, as kube's `Api` sends them; a streamed one is
@@ -157,17 +166,19 @@ pub(super) fn checked(
         let Ok(bytes) = body.collect_bytes().await else {
             return Ok(());
         };
-        let Some(uid) = object.object.uid() else {
+        let Some(uid) = owner.uid() else {
             return Ok(());
         };
-        if !names_owner(&bytes, uid) || !unreachable_owner(&object, &reachability, &path) {
+        if !names_owner(&bytes, uid)
+            || !unreachable_owner(&object.reachability, &*owner, &reachability, &path)
+        {
             return Ok(());
         }
         Err(OwnerReferenceAcross {
             cluster,
             path,
             owner_cluster: object.cluster.clone(),
-            owner: object.object.describe(),
+            owner: owner.describe(),
             uid: uid.to_owned(),
         })
     })
@@ -177,14 +188,19 @@ pub(super) fn checked(
 /// reconciled object: it is in another cluster, or, in the same one (two
 /// namespaces of one host engaged as clusters), in another namespace than
 /// the child.
-fn unreachable_owner(owner: &Reconciling, reachability: &Arc<Reachability>, path: &str) -> bool {
+fn unreachable_owner(
+    owner_reachability: &Arc<Reachability>,
+    owner: &dyn Owner,
+    reachability: &Arc<Reachability>,
+    path: &str,
+) -> bool {
     // Namespaces of one host share its reachability. Clusters of their own
     // are taken for different servers, even one engaged under two names:
     // an address does not tell (one proxy can front many clusters).
-    if !Arc::ptr_eq(&owner.reachability, reachability) {
+    if !Arc::ptr_eq(owner_reachability, reachability) {
         return true;
     }
-    match owner.object.namespace() {
+    match owner.namespace() {
         // A cluster-scoped owner is found from any namespace.
         None => false,
         Some(namespace) => namespace_of(path) != Some(namespace),
@@ -403,7 +419,8 @@ mod tests {
         Reconciling {
             cluster: side.cluster.clone(),
             reachability: side.reachability.clone(),
-            object: Arc::new(parent),
+            object: Some(Arc::new(parent)),
+            writer: None,
         }
     }
 
@@ -415,7 +432,7 @@ mod tests {
         let (hub, member) = (Side::new("hub"), Side::new("member"));
         // Outside any reconcile: nothing known of the owner.
         assert!(member.write(Method::POST, CONFIGMAPS, &child).await.is_ok());
-        let refused = reconciling(Some(parent_in(&hub, Some("default"))), async {
+        let refused = reconciling(parent_in(&hub, Some("default")), async {
             assert!(
                 hub.write(Method::POST, CONFIGMAPS, &child).await.is_ok(),
                 "its own cluster"
@@ -442,18 +459,18 @@ mod tests {
         // Two namespaces of one host: one reachability between them.
         let a = Side::new("team-a");
         let b = Side::sharing("team-b", &a.reachability);
-        let cluster_scoped = reconciling(Some(parent_in(&a, None)), async {
+        let cluster_scoped = reconciling(parent_in(&a, None), async {
             b.write(Method::POST, CONFIGMAPS, &child).await
         });
         assert!(cluster_scoped.await.is_ok(), "found from any namespace");
-        let same_namespace = reconciling(Some(parent_in(&a, Some("default"))), async {
+        let same_namespace = reconciling(parent_in(&a, Some("default")), async {
             b.write(Method::POST, CONFIGMAPS, &child).await
         });
         assert!(
             same_namespace.await.is_ok(),
             "the same namespace of the same server"
         );
-        let other = reconciling(Some(parent_in(&a, Some("team-a"))), async {
+        let other = reconciling(parent_in(&a, Some("team-a")), async {
             b.write(Method::POST, "/api/v1/namespaces/team-b/configmaps", &child)
                 .await
         });

@@ -21,6 +21,7 @@ use super::{
     error::is_unanswered,
     owners::{Destination, checked as owners_checked},
     reachability::Reachability,
+    writes::{self, Writes},
 };
 use crate::cluster_name::ClusterName;
 
@@ -276,6 +277,7 @@ pub(crate) fn counting(
     stats: Arc<RequestStats>,
     reachability: Arc<Reachability>,
     budget: Option<Arc<Budget>>,
+    writes: Arc<Writes>,
 ) -> Client {
     let below = client.into_repr();
     let (namespace, valid_until) = match &below {
@@ -288,6 +290,7 @@ pub(crate) fn counting(
         below,
         stats,
         reachability,
+        writes,
     };
     Client::new(outer, namespace).with_valid_until(valid_until)
 }
@@ -304,6 +307,8 @@ struct Outer {
     below: Repr,
     stats: Arc<RequestStats>,
     reachability: Arc<Reachability>,
+    /// What reconciles wrote, for their controllers to read.
+    writes: Arc<Writes>,
 }
 
 impl Service<Request<Body>> for Outer {
@@ -332,6 +337,7 @@ impl Service<Request<Body>> for Outer {
         let below = self.below.clone();
         let reachability = self.reachability.clone();
         let cluster = self.cluster.clone();
+        let writes = self.writes.clone();
         // Polled by the task that sends the request (the queue in front
         // hands it this future), where the reconcile it belongs to is known.
         Box::pin(async move {
@@ -342,6 +348,14 @@ impl Service<Request<Body>> for Outer {
             if outermost && let Some(check) = owners_checked(&to, &request) {
                 check.await?;
             }
+            let write = outermost
+                .then(super::owners::writer)
+                .flatten()
+                .and_then(|writer| writes::pending(&request, writer));
+            let write = match write {
+                Some(write) => Some(write.sending(&writes).await),
+                None => None,
+            };
             if let (Some(budget), Some(counted)) = (&budget, &counted) {
                 let waited = budget.wait(request.method()).await;
                 counted.stats.waited(request.method(), waited);
@@ -362,7 +376,10 @@ impl Service<Request<Body>> for Outer {
                 // Answered, with an error of the server's or the client's own.
                 Err(_) => {}
             }
-            result
+            match (write, result) {
+                (Some(write), Ok(response)) => write.answered(response, &writes).await,
+                (_, result) => result,
+            }
         })
     }
 }
@@ -444,6 +461,7 @@ mod tests {
             stats.clone(),
             reachability,
             None,
+            Arc::default(),
         );
         let asked = tokio::spawn(async move {
             client

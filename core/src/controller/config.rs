@@ -23,6 +23,13 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// controller reports them failing and logs a warning (they keep trying).
 pub const DEFAULT_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a controller that reads its own writes waits, by default, for
+/// its watches in a cluster to show them before it reads its object
+/// through the API instead ([`Config::read_your_writes_within`]): as long
+/// as an API server waits for its own watch cache to catch up with a read
+/// that asks for the latest state.
+pub const DEFAULT_READ_YOUR_WRITES_WAIT: Duration = Duration::from_secs(3);
+
 /// A controller's knobs: concurrency, rate limits, backoff and timeouts.
 ///
 /// Every limit is applied by the controller's queue when it hands out the
@@ -81,6 +88,7 @@ pub struct Config {
     pub(crate) sync_timeout: Duration,
     pub(crate) shutdown_timeout: Duration,
     pub(crate) warm_standby: bool,
+    pub(crate) read_your_writes: Option<Duration>,
 }
 
 impl Default for Config {
@@ -94,6 +102,7 @@ impl Default for Config {
             sync_timeout: DEFAULT_SYNC_TIMEOUT,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             warm_standby: false,
+            read_your_writes: Some(DEFAULT_READ_YOUR_WRITES_WAIT),
         }
     }
 }
@@ -200,5 +209,78 @@ impl Config {
     /// Whether a standby keeps the controller's watches synced.
     pub fn is_warm_standby(&self) -> bool {
         self.warm_standby
+    }
+
+    /// Whether the controller's reconciles read its own writes (default
+    /// `true`).
+    ///
+    /// Each write a reconcile makes through its cluster's client (create,
+    /// replace, patch, apply, delete, also of a status) is recorded with the
+    /// resourceVersion the API server gave it. The controller then starts
+    /// no reconcile in that cluster until the cluster's watches that hold
+    /// the written object show that version (or its deletion), so that no
+    /// reconcile of any key reads from a cache an object older than the
+    /// controller's own write: not its own object, nor a child through
+    /// [`Children`](crate::ownership::Children), a
+    /// [`FleetStore`](crate::fleetwide::FleetStore), a related watch or
+    /// [`Cluster::store`](crate::Cluster::store). A reconciler that creates
+    /// a child "if absent" and is requeued at once creates it once. The
+    /// wait is bounded ([`read_your_writes_within`](Self::read_your_writes_within)):
+    /// past it the controller reads the objects of its own type still not
+    /// shown through the API for their next reconcile, and the cluster's
+    /// reconciles start again. Waits and timeouts are counted per cluster
+    /// ([`Cluster::read_your_writes`](crate::Cluster::read_your_writes)).
+    ///
+    /// The watch event of the controller's own write is then known for an
+    /// echo: it still queues its key (nothing is dropped), with the reason
+    /// [`OwnWrite`](crate::ReconcileReason::OwnWrite), behind every other
+    /// change and the start-up backlog, rather than ahead of the backlog as
+    /// a fresh change.
+    ///
+    /// Writes are recorded only for a reconcile's own task (as
+    /// [`OwnerReferenceAcross`](crate::ownership::OwnerReferenceAcross) is
+    /// checked), through an engaged cluster's client; a client the
+    /// reconciler built itself, or a task it spawned, is not followed. A
+    /// write to an object no watch of the cluster holds (another type, a
+    /// namespace or labels outside every watch's selectors) is not waited
+    /// for. The cost, measured in `docs/benchmarks.md`, is a read of each
+    /// write's answer for its version and, in a cluster where the
+    /// controller just wrote, the time its watch takes to bring the event:
+    /// turn it off where reconciles never read what they wrote.
+    ///
+    /// ```
+    /// use kube_fleet::controller::Config;
+    ///
+    /// assert!(Config::default().reads_your_writes().is_some());
+    /// let config = Config::default().read_your_writes(false);
+    /// assert_eq!(config.reads_your_writes(), None);
+    /// ```
+    pub fn read_your_writes(mut self, on: bool) -> Self {
+        self.read_your_writes = on.then_some(
+            self.read_your_writes
+                .unwrap_or(DEFAULT_READ_YOUR_WRITES_WAIT),
+        );
+        self
+    }
+
+    /// Reads its own writes, waiting at most `wait` for a cluster's watches
+    /// to show them (default [`DEFAULT_READ_YOUR_WRITES_WAIT`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use kube_fleet::controller::Config;
+    ///
+    /// let config = Config::default().read_your_writes_within(Duration::from_secs(1));
+    /// assert_eq!(config.reads_your_writes(), Some(Duration::from_secs(1)));
+    /// ```
+    pub fn read_your_writes_within(mut self, wait: Duration) -> Self {
+        self.read_your_writes = Some(wait);
+        self
+    }
+
+    /// How long the controller waits for its writes to be shown, if it
+    /// reads them.
+    pub fn reads_your_writes(&self) -> Option<Duration> {
+        self.read_your_writes
     }
 }

@@ -56,7 +56,8 @@ use futures::{FutureExt, Stream, StreamExt, future::BoxFuture, stream::BoxStream
 use tower::{BoxError, Service};
 
 pub use config::{
-    Config, DEFAULT_CLUSTER_CONCURRENCY, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_SYNC_TIMEOUT,
+    Config, DEFAULT_CLUSTER_CONCURRENCY, DEFAULT_READ_YOUR_WRITES_WAIT, DEFAULT_SHUTDOWN_TIMEOUT,
+    DEFAULT_SYNC_TIMEOUT,
 };
 pub use error::{Error, ErrorPolicy};
 pub use selector::ClusterSelector;

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use super::{ClusterSelector, watch::Resolved};
 use crate::{
     cache::{Change, Sealed, SharedWatch, TypeInfo, WatchProbe, Watchable},
+    client::{Shown, Writes},
     cluster::Cluster,
     cluster_name::ClusterName,
     panic::contain,
@@ -82,8 +83,9 @@ pub(crate) struct Started {
     /// The requests the watch makes in this cluster: first one per object
     /// in the store when subscribing, then one per change. Called once the
     /// controller serves the cluster, so that nothing piles up unread while
-    /// another of its watches there cannot sync.
-    pub(crate) subscribe: Box<dyn FnOnce() -> BoxStream<'static, Triggered> + Send>,
+    /// another of its watches there cannot sync; with the controller's name
+    /// if it tells the echoes of its own writes (see [`Echoes`]).
+    pub(crate) subscribe: Box<dyn FnOnce(Option<Arc<str>>) -> BoxStream<'static, Triggered> + Send>,
 }
 
 /// A request a trigger made, the lane it waits in, and why.
@@ -135,7 +137,11 @@ impl<T: Watchable> WatchTrigger<T> {
             let (watch, name) = (watch.clone(), cluster.name().clone());
             let (mapper, filters) = (self.mapper.clone(), self.filters.clone());
             let (related, across) = (self.related.clone(), self.across.clone());
-            move || requests(&watch, name, mapper, across, &filters, related)
+            let writes = cluster.cache().writes().clone();
+            move |writer: Option<Arc<str>>| {
+                let echoes = writer.map(|writer| Echoes::new::<T>(writes, writer, watch.dyntype()));
+                requests(&watch, name, mapper, across, &filters, related, echoes)
+            }
         };
         let started = Started {
             watch: watch.clone(),
@@ -193,6 +199,54 @@ impl<T: Watchable> Trigger for WatchTrigger<T> {
     }
 }
 
+/// How a controller that reads its own writes tells a change that only
+/// echoes one of them: the object is as its write left it.
+pub(crate) struct Echoes {
+    writes: Arc<Writes>,
+    writer: Arc<str>,
+    group: String,
+    resource: String,
+    kind: Arc<str>,
+}
+
+impl Echoes {
+    fn new<T: Resource>(writes: Arc<Writes>, writer: Arc<str>, dyntype: &T::DynamicType) -> Self {
+        Self {
+            writes,
+            writer,
+            group: T::group(dyntype).into_owned(),
+            resource: T::plural(dyntype).into_owned(),
+            kind: T::kind(dyntype).into(),
+        }
+    }
+
+    /// Whether `change` only echoes the controller's own write.
+    fn echoes<T: Resource>(&self, change: &Change<T>) -> bool {
+        let (object, deleted) = match change {
+            Change::Listed(_) => return false,
+            Change::Applied(object) => (object, false),
+            Change::Deleted(object) => (object, true),
+        };
+        let meta = object.meta();
+        let Some(name) = meta.name.as_deref() else {
+            return false;
+        };
+        let shown = Shown {
+            group: &self.group,
+            resource: &self.resource,
+            namespace: meta.namespace.as_deref(),
+            name,
+            version: meta
+                .resource_version
+                .as_deref()
+                .and_then(|v| v.parse().ok()),
+            uid: meta.uid.as_deref(),
+            deleted,
+        };
+        self.writes.is_echo(&shown, &self.writer)
+    }
+}
+
 /// The requests that the changes `watch` reports make in the cluster `name`.
 fn requests<T: Watchable>(
     watch: &Arc<SharedWatch<T>>,
@@ -201,13 +255,16 @@ fn requests<T: Watchable>(
     across: Option<(ClusterSelector, KeyMapper<T>)>,
     filters: &[FilterFactory<T>],
     related: Option<Arc<str>>,
+    echoes: Option<Echoes>,
 ) -> BoxStream<'static, Triggered> {
     let mut filters: Vec<_> = filters.iter().map(|make| make()).collect();
     watch
         .subscribe()
         .flat_map(move |change| {
+            let echo = echoes.as_ref().is_some_and(|echoes| echoes.echoes(&change));
             let lane = match change {
                 Change::Listed(_) => Lane::Listed,
+                Change::Applied(_) | Change::Deleted(_) if echo => Lane::Echoed,
                 Change::Applied(_) | Change::Deleted(_) => Lane::Changed,
             };
             // Every filter sees every change, so stateful ones stay current.
@@ -230,6 +287,9 @@ fn requests<T: Watchable>(
             };
             let reason = match (&related, lane) {
                 (_, Lane::Listed) => ReconcileReason::Listed,
+                (_, Lane::Echoed) => ReconcileReason::OwnWrite {
+                    kind: echoes.as_ref().map(|e| e.kind.clone()).unwrap_or_default(),
+                },
                 (Some(kind), Lane::Changed) => {
                     ReconcileReason::RelatedObjectUpdated { kind: kind.clone() }
                 }

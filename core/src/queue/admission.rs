@@ -165,7 +165,7 @@ impl Queue {
                 self.turns.pop_front();
                 continue;
             };
-            if cluster.held || cluster.ready == 0 {
+            if cluster.held || cluster.paused || cluster.ready == 0 {
                 cluster.in_turns = false;
                 cluster.turn_left = 0;
                 self.turns.pop_front();

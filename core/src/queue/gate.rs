@@ -71,6 +71,17 @@ impl Queue {
         self.refresh(cluster);
     }
 
+    /// Lets `cluster`'s keys start again after a
+    /// [`pause`](super::PopReady::pause); nothing if it left meanwhile.
+    pub(crate) fn resume(&mut self, cluster: &ClusterName) {
+        let Some(entry) = self.clusters.get_mut(cluster) else {
+            return;
+        };
+        entry.paused = false;
+        self.take_turn(cluster);
+        self.refresh(cluster);
+    }
+
     /// Lets `cluster`'s keys run and stops keeping its entry for it: the
     /// controller does not serve the cluster (it only receives requests for
     /// it).

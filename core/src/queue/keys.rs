@@ -100,8 +100,8 @@ impl Queue {
                 since,
                 ..
             } => {
-                if lane == Lane::Changed && *current == Lane::Listed {
-                    // Promoted: its entry in the `Listed` lane goes stale.
+                if lane.outranks(*current) {
+                    // Promoted: its entry in the lower lane goes stale.
                     self.next_ticket += 1;
                     let ticket = self.next_ticket;
                     let since = *since;
@@ -112,7 +112,7 @@ impl Queue {
                     };
                     state.reason = reason;
                     let cluster = self.clusters.entry(key.cluster.clone()).or_default();
-                    cluster.changed.push_back((ticket, key.clone()));
+                    cluster.lane_mut(lane).push_back((ticket, key.clone()));
                 }
                 false
             }

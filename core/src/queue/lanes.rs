@@ -2,7 +2,8 @@
 //!
 //! Clusters take turns. Within a cluster, keys from changes seen while the
 //! watches ran (the `Changed` lane) alternate with keys from lists (the
-//! `Listed` lane: the start-up backlog).
+//! `Listed` lane: the start-up backlog); changes that only echo the
+//! controller's own writes (the `Echoed` lane) wait for both.
 
 use std::{
     collections::{HashSet, VecDeque},
@@ -69,15 +70,27 @@ pub(crate) enum Lane {
     Changed,
     /// An object listed when a watch (re)started.
     Listed,
+    /// A change that only echoes the controller's own write: served once
+    /// the other two lanes are empty.
+    Echoed,
 }
 
 impl Lane {
-    pub(super) fn max(self, other: Lane) -> Lane {
-        if self == Lane::Changed || other == Lane::Changed {
-            Lane::Changed
-        } else {
-            Lane::Listed
+    fn rank(self) -> u8 {
+        match self {
+            Lane::Changed => 2,
+            Lane::Listed => 1,
+            Lane::Echoed => 0,
         }
+    }
+
+    /// Whether a key in `self` is served before one in `other`.
+    pub(super) fn outranks(self, other: Lane) -> bool {
+        self.rank() > other.rank()
+    }
+
+    pub(super) fn max(self, other: Lane) -> Lane {
+        if other.outranks(self) { other } else { self }
     }
 }
 
@@ -86,6 +99,7 @@ impl Lane {
 pub(super) struct ClusterQueue {
     pub(super) changed: VecDeque<(u64, McRequest)>,
     pub(super) listed: VecDeque<(u64, McRequest)>,
+    pub(super) echoed: VecDeque<(u64, McRequest)>,
     /// Ready keys (the lanes may also hold stale entries of promoted keys).
     pub(super) ready: usize,
     pub(super) delayed: usize,
@@ -96,6 +110,9 @@ pub(super) struct ClusterQueue {
     pub(super) served: bool,
     /// The controller's watches here have not synced: no key may run.
     pub(super) held: bool,
+    /// The controller waits for its watches here to show its writes: no
+    /// key may start meanwhile.
+    pub(super) paused: bool,
     /// In the round-robin of clusters with ready keys.
     pub(super) in_turns: bool,
     /// Waits for its bucket's next token.
@@ -164,6 +181,15 @@ impl ClusterQueue {
         }
     }
 
+    /// The lane `lane`'s entries.
+    pub(super) fn lane_mut(&mut self, lane: Lane) -> &mut VecDeque<(u64, McRequest)> {
+        match lane {
+            Lane::Changed => &mut self.changed,
+            Lane::Listed => &mut self.listed,
+            Lane::Echoed => &mut self.echoed,
+        }
+    }
+
     pub(super) fn is_busy(&self) -> bool {
         self.running > 0 || (self.ready > 0 && !self.held)
     }
@@ -189,10 +215,7 @@ impl Queue {
         let ticket = self.ticket();
         let name = key.cluster.clone();
         let cluster = self.clusters.entry(name.clone()).or_default();
-        match lane {
-            Lane::Changed => cluster.changed.push_back((ticket, key)),
-            Lane::Listed => cluster.listed.push_back((ticket, key)),
-        }
+        cluster.lane_mut(lane).push_back((ticket, key));
         cluster.ready += 1;
         if let Some(metrics) = &self.metrics {
             cluster.stats(metrics, &name).added();
@@ -209,6 +232,7 @@ impl Queue {
         if let Some(cluster) = self.clusters.get_mut(name)
             && cluster.ready > 0
             && !cluster.held
+            && !cluster.paused
             && !cluster.throttled
             && !cluster.in_turns
         {
@@ -263,13 +287,12 @@ impl Queue {
                 Lane::Listed
             } else if !cluster.changed.is_empty() {
                 Lane::Changed
-            } else {
+            } else if !cluster.listed.is_empty() {
                 Lane::Listed
+            } else {
+                Lane::Echoed
             };
-            let list = match lane {
-                Lane::Changed => &mut cluster.changed,
-                Lane::Listed => &mut cluster.listed,
-            };
+            let list = cluster.lane_mut(lane);
             let (ticket, key) = list.pop_front()?;
             if list.is_empty() && list.capacity() > 1024 {
                 // A drained backlog gives its memory back.

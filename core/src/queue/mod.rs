@@ -18,6 +18,9 @@
 //! Within a cluster, keys from changes seen while the watches ran alternate
 //! with keys from lists (the start-up backlog), so a fresh edit waits behind
 //! at most one backlog key, and the backlog still gets every other turn.
+//! A change that only echoes the controller's own write (see
+//! [`Config::read_your_writes`](crate::controller::Config::read_your_writes))
+//! waits until neither has a key ready.
 
 // Its parts: `keys` (each key's state, its delays and what a run's outcome
 // schedules), `lanes` (each cluster's lanes of ready keys and the
@@ -107,6 +110,25 @@ pub(crate) struct PopReady<'a> {
 }
 
 impl PopReady<'_> {
+    /// The cluster of the key admitted next.
+    pub(crate) fn cluster(&self) -> &ClusterName {
+        self.queue
+            .turns
+            .front()
+            .expect("an admitted cluster is first in line")
+    }
+
+    /// Leaves the key queued and starts no key of its cluster until
+    /// [`Queue::resume`]: the controller waits for its watches there.
+    pub(crate) fn pause(self) {
+        let name = self.queue.turns.pop_front().expect("an admitted cluster");
+        if let Some(cluster) = self.queue.clusters.get_mut(&name) {
+            cluster.paused = true;
+            cluster.in_turns = false;
+            cluster.turn_left = 0;
+        }
+    }
+
     /// Takes the key out and marks it running, with the reason it runs.
     pub(crate) fn pop(self) -> (McRequest, ReconcileReason) {
         self.queue

@@ -73,6 +73,10 @@ impl<K: Watchable> Runner<K> {
             // Replaced under the same name: runs against the old one stop.
             self.cancel_running(&name);
         }
+        // A wait for the old one's watches ends for nothing.
+        if self.catch_up.forget(&name) {
+            self.queue.resume(&name);
+        }
         self.controlled.remove(&name);
         // The controlled type is watched where the controller works; each
         // other type where its own selection, or else the controller's, says.
@@ -120,8 +124,13 @@ impl<K: Watchable> Runner<K> {
         // Subscribed only once the cluster is served: nothing piles up unread
         // while one of the watches cannot sync.
         let subscribes: Vec<_> = started.into_iter().map(|s| s.subscribe).collect();
+        let writer = self.writer();
         let requests = stream::once(async move {
-            stream::select_all(subscribes.into_iter().map(|subscribe| subscribe()))
+            stream::select_all(
+                subscribes
+                    .into_iter()
+                    .map(|subscribe| subscribe(writer.clone())),
+            )
         })
         .flatten()
         .map(|(request, lane, reason)| ClusterItem::Request(request, lane, reason));
@@ -171,6 +180,7 @@ impl<K: Watchable> Runner<K> {
             self.status.remove(name);
         }
         self.queue.purge(name);
+        self.catch_up.forget(name);
         self.cancel_running(name);
     }
 

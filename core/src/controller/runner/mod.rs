@@ -7,6 +7,7 @@
 //! supervised and finished) and [`outcome`] (what a failure means for its
 //! key).
 
+mod catch_up;
 mod intake;
 mod membership;
 mod outcome;
@@ -51,6 +52,7 @@ use crate::{
     queue::{Queue, QueueDepth, QueueMetrics},
     request::McRequest,
 };
+use catch_up::CatchUp;
 use membership::{ClusterItem, watched_anywhere};
 use tasks::Finished;
 
@@ -116,6 +118,8 @@ pub(super) struct Runner<K: Watchable> {
     initial: Vec<Cluster>,
     queue_depth: QueueDepth,
     status: ControllerStatus,
+    /// Clusters held until their watches show the controller's writes.
+    catch_up: CatchUp<K>,
 }
 
 impl<K: Watchable> Drop for Runner<K> {
@@ -177,6 +181,7 @@ impl<K: Watchable> Runner<K> {
             initial: subscription.clusters,
             queue_depth,
             status,
+            catch_up: CatchUp::new(config.read_your_writes),
         }
     }
 
@@ -214,7 +219,7 @@ impl<K: Watchable> Runner<K> {
         self.poll_fleet(cx);
         self.poll_intake(cx);
         loop {
-            let mut progress = self.poll_finished(cx);
+            let mut progress = self.poll_finished(cx) | self.poll_caught_up(cx);
             if let Some(done) = self.poll_draining(cx) {
                 return done;
             }

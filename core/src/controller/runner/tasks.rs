@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use tokio::task::{Id, JoinError};
 use tower::{BoxError, Service};
 
-use super::Runner;
+use super::{Runner, catch_up::awaiting};
 use crate::{
     action::Action,
     cache::Watchable,
@@ -49,6 +49,16 @@ impl<K: Watchable> Runner<K> {
     {
         let mut progress = false;
         while let Poll::Ready(next) = self.queue.poll_pop_ready(cx) {
+            if self.catch_up.bound.is_some()
+                && let Some(cluster) = awaiting(&self.engaged, &self.name, next.cluster())
+            {
+                // Its watches have not shown what the controller wrote
+                // there: its keys wait, and other clusters' go on.
+                next.pause();
+                self.catch_up(cluster);
+                progress = true;
+                continue;
+            }
             match contain(|| service.poll_ready(cx)) {
                 // The key stays first in line.
                 Ok(Poll::Pending) => break,
@@ -92,16 +102,19 @@ impl<K: Watchable> Runner<K> {
             return;
         }
         let watch = self.controlled.get(&key.cluster);
-        let request = ObjectRequest::read(cluster.clone(), key.clone(), watch)
+        let mut request = ObjectRequest::read(cluster.clone(), key.clone(), watch)
             .with_reason(reason)
             .with_controller(self.name.clone());
+        request.object = self.fresher(&key, request.object.take());
         // What the cluster clients it writes through refuse to make a
-        // child of in other clusters (see `OwnerReferenceAcross`).
-        let owner = request.object.as_ref().map(|object| Reconciling {
+        // child of in other clusters (see `OwnerReferenceAcross`), and
+        // record its writes under.
+        let owner = Reconciling {
             cluster: key.cluster.clone(),
             reachability: cluster.shared_reachability().clone(),
-            object: object.clone(),
-        });
+            object: request.object.clone().map(|object| object as _),
+            writer: self.writer(),
+        };
         let reconcile = match contain(|| service.call(request)) {
             Ok(reconcile) => reconcile,
             Err(message) => return self.panicked(&key, "call", &message),
