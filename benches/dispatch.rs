@@ -10,7 +10,7 @@
 //! memory through `Controller::reconcile_on`, all distinct, to a no-op
 //! reconciler. Three stacks are measured: the bare reconciler (`run`: each
 //! request with its cluster and its object from the controller's own
-//! watch), the same with every admission check of the queue on (a
+//! watch; `Typed`, and `Unread` with read-your-writes turned off), the same with every admission check of the queue on (a
 //! controller-wide concurrency limit, the per-cluster fair share, a shared
 //! and a per-cluster token bucket, all generous enough never to hold a key
 //! back), and the reconciler in the recommended stack (`RecommendedLayer`:
@@ -105,6 +105,9 @@ impl Clock {
 enum Stack {
     Admission,
     Typed,
+    /// `Typed`, its controller not reading its own writes
+    /// (`Config::read_your_writes(false)`).
+    Unread,
     Recommended,
     /// The recommended stack, with the queue's per-cluster workqueue
     /// metrics counted (`Controller::queue_metrics`).
@@ -195,14 +198,15 @@ async fn run(fleet: &Fleet, stack: Stack, n: usize, paced: bool) -> (Duration, A
                 },
             )))
         }
-        Stack::Typed => {
+        Stack::Typed | Stack::Unread => {
             let clock = clock.clone();
-            tokio::spawn(
-                controller.run(service_fn(move |request: ObjectRequest<ConfigMap>| {
+            let config = Config::default().read_your_writes(matches!(stack, Stack::Typed));
+            tokio::spawn(controller.with_config(config).run(service_fn(
+                move |request: ObjectRequest<ConfigMap>| {
                     clock.start(&request.request);
                     async { Ok::<_, BoxError>(Action::await_change()) }
-                })),
-            )
+                },
+            )))
         }
         Stack::KubeRuntime => unreachable!("run above"),
         Stack::Recommended | Stack::Counted => {
@@ -317,6 +321,7 @@ async fn main() -> Result<(), BoxError> {
         Stack::Counted,
         Stack::Admission,
         Stack::Typed,
+        Stack::Unread,
         Stack::KubeRuntime,
     ];
     let mut figures: Vec<Figures> = stacks.iter().map(|_| Figures::default()).collect();

@@ -13,6 +13,7 @@
 //! cargo bench --bench end_to_end -- --kube-client # engaged with finished kube::Clients
 //! cargo bench --bench end_to_end -- --unbudgeted  # no request budget (RequestBudget::UNLIMITED)
 //! cargo bench --bench end_to_end -- --queue-metrics # the queue's per-cluster metrics counted
+//! cargo bench --bench end_to_end -- --no-read-your-writes # the controller does not read its writes
 //! cargo bench --bench end_to_end -- 10 1000 16 --staggered  # one cluster busy at a time
 //! cargo bench --bench end_to_end -- 10 1000 16 --in-turn    # the queue's Sharing::InTurn
 //! ```
@@ -111,6 +112,7 @@ async fn main() -> Result<(), BoxError> {
     let as_user = std::env::args().any(|a| a == "--as-user");
     let staggered = std::env::args().any(|a| a == "--staggered");
     let in_turn = std::env::args().any(|a| a == "--in-turn");
+    let read_your_writes = !std::env::args().any(|a| a == "--no-read-your-writes");
 
     let servers = if one_server { 1 } else { clusters };
     let mut env = Envtest::builder().clusters((0..servers).map(|i| format!("cluster-{i}")));
@@ -199,7 +201,7 @@ async fn main() -> Result<(), BoxError> {
         let fleet = fleet.clone();
         async move { fleet.run(provider).await }
     });
-    let mut config = kube_fleet::controller::Config::default();
+    let mut config = kube_fleet::controller::Config::default().read_your_writes(read_your_writes);
     if in_turn {
         config = config.sharing(kube_fleet::queue::Sharing::InTurn);
     }
@@ -275,6 +277,7 @@ async fn main() -> Result<(), BoxError> {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let wall = began.elapsed();
+    let reconciled = reconciles.load(Ordering::Relaxed);
     let (cpu, servers) = (
         cpu_seconds("self") - cpu_before,
         servers_cpu(&pids) - servers_before,
@@ -311,9 +314,18 @@ async fn main() -> Result<(), BoxError> {
     );
     println!("  wall time            {wall:.2?}");
     println!(
-        "  controller CPU       {cpu:.2} s ({:.0} us per patched object, {} reconciles)",
+        "  controller CPU       {cpu:.2} s ({:.0} us per patched object, {reconciled} reconciles \
+         until the last patch, {} with its echoes)",
         cpu * 1e6 / total as f64,
         reconciles.load(Ordering::Relaxed)
+    );
+    println!(
+        "  read your writes     {}",
+        if read_your_writes {
+            "on (the default)"
+        } else {
+            "off"
+        }
     );
     println!(
         "  peak RSS             {:.1} MiB (set-up included up to its level: {:.1} MiB)",

@@ -18,8 +18,8 @@ use kube::{
 };
 use kube_fleet::envtest::Envtest;
 use kube_fleet::{
-    Action, ClusterName, Controller, Fleet, McRequest, ObjectRequest, ReconcileReason,
-    controller::Config,
+    Action, Cluster, ClusterName, Controller, Fleet, McRequest, ObjectRequest, ReconcileReason,
+    controller::{ClusterSelector, Config, Watch},
 };
 use support::eventually;
 use tower::BoxError;
@@ -64,33 +64,40 @@ fn make_once(fleet: &Fleet, mode: &'static str, config: Config) -> RunsBy {
             if run > RUNS {
                 return Ok::<_, BoxError>(Action::await_change());
             }
-            let parent = request.request.name.clone();
-            let secrets = request.cluster.store::<Secret>().expect("watched");
-            let found = secrets
-                .state()
-                .iter()
-                .any(|s| s.labels().get("parent") == Some(&parent));
-            if !found {
-                let child = Secret {
-                    metadata: ObjectMeta {
-                        generate_name: Some(format!("{parent}-")),
-                        labels: Some(BTreeMap::from([
-                            ("parent".into(), parent.clone()),
-                            ("mode".into(), mode.into()),
-                        ])),
-                        ..ObjectMeta::default()
-                    },
-                    ..Secret::default()
-                };
-                Api::<Secret>::namespaced(request.cluster.client(), "default")
-                    .create(&PostParams::default(), &child)
-                    .await?;
-            }
+            make_if_absent(&request.cluster, &request.request.name, mode).await?;
             Ok(Action::requeue(Duration::ZERO))
         }
     };
     tokio::spawn(controller.run(tower::service_fn(reconcile)));
     runs
+}
+
+/// Makes a child Secret of `parent` (named by the server) in `cluster`
+/// if its cache holds none.
+async fn make_if_absent(cluster: &Cluster, parent: &str, mode: &str) -> Result<(), BoxError> {
+    let found = cluster
+        .store::<Secret>()
+        .expect("watched")
+        .state()
+        .iter()
+        .any(|s| s.labels().get("parent").map(String::as_str) == Some(parent));
+    if !found {
+        let child = Secret {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{parent}-")),
+                labels: Some(BTreeMap::from([
+                    ("parent".into(), parent.to_owned()),
+                    ("mode".into(), mode.to_owned()),
+                ])),
+                ..ObjectMeta::default()
+            },
+            ..Secret::default()
+        };
+        Api::<Secret>::namespaced(cluster.client(), "default")
+            .create(&PostParams::default(), &child)
+            .await?;
+    }
+    Ok(())
 }
 
 /// How many times each key ran.
@@ -264,4 +271,121 @@ async fn the_echo_of_an_own_write_runs_behind_the_start_up_backlog() {
         // Nothing else ran: one listed run and one echo per object.
         assert_eq!(runs.len(), 2 * OBJECTS, "{}", cluster.name());
     }
+}
+
+#[tokio::test]
+async fn past_its_wait_a_controller_reads_its_object_through_the_api_and_counts_it() {
+    let env = Envtest::start(1).await.unwrap();
+    let cluster = &env.clusters()[0];
+    let api = Api::<ConfigMap>::namespaced(cluster.client(), "default");
+    let gauge = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("gauge".into()),
+            labels: Some(BTreeMap::from([("level".into(), "5".into())])),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    };
+    api.create(&PostParams::default(), &gauge).await.unwrap();
+    let fleet = Fleet::new();
+    // A selector the API server reads and the controller cannot: it takes
+    // the watch to hold every ConfigMap it writes, and waits for it.
+    let watch = watcher::Config::default().labels("level>1");
+    let seen: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+    let log = seen.clone();
+    let reconcile = move |request: ObjectRequest<ConfigMap>| {
+        let log = log.clone();
+        async move {
+            let level = request
+                .object
+                .as_ref()
+                .map(|o| o.labels().get("level").cloned().unwrap_or_default());
+            log.lock().unwrap().push(level.clone());
+            if level.as_deref() == Some("5") {
+                // Out of the watch's selector: it shows a deletion, never
+                // this version.
+                Api::<ConfigMap>::namespaced(request.cluster.client(), "default")
+                    .patch(
+                        "gauge",
+                        &PatchParams::default(),
+                        &Patch::Merge(serde_json::json!({"metadata": {"labels": {"level": "0"}}})),
+                    )
+                    .await?;
+            }
+            Ok::<_, BoxError>(Action::await_change())
+        }
+    };
+    let controller = Controller::<ConfigMap>::new(&fleet, watch)
+        .with_config(Config::default().read_your_writes_within(Duration::from_secs(1)));
+    tokio::spawn(controller.run(tower::service_fn(reconcile)));
+    let engaged = fleet.engage(cluster.name(), cluster.client());
+    eventually("the wait ran out", || async {
+        engaged.read_your_writes().timeouts == 1
+    })
+    .await;
+    eventually("the object was reconciled as the API has it", || async {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.as_deref() == Some("0"))
+    })
+    .await;
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen[0].as_deref(), Some("5"), "{seen:?}");
+    assert!(
+        !seen.contains(&None),
+        "read as deleted from the cache rather than through the API: {seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_hub_reconcile_that_makes_a_child_in_a_member_waits_for_the_members_cache() {
+    let env = Envtest::start(2).await.unwrap();
+    let (hub, member) = (&env.clusters()[0], &env.clusters()[1]);
+    parents(hub.client(), "fan").await;
+    let fleet = Fleet::new();
+    let runs = RunsBy::default();
+    let counted = runs.clone();
+    let member_name = ClusterName::from(member.name());
+    let hub_only = ClusterSelector::matching({
+        let hub = ClusterName::from(hub.name());
+        move |name| *name == hub
+    });
+    let members = ClusterSelector::matching({
+        let member = member_name.clone();
+        move |name| *name == member
+    });
+    let controller =
+        Controller::<ConfigMap>::new(&fleet, watcher::Config::default().labels("mode=fan"))
+            .clusters(hub_only)
+            .watches::<Secret, _>(
+                Watch::new(watcher::Config::default()).in_clusters(members),
+                |_, _| None::<McRequest>,
+            );
+    let fleet_in = fleet.clone();
+    let reconcile = move |request: ObjectRequest<ConfigMap>| {
+        let (runs, fleet, member_name) = (counted.clone(), fleet_in.clone(), member_name.clone());
+        async move {
+            if runs.ran(&request.request) > RUNS {
+                return Ok::<_, BoxError>(Action::await_change());
+            }
+            let member = fleet.get(&member_name).expect("engaged");
+            make_if_absent(&member, &request.request.name, "fan").await?;
+            Ok(Action::requeue(Duration::ZERO))
+        }
+    };
+    tokio::spawn(controller.run(tower::service_fn(reconcile)));
+    // The member first, so that its watch runs when the hub's keys do.
+    fleet.engage(member.name(), member.client());
+    fleet.engage(hub.name(), hub.client());
+    eventually("every parent ran its runs", || async {
+        runs.finished(PARENTS)
+    })
+    .await;
+    let made = children(member.client(), "fan").await;
+    assert_eq!(made.len(), PARENTS, "{made:?}");
+    assert!(
+        made.values().all(|n| *n == 1),
+        "a parent has more than one child in the member: {made:?}"
+    );
 }

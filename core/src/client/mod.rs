@@ -80,7 +80,7 @@ pub(crate) use reachability::Reachability;
 pub(crate) use requests::counting;
 pub use requests::{LATENCY_BUCKETS, RequestCount, RequestLatency, RequestStats};
 pub use writes::WriteWaits;
-pub(crate) use writes::{Shown, Writes, Written};
+pub(crate) use writes::{Shown, Writer, Writes, Written};
 
 /// How many requests and watches the HTTP/2 connection carries at once
 /// before the next one goes over HTTP/1.1 instead.

@@ -15,7 +15,7 @@ use http::{Method, Request};
 use kube::{Resource, ResourceExt, client::Body};
 use serde_json::Value;
 
-use super::reachability::Reachability;
+use super::{reachability::Reachability, writes::Writer};
 use crate::cluster_name::ClusterName;
 
 tokio::task_local! {
@@ -61,7 +61,7 @@ pub(crate) struct Reconciling {
     pub(crate) object: Option<Arc<dyn Owner>>,
     /// The controller whose reconcile it is, if it reads its own writes:
     /// what the cluster's client records its writes under.
-    pub(crate) writer: Option<Arc<str>>,
+    pub(crate) writer: Option<Arc<Writer>>,
 }
 
 /// Runs `reconcile` as the reconcile of `object`.
@@ -70,10 +70,13 @@ pub(crate) async fn reconciling<F: Future>(object: Reconciling, reconcile: F) ->
 }
 
 /// The controller whose reconcile runs on this task, if it reads its own
-/// writes.
-pub(crate) fn writer() -> Option<Arc<str>> {
+/// writes, and the cluster of the reconciled key.
+pub(crate) fn writer() -> Option<(Arc<Writer>, ClusterName)> {
     RECONCILING
-        .try_with(|reconciling| reconciling.writer.clone())
+        .try_with(|reconciling| {
+            let writer = reconciling.writer.clone()?;
+            Some((writer, reconciling.cluster.clone()))
+        })
         .ok()
         .flatten()
 }

@@ -348,10 +348,10 @@ impl Service<Request<Body>> for Outer {
             if outermost && let Some(check) = owners_checked(&to, &request) {
                 check.await?;
             }
-            let write = outermost
-                .then(super::owners::writer)
-                .flatten()
-                .and_then(|writer| writes::pending(&request, writer));
+            let writer = outermost.then(super::owners::writer).flatten();
+            let write = writer
+                .as_ref()
+                .and_then(|(writer, _)| writes::pending(&request, writer.name.clone()));
             let write = match write {
                 Some(write) => Some(write.sending(&writes).await),
                 None => None,
@@ -377,7 +377,15 @@ impl Service<Request<Body>> for Outer {
                 Err(_) => {}
             }
             match (write, result) {
-                (Some(write), Ok(response)) => write.answered(response, &writes).await,
+                (Some(write), Ok(response)) => {
+                    if let Some((writer, origin)) = &writer
+                        && *origin != cluster
+                    {
+                        // Its next reconcile waits for this cluster too.
+                        writer.wrote_away(origin, &cluster);
+                    }
+                    write.answered(response, &writes).await
+                }
                 (_, result) => result,
             }
         })

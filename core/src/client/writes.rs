@@ -9,7 +9,7 @@
 //! only echoes its own write from a change made by someone else.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     hash::{BuildHasher, Hash},
     sync::{
         Arc, Mutex, MutexGuard,
@@ -26,6 +26,7 @@ use tokio::{sync::Notify, time::Instant};
 use tower::BoxError;
 
 use super::cluster_client::AnyBody;
+use crate::cluster_name::ClusterName;
 
 /// How long an own write is remembered to tell its echo by, once recorded:
 /// well past the time its event takes to arrive, however busy the watch.
@@ -43,6 +44,80 @@ pub(crate) struct ObjectId {
     pub(crate) resource: String,
     pub(crate) namespace: Option<String>,
     pub(crate) name: String,
+}
+
+/// A controller that reads its own writes, as its reconciles write: its
+/// name, and the clusters its reconciles of keys in one cluster wrote to
+/// in others (a hub's keys writing to members), whose watches the next
+/// reconcile in the first must wait for too.
+#[derive(Debug)]
+pub(crate) struct Writer {
+    pub(crate) name: Arc<str>,
+    away: Mutex<HashMap<ClusterName, HashSet<ClusterName>>>,
+    /// How many origins `away` has: none, and a dispatch takes no lock.
+    origins: AtomicUsize,
+}
+
+impl Writer {
+    pub(crate) fn new(name: Arc<str>) -> Self {
+        Self {
+            name,
+            away: Mutex::default(),
+            origins: AtomicUsize::new(0),
+        }
+    }
+
+    fn away(&self) -> MutexGuard<'_, HashMap<ClusterName, HashSet<ClusterName>>> {
+        self.away.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A reconcile of a key in `origin` wrote to `target`.
+    pub(crate) fn wrote_away(&self, origin: &ClusterName, target: &ClusterName) {
+        let mut away = self.away();
+        if !away
+            .get(origin)
+            .is_some_and(|targets| targets.contains(target))
+        {
+            away.entry(origin.clone())
+                .or_default()
+                .insert(target.clone());
+            self.origins.store(away.len(), Ordering::Release);
+        }
+    }
+
+    /// The other clusters reconciles of keys in `origin` wrote to.
+    pub(crate) fn away_from(&self, origin: &ClusterName) -> Vec<ClusterName> {
+        if self.origins.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        self.away()
+            .get(origin)
+            .map(|targets| targets.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// `target` shows what reconciles in `origin` wrote there (or left).
+    pub(crate) fn settled(&self, origin: &ClusterName, target: &ClusterName) {
+        let mut away = self.away();
+        if let Some(targets) = away.get_mut(origin) {
+            targets.remove(target);
+            if targets.is_empty() {
+                away.remove(origin);
+            }
+        }
+        self.origins.store(away.len(), Ordering::Release);
+    }
+
+    /// Forgets `cluster`, which left: as an origin and as a target.
+    pub(crate) fn forget(&self, cluster: &ClusterName) {
+        let mut away = self.away();
+        away.remove(cluster);
+        away.retain(|_, targets| {
+            targets.remove(cluster);
+            !targets.is_empty()
+        });
+        self.origins.store(away.len(), Ordering::Release);
+    }
 }
 
 /// A write the cluster's watches have not shown yet.

@@ -1,6 +1,6 @@
 use kube_fleet::{
     Fleet,
-    client::{LATENCY_BUCKETS, RequestLatency, RequestStats},
+    client::{LATENCY_BUCKETS, RequestLatency, RequestStats, WriteWaits},
 };
 use prometheus_client::{
     collector::Collector,
@@ -23,7 +23,16 @@ use prometheus_client::{
 ///   long each waited for its cluster's
 ///   [`RequestBudget`](kube_fleet::client::RequestBudget) before it was
 ///   sent ([`RequestStats::budget_waits`]), in the same buckets; none for a
-///   cluster without a budget.
+///   cluster without a budget;
+/// - `kube_fleet_read_your_writes_writes_total{cluster}`,
+///   `kube_fleet_read_your_writes_waits_total{cluster}`,
+///   `kube_fleet_read_your_writes_wait_seconds_total{cluster}` and
+///   `kube_fleet_read_your_writes_timeouts_total{cluster}`: the writes of
+///   reconciles that read their own writes, the times their controllers
+///   held the cluster's reconciles for its watches to show them, how long,
+///   and the waits that ran out
+///   ([`Cluster::read_your_writes`](kube_fleet::Cluster::read_your_writes);
+///   namespaces of one host each report their host's).
 ///
 /// `kube-fleet-manager`'s `Manager` registers it already: register it
 /// yourself only in a registry of your own, and once (a second collector
@@ -84,6 +93,37 @@ impl Collector for ClientMetrics {
             }
         }
 
+        let read_your_writes: [(&str, &str, ReadWrites); 4] = [
+            (
+                "kube_fleet_read_your_writes_writes",
+                "Writes of reconciles whose controllers read their own writes, by cluster",
+                |w| ConstCounter::new(w.writes as f64),
+            ),
+            (
+                "kube_fleet_read_your_writes_waits",
+                "Times a controller held a cluster's reconciles until its watches showed the controller's writes",
+                |w| ConstCounter::new(w.waits as f64),
+            ),
+            (
+                "kube_fleet_read_your_writes_wait_seconds",
+                "How long controllers held a cluster's reconciles for its watches to show their writes",
+                |w| ConstCounter::new(w.waited_seconds),
+            ),
+            (
+                "kube_fleet_read_your_writes_timeouts",
+                "Waits for a cluster's watches to show a controller's writes that ran out",
+                |w| ConstCounter::new(w.timeouts as f64),
+            ),
+        ];
+        for (name, help, read) in read_your_writes {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for cluster in &clusters {
+                let waits = cluster.read_your_writes();
+                read(&waits)
+                    .encode(family.encode_family(&[("cluster", cluster.name().as_str())])?)?;
+            }
+        }
+
         let histograms: [(&str, &str, Read); 2] = [
             (
                 "rest_client_request_duration_seconds",
@@ -113,6 +153,9 @@ impl Collector for ClientMetrics {
         Ok(())
     }
 }
+
+/// Reads one figure of a cluster's waits for its watches.
+type ReadWrites = fn(&WriteWaits) -> ConstCounter<f64>;
 
 /// Reads one histogram of a cluster's requests, by method.
 type Read = fn(&RequestStats) -> Vec<RequestLatency>;

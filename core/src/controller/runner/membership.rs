@@ -124,7 +124,7 @@ impl<K: Watchable> Runner<K> {
         // Subscribed only once the cluster is served: nothing piles up unread
         // while one of the watches cannot sync.
         let subscribes: Vec<_> = started.into_iter().map(|s| s.subscribe).collect();
-        let writer = self.writer();
+        let writer = self.writer().map(|writer| writer.name.clone());
         let requests = stream::once(async move {
             stream::select_all(
                 subscribes

@@ -155,6 +155,7 @@ impl<K: Watchable> Runner<K> {
         }
         status.configure(watched_anywhere(&clusters, &related), config.sync_timeout);
         let subscription = fleet.subscribe();
+        let catch_up = CatchUp::new(&name, config.read_your_writes);
         Self {
             name,
             error_policy,
@@ -181,7 +182,7 @@ impl<K: Watchable> Runner<K> {
             initial: subscription.clusters,
             queue_depth,
             status,
-            catch_up: CatchUp::new(config.read_your_writes),
+            catch_up,
         }
     }
 

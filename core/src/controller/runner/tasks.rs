@@ -48,14 +48,15 @@ impl<K: Watchable> Runner<K> {
         S::Error: Into<BoxError>,
     {
         let mut progress = false;
+        let writer = self.writer();
         while let Poll::Ready(next) = self.queue.poll_pop_ready(cx) {
-            if self.catch_up.bound.is_some()
-                && let Some(cluster) = awaiting(&self.engaged, &self.name, next.cluster())
-            {
-                // Its watches have not shown what the controller wrote
-                // there: its keys wait, and other clusters' go on.
+            let awaited = awaiting(&self.engaged, writer.as_ref(), next.cluster());
+            if !awaited.is_empty() {
+                // Its watches (or those its keys' reconciles wrote to)
+                // have not shown what the controller wrote: its keys wait,
+                // and other clusters' go on.
                 next.pause();
-                self.catch_up(cluster);
+                self.catch_up(awaited);
                 progress = true;
                 continue;
             }
