@@ -30,7 +30,11 @@ const PARENTS: usize = 20;
 const RUNS: u32 = 4;
 
 async fn parents(client: kube::Client, mode: &str) {
-    let api = Api::<ConfigMap>::namespaced(client, "default");
+    parents_in(client, "default", mode).await;
+}
+
+async fn parents_in(client: kube::Client, namespace: &str, mode: &str) {
+    let api = Api::<ConfigMap>::namespaced(client, namespace);
     for i in 0..PARENTS {
         let parent = ConfigMap {
             metadata: ObjectMeta {
@@ -75,6 +79,16 @@ fn make_once(fleet: &Fleet, mode: &'static str, config: Config) -> RunsBy {
 /// Makes a child Secret of `parent` (named by the server) in `cluster`
 /// if its cache holds none.
 async fn make_if_absent(cluster: &Cluster, parent: &str, mode: &str) -> Result<(), BoxError> {
+    make_if_absent_in(cluster, "default", parent, mode).await
+}
+
+/// [`make_if_absent`], in `namespace`.
+async fn make_if_absent_in(
+    cluster: &Cluster,
+    namespace: &str,
+    parent: &str,
+    mode: &str,
+) -> Result<(), BoxError> {
     let found = cluster
         .store::<Secret>()
         .expect("watched")
@@ -93,7 +107,7 @@ async fn make_if_absent(cluster: &Cluster, parent: &str, mode: &str) -> Result<(
             },
             ..Secret::default()
         };
-        Api::<Secret>::namespaced(cluster.client(), "default")
+        Api::<Secret>::namespaced(cluster.client(), namespace)
             .create(&PostParams::default(), &child)
             .await?;
     }
@@ -120,7 +134,11 @@ impl RunsBy {
 
 /// The children of each parent of `mode` in `client`'s cluster.
 async fn children(client: kube::Client, mode: &str) -> HashMap<String, usize> {
-    let secrets = Api::<Secret>::namespaced(client, "default")
+    children_in(client, "default", mode).await
+}
+
+async fn children_in(client: kube::Client, namespace: &str, mode: &str) -> HashMap<String, usize> {
+    let secrets = Api::<Secret>::namespaced(client, namespace)
         .list(&ListParams::default().labels(&format!("mode={mode}")))
         .await
         .unwrap();
@@ -274,44 +292,44 @@ async fn the_echo_of_an_own_write_runs_behind_the_start_up_backlog() {
 }
 
 #[tokio::test]
-async fn past_its_wait_a_controller_reads_its_object_through_the_api_and_counts_it() {
+async fn a_wait_that_runs_out_is_counted_and_not_waited_again_at_once() {
     let env = Envtest::start(1).await.unwrap();
     let cluster = &env.clusters()[0];
     let api = Api::<ConfigMap>::namespaced(cluster.client(), "default");
-    let gauge = ConfigMap {
+    let gauge = |name: &str, level: &str| ConfigMap {
         metadata: ObjectMeta {
-            name: Some("gauge".into()),
-            labels: Some(BTreeMap::from([("level".into(), "5".into())])),
+            name: Some(name.into()),
+            labels: Some(BTreeMap::from([("level".into(), level.into())])),
             ..ObjectMeta::default()
         },
         ..ConfigMap::default()
     };
-    api.create(&PostParams::default(), &gauge).await.unwrap();
+    api.create(&PostParams::default(), &gauge("gauge-0", "5"))
+        .await
+        .unwrap();
     let fleet = Fleet::new();
     // A selector the API server reads and the controller cannot: it takes
-    // the watch to hold every ConfigMap it writes, and waits for it.
+    // the watch to hold every ConfigMap it writes, and waits for those the
+    // watch will never show.
     let watch = watcher::Config::default().labels("level>1");
-    let seen: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
     let log = seen.clone();
     let reconcile = move |request: ObjectRequest<ConfigMap>| {
         let log = log.clone();
         async move {
-            let level = request
-                .object
-                .as_ref()
-                .map(|o| o.labels().get("level").cloned().unwrap_or_default());
-            log.lock().unwrap().push(level.clone());
-            if level.as_deref() == Some("5") {
-                // Out of the watch's selector: it shows a deletion, never
-                // this version.
-                Api::<ConfigMap>::namespaced(request.cluster.client(), "default")
-                    .patch(
-                        "gauge",
-                        &PatchParams::default(),
-                        &Patch::Merge(serde_json::json!({"metadata": {"labels": {"level": "0"}}})),
-                    )
-                    .await?;
-            }
+            log.lock().unwrap().push(request.request.name.clone());
+            // A record of each run, at a level out of the watch.
+            let record = ConfigMap {
+                metadata: ObjectMeta {
+                    generate_name: Some("record-".into()),
+                    labels: Some(BTreeMap::from([("level".into(), "0".into())])),
+                    ..ObjectMeta::default()
+                },
+                ..ConfigMap::default()
+            };
+            Api::<ConfigMap>::namespaced(request.cluster.client(), "default")
+                .create(&PostParams::default(), &record)
+                .await?;
             Ok::<_, BoxError>(Action::await_change())
         }
     };
@@ -319,23 +337,36 @@ async fn past_its_wait_a_controller_reads_its_object_through_the_api_and_counts_
         .with_config(Config::default().read_your_writes_within(Duration::from_secs(1)));
     tokio::spawn(controller.run(tower::service_fn(reconcile)));
     let engaged = fleet.engage(cluster.name(), cluster.client());
-    eventually("the wait ran out", || async {
-        engaged.read_your_writes().timeouts == 1
+    eventually("the first run", || async {
+        seen.lock().unwrap().len() == 1
     })
     .await;
-    eventually("the object was reconciled as the API has it", || async {
-        seen.lock()
-            .unwrap()
-            .iter()
-            .any(|l| l.as_deref() == Some("0"))
+    // The next key waits for the record, which never shows, then runs.
+    api.create(&PostParams::default(), &gauge("gauge-1", "5"))
+        .await
+        .unwrap();
+    eventually("the second run", || async {
+        seen.lock().unwrap().len() == 2
     })
     .await;
-    let seen = seen.lock().unwrap().clone();
-    assert_eq!(seen[0].as_deref(), Some("5"), "{seen:?}");
+    let waits = engaged.read_your_writes();
+    assert_eq!(waits.timeouts, 1, "{waits:?}");
+    assert!(waits.waited_seconds >= 1.0, "{waits:?}");
+    // The wait ran out lately: the next key does not wait again.
+    let began = std::time::Instant::now();
+    api.create(&PostParams::default(), &gauge("gauge-2", "5"))
+        .await
+        .unwrap();
+    eventually("the third run", || async {
+        seen.lock().unwrap().len() == 3
+    })
+    .await;
     assert!(
-        !seen.contains(&None),
-        "read as deleted from the cache rather than through the API: {seen:?}"
+        began.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        began.elapsed()
     );
+    assert_eq!(engaged.read_your_writes().timeouts, 1);
 }
 
 #[tokio::test]
@@ -388,4 +419,120 @@ async fn a_hub_reconcile_that_makes_a_child_in_a_member_waits_for_the_members_ca
         made.values().all(|n| *n == 1),
         "a parent has more than one child in the member: {made:?}"
     );
+}
+
+#[tokio::test]
+async fn namespaces_of_one_host_each_read_their_own_writes() {
+    let env = Envtest::start(1).await.unwrap();
+    let host_client = env.clusters()[0].client();
+    let namespaces = ["team-a", "team-b"];
+    for namespace in namespaces {
+        let namespace = k8s_openapi::api::core::v1::Namespace {
+            metadata: ObjectMeta {
+                name: Some(namespace.into()),
+                ..ObjectMeta::default()
+            },
+            ..Default::default()
+        };
+        Api::all(host_client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+            .unwrap();
+    }
+    for namespace in namespaces {
+        parents_in(host_client.clone(), namespace, "views").await;
+    }
+    let fleet = Fleet::new();
+    let runs = RunsBy::default();
+    let counted = runs.clone();
+    let controller =
+        Controller::<ConfigMap>::new(&fleet, watcher::Config::default().labels("mode=views"))
+            .watches::<Secret, _>(watcher::Config::default(), |_, _| None::<McRequest>);
+    let reconcile = move |request: ObjectRequest<ConfigMap>| {
+        let runs = counted.clone();
+        async move {
+            if runs.ran(&request.request) > RUNS {
+                return Ok::<_, BoxError>(Action::await_change());
+            }
+            let namespace = request.request.namespace.clone().unwrap_or_default();
+            make_if_absent_in(&request.cluster, &namespace, &request.request.name, "views").await?;
+            Ok(Action::requeue(Duration::ZERO))
+        }
+    };
+    tokio::spawn(controller.run(tower::service_fn(reconcile)));
+    let host = kube_fleet::cache::HostCache::new("host", host_client.clone());
+    for namespace in namespaces {
+        fleet.engage_view(namespace, host.view(namespace));
+    }
+    eventually("every parent ran its runs", || async {
+        runs.finished(PARENTS * namespaces.len())
+    })
+    .await;
+    for namespace in namespaces {
+        let made = children_in(host_client.clone(), namespace, "views").await;
+        assert_eq!(made.len(), PARENTS, "{namespace}: {made:?}");
+        assert!(
+            made.values().all(|n| *n == 1),
+            "{namespace}: a parent has more than one child: {made:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_write_that_takes_the_last_finalizer_off_is_shown_by_the_objects_deletion() {
+    let env = Envtest::start(1).await.unwrap();
+    let cluster = &env.clusters()[0];
+    let api = Api::<ConfigMap>::namespaced(cluster.client(), "default");
+    for i in 0..5 {
+        let held = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(format!("held-{i}")),
+                labels: Some(BTreeMap::from([("mode".into(), "held".into())])),
+                finalizers: Some(vec!["example.com/cleanup".into()]),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        };
+        api.create(&PostParams::default(), &held).await.unwrap();
+    }
+    let fleet = Fleet::new();
+    let reconcile = move |request: ObjectRequest<ConfigMap>| async move {
+        let deleting = request
+            .object
+            .as_ref()
+            .is_some_and(|o| o.metadata.deletion_timestamp.is_some());
+        if deleting {
+            Api::<ConfigMap>::namespaced(request.cluster.client(), "default")
+                .patch(
+                    &request.request.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+                )
+                .await?;
+        }
+        Ok::<_, BoxError>(Action::await_change())
+    };
+    let controller =
+        Controller::<ConfigMap>::new(&fleet, watcher::Config::default().labels("mode=held"));
+    tokio::spawn(controller.run(tower::service_fn(reconcile)));
+    let engaged = fleet.engage(cluster.name(), cluster.client());
+    for i in 0..5 {
+        api.delete(&format!("held-{i}"), &Default::default())
+            .await
+            .unwrap();
+    }
+    eventually("every object gone", || async {
+        api.list(&ListParams::default().labels("mode=held"))
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    })
+    .await;
+    // The next reconciles there did not wait out the bound for a version
+    // that no watch will ever show.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let waits = engaged.read_your_writes();
+    assert_eq!(waits.writes, 5, "{waits:?}");
+    assert_eq!(waits.timeouts, 0, "{waits:?}");
 }

@@ -477,7 +477,6 @@ async fn feed<K, S>(
                 }
             }
         }
-        crossing.after(shown);
         if healthy {
             failures.recovered();
             if parts.health.heard(listed) {
@@ -488,6 +487,8 @@ async fn feed<K, S>(
             parts.forget_unread();
         }
         drop(parts);
+        // Out of the parts' lock: the writes' lock is never taken inside it.
+        crossing.after(shown);
         for (hub, notes) in told {
             hub.notify(&notes, listed);
         }

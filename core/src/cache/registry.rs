@@ -406,7 +406,8 @@ impl ClusterCache {
     }
 
     /// Whether a watch of this cluster that holds the object `written`
-    /// wrote has yet to show the write.
+    /// wrote has yet to show the write. A watch that has not synced or
+    /// fails is not waited for: it lists everything when it comes back.
     pub(crate) fn awaits(&self, written: &Written) -> bool {
         // Read out of the lock: the store is read for each.
         let probes: Vec<_> = self
@@ -415,7 +416,9 @@ impl ClusterCache {
             .filter(|held| held.scope.as_ref().is_some_and(|s| s.holds(written)))
             .filter_map(|held| held.probe.upgrade())
             .collect();
-        let here = probes.iter().any(|probe| !probe.shows(written));
+        let here = probes
+            .iter()
+            .any(|probe| probe.has_synced() && probe.failure().is_none() && !probe.shows(written));
         here || self
             .view
             .as_ref()

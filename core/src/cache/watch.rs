@@ -465,9 +465,12 @@ impl Crossing {
         })
     }
 
-    /// Tells the cluster's writes what the event applied showed.
+    /// Tells the cluster's writes what the event applied showed: a write
+    /// recorded while it was applied, or a list that replaced the store,
+    /// wakes those who wait to look again.
     pub(super) fn after(&self, seen: Option<Seen>) {
         let Some(seen) = seen else {
+            self.writes.relisted();
             return;
         };
         self.writes.shown(&Shown {

@@ -79,6 +79,8 @@ pub(crate) use owners::{Reconciling, reconciling};
 pub(crate) use reachability::Reachability;
 pub(crate) use requests::counting;
 pub use requests::{LATENCY_BUCKETS, RequestCount, RequestLatency, RequestStats};
+#[cfg(test)]
+pub(crate) use writes::ObjectId;
 pub use writes::WriteWaits;
 pub(crate) use writes::{Shown, Writer, Writes, Written};
 

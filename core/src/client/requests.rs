@@ -351,7 +351,7 @@ impl Service<Request<Body>> for Outer {
             let writer = outermost.then(super::owners::writer).flatten();
             let write = writer
                 .as_ref()
-                .and_then(|(writer, _)| writes::pending(&request, writer.name.clone()));
+                .and_then(|(writer, _)| writes::pending(&request, writer.name.clone(), &cluster));
             let write = match write {
                 Some(write) => Some(write.sending(&writes).await),
                 None => None,
@@ -378,13 +378,15 @@ impl Service<Request<Body>> for Outer {
             }
             match (write, result) {
                 (Some(write), Ok(response)) => {
+                    let answered = write.answered(response, &writes).await;
                     if let Some((writer, origin)) = &writer
                         && *origin != cluster
                     {
-                        // Its next reconcile waits for this cluster too.
+                        // Recorded: its origin's next reconcile waits for
+                        // this cluster too.
                         writer.wrote_away(origin, &cluster);
                     }
-                    write.answered(response, &writes).await
+                    answered
                 }
                 (_, result) => result,
             }

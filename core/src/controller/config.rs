@@ -214,36 +214,49 @@ impl Config {
     /// Whether the controller's reconciles read its own writes (default
     /// `true`).
     ///
-    /// Each write a reconcile makes through its cluster's client (create,
-    /// replace, patch, apply, delete, also of a status) is recorded with the
-    /// resourceVersion the API server gave it. The controller then starts
-    /// no reconcile in that cluster until the cluster's watches that hold
-    /// the written object show that version (or its deletion), so that no
-    /// reconcile of any key reads from a cache an object older than the
-    /// controller's own write: not its own object, nor a child through
-    /// [`Children`](crate::ownership::Children), a
+    /// Each write a reconcile makes through an engaged cluster's client
+    /// (create, replace, patch, apply, delete, also of a status) is recorded
+    /// with the resourceVersion the API server answered with. Before it
+    /// starts a reconcile in a cluster, the controller waits until the
+    /// cluster's synced watches that hold a written object (by resource,
+    /// namespace and selectors) show that version or its deletion. A write
+    /// that a reconcile of a key in one cluster made to another (a hub's
+    /// reconcile making a child in a member) holds the first cluster's next
+    /// reconciles until the other's watches show it too. So a reconcile the
+    /// controller starts after its write was answered reads no older copy
+    /// of the written object from those caches: not as its own object, nor
+    /// through [`Children`](crate::ownership::Children), a
     /// [`FleetStore`](crate::fleetwide::FleetStore), a related watch or
     /// [`Cluster::store`](crate::Cluster::store). A reconciler that creates
-    /// a child "if absent" and is requeued at once creates it once. The
-    /// wait is bounded ([`read_your_writes_within`](Self::read_your_writes_within)):
-    /// past it the controller reads the objects of its own type still not
-    /// shown through the API for their next reconcile, and the cluster's
-    /// reconciles start again. Waits and timeouts are counted per cluster
+    /// a child "if absent" and is requeued at once creates it once. Other
+    /// clusters' reconciles go on meanwhile.
+    ///
+    /// The wait is bounded
+    /// ([`read_your_writes_within`](Self::read_your_writes_within)). Past
+    /// it, the objects of the controller's own type still not shown are
+    /// read through the API for their next reconcile (others, children
+    /// among them, are read from the cache as it is), and the controller
+    /// does not wait for that cluster's watches again for 30 s: a watch that
+    /// lags holds its reconciles once, not at every write. Waits and
+    /// timeouts are counted for the cluster whose reconciles waited
     /// ([`Cluster::read_your_writes`](crate::Cluster::read_your_writes)).
     ///
     /// The watch event of the controller's own write is then known for an
     /// echo: it still queues its key (nothing is dropped), with the reason
     /// [`OwnWrite`](crate::ReconcileReason::OwnWrite), behind every other
-    /// change and the start-up backlog, rather than ahead of the backlog as
-    /// a fresh change.
+    /// change and the start-up backlog rather than ahead of the backlog as
+    /// a fresh change, though at least one in every hundred keys its cluster
+    /// starts. A change someone else makes to an object while the
+    /// controller's own write of it awaits its answer is taken for the
+    /// echo.
     ///
-    /// Writes are recorded only for a reconcile's own task (as
+    /// Not covered: reconciles started while the write was still on its
+    /// way; writes from a task the reconcile spawned or through a client it
+    /// built itself (they are followed on the reconcile's own task, as
     /// [`OwnerReferenceAcross`](crate::ownership::OwnerReferenceAcross) is
-    /// checked), through an engaged cluster's client; a client the
-    /// reconciler built itself, or a task it spawned, is not followed. A
-    /// write to an object no watch of the cluster holds (another type, a
-    /// namespace or labels outside every watch's selectors) is not waited
-    /// for. The cost, measured in `docs/benchmarks.md`, is a read of each
+    /// checked); objects that no synced watch of the cluster holds (another
+    /// type, a namespace or labels outside every watch, a watch that
+    /// fails). The cost, measured in `docs/benchmarks.md`, is a read of each
     /// write's answer for its version and, in a cluster where the
     /// controller just wrote, the time its watch takes to bring the event:
     /// turn it off where reconciles never read what they wrote.

@@ -243,7 +243,7 @@ impl Echoes {
             uid: meta.uid.as_deref(),
             deleted,
         };
-        self.writes.is_echo(&shown, &self.writer)
+        self.writes.take_echo(&shown, &self.writer)
     }
 }
 

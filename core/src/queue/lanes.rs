@@ -62,6 +62,11 @@ pub enum Sharing {
     InTurn,
 }
 
+/// How many keys a cluster starts from its other lanes before it starts
+/// one waiting in `Echoed`, however busy they are: an echo waits behind
+/// the changes and the backlog, but not for ever.
+pub(super) const ECHO_EVERY: u32 = 100;
+
 /// Which lane of its cluster a ready key waits in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Lane {
@@ -71,7 +76,8 @@ pub(crate) enum Lane {
     /// An object listed when a watch (re)started.
     Listed,
     /// A change that only echoes the controller's own write: served once
-    /// the other two lanes are empty.
+    /// the other two lanes are empty, or after [`ECHO_EVERY`] keys from
+    /// them.
     Echoed,
 }
 
@@ -106,6 +112,8 @@ pub(super) struct ClusterQueue {
     pub(super) running: usize,
     /// The last key came from the `Changed` lane: the backlog goes next.
     pub(super) changed_last: bool,
+    /// Keys started from the other lanes since the last echo.
+    pub(super) since_echo: u32,
     /// The controller serves this cluster: keep its entry while idle.
     pub(super) served: bool,
     /// The controller's watches here have not synced: no key may run.
@@ -283,7 +291,9 @@ impl Queue {
         // finds it among the runs under way.
         let started = self.metrics.as_ref().map(|_| Instant::now());
         let key = loop {
-            let lane = if cluster.changed_last && !cluster.listed.is_empty() {
+            let lane = if cluster.since_echo >= ECHO_EVERY && !cluster.echoed.is_empty() {
+                Lane::Echoed
+            } else if cluster.changed_last && !cluster.listed.is_empty() {
                 Lane::Listed
             } else if !cluster.changed.is_empty() {
                 Lane::Changed
@@ -313,6 +323,10 @@ impl Queue {
                     cluster.started(metrics, &name, since, started);
                 }
                 cluster.changed_last = lane == Lane::Changed;
+                cluster.since_echo = match lane {
+                    Lane::Echoed => 0,
+                    _ => cluster.since_echo.saturating_add(1),
+                };
                 break key;
             }
         };
@@ -328,6 +342,11 @@ impl Queue {
         cluster.ready -= 1;
         cluster.running += 1;
         if cluster.ready == 0 {
+            // What is left in the lanes is stale: entries of keys promoted
+            // to another lane, or taken out.
+            for lane in [Lane::Changed, Lane::Listed, Lane::Echoed] {
+                cluster.lane_mut(lane).clear();
+            }
             cluster.turn_left = 0;
             cluster.in_turns = false;
         } else if turns.is_some() && cluster.turn_left > 0 {

@@ -20,7 +20,7 @@
 //! at most one backlog key, and the backlog still gets every other turn.
 //! A change that only echoes the controller's own write (see
 //! [`Config::read_your_writes`](crate::controller::Config::read_your_writes))
-//! waits until neither has a key ready.
+//! waits until neither has a key ready, or for a hundred keys of theirs.
 
 // Its parts: `keys` (each key's state, its delays and what a run's outcome
 // schedules), `lanes` (each cluster's lanes of ready keys and the

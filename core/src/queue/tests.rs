@@ -993,3 +993,49 @@ async fn a_run_that_ended_is_no_longer_counted_as_under_way() {
     assert_eq!(a.unfinished_work, Duration::ZERO);
     assert_eq!(a.work_duration.count, 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_echo_waits_behind_changes_and_the_backlog_but_not_for_ever() {
+    let mut queue = queue();
+    let echo = key("a", "echo");
+    queue.push(echo.clone(), Lane::Echoed, ReconcileReason::Unknown);
+    let backlog = lanes::ECHO_EVERY as usize + 20;
+    for i in 0..backlog {
+        queue.push(
+            key("a", &format!("listed-{i}")),
+            Lane::Listed,
+            ReconcileReason::Listed,
+        );
+    }
+    push(&mut queue, key("a", "changed"));
+    let ran = run_all_now(&mut queue);
+    assert_eq!(ran.len(), backlog + 2);
+    let at = ran.iter().position(|k| *k == echo).unwrap();
+    assert_eq!(
+        at,
+        lanes::ECHO_EVERY as usize,
+        "after a hundred others, not later"
+    );
+    // Alone, it runs at once.
+    queue.push(echo.clone(), Lane::Echoed, ReconcileReason::Unknown);
+    assert_eq!(run_all_now(&mut queue), [echo]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_echo_promoted_by_a_change_runs_as_a_change_and_once() {
+    let mut queue = queue();
+    let x = key("a", "x");
+    queue.push(x.clone(), Lane::Echoed, ReconcileReason::Unknown);
+    for i in 0..5 {
+        queue.push(
+            key("a", &format!("listed-{i}")),
+            Lane::Listed,
+            ReconcileReason::Listed,
+        );
+    }
+    push(&mut queue, x.clone());
+    let ran = run_all_now(&mut queue);
+    assert_eq!(ran[0], x, "promoted ahead of the backlog");
+    assert_eq!(ran.iter().filter(|k| **k == x).count(), 1);
+    assert_eq!(queue.waiting(), 0);
+}

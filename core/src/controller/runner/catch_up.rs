@@ -17,18 +17,28 @@ use tokio::time::Instant;
 use super::Runner;
 use crate::{
     cache::{Watchable, scoped},
-    client::Writer,
+    client::{Writer, Written},
     cluster::Cluster,
     cluster_name::ClusterName,
     request::McRequest,
 };
 
-/// A cluster's wait for its watches, ended: which pause it ends, and the
+/// A cluster's wait for watches, ended: which pause it ends, and the
 /// objects read through the API because it ran out.
 pub(super) struct Caught<K> {
     cluster: ClusterName,
     pause: u64,
-    read: Vec<(McRequest, Option<Arc<K>>)>,
+    read: Vec<(McRequest, Read<K>)>,
+}
+
+/// An object of the controlled type read through the API after a wait for
+/// its write to show ran out, for its key's next reconcile.
+pub(super) struct Read<K> {
+    /// As the API had it (`None`: not found).
+    object: Option<Arc<K>>,
+    /// The write the cache did not show.
+    written: Arc<Written>,
+    at: Instant,
 }
 
 /// What the runner keeps to read its own writes.
@@ -42,9 +52,7 @@ pub(super) struct CatchUp<K: Watchable> {
     /// The pause each waiting cluster is in.
     paused: HashMap<ClusterName, u64>,
     next_pause: u64,
-    /// Objects of the controlled type read through the API after a wait
-    /// ran out (`None`: not found there), for their key's next reconcile.
-    read: HashMap<McRequest, Option<Arc<K>>>,
+    read: HashMap<McRequest, Read<K>>,
 }
 
 impl<K: Watchable> CatchUp<K> {
@@ -87,7 +95,7 @@ impl<K: Watchable> Runner<K> {
         let name = clusters[0].name().clone();
         self.catch_up.next_pause += 1;
         let pause = self.catch_up.next_pause;
-        self.catch_up.paused.insert(name.clone(), pause);
+        self.catch_up.paused.insert(name, pause);
         let wait = wait(
             clusters,
             writer,
@@ -108,28 +116,54 @@ impl<K: Watchable> Runner<K> {
                 continue;
             }
             self.catch_up.paused.remove(&caught.cluster);
-            self.catch_up.read.extend(caught.read);
+            if !caught.read.is_empty() {
+                let now = Instant::now();
+                self.catch_up
+                    .read
+                    .retain(|_, read| now.saturating_duration_since(read.at) < READ_KEPT);
+                self.catch_up.read.extend(caught.read);
+            }
             self.queue.resume(&caught.cluster);
         }
         progress
     }
 
     /// The object for `key`'s reconcile: the one read through the API
-    /// after a wait ran out, unless the cache holds it as late.
+    /// after a wait ran out, unless the cache shows the write it waited
+    /// for by now (or the read is old).
     pub(super) fn fresher(&mut self, key: &McRequest, cached: Option<Arc<K>>) -> Option<Arc<K>> {
         let Some(read) = self.catch_up.read.remove(key) else {
             return cached;
         };
-        match (version(cached.as_deref()), version(read.as_deref())) {
-            (Some(cached_at), Some(read_at)) if cached_at >= read_at => cached,
-            _ => read,
+        if read.at.elapsed() >= READ_KEPT || cache_shows(cached.as_deref(), &read.written) {
+            cached
+        } else {
+            read.object
         }
     }
 }
 
+/// How long an object read through the API stands in for the cache's.
+const READ_KEPT: Duration = Duration::from_secs(60);
+
+/// Whether `cached` (the cache's copy, or none) shows `written`.
+fn cache_shows<K: Resource>(cached: Option<&K>, written: &Written) -> bool {
+    let Some(cached) = cached else {
+        return written.gone;
+    };
+    let meta = cached.meta();
+    let same = match (&written.uid, &meta.uid) {
+        (Some(written), Some(cached)) => written == cached,
+        _ => true,
+    };
+    // Made anew since, or at the write's version or later.
+    !same || (!written.gone && version(Some(cached)).is_some_and(|v| v >= written.version))
+}
+
 /// The clusters whose watches have yet to show a write of `writer` that
 /// one of them holds, which the next reconcile in `name` waits for: `name`
-/// itself, and those its keys' reconciles wrote to. Empty if none.
+/// itself, and those its keys' reconciles wrote to, unless a wait for them
+/// ran out lately. Empty if none.
 pub(super) fn awaiting(
     engaged: &HashMap<ClusterName, Cluster>,
     writer: Option<&Arc<Writer>>,
@@ -142,12 +176,15 @@ pub(super) fn awaiting(
         return Vec::new();
     };
     let mut awaiting = Vec::new();
-    if unshown(own, &writer.name) {
+    if !unshown(own, &writer.name).is_empty() && !writer.is_cooling(name) {
         awaiting.push(own.clone());
     }
     for target in writer.away_from(name) {
         match engaged.get(&target) {
-            Some(cluster) if unshown(cluster, &writer.name) => {
+            Some(cluster) if !unshown(cluster, &writer.name).is_empty() => {
+                if writer.is_cooling(&target) {
+                    continue;
+                }
                 if awaiting.is_empty() {
                     // Paused under its own name.
                     awaiting.push(own.clone());
@@ -160,12 +197,25 @@ pub(super) fn awaiting(
     awaiting
 }
 
-/// Whether `cluster`'s watches have yet to show a write of `writer`.
-fn unshown(cluster: &Cluster, writer: &str) -> bool {
-    let cache = cluster.cache();
-    cache
-        .writes()
-        .awaits(writer, |written| cache.awaits(written))
+/// The writes of `writer` through `cluster`'s client that a synced watch
+/// there holds and has yet to show; forgets the others. None once the
+/// cluster has left.
+fn unshown(cluster: &Cluster, writer: &str) -> Vec<Arc<Written>> {
+    let writes = cluster.cache().writes();
+    let mut unshown = writes.unshown(writer, cluster.name());
+    if unshown.is_empty() {
+        return unshown;
+    }
+    if !cluster.is_engaged() {
+        writes.settle(&unshown);
+        return Vec::new();
+    }
+    // Out of the writes' lock: the stores are read for each.
+    let (waiting, done): (Vec<_>, Vec<_>) = unshown
+        .drain(..)
+        .partition(|written| cluster.cache().awaits(written));
+    writes.settle(&done);
+    waiting
 }
 
 fn version<K: Resource>(object: Option<&K>) -> Option<u64> {
@@ -174,7 +224,7 @@ fn version<K: Resource>(object: Option<&K>) -> Option<u64> {
 
 /// Waits until the watches of `clusters` show `writer`'s writes there, at
 /// most `bound`; then reads the objects of the controlled type
-/// (`dyntype`) not shown through the API.
+/// (`dyntype`) not shown through the API, for at most `bound` more.
 fn wait<K: Watchable>(
     clusters: Vec<Cluster>,
     writer: Arc<Writer>,
@@ -185,70 +235,141 @@ fn wait<K: Watchable>(
     Box::pin(async move {
         let started = Instant::now();
         let deadline = started + bound;
-        let paused = clusters[0].name().clone();
+        let paused = clusters[0].clone();
         let ledgers: Vec<_> = clusters
             .iter()
             .map(|cluster| cluster.cache().writes().clone())
             .collect();
         let caught = |read| Caught {
-            cluster: paused.clone(),
+            cluster: paused.name().clone(),
             pause,
             read,
         };
         loop {
-            let mut shown: Vec<_> = ledgers
-                .iter()
-                .map(|writes| Box::pin(writes.shown_next()))
-                .collect();
-            for next in &mut shown {
-                next.as_mut().enable();
+            let mut woken: Vec<BoxFuture<'_, ()>> = Vec::new();
+            for writes in &ledgers {
+                let mut shown = Box::pin(writes.shown_next());
+                shown.as_mut().enable();
+                woken.push(Box::pin(shown));
             }
-            if !clusters.iter().any(|c| unshown(c, &writer.name)) {
-                ledgers[0].waited(started.elapsed(), false);
+            // A cluster that leaves has nothing more to show.
+            woken.extend(
+                clusters
+                    .iter()
+                    .map(|c| Box::pin(c.disengaged()) as BoxFuture<'_, ()>),
+            );
+            if clusters.iter().all(|c| unshown(c, &writer.name).is_empty()) {
+                paused.cache().writes().waited(started.elapsed(), false);
                 return caught(Vec::new());
             }
-            let any_shown = futures::future::select_all(shown);
-            if tokio::time::timeout_at(deadline, any_shown).await.is_err() {
+            let any = futures::future::select_all(woken);
+            if tokio::time::timeout_at(deadline, any).await.is_err() {
                 break;
             }
         }
-        ledgers[0].waited(started.elapsed(), true);
+        paused.cache().writes().waited(started.elapsed(), true);
         let (group, resource) = (K::group(&dyntype), K::plural(&dyntype));
+        let reads_until = Instant::now() + bound;
         let mut read = Vec::new();
         for cluster in &clusters {
-            let given_up = cluster.cache().writes().give_up(&writer.name);
+            let given_up = unshown(cluster, &writer.name);
+            if given_up.is_empty() {
+                continue;
+            }
+            writer.gave_up_on(cluster.name());
+            cluster.cache().writes().give_up(&given_up);
             for written in given_up
                 .into_iter()
                 .filter(|w| w.id.group == group && w.id.resource == resource)
             {
-                let id = written.id;
+                let id = &written.id;
                 let got = scoped::get::<K>(
                     cluster.client(),
                     &dyntype,
                     id.namespace.as_deref(),
                     &id.name,
                 );
-                match got.await {
-                    Ok(object) => read.push((
-                        McRequest::new(cluster.name().clone(), id.namespace, id.name),
-                        object.map(Arc::new),
+                match tokio::time::timeout_at(reads_until, got).await {
+                    Ok(Ok(object)) => read.push((
+                        McRequest::new(cluster.name().clone(), id.namespace.clone(), &id.name),
+                        Read {
+                            object: object.map(Arc::new),
+                            written: written.clone(),
+                            at: Instant::now(),
+                        },
                     )),
                     // Its reconcile reads the cache, as without the wait.
-                    Err(error) => tracing::debug!(
+                    Ok(Err(error)) => tracing::debug!(
                         cluster = %cluster.name(),
                         name = %id.name,
                         error = %crate::client::error_chain(&error),
                         "could not read an object through the API after its watch did not show a write"
                     ),
+                    Err(_) => break,
                 }
             }
         }
         tracing::debug!(
-            cluster = %paused,
+            cluster = %paused.name(),
             writer = %writer.name,
             read = read.len(),
-            "the cluster's watches did not show the controller's writes in time"
+            "watches did not show the controller's writes in time; not waited for there for a while"
         );
         caught(read)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ObjectMeta;
+
+    use super::*;
+    use crate::client::ObjectId;
+
+    fn written(version: u64, gone: bool) -> Written {
+        Written {
+            id: ObjectId {
+                group: String::new(),
+                resource: "configmaps".into(),
+                namespace: Some("default".into()),
+                name: "c".into(),
+            },
+            version,
+            uid: Some("u1".into()),
+            gone,
+            labels: BTreeMap::new(),
+            writer: "parents".into(),
+            cluster: "east".into(),
+            at: Instant::now(),
+        }
+    }
+
+    fn cached(uid: &str, version: u64) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                uid: Some(uid.into()),
+                resource_version: Some(version.to_string()),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        }
+    }
+
+    #[test]
+    fn the_read_stands_in_only_while_the_cache_does_not_show_the_write() {
+        let update = written(10, false);
+        assert!(!cache_shows(Some(&cached("u1", 9)), &update));
+        assert!(cache_shows(Some(&cached("u1", 10)), &update));
+        assert!(!cache_shows(None::<&ConfigMap>, &update), "not there yet");
+        assert!(
+            cache_shows(Some(&cached("u2", 3)), &update),
+            "made anew since: the cache is later"
+        );
+        let deletion = written(10, true);
+        assert!(cache_shows(None::<&ConfigMap>, &deletion));
+        assert!(!cache_shows(Some(&cached("u1", 10)), &deletion));
+    }
 }
