@@ -409,16 +409,24 @@ impl ClusterCache {
     /// wrote has yet to show the write. A watch that has not synced or
     /// fails is not waited for: it lists everything when it comes back.
     pub(crate) fn awaits(&self, written: &Written) -> bool {
-        // Read out of the lock: the store is read for each.
+        // Read out of the lock: the store is read for each. A watch holds
+        // the object if its selectors select it as written, or if it holds
+        // it now (the write takes it out of the selection: the watch then
+        // shows it deleted).
         let probes: Vec<_> = self
             .watches()
             .values()
-            .filter(|held| held.scope.as_ref().is_some_and(|s| s.holds(written)))
-            .filter_map(|held| held.probe.upgrade())
+            .filter_map(|held| {
+                let scope = held.scope.as_ref().filter(|s| s.covers(written))?;
+                Some((scope.selects(written), held.probe.upgrade()?))
+            })
             .collect();
-        let here = probes
-            .iter()
-            .any(|probe| probe.has_synced() && probe.failure().is_none() && !probe.shows(written));
+        let here = probes.iter().any(|(selects, probe)| {
+            probe.has_synced()
+                && probe.failure().is_none()
+                && (*selects || probe.holds(written))
+                && !probe.shows(written)
+        });
         here || self
             .view
             .as_ref()

@@ -34,17 +34,22 @@ impl Scope {
         }
     }
 
-    /// Whether the object `written` wrote is one this watch holds. A
-    /// selector it cannot read is taken to hold it.
-    pub(super) fn holds(&self, written: &Written) -> bool {
+    /// Whether the object `written` wrote is of this watch's resource and
+    /// in its namespace.
+    pub(super) fn covers(&self, written: &Written) -> bool {
         let id = &written.id;
         id.group == self.group
             && id.resource == self.resource
             && (self.namespace.is_none() || self.namespace == id.namespace)
-            && self
-                .labels
-                .as_deref()
-                .is_none_or(|selector| labels_select(selector, &written.labels))
+    }
+
+    /// Whether this watch's selectors select the object as `written` left
+    /// it. A selector it cannot read is taken to select it.
+    pub(super) fn selects(&self, written: &Written) -> bool {
+        let id = &written.id;
+        self.labels
+            .as_deref()
+            .is_none_or(|selector| labels_select(selector, &written.labels))
             && self
                 .fields
                 .as_deref()

@@ -298,6 +298,8 @@ pub(crate) trait WatchProbe: Send + Sync {
     /// Whether the store shows `written`: holds its object at its version
     /// or later, or, for a deletion, no longer holds it.
     fn shows(&self, written: &Written) -> bool;
+    /// Whether the store holds `written`'s object, at any version.
+    fn holds(&self, written: &Written) -> bool;
 }
 
 impl<K> WatchProbe for SharedWatch<K>
@@ -336,6 +338,12 @@ where
             unanswered: health.unanswered,
             at: health.failed_at,
         })
+    }
+
+    fn holds(&self, written: &Written) -> bool {
+        let mut reference = ObjectRef::<K>::new_with(&written.id.name, self.dyntype.clone());
+        reference.namespace.clone_from(&written.id.namespace);
+        self.store.get(&reference).is_some()
     }
 
     fn shows(&self, written: &Written) -> bool {

@@ -352,14 +352,16 @@ impl Service<Request<Body>> for Outer {
             let write = writer
                 .as_ref()
                 .and_then(|(writer, _)| writes::pending(&request, writer.name.clone(), &cluster));
-            let write = match write {
-                Some(write) => Some(write.sending(&writes).await),
-                None => None,
-            };
             if let (Some(budget), Some(counted)) = (&budget, &counted) {
                 let waited = budget.wait(request.method()).await;
                 counted.stats.waited(request.method(), waited);
             }
+            // On its way from now: a change to its object is taken for its
+            // echo until it is answered.
+            let write = match write {
+                Some(write) => Some(write.sending(&writes).await),
+                None => None,
+            };
             let method = request.method().clone();
             let mut pending =
                 counted.map(|counted| Pending::new(counted, method.clone(), None, false));

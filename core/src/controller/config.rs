@@ -30,6 +30,10 @@ pub const DEFAULT_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 /// that asks for the latest state.
 pub const DEFAULT_READ_YOUR_WRITES_WAIT: Duration = Duration::from_secs(3);
 
+/// The longest wait for watches to show a controller's writes: a write is
+/// remembered no longer.
+const MAX_READ_YOUR_WRITES_WAIT: Duration = Duration::from_secs(60);
+
 /// A controller's knobs: concurrency, rate limits, backoff and timeouts.
 ///
 /// Every limit is applied by the controller's queue when it hands out the
@@ -223,21 +227,26 @@ impl Config {
     /// that a reconcile of a key in one cluster made to another (a hub's
     /// reconcile making a child in a member) holds the first cluster's next
     /// reconciles until the other's watches show it too. So a reconcile the
-    /// controller starts after its write was answered reads no older copy
-    /// of the written object from those caches: not as its own object, nor
-    /// through [`Children`](crate::ownership::Children), a
+    /// controller starts, in the written cluster or in the cluster of the
+    /// key whose reconcile wrote, after the write was answered reads no
+    /// older copy of the written object from the written cluster's caches:
+    /// not as its own object, nor through
+    /// [`Children`](crate::ownership::Children), a
     /// [`FleetStore`](crate::fleetwide::FleetStore), a related watch or
     /// [`Cluster::store`](crate::Cluster::store). A reconciler that creates
     /// a child "if absent" and is requeued at once creates it once. Other
-    /// clusters' reconciles go on meanwhile.
+    /// clusters' reconciles go on meanwhile (and one in a third cluster
+    /// that reads the written cluster's cache is not held).
     ///
     /// The wait is bounded
     /// ([`read_your_writes_within`](Self::read_your_writes_within)). Past
     /// it, the objects of the controller's own type still not shown are
-    /// read through the API for their next reconcile (others, children
-    /// among them, are read from the cache as it is), and the controller
-    /// does not wait for that cluster's watches again for 30 s: a watch that
-    /// lags holds its reconciles once, not at every write. Waits and
+    /// read through the API for their next reconcile, for at most as long
+    /// again while the cluster stays held (those not read by then, and
+    /// other objects, children among them, are read from the cache as it
+    /// is), and the controller does not wait for that cluster's watches
+    /// again for 30 s: a watch that lags holds its reconciles once, not at
+    /// every write. Waits and
     /// timeouts are counted for the cluster whose reconciles waited
     /// ([`Cluster::read_your_writes`](crate::Cluster::read_your_writes)).
     ///
@@ -276,8 +285,9 @@ impl Config {
         self
     }
 
-    /// Reads its own writes, waiting at most `wait` for a cluster's watches
-    /// to show them (default [`DEFAULT_READ_YOUR_WRITES_WAIT`]).
+    /// Reads its own writes, waiting at most `wait` (up to a minute) for a
+    /// cluster's watches to show them (default
+    /// [`DEFAULT_READ_YOUR_WRITES_WAIT`]).
     ///
     /// ```
     /// use std::time::Duration;
@@ -287,7 +297,7 @@ impl Config {
     /// assert_eq!(config.reads_your_writes(), Some(Duration::from_secs(1)));
     /// ```
     pub fn read_your_writes_within(mut self, wait: Duration) -> Self {
-        self.read_your_writes = Some(wait);
+        self.read_your_writes = Some(wait.min(MAX_READ_YOUR_WRITES_WAIT));
         self
     }
 

@@ -199,7 +199,7 @@ impl ClusterQueue {
     }
 
     pub(super) fn is_busy(&self) -> bool {
-        self.running > 0 || (self.ready > 0 && !self.held)
+        self.running > 0 || (self.ready > 0 && !self.held && !self.paused)
     }
 
     /// Nothing to keep: not served, no keys, and no bucket whose state a

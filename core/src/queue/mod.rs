@@ -127,6 +127,8 @@ impl PopReady<'_> {
             cluster.in_turns = false;
             cluster.turn_left = 0;
         }
+        // No longer counted among the clusters with work while it waits.
+        self.queue.refresh(&name);
     }
 
     /// Takes the key out and marks it running, with the reason it runs.

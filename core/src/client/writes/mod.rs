@@ -16,8 +16,8 @@ use std::{
     collections::{BTreeMap, HashMap},
     hash::BuildHasher,
     sync::{
-        Arc, Mutex, MutexGuard,
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Arc, Mutex, MutexGuard, Weak,
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -97,25 +97,48 @@ struct Echo {
     shown: Option<Instant>,
 }
 
-/// Everything by object (a hash of its [`ObjectId`]), one entry per writer.
+/// Whose writes: a controller's, through one cluster's client.
+type Group = (Arc<str>, ClusterName);
+
+/// Everything by object (a hash of its [`ObjectId`]).
 #[derive(Debug, Default)]
 struct Ledger {
-    unshown: HashMap<u64, Vec<Unshown>>,
+    /// Unshown writes of each writer through each cluster's client, one per
+    /// object.
+    unshown: HashMap<Group, HashMap<u64, Unshown>>,
+    /// Writes remembered for their echoes, one per object and writer.
     echoes: HashMap<u64, Vec<Echo>>,
     /// Writes sent and not answered yet: their event may come before their
     /// answer. The object, its writer, and how many.
     sending: HashMap<u64, Vec<(ObjectId, Arc<str>, usize)>>,
+    /// Objects read through the API after a wait, watched for a deletion
+    /// that makes the read stale.
+    read: HashMap<u64, Vec<(ObjectId, Weak<AtomicBool>)>>,
     swept: Option<Instant>,
 }
 
 impl Ledger {
-    /// Forgets what is remembered too long.
+    fn is_empty(&self) -> bool {
+        self.unshown.is_empty()
+            && self.echoes.is_empty()
+            && self.sending.is_empty()
+            && self.read.is_empty()
+    }
+
+    /// Forgets what is remembered too long, at most every
+    /// [`SWEEP_EVERY`].
     fn sweep(&mut self, now: Instant) {
-        self.swept = Some(now);
-        for list in self.unshown.values_mut() {
-            list.retain(|u| now.saturating_duration_since(u.written.at) < KEPT);
+        if self
+            .swept
+            .is_some_and(|at| now.saturating_duration_since(at) < SWEEP_EVERY)
+        {
+            return;
         }
-        self.unshown.retain(|_, list| !list.is_empty());
+        self.swept = Some(now);
+        for group in self.unshown.values_mut() {
+            group.retain(|_, u| now.saturating_duration_since(u.written.at) < KEPT);
+        }
+        self.unshown.retain(|_, group| !group.is_empty());
         for list in self.echoes.values_mut() {
             list.retain(|e| {
                 now.saturating_duration_since(e.at) < KEPT
@@ -124,6 +147,10 @@ impl Ledger {
             });
         }
         self.echoes.retain(|_, list| !list.is_empty());
+        for list in self.read.values_mut() {
+            list.retain(|(_, flag)| flag.strong_count() > 0);
+        }
+        self.read.retain(|_, list| !list.is_empty());
     }
 }
 
@@ -191,8 +218,8 @@ impl Writes {
     }
 
     fn recount(&self, ledger: &Ledger) {
-        let tracked = ledger.unshown.len() + ledger.echoes.len() + ledger.sending.len();
-        self.tracked.store(tracked, Ordering::Release);
+        self.tracked
+            .store(usize::from(!ledger.is_empty()), Ordering::Release);
     }
 
     /// Whether anything is remembered: else a watch event need not be
@@ -220,7 +247,7 @@ impl Writes {
     }
 
     /// Records `written`, replacing what its writer wrote of the object
-    /// before.
+    /// through the same cluster's client before.
     pub(crate) fn record(&self, written: Written) {
         let key = self.key_of(&written.id);
         let echo = Echo {
@@ -232,20 +259,38 @@ impl Writes {
             at: written.at,
             shown: None,
         };
-        let written = Arc::new(written);
-        let mut ledger = self.ledger();
-        let list = ledger.unshown.entry(key).or_default();
-        list.retain(|u| !(u.written.id == written.id && u.written.writer == written.writer));
-        list.push(Unshown {
-            written,
+        let group = (written.writer.clone(), written.cluster.clone());
+        let unshown = Unshown {
+            written: Arc::new(written),
             vanished: false,
-        });
+        };
+        let mut ledger = self.ledger();
+        ledger.sweep(Instant::now());
+        ledger
+            .unshown
+            .entry(group)
+            .or_default()
+            .insert(key, unshown);
         let list = ledger.echoes.entry(key).or_default();
         list.retain(|e| !(e.id == echo.id && e.writer == echo.writer));
         list.push(echo);
         self.recount(&ledger);
         drop(ledger);
         self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Watches `written`'s object, just read through the API, for a
+    /// deletion: the flag is set when a watch shows one.
+    pub(crate) fn watch_deletion(&self, written: &Written) -> Arc<AtomicBool> {
+        let flag = Arc::new(AtomicBool::new(false));
+        let mut ledger = self.ledger();
+        ledger
+            .read
+            .entry(self.key_of(&written.id))
+            .or_default()
+            .push((written.id.clone(), Arc::downgrade(&flag)));
+        self.recount(&ledger);
+        flag
     }
 
     /// Wakes those who wait if a watch event shows an unshown write, notes
@@ -259,12 +304,30 @@ impl Writes {
         let now = Instant::now();
         let mut ledger = self.ledger();
         let mut woken = false;
-        if let Some(list) = ledger.unshown.get_mut(&key) {
-            for unshown in list.iter_mut().filter(|u| u.written.id.is(shown)) {
-                woken |= shows(&unshown.written, shown);
-                if shown.deleted && same_uid(unshown.written.uid.as_deref(), shown.uid) {
-                    unshown.vanished = true;
+        for group in ledger.unshown.values_mut() {
+            let Some(unshown) = group.get_mut(&key) else {
+                continue;
+            };
+            if !unshown.written.id.is(shown) {
+                continue;
+            }
+            woken |= shows(&unshown.written, shown);
+            if shown.deleted && same_uid(unshown.written.uid.as_deref(), shown.uid) {
+                unshown.vanished = true;
+            }
+        }
+        if shown.deleted
+            && let Some(list) = ledger.read.remove(&key)
+        {
+            let (deleted, others): (Vec<_>, Vec<_>) =
+                list.into_iter().partition(|(id, _)| id.is(shown));
+            for (_, flag) in deleted {
+                if let Some(flag) = flag.upgrade() {
+                    flag.store(true, Ordering::Release);
                 }
+            }
+            if !others.is_empty() {
+                ledger.read.insert(key, others);
             }
         }
         if let Some(list) = ledger.echoes.get_mut(&key) {
@@ -282,12 +345,7 @@ impl Writes {
                 ledger.echoes.remove(&key);
             }
         }
-        if ledger
-            .swept
-            .is_none_or(|at| now.saturating_duration_since(at) >= SWEEP_EVERY)
-        {
-            ledger.sweep(now);
-        }
+        ledger.sweep(now);
         self.recount(&ledger);
         drop(ledger);
         if woken {
@@ -345,18 +403,16 @@ impl Writes {
             return Vec::new();
         }
         let mut ledger = self.ledger();
-        let mut found = Vec::new();
-        for list in ledger.unshown.values_mut() {
-            list.retain(|u| {
-                let mine = &*u.written.writer == writer && u.written.cluster == *cluster;
-                if mine && !u.vanished {
-                    found.push(u.written.clone());
-                }
-                !(mine && u.vanished)
-            });
+        let group = (Arc::<str>::from(writer), cluster.clone());
+        let Some(unshown) = ledger.unshown.get_mut(&group) else {
+            return Vec::new();
+        };
+        unshown.retain(|_, u| !u.vanished);
+        let found = unshown.values().map(|u| u.written.clone()).collect();
+        if unshown.is_empty() {
+            ledger.unshown.remove(&group);
+            self.recount(&ledger);
         }
-        ledger.unshown.retain(|_, list| !list.is_empty());
-        self.recount(&ledger);
         found
     }
 
@@ -368,12 +424,19 @@ impl Writes {
         }
         let mut ledger = self.ledger();
         for written in done {
+            let group = (written.writer.clone(), written.cluster.clone());
             let key = self.key_of(&written.id);
-            if let Some(list) = ledger.unshown.get_mut(&key) {
-                list.retain(|u| !Arc::ptr_eq(&u.written, written));
-                if list.is_empty() {
-                    ledger.unshown.remove(&key);
-                }
+            let Some(unshown) = ledger.unshown.get_mut(&group) else {
+                continue;
+            };
+            if unshown
+                .get(&key)
+                .is_some_and(|u| Arc::ptr_eq(&u.written, written))
+            {
+                unshown.remove(&key);
+            }
+            if unshown.is_empty() {
+                ledger.unshown.remove(&group);
             }
         }
         self.recount(&ledger);
@@ -412,7 +475,7 @@ impl Writes {
         }
     }
 
-    /// How many objects anything is remembered of.
+    /// Whether anything is remembered (1) or not (0).
     #[cfg(test)]
     pub(crate) fn tracked(&self) -> usize {
         self.tracked.load(Ordering::Acquire)

@@ -5,7 +5,10 @@
 
 use std::{
     collections::HashMap,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     task::{Context, Poll},
     time::Duration,
 };
@@ -38,6 +41,8 @@ pub(super) struct Read<K> {
     object: Option<Arc<K>>,
     /// The write the cache did not show.
     written: Arc<Written>,
+    /// Set when a watch shows the object deleted since.
+    deleted: Arc<AtomicBool>,
     at: Instant,
 }
 
@@ -85,22 +90,26 @@ impl<K: Watchable> Runner<K> {
         self.catch_up.writer.clone()
     }
 
-    /// Waits for the watches of `clusters` (the first: the one whose keys
-    /// the queue holds) to show the controller's writes there.
-    pub(super) fn catch_up(&mut self, clusters: Vec<Cluster>) {
+    /// Holds the keys of `paused` (the queue has paused it) until the
+    /// watches of `targets` show the controller's writes there.
+    pub(super) fn catch_up(&mut self, paused: &ClusterName, targets: Vec<Cluster>) {
         let (Some(bound), Some(writer)) = (self.catch_up.bound, self.catch_up.writer.clone())
         else {
+            self.queue.resume(paused);
             return;
         };
-        let name = clusters[0].name().clone();
+        let Some(cluster) = self.engaged.get(paused).cloned() else {
+            self.queue.resume(paused);
+            return;
+        };
         self.catch_up.next_pause += 1;
         let pause = self.catch_up.next_pause;
-        self.catch_up.paused.insert(name, pause);
+        self.catch_up.paused.insert(paused.clone(), pause);
         let wait = wait(
-            clusters,
+            (cluster, pause),
+            targets,
             writer,
             bound,
-            pause,
             self.own.watch.dyntype().clone(),
         );
         self.catch_up.waits.push(wait);
@@ -132,10 +141,16 @@ impl<K: Watchable> Runner<K> {
     /// after a wait ran out, unless the cache shows the write it waited
     /// for by now (or the read is old).
     pub(super) fn fresher(&mut self, key: &McRequest, cached: Option<Arc<K>>) -> Option<Arc<K>> {
+        if self.catch_up.read.is_empty() {
+            return cached;
+        }
         let Some(read) = self.catch_up.read.remove(key) else {
             return cached;
         };
-        if read.at.elapsed() >= READ_KEPT || cache_shows(cached.as_deref(), &read.written) {
+        if read.at.elapsed() >= READ_KEPT
+            || read.deleted.load(Ordering::Acquire)
+            || cache_shows(cached.as_deref(), &read.written)
+        {
             cached
         } else {
             read.object
@@ -162,8 +177,8 @@ fn cache_shows<K: Resource>(cached: Option<&K>, written: &Written) -> bool {
 
 /// The clusters whose watches have yet to show a write of `writer` that
 /// one of them holds, which the next reconcile in `name` waits for: `name`
-/// itself, and those its keys' reconciles wrote to, unless a wait for them
-/// ran out lately. Empty if none.
+/// itself, and those its keys' reconciles wrote to, but for those where a
+/// wait ran out lately. Empty if none.
 pub(super) fn awaiting(
     engaged: &HashMap<ClusterName, Cluster>,
     writer: Option<&Arc<Writer>>,
@@ -182,14 +197,9 @@ pub(super) fn awaiting(
     for target in writer.away_from(name) {
         match engaged.get(&target) {
             Some(cluster) if !unshown(cluster, &writer.name).is_empty() => {
-                if writer.is_cooling(&target) {
-                    continue;
+                if !writer.is_cooling(&target) {
+                    awaiting.push(cluster.clone());
                 }
-                if awaiting.is_empty() {
-                    // Paused under its own name.
-                    awaiting.push(own.clone());
-                }
-                awaiting.push(cluster.clone());
             }
             _ => writer.settled(name, &target),
         }
@@ -222,101 +232,124 @@ fn version<K: Resource>(object: Option<&K>) -> Option<u64> {
     object?.meta().resource_version.as_deref()?.parse().ok()
 }
 
-/// Waits until the watches of `clusters` show `writer`'s writes there, at
-/// most `bound`; then reads the objects of the controlled type
+/// Holds `paused` until the watches of `targets` show `writer`'s writes
+/// there, at most `bound`; then reads the objects of the controlled type
 /// (`dyntype`) not shown through the API, for at most `bound` more.
 fn wait<K: Watchable>(
-    clusters: Vec<Cluster>,
+    (paused, pause): (Cluster, u64),
+    mut targets: Vec<Cluster>,
     writer: Arc<Writer>,
     bound: Duration,
-    pause: u64,
     dyntype: K::DynamicType,
 ) -> BoxFuture<'static, Caught<K>> {
     Box::pin(async move {
         let started = Instant::now();
         let deadline = started + bound;
-        let paused = clusters[0].clone();
-        let ledgers: Vec<_> = clusters
-            .iter()
-            .map(|cluster| cluster.cache().writes().clone())
-            .collect();
         let caught = |read| Caught {
             cluster: paused.name().clone(),
             pause,
             read,
         };
-        loop {
+        let timed_out = loop {
+            // A cluster that left has nothing more to show; if the paused
+            // one left, nothing waits.
+            if !paused.is_engaged() {
+                return caught(Vec::new());
+            }
+            targets.retain(Cluster::is_engaged);
+            if Instant::now() >= deadline {
+                break true;
+            }
+            let ledgers: Vec<_> = targets
+                .iter()
+                .map(|cluster| cluster.cache().writes().clone())
+                .collect();
             let mut woken: Vec<BoxFuture<'_, ()>> = Vec::new();
             for writes in &ledgers {
                 let mut shown = Box::pin(writes.shown_next());
                 shown.as_mut().enable();
                 woken.push(Box::pin(shown));
             }
-            // A cluster that leaves has nothing more to show.
             woken.extend(
-                clusters
+                targets
                     .iter()
+                    .chain([&paused])
                     .map(|c| Box::pin(c.disengaged()) as BoxFuture<'_, ()>),
             );
-            if clusters.iter().all(|c| unshown(c, &writer.name).is_empty()) {
-                paused.cache().writes().waited(started.elapsed(), false);
-                return caught(Vec::new());
+            if targets.iter().all(|c| unshown(c, &writer.name).is_empty()) {
+                break false;
             }
             let any = futures::future::select_all(woken);
             if tokio::time::timeout_at(deadline, any).await.is_err() {
-                break;
+                break true;
             }
+        };
+        let read = if timed_out {
+            give_up::<K>(&targets, &writer, bound, &dyntype).await
+        } else {
+            Vec::new()
+        };
+        paused.cache().writes().waited(started.elapsed(), timed_out);
+        caught(read)
+    })
+}
+
+/// Gives up on `writer`'s writes that the watches of `targets` have not
+/// shown: not waited for there for a while; the objects of the controlled
+/// type (`dyntype`) among them read through the API, for at most `bound`.
+async fn give_up<K: Watchable>(
+    targets: &[Cluster],
+    writer: &Writer,
+    bound: Duration,
+    dyntype: &K::DynamicType,
+) -> Vec<(McRequest, Read<K>)> {
+    let (group, resource) = (K::group(dyntype), K::plural(dyntype));
+    let reads_until = Instant::now() + bound;
+    let mut read = Vec::new();
+    for cluster in targets {
+        let given_up = unshown(cluster, &writer.name);
+        if given_up.is_empty() {
+            continue;
         }
-        paused.cache().writes().waited(started.elapsed(), true);
-        let (group, resource) = (K::group(&dyntype), K::plural(&dyntype));
-        let reads_until = Instant::now() + bound;
-        let mut read = Vec::new();
-        for cluster in &clusters {
-            let given_up = unshown(cluster, &writer.name);
-            if given_up.is_empty() {
-                continue;
-            }
-            writer.gave_up_on(cluster.name());
-            cluster.cache().writes().give_up(&given_up);
-            for written in given_up
-                .into_iter()
-                .filter(|w| w.id.group == group && w.id.resource == resource)
-            {
-                let id = &written.id;
-                let got = scoped::get::<K>(
-                    cluster.client(),
-                    &dyntype,
-                    id.namespace.as_deref(),
-                    &id.name,
-                );
-                match tokio::time::timeout_at(reads_until, got).await {
-                    Ok(Ok(object)) => read.push((
-                        McRequest::new(cluster.name().clone(), id.namespace.clone(), &id.name),
-                        Read {
-                            object: object.map(Arc::new),
-                            written: written.clone(),
-                            at: Instant::now(),
-                        },
-                    )),
-                    // Its reconcile reads the cache, as without the wait.
-                    Ok(Err(error)) => tracing::debug!(
-                        cluster = %cluster.name(),
-                        name = %id.name,
-                        error = %crate::client::error_chain(&error),
-                        "could not read an object through the API after its watch did not show a write"
-                    ),
-                    Err(_) => break,
-                }
+        writer.gave_up_on(cluster.name());
+        let writes = cluster.cache().writes();
+        writes.give_up(&given_up);
+        for written in given_up
+            .into_iter()
+            .filter(|w| w.id.group == group && w.id.resource == resource)
+        {
+            let id = &written.id;
+            // Watched before the read: a deletion after it is not missed.
+            let deleted = writes.watch_deletion(&written);
+            let got =
+                scoped::get::<K>(cluster.client(), dyntype, id.namespace.as_deref(), &id.name);
+            match tokio::time::timeout_at(reads_until, got).await {
+                Ok(Ok(object)) => read.push((
+                    McRequest::new(cluster.name().clone(), id.namespace.clone(), &id.name),
+                    Read {
+                        object: object.map(Arc::new),
+                        written: written.clone(),
+                        deleted,
+                        at: Instant::now(),
+                    },
+                )),
+                // Its reconcile reads the cache, as without the wait.
+                Ok(Err(error)) => tracing::debug!(
+                    cluster = %cluster.name(),
+                    name = %id.name,
+                    error = %crate::client::error_chain(&error),
+                    "could not read an object through the API after its watch did not show a write"
+                ),
+                Err(_) => break,
             }
         }
         tracing::debug!(
-            cluster = %paused.name(),
+            cluster = %cluster.name(),
             writer = %writer.name,
-            read = read.len(),
             "watches did not show the controller's writes in time; not waited for there for a while"
         );
-        caught(read)
-    })
+    }
+    read
 }
 
 #[cfg(test)]

@@ -55,8 +55,9 @@ impl<K: Watchable> Runner<K> {
                 // Its watches (or those its keys' reconciles wrote to)
                 // have not shown what the controller wrote: its keys wait,
                 // and other clusters' go on.
+                let paused = next.cluster().clone();
                 next.pause();
-                self.catch_up(awaited);
+                self.catch_up(&paused, awaited);
                 progress = true;
                 continue;
             }
