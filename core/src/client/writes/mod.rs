@@ -151,6 +151,21 @@ impl Ledger {
             list.retain(|(_, flag)| flag.strong_count() > 0);
         }
         self.read.retain(|_, list| !list.is_empty());
+        // A burst of writes gives its memory back once it is shown.
+        shrink(&mut self.unshown);
+        for group in self.unshown.values_mut() {
+            shrink(group);
+        }
+        shrink(&mut self.echoes);
+        shrink(&mut self.sending);
+        shrink(&mut self.read);
+    }
+}
+
+/// Gives back what `map` holds beyond four times what it needs.
+fn shrink<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > 64 && map.len() * 4 < map.capacity() {
+        map.shrink_to_fit();
     }
 }
 
