@@ -32,7 +32,8 @@ use prometheus_client::{
 ///   held the cluster's reconciles for its watches to show them, how long,
 ///   and the waits that ran out
 ///   ([`Cluster::read_your_writes`](kube_fleet::Cluster::read_your_writes);
-///   namespaces of one host each report their host's).
+///   namespaces of one host each report their host's), for each cluster
+///   where a controller wrote or waited.
 ///
 /// `kube-fleet-manager`'s `Manager` registers it already: register it
 /// yourself only in a registry of your own, and once (a second collector
@@ -115,12 +116,16 @@ impl Collector for ClientMetrics {
                 |w| ConstCounter::new(w.timeouts as f64),
             ),
         ];
+        // Only clusters where a controller wrote or waited have them.
+        let waits: Vec<(&str, WriteWaits)> = clusters
+            .iter()
+            .map(|c| (c.name().as_str(), c.read_your_writes()))
+            .filter(|(_, waits)| *waits != WriteWaits::default())
+            .collect();
         for (name, help, read) in read_your_writes {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-            for cluster in &clusters {
-                let waits = cluster.read_your_writes();
-                read(&waits)
-                    .encode(family.encode_family(&[("cluster", cluster.name().as_str())])?)?;
+            for (cluster, waits) in &waits {
+                read(waits).encode(family.encode_family(&[("cluster", *cluster)])?)?;
             }
         }
 
