@@ -16,16 +16,41 @@ use std::{
 };
 
 use futures::{FutureExt, future::BoxFuture};
-use kube_fleet::ClusterName;
+use kube_fleet::{Action, ClusterName, McRequest, controller::ClusterSelector};
 use kube_fleet_layers::AsMcRequest;
 use tokio::{sync::watch, time::Instant};
 use tower::{BoxError, Layer, Service};
+
+use crate::shard::key_shard;
 
 /// The validity of each cluster this replica runs (with sharding): what
 /// the reconciles' gate reads, and the sharder keeps.
 pub(crate) type Shards = std::sync::Arc<
     std::sync::Mutex<std::collections::HashMap<kube_fleet::ClusterName, std::sync::Arc<Validity>>>,
 >;
+
+/// The validity of each shard this replica holds, for the keys of the hub
+/// clusters (with sharding that has hubs).
+pub(crate) type HubShards =
+    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<u32, Arc<Validity>>>>;
+
+/// The hub clusters of a sharding: run by every replica, each key under
+/// the validity of its shard.
+#[derive(Clone)]
+pub(crate) struct Hubs {
+    pub(crate) clusters: ClusterSelector,
+    pub(crate) shards: HubShards,
+    /// How many shards keys are hashed onto.
+    pub(crate) count: u32,
+}
+
+impl fmt::Debug for Hubs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hubs")
+            .field("count", &self.count)
+            .finish_non_exhaustive()
+    }
+}
 
 /// Until when reconciles may run, and how many run now.
 #[derive(Debug)]
@@ -71,8 +96,17 @@ pub(crate) enum Gate {
     /// One Lease for every cluster (leader election).
     Leader(Arc<Validity>),
     /// One Lease per shard (sharding), shared by the shard's clusters; a
-    /// cluster without one is closed.
-    Shards(Shards),
+    /// cluster without one is closed. The keys of hub clusters run under
+    /// their own shard's, and are skipped where this replica holds none.
+    Shards(Shards, Option<Hubs>),
+}
+
+/// What a request runs under.
+enum Lookup {
+    Open,
+    Under(Arc<Validity>),
+    /// A hub key of a shard this replica does not hold: not run here.
+    Skip,
 }
 
 impl Gate {
@@ -85,27 +119,51 @@ impl Gate {
                 validity.close();
                 Vec::new()
             }
-            Self::Shards(shards) => shards
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .drain()
-                .map(|(cluster, validity)| {
-                    validity.close();
-                    cluster
-                })
-                .collect(),
-        }
-    }
-
-    fn validity(&self, cluster: &ClusterName) -> Option<Arc<Validity>> {
-        match self {
-            Self::Open => None,
-            Self::Leader(validity) => Some(validity.clone()),
-            Self::Shards(shards) => Some(
+            Self::Shards(shards, hubs) => {
+                if let Some(hubs) = hubs {
+                    for (_, validity) in hubs
+                        .shards
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .drain()
+                    {
+                        validity.close();
+                    }
+                }
                 shards
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .get(cluster)
+                    .drain()
+                    .map(|(cluster, validity)| {
+                        validity.close();
+                        cluster
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    fn lookup(&self, request: &McRequest) -> Lookup {
+        match self {
+            Self::Open => Lookup::Open,
+            Self::Leader(validity) => Lookup::Under(validity.clone()),
+            Self::Shards(_, Some(hubs)) if hubs.clusters.selects(&request.cluster) => {
+                let shard = key_shard(request.namespace.as_deref(), &request.name, hubs.count);
+                match hubs
+                    .shards
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&shard)
+                {
+                    Some(validity) => Lookup::Under(validity.clone()),
+                    None => Lookup::Skip,
+                }
+            }
+            Self::Shards(shards, _) => Lookup::Under(
+                shards
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&request.cluster)
                     .cloned()
                     .unwrap_or_else(Validity::closed),
             ),
@@ -181,10 +239,9 @@ impl Drop for Running {
 impl<S, R> Service<R> for Gated<S>
 where
     R: AsMcRequest,
-    S: Service<R>,
+    S: Service<R, Response = Action>,
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
-    S::Response: Send + 'static,
 {
     type Response = S::Response;
     type Error = BoxError;
@@ -196,12 +253,17 @@ where
 
     fn call(&mut self, request: R) -> Self::Future {
         let cluster = request.mc_request().cluster.clone();
-        let Some(validity) = self.gate.validity(&cluster) else {
-            return self
-                .inner
-                .call(request)
-                .map(|r| r.map_err(Into::into))
-                .boxed();
+        let validity = match self.gate.lookup(request.mc_request()) {
+            Lookup::Open => {
+                return self
+                    .inner
+                    .call(request)
+                    .map(|r| r.map_err(Into::into))
+                    .boxed();
+            }
+            // Another replica runs it; taking the shard queues it again.
+            Lookup::Skip => return futures::future::ready(Ok(Action::await_change())).boxed(),
+            Lookup::Under(validity) => validity,
         };
         // Counted before the check, so that a Lease is not given up between
         // the check and the call.

@@ -8,7 +8,7 @@ use std::{
 };
 
 use kube::Client;
-use kube_fleet::ClusterName;
+use kube_fleet::{ClusterName, controller::ClusterSelector};
 use tokio::time::Instant;
 
 use crate::{error::Error, timing::Timings};
@@ -95,6 +95,8 @@ pub struct Sharding {
     pub(crate) shards: u32,
     pub(crate) timings: Timings,
     pub(crate) status: ShardStatus,
+    /// The hub clusters: run by every replica, their keys sharded.
+    pub(crate) hubs: Option<ClusterSelector>,
 }
 
 impl std::fmt::Debug for Sharding {
@@ -104,6 +106,7 @@ impl std::fmt::Debug for Sharding {
             .field("namespace", &self.namespace)
             .field("identity", &self.identity)
             .field("shards", &self.shards)
+            .field("hubs", &self.hubs.is_some())
             .field("timings", &self.timings)
             .finish_non_exhaustive()
     }
@@ -120,7 +123,42 @@ impl Sharding {
             shards: DEFAULT_SHARDS,
             timings: Timings::default(),
             status: ShardStatus::default(),
+            hubs: None,
         }
+    }
+
+    /// Hub clusters: those `clusters` selects are run by every replica,
+    /// and their objects' keys are sharded instead, over the same shards:
+    /// a key in a hub runs on the replica that holds the Lease of
+    /// [`shard_of_key`](Self::shard_of_key). Members are sharded by
+    /// cluster as before. So a controller of parents in a hub that fans out
+    /// to members has each parent served by one replica, while every
+    /// replica runs its share of the members.
+    ///
+    /// Every replica engages the hubs and watches them whole; a replica
+    /// skips the hub keys of shards it does not hold (the reconcile
+    /// returns [`Action::await_change`](kube_fleet::Action::await_change)
+    /// without running) and, on taking shards, queues every key its
+    /// controllers know again, so those of its new shards run. While a hub
+    /// is offered every shard has a Lease.
+    ///
+    /// ```
+    /// use kube_fleet::{ClusterName, controller::ClusterSelector};
+    /// use kube_fleet_manager::Sharding;
+    ///
+    /// let sharding = Sharding::new("my-operator")
+    ///     .hub(ClusterSelector::matching(|name| *name == ClusterName::local()));
+    /// assert!(sharding.shard_of_key(Some("default"), "parent-1") < 64);
+    /// ```
+    pub fn hub(mut self, clusters: ClusterSelector) -> Self {
+        self.hubs = Some(clusters);
+        self
+    }
+
+    /// The shard a key of a [hub](Self::hub) cluster falls in: that of
+    /// `namespace/name` (`name` for a cluster-scoped object).
+    pub fn shard_of_key(&self, namespace: Option<&str>, name: &str) -> u32 {
+        key_shard(namespace, name, self.shards)
     }
 
     /// The namespace of the Leases.
@@ -225,6 +263,14 @@ const MAX_SHARDS: u32 = 4096;
 /// The shard of `cluster`, of `shards`.
 pub(crate) fn shard_of(cluster: &str, shards: u32) -> u32 {
     (fnv(cluster.bytes()) % u64::from(shards.max(1))) as u32
+}
+
+/// The shard of the key `namespace/name` in a hub, of `shards`.
+pub(crate) fn key_shard(namespace: Option<&str>, name: &str, shards: u32) -> u32 {
+    match namespace {
+        Some(namespace) => shard_of(&format!("{namespace}/{name}"), shards),
+        None => shard_of(name, shards),
+    }
 }
 
 /// The name a shard is ranked by.

@@ -73,6 +73,9 @@ pub struct Manager {
     sharding: Option<Sharding>,
     strict: bool,
     shutdown: Option<BoxFuture<'static, ()>>,
+    /// Bumped when this replica takes shards that hold hub keys: each
+    /// controller then queues every key again.
+    taken: tokio::sync::watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -113,6 +116,7 @@ impl Manager {
             sharding: None,
             strict: false,
             shutdown: None,
+            taken: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -157,6 +161,12 @@ impl Manager {
             .config()
             .is_warm_standby()
             .then(|| controller.warm_up());
+        // With hubs, the keys of the shards this replica takes run again.
+        let taken = futures::stream::unfold(self.taken.subscribe(), |mut taken| async move {
+            taken.changed().await.ok()?;
+            Some(((), taken))
+        });
+        let controller = controller.reconcile_all_on(taken);
         let start: Start = Box::new(move |shutdown, gate| {
             controller
                 .graceful_shutdown_on(shutdown)

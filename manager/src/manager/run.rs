@@ -33,7 +33,7 @@ use super::{
 use crate::{
     election::{LeaderElection, Role, default_identity, lead},
     error::Error,
-    gate::{Gate, Shards, Validity},
+    gate::{Gate, HubShards, Hubs, Shards, Validity},
     http::{Endpoints, serve},
     lease::{LeaseLock, holder_for},
     metrics::{LeaderGauge, ShardGauge},
@@ -100,6 +100,7 @@ impl Manager {
             sharding,
             strict,
             shutdown,
+            taken,
         } = self;
         let Coordination {
             gate,
@@ -112,7 +113,7 @@ impl Manager {
             release,
             shard_status,
             providers,
-        } = coordinate(&fleet, providers, election, sharding, &mut registry).await?;
+        } = coordinate(&fleet, providers, election, sharding, taken, &mut registry).await?;
 
         // From here on, however `run` ends (its future dropped included),
         // no reconcile starts after and the statuses say so.
@@ -194,6 +195,7 @@ async fn coordinate(
     providers: Vec<BoxStream<'static, ClusterEvent>>,
     election: Option<LeaderElection>,
     sharding: Option<Sharding>,
+    taken: watch::Sender<u64>,
     registry: &mut Registry,
 ) -> Result<Coordination, Error> {
     if let (Some(election), Some(sharding)) = (&election, &sharding) {
@@ -263,7 +265,12 @@ async fn coordinate(
         )
         .await?;
         let shards = Shards::default();
-        gate = Gate::Shards(shards.clone());
+        let hubs = sharding.hubs.map(|clusters| Hubs {
+            clusters,
+            shards: HubShards::default(),
+            count: sharding.shards,
+        });
+        gate = Gate::Shards(shards.clone(), hubs.clone());
         shard_status = Some(sharding.status.clone());
         ShardGauge::register(
             registry,
@@ -281,6 +288,7 @@ async fn coordinate(
             sharding.timings,
             shards,
             sharding.status,
+            (hubs, taken),
         );
         let offers = futures::stream::select_all(providers.take().unwrap_or_default()).boxed();
         elector = Some(sharder.run(offers, election_stopped.clone()).boxed());

@@ -45,6 +45,7 @@ impl Sharder {
                 (*shard, start, result)
             });
         let results = join_all(attempts).await;
+        let mut took = false;
         for (shard, start, result) in results {
             match result {
                 Ok(Ok(Holder::Me)) => {
@@ -57,6 +58,15 @@ impl Sharder {
                     let now = Instant::now();
                     for cluster in &clusters {
                         self.run_cluster(cluster, &validity, now, until);
+                    }
+                    if let Some(hubs) = &self.hubs
+                        && !self.hubs_offered.is_empty()
+                    {
+                        hubs.shards
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(shard, validity.clone());
+                        took = true;
                     }
                     tracing::info!(shard, clusters = clusters.len(), "running the shard");
                     self.owned.insert(
@@ -80,6 +90,10 @@ impl Sharder {
                 }
             }
         }
+        if took {
+            // The hub keys of the new shards run: every key again.
+            self.taken.send_modify(|n| *n += 1);
+        }
     }
 
     /// Stops running `shards`: no reconcile starts in their clusters and
@@ -93,6 +107,12 @@ impl Sharder {
                 continue;
             };
             let until = Instant::now().min(owned.until);
+            if let Some(hubs) = &self.hubs {
+                hubs.shards
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&shard);
+            }
             owned.validity.close();
             for cluster in &owned.clusters {
                 self.stop_cluster(cluster, until);

@@ -18,7 +18,7 @@ use tokio::{sync::watch, task::JoinHandle, time::Instant};
 
 use crate::{
     error::Error,
-    gate::{Shards, Validity},
+    gate::{Hubs, Shards, Validity},
     lease::{Holder, LeaseLock, Observed, holder_for, identity_of},
     shard::{ShardStatus, owner, shard_key, shard_of, short_hash},
     timing::{Timings, stopped},
@@ -102,6 +102,15 @@ pub(crate) struct Sharder {
     /// Leases of the set that fence nothing offered, as last listed: once
     /// run out for long, nobody will release or delete them but this.
     strays: HashMap<String, Observed>,
+    /// The hub clusters, run here whatever the shards, and the validity of
+    /// each shard held, for their keys.
+    hubs: Option<Hubs>,
+    /// The hub clusters offered now.
+    hubs_offered: HashSet<ClusterName>,
+    /// Bumped each round this replica takes shards while a hub is offered:
+    /// its controllers queue every key again, so the hub keys of the new
+    /// shards run.
+    taken: watch::Sender<u64>,
 }
 
 impl Sharder {
@@ -116,6 +125,7 @@ impl Sharder {
         timings: Timings,
         shards: Shards,
         status: ShardStatus,
+        (hubs, taken): (Option<Hubs>, watch::Sender<u64>),
     ) -> Self {
         let holder = holder_for(&identity);
         let me = LeaseLock::new(
@@ -152,7 +162,17 @@ impl Sharder {
             owned: HashMap::new(),
             ending: HashMap::new(),
             strays: HashMap::new(),
+            hubs,
+            hubs_offered: HashSet::new(),
+            taken,
         }
+    }
+
+    /// Whether `cluster` is a hub.
+    fn is_hub(&self, cluster: &ClusterName) -> bool {
+        self.hubs
+            .as_ref()
+            .is_some_and(|h| h.clusters.selects(cluster))
     }
 
     /// The shard of `cluster`.
@@ -219,6 +239,38 @@ impl Sharder {
     /// Takes in a provider's event; true if a round should run soon: a
     /// shard may be taken, or given up.
     fn offer(&mut self, event: ClusterEvent) -> bool {
+        let name = match &event {
+            ClusterEvent::Engage { name, .. }
+            | ClusterEvent::EngageView { name, .. }
+            | ClusterEvent::Disengage { name } => name.clone(),
+        };
+        if self.is_hub(&name) {
+            // Run here whatever the shards: engaged, or let go, at once.
+            let first = match &event {
+                ClusterEvent::Disengage { .. } => {
+                    self.hubs_offered.remove(&name);
+                    self.hubs_offered.is_empty()
+                }
+                _ => self.hubs_offered.insert(name.clone()) && self.hubs_offered.len() == 1,
+            };
+            engage(&self.fleet, event);
+            if let Some(hubs) = &self.hubs {
+                let mut held = hubs.shards.lock().unwrap_or_else(|e| e.into_inner());
+                if self.hubs_offered.is_empty() {
+                    held.clear();
+                } else if first {
+                    // The shards held already hold hub keys from now on.
+                    for (shard, owned) in &self.owned {
+                        held.insert(*shard, owned.validity.clone());
+                    }
+                    drop(held);
+                    self.taken.send_modify(|n| *n += 1);
+                }
+            }
+            // The first hub makes every shard wanted, the last one leaves
+            // those without members to be deleted.
+            return first;
+        }
         match &event {
             ClusterEvent::Engage { name, .. } | ClusterEvent::EngageView { name, .. } => {
                 let name = name.clone();
@@ -292,6 +344,12 @@ impl Sharder {
     /// with a Lease to take or keep.
     fn offered_by_shard(&self) -> HashMap<u32, HashSet<ClusterName>> {
         let mut by_shard: HashMap<u32, HashSet<ClusterName>> = HashMap::new();
+        if !self.hubs_offered.is_empty() {
+            // Keys of a hub fall in every shard.
+            for shard in 0..self.count {
+                by_shard.insert(shard, HashSet::new());
+            }
+        }
         for cluster in self.offered.keys() {
             by_shard
                 .entry(self.shard(cluster))

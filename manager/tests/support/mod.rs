@@ -78,6 +78,27 @@ impl Records {
         Future: Send + 'static,
     > + Send
     + 'static {
+        self.reconciler_by(replica, work, again, |request| {
+            request.cluster.name().to_string()
+        })
+    }
+
+    /// [`reconciler`](Self::reconciler), each span recorded under what
+    /// `what` says of its request (its cluster, or its key) in
+    /// [`Span::cluster`].
+    pub fn reconciler_by(
+        &self,
+        replica: &str,
+        work: Duration,
+        again: Duration,
+        what: fn(&ObjectRequest<ConfigMap>) -> String,
+    ) -> impl Service<
+        ObjectRequest<ConfigMap>,
+        Response = Action,
+        Error = BoxError,
+        Future: Send + 'static,
+    > + Send
+    + 'static {
         let records = self.clone();
         let replica = replica.to_owned();
         service_fn(move |request: ObjectRequest<ConfigMap>| {
@@ -88,7 +109,7 @@ impl Records {
                     let mut spans = records.lock();
                     spans.push(Span {
                         replica,
-                        cluster: request.cluster.name().to_string(),
+                        cluster: what(&request),
                         start: Instant::now(),
                         end: None,
                     });
