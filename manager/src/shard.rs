@@ -63,7 +63,8 @@ use crate::{error::Error, timing::Timings};
 /// Sharding replaces leader election: a manager takes one or the other
 /// (both is an [`Error::Invalid`]), and without either every replica runs
 /// every cluster. All clusters the providers offer are sharded, the local
-/// one too.
+/// one too, but for [hubs](Self::hub), which every replica runs with their
+/// keys sharded.
 ///
 /// Timings are those of leader election (lease 15 s, renew deadline 10 s,
 /// retry 2 s by default). When a replica dies, its clusters run elsewhere
