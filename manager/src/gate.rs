@@ -110,6 +110,14 @@ enum Lookup {
 }
 
 impl Gate {
+    /// The hub clusters, under sharding with hubs.
+    pub(crate) fn hubs(&self) -> Option<&ClusterSelector> {
+        match self {
+            Self::Shards(_, Some(hubs)) => Some(&hubs.clusters),
+            _ => None,
+        }
+    }
+
     /// Closes every validity: no reconcile starts, and running ones stop.
     /// Returns the clusters that were open under sharding.
     pub(crate) fn close(&self) -> Vec<ClusterName> {

@@ -36,7 +36,8 @@ use crate::{error::Error, timing::Timings};
 /// reconciles stop at once and its stretches of ownership end there; its
 /// Leases are left to expire, but for hand-overs already under way.
 ///
-/// Only a shard that holds a cluster some provider offers has a Lease, so
+/// Only a shard that holds a cluster some provider offers has a Lease
+/// (while a [hub](Self::hub) is offered, every shard), so
 /// each retry period the coordination cluster sees one write per replica
 /// and per occupied shard, however many clusters there are, plus the
 /// writes of shards taken and handed over: 34 a second for four replicas
@@ -139,9 +140,14 @@ impl Sharding {
     /// Every replica engages the hubs and watches them whole; a replica
     /// skips the hub keys of shards it does not hold (the reconcile
     /// returns [`Action::await_change`](kube_fleet::Action::await_change)
-    /// without running) and, on taking shards, queues every key its
-    /// controllers know again, so those of its new shards run. While a hub
-    /// is offered every shard has a Lease.
+    /// without running) and, in a round in which it takes shards, queues
+    /// every key its controllers know again, so those of its new shards
+    /// run. While a hub is offered every shard has a Lease. Every replica
+    /// must name the same hubs: one that sees a live replica that does not
+    /// shard hubs by key (or does where it does not) runs nothing until they
+    /// agree. A replica engages only the members it runs, so children in
+    /// members are best written by a controller of the members (see the
+    /// operations guide, "A hub sharded by key").
     ///
     /// ```
     /// use kube_fleet::{ClusterName, controller::ClusterSelector};

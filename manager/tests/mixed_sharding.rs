@@ -1,8 +1,10 @@
 //! Mixed sharding on a real API server: members sharded by cluster, a hub
 //! run by every replica with its keys sharded by key over the same shard
-//! Leases. No key, of the hub or a member, is reconciled by two replicas at
-//! once; every parent in the hub is served; a killed replica's share of both
-//! moves within the Lease timing.
+//! Leases. A controller of the hub's parents, and a fan-out controller of the
+//! members that makes each parent's child in every member. No key, of the
+//! hub or a member, is reconciled by two replicas at once; every parent is
+//! served and has its children; a killed replica's share of both moves
+//! within the Lease timing.
 //!
 //! Test timings: a lease of 4 s, a renew deadline of 3 s, a retry period of
 //! 1 s. The hub and the nine members are ten names for one API server, which
@@ -16,16 +18,21 @@ use std::{
 };
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::{Client, runtime::watcher};
+use kube::{
+    Api, Client,
+    api::{ListParams, ObjectMeta, PostParams},
+    runtime::watcher,
+};
 use kube_fleet::{
-    Controller, Fleet, ObjectRequest,
-    controller::ClusterSelector,
+    Action, ClusterName, Controller, Fleet, ObjectKey, ObjectRequest,
+    controller::{ClusterSelector, Watch},
     provider::{ProgrammaticHandle, ProgrammaticProvider},
 };
 use kube_fleet_envtest::Envtest;
 use kube_fleet_manager::{Error, Manager, ShardStatus, Sharding};
 use support::{PATIENCE, Records, assert_no_overlap, config_maps};
 use tokio::{task::JoinHandle, time::Instant};
+use tower::{BoxError, Service};
 
 const LEASE: Duration = Duration::from_secs(4);
 const RENEW_DEADLINE: Duration = Duration::from_secs(3);
@@ -50,7 +57,11 @@ fn what(request: &ObjectRequest<ConfigMap>) -> String {
     }
 }
 
-fn start(name: &str, client: &Client, records: &Records) -> Replica {
+fn is_hub(cluster: &ClusterName) -> bool {
+    cluster.as_str() == HUB
+}
+
+fn start(name: &str, client: &Client, records: &Records, children: &Records) -> Replica {
     let fleet = Fleet::new();
     let (provider, handle) = ProgrammaticProvider::new();
     handle.engage(HUB, client.clone());
@@ -62,29 +73,84 @@ fn start(name: &str, client: &Client, records: &Records) -> Replica {
         .identity(name)
         .client(client.clone())
         .shards(16)
-        .hub(ClusterSelector::matching(|cluster| cluster.as_str() == HUB))
+        .hub(ClusterSelector::matching(is_hub))
         .lease_duration(LEASE)
         .renew_deadline(RENEW_DEADLINE)
         .retry_period(RETRY);
     let status = sharding.status();
+    let parents = watcher::Config::default().labels("parent=true");
+    // The hub's parents: each key sharded by key.
+    let hub_side = Controller::<ConfigMap>::new(&fleet, parents.clone())
+        .named("parents")
+        .clusters(ClusterSelector::matching(is_hub));
+    // The fan-out: in each member, a child per parent of the hub, written by
+    // the member's owner.
+    let member_side =
+        Controller::<ConfigMap>::new(&fleet, watcher::Config::default().labels("none=true"))
+            .named("children")
+            .clusters(ClusterSelector::matching(|c| !is_hub(c)))
+            .watches_across::<ConfigMap, _>(
+                Watch::new(parents).in_clusters(ClusterSelector::matching(is_hub)),
+                ClusterSelector::matching(|c| !is_hub(c)),
+                |_, parent| [ObjectKey::of(parent)],
+            );
     let manager = Manager::new(&fleet)
         .provider(provider)
         .sharding(sharding)
         .controller(
-            Controller::<ConfigMap>::new(&fleet, watcher::Config::default().labels("parent=true"))
-                .named("fan-out"),
+            hub_side,
             records.reconciler_by(
                 name,
                 Duration::from_millis(20),
                 Duration::from_millis(300),
                 what,
             ),
-        );
+        )
+        .controller(member_side, make_child(name, children));
     Replica {
         status,
         run: tokio::spawn(manager.run()),
         _clusters: handle,
     }
+}
+
+/// Makes the child of the request's parent in its member (named after
+/// both, as the members are one API server), recording who made it.
+fn make_child(
+    replica: &str,
+    records: &Records,
+) -> impl Service<ObjectRequest<ConfigMap>, Response = Action, Error = BoxError, Future: Send + 'static>
++ Send
++ 'static {
+    let (records, replica) = (records.clone(), replica.to_owned());
+    tower::service_fn(move |request: ObjectRequest<ConfigMap>| {
+        let (records, replica) = (records.clone(), replica.clone());
+        async move {
+            let what = format!("{}/{}", request.cluster.name(), request.request.name);
+            let _span = records.begin(&replica, what);
+            let child = ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(format!(
+                        "{}-{}",
+                        request.request.name,
+                        request.cluster.name()
+                    )),
+                    labels: Some([("child".to_owned(), "true".to_owned())].into()),
+                    ..ObjectMeta::default()
+                },
+                ..ConfigMap::default()
+            };
+            match Api::<ConfigMap>::namespaced(request.cluster.client(), "default")
+                .create(&PostParams::default(), &child)
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 409 => {}
+                Err(error) => return Err(BoxError::from(error)),
+            }
+            Ok(Action::await_change())
+        }
+    })
 }
 
 /// The replica that last started a reconcile of each key or member.
@@ -106,63 +172,66 @@ async fn hub_keys_and_members_are_sharded_and_a_dead_replicas_share_of_both_move
     config_maps(client.clone(), "parent", PARENTS).await;
     let records = Records::default();
     let replicas = ["replica-a", "replica-b", "replica-c"];
+    let children = Records::default();
     let mut running: Vec<Replica> = replicas
         .iter()
-        .map(|name| start(name, &client, &records))
+        .map(|name| start(name, &client, &records, &children))
         .collect();
 
-    // Every parent in the hub, and every member, is served.
+    // Every parent in the hub is served, and has its child made in every
+    // member.
     let began = Instant::now();
     let deadline = began + PATIENCE * 2;
-    let served = loop {
-        let runners = runners(&records, began);
-        let parents = runners.keys().filter(|k| k.starts_with("hub/")).count();
-        let members = runners.keys().filter(|k| !k.starts_with("hub/")).count();
-        if parents == PARENTS && members == MEMBERS {
-            break runners;
+    loop {
+        let parents = runners(&records, began).len();
+        let made = runners(&children, began).len();
+        if parents == PARENTS && made == PARENTS * MEMBERS {
+            break;
         }
         assert!(
             Instant::now() < deadline,
-            "{parents} of {PARENTS} parents and {members} of {MEMBERS} members served"
+            "{parents} of {PARENTS} parents served, {made} of {} children made",
+            PARENTS * MEMBERS
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    // Settled: each hub key and member runs on one replica, and every
-    // replica runs some of both.
+    }
+    // Settled: each hub key runs on one replica, and every replica runs
+    // some hub keys and some members (never the hub as a cluster).
     tokio::time::sleep(LEASE).await;
     let settled = Instant::now();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let steady = runners(&records, settled);
+    assert_eq!(steady.len(), PARENTS, "every parent runs on");
     for (what, by) in &steady {
         assert_eq!(by.len(), 1, "{what} runs on {by:?}");
     }
-    for replica in replicas {
-        let mine: Vec<_> = steady
-            .iter()
-            .filter(|(_, by)| by.contains(replica))
-            .map(|(what, _)| what.as_str())
-            .collect();
+    for (replica, running) in replicas.iter().zip(&running) {
         assert!(
-            mine.iter().any(|w| w.starts_with("hub/")),
+            steady.values().any(|by| by.contains(*replica)),
             "{replica} runs no hub key: {steady:?}"
         );
+        let owned = running.status.owned();
+        assert!(!owned.is_empty(), "{replica} runs no member");
         assert!(
-            running[replicas.iter().position(|r| *r == replica).unwrap()]
-                .status
-                .owned()
-                .iter()
-                .all(|c| c.as_str() != HUB),
-            "the hub is not owned as a cluster"
+            owned.iter().all(|c| !is_hub(c)),
+            "the hub is run as a cluster"
         );
     }
-    assert_eq!(served.len(), PARENTS + MEMBERS);
 
-    // Kill c: its Leases stop being renewed.
-    let c_share: Vec<String> = steady
+    // Kill c: its Leases stop being renewed. Its share: its hub keys, and
+    // its members, where the children are made again by their new owner.
+    let mut c_share: Vec<String> = steady
         .iter()
         .filter(|(_, by)| by.contains("replica-c"))
         .map(|(what, _)| what.clone())
         .collect();
+    c_share.extend(
+        running[2]
+            .status
+            .owned()
+            .iter()
+            .map(|member| format!("{member}/")),
+    );
     assert!(!c_share.is_empty());
     let c = running.pop().unwrap();
     c.run.abort();
@@ -178,7 +247,13 @@ async fn hub_keys_and_members_are_sharded_and_a_dead_replicas_share_of_both_move
             let moved = records
                 .all()
                 .into_iter()
-                .filter(|s| s.cluster == *what && s.replica != "replica-c" && s.start >= killed)
+                .chain(children.all())
+                .filter(|s| {
+                    (s.cluster == *what
+                        || what.ends_with('/') && s.cluster.starts_with(what.as_str()))
+                        && s.replica != "replica-c"
+                        && s.start >= killed
+                })
                 .map(|s| s.start)
                 .min();
             if let Some(first) = moved {
@@ -195,7 +270,7 @@ async fn hub_keys_and_members_are_sharded_and_a_dead_replicas_share_of_both_move
         moves.push(first - killed);
     }
     moves.sort();
-    let hub_keys = c_share.iter().filter(|w| w.starts_with("hub/")).count();
+    let hub_keys = c_share.iter().filter(|w| !w.ends_with('/')).count();
     println!(
         "replica-c ran {hub_keys} hub keys and {} members; they moved within {:?} to {:?}",
         c_share.len() - hub_keys,
@@ -211,6 +286,37 @@ async fn hub_keys_and_members_are_sharded_and_a_dead_replicas_share_of_both_move
     }
     // Never two replicas at once, on a hub key or in a member.
     assert_no_overlap(&records.all());
+    // Every parent's child is in every member, made by the member's owner
+    // of the moment: each once, but where a dead replica's made it.
+    let made = children.all();
+    assert_no_overlap(&made);
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let listed = Api::<ConfigMap>::namespaced(client.clone(), "default")
+            .list(&ListParams::default().labels("child=true"))
+            .await
+            .unwrap();
+        if listed.items.len() == PARENTS * MEMBERS {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} children",
+            listed.items.len(),
+            PARENTS * MEMBERS
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let by_member: BTreeMap<String, BTreeSet<String>> =
+        children
+            .all()
+            .into_iter()
+            .fold(BTreeMap::new(), |mut by, span| {
+                let member = span.cluster.split('/').next().unwrap().to_owned();
+                by.entry(member).or_default().insert(span.replica);
+                by
+            });
+    assert_eq!(by_member.len(), MEMBERS, "{by_member:?}");
     for replica in running {
         replica.run.abort();
     }

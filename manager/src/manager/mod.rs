@@ -131,7 +131,7 @@ impl Manager {
     /// once it leads, or at once for a controller configured as a
     /// [warm standby](kube_fleet::controller::Config::warm_standby)). With
     /// [sharding](Self::sharding), the fleet engages only the clusters this
-    /// replica runs.
+    /// replica runs, and the [hubs](crate::Sharding::hub).
     pub fn provider(mut self, provider: impl Stream<Item = ClusterEvent> + Send + 'static) -> Self {
         self.providers.push(provider.boxed());
         self

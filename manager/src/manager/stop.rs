@@ -34,6 +34,14 @@ impl Drop for StopGuard {
         for cluster in self.gate.close() {
             self.fleet.disengage(&cluster);
         }
+        // And the hubs, every replica's.
+        if let Some(hubs) = self.gate.hubs() {
+            for cluster in self.fleet.clusters() {
+                if hubs.selects(cluster.name()) {
+                    self.fleet.disengage(cluster.name());
+                }
+            }
+        }
         if let Some(status) = &self.shards {
             status.stopped(tokio::time::Instant::now());
         }

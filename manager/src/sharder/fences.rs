@@ -164,18 +164,24 @@ impl Sharder {
     /// Gives every shard up and deletes this replica's own Lease, so that
     /// the others take its shards at once and no Lease is left behind.
     pub(super) async fn leave(&mut self) {
-        // A shard whose clusters all left is deleted, the others released.
-        let (empty, offered): (Vec<u32>, Vec<u32>) = self
+        // A shard nothing offered falls in any more is deleted, the others
+        // (a hub's keys fall in every shard) released.
+        let still = self.offered_by_shard();
+        let (offered, empty): (Vec<u32>, Vec<u32>) = self
             .owned
             .keys()
             .copied()
-            .partition(|shard| self.owned[shard].clusters.is_empty());
+            .partition(|shard| still.contains_key(shard));
         self.give_up(offered, Fence::Release).await;
         self.give_up(empty, Fence::Delete).await;
         // Every shard's Lease released (each end is bounded by the renew
         // deadline and a request timeout) before the replica's own goes.
         for (_, end) in self.ending.drain() {
             let _ = end.await;
+        }
+        // The hubs' reconciles have stopped with their shards.
+        for hub in std::mem::take(&mut self.hubs_offered) {
+            self.fleet.disengage(&hub);
         }
         let timeout = self.timings.request_timeout();
         match tokio::time::timeout(timeout, self.me.delete()).await {
@@ -199,7 +205,10 @@ impl Sharder {
                 labels(&self.set, "shard"),
                 BTreeMap::from([
                     (SHARD_ANNOTATION.to_owned(), shard.to_string()),
-                    (COUNT_ANNOTATION.to_owned(), self.count.to_string()),
+                    (
+                        COUNT_ANNOTATION.to_owned(),
+                        super::counted(self.count, self.hubs.is_some()),
+                    ),
                 ]),
             )
         })

@@ -137,7 +137,7 @@ impl Sharder {
         )
         .with_metadata(
             labels(&set, "member"),
-            BTreeMap::from([(COUNT_ANNOTATION.to_owned(), count.to_string())]),
+            BTreeMap::from([(COUNT_ANNOTATION.to_owned(), counted(count, hubs.is_some()))]),
         );
         Self {
             fleet,
@@ -248,8 +248,7 @@ impl Sharder {
             // Run here whatever the shards: engaged, or let go, at once.
             let first = match &event {
                 ClusterEvent::Disengage { .. } => {
-                    self.hubs_offered.remove(&name);
-                    self.hubs_offered.is_empty()
+                    self.hubs_offered.remove(&name) && self.hubs_offered.is_empty()
                 }
                 _ => self.hubs_offered.insert(name.clone()) && self.hubs_offered.len() == 1,
             };
@@ -264,7 +263,9 @@ impl Sharder {
                         held.insert(*shard, owned.validity.clone());
                     }
                     drop(held);
-                    self.taken.send_modify(|n| *n += 1);
+                    if !self.owned.is_empty() {
+                        self.taken.send_modify(|n| *n += 1);
+                    }
                 }
             }
             // The first hub makes every shard wanted, the last one leaves
@@ -474,7 +475,7 @@ impl Sharder {
     /// soon as it has.
     fn read_leases(&mut self, leases: &[Lease], offered: &HashMap<u32, HashSet<ClusterName>>) {
         let now = Instant::now();
-        let count = self.count.to_string();
+        let count = counted(self.count, self.hubs.is_some());
         let mut replicas = HashMap::new();
         let mut strays = HashMap::new();
         let mut earlier = None;
@@ -563,7 +564,7 @@ impl Sharder {
                 %replica,
                 shards = %theirs,
                 mine = self.count,
-                "a live replica of the set counts another number of shards: this replica runs nothing until they agree"
+                "a live replica of the set counts another number of shards, or shards hubs otherwise: this replica runs nothing until they agree"
             );
         }
         self.disagrees = disagrees;
@@ -619,6 +620,18 @@ impl Sharder {
                 self.strays.remove(name);
             }
         }
+    }
+}
+
+/// What a replica's and a shard's Leases say it counts: the number of
+/// shards, and whether it shards hubs by key. Replicas that say otherwise
+/// run nothing beside each other: one that runs a hub as a cluster and one
+/// that shards its keys would both run a hub key.
+pub(super) fn counted(count: u32, hubs: bool) -> String {
+    if hubs {
+        format!("{count}, hubs by key")
+    } else {
+        count.to_string()
     }
 }
 

@@ -36,7 +36,8 @@ pub struct Span {
 #[derive(Debug, Clone, Default)]
 pub struct Records(Arc<Mutex<Vec<Span>>>);
 
-struct Ending {
+/// A span under way: it ends when this is dropped.
+pub struct Ending {
     records: Records,
     index: usize,
 }
@@ -50,6 +51,24 @@ impl Drop for Ending {
 impl Records {
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Span>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts a span of `replica` under `what`, ended when the guard goes.
+    pub fn begin(&self, replica: &str, what: String) -> Ending {
+        let index = {
+            let mut spans = self.lock();
+            spans.push(Span {
+                replica: replica.to_owned(),
+                cluster: what,
+                start: Instant::now(),
+                end: None,
+            });
+            spans.len() - 1
+        };
+        Ending {
+            records: self.clone(),
+            index,
+        }
     }
 
     pub fn all(&self) -> Vec<Span> {
