@@ -10,6 +10,7 @@ use tokio::sync::watch;
 
 use crate::{
     election::Role,
+    gate::HubShards,
     shard::{ShardStatus, shard_of},
 };
 
@@ -43,13 +44,15 @@ impl Collector for LeaderGauge {
 
 /// `kube_fleet_shard_owned{name, cluster, shard}`: 1 per cluster this
 /// replica runs now under the sharding `name` (its shard's Lease held),
-/// and `kube_fleet_shard_replicas{name}`: the live replicas it saw last,
-/// itself included.
+/// `kube_fleet_shard_replicas{name}`: the live replicas it saw last,
+/// itself included, and with hubs `kube_fleet_shard_hub_shards{name}`: the
+/// shards whose hub keys it runs now.
 #[derive(Debug)]
 pub(crate) struct ShardGauge {
     name: String,
     shards: u32,
     status: ShardStatus,
+    hubs: Option<HubShards>,
 }
 
 impl ShardGauge {
@@ -58,11 +61,13 @@ impl ShardGauge {
         name: String,
         shards: u32,
         status: ShardStatus,
+        hubs: Option<HubShards>,
     ) {
         registry.register_collector(Box::new(Self {
             name,
             shards,
             status,
+            hubs,
         }));
     }
 }
@@ -91,6 +96,18 @@ impl Collector for ShardGauge {
             None,
             replicas.metric_type(),
         )?;
-        replicas.encode(family.encode_family(&[("name", self.name.as_str())])?)
+        replicas.encode(family.encode_family(&[("name", self.name.as_str())])?)?;
+        if let Some(hubs) = &self.hubs {
+            let held = hubs.lock().unwrap_or_else(|e| e.into_inner()).len();
+            let held = ConstGauge::new(held as i64);
+            let mut family = encoder.encode_descriptor(
+                "kube_fleet_shard_hub_shards",
+                "The shards whose hub keys this replica runs now",
+                None,
+                held.metric_type(),
+            )?;
+            held.encode(family.encode_family(&[("name", self.name.as_str())])?)?;
+        }
+        Ok(())
     }
 }

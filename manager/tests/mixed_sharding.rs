@@ -30,7 +30,10 @@ use kube_fleet::{
 };
 use kube_fleet_envtest::Envtest;
 use kube_fleet_manager::{Error, Manager, ShardStatus, Sharding};
-use support::{PATIENCE, Records, assert_no_overlap, config_maps};
+use support::{
+    PATIENCE, Records, assert_no_overlap, config_maps,
+    endpoints::{Endpoints, listener},
+};
 use tokio::{task::JoinHandle, time::Instant};
 use tower::{BoxError, Service};
 
@@ -43,6 +46,8 @@ const HUB: &str = "hub";
 
 struct Replica {
     status: ShardStatus,
+    /// Its `/metrics` and `/readyz`.
+    endpoints: Endpoints,
     run: JoinHandle<Result<(), Error>>,
     /// Keeps its provider's stream open.
     _clusters: ProgrammaticHandle,
@@ -94,9 +99,11 @@ fn start(name: &str, client: &Client, records: &Records, children: &Records) -> 
                 ClusterSelector::matching(|c| !is_hub(c)),
                 |_, parent| [ObjectKey::of(parent)],
             );
+    let (listener, port) = listener();
     let manager = Manager::new(&fleet)
         .provider(provider)
         .sharding(sharding)
+        .endpoints_on(listener)
         .controller(
             hub_side,
             records.reconciler_by(
@@ -109,6 +116,7 @@ fn start(name: &str, client: &Client, records: &Records, children: &Records) -> 
         .controller(member_side, make_child(name, children));
     Replica {
         status,
+        endpoints: Endpoints::new(port),
         run: tokio::spawn(manager.run()),
         _clusters: handle,
     }
@@ -217,6 +225,19 @@ async fn hub_keys_and_members_are_sharded_and_a_dead_replicas_share_of_both_move
             "the hub is run as a cluster"
         );
     }
+
+    // Each replica reports how many shards' hub keys it runs: all the
+    // shards between the three.
+    let mut held = 0;
+    for replica in &running {
+        let (_, metrics) = replica.endpoints.get("/metrics").await.unwrap();
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with("kube_fleet_shard_hub_shards{"))
+            .unwrap_or_else(|| panic!("no hub shards gauge: {metrics}"));
+        held += line.rsplit(' ').next().unwrap().parse::<u32>().unwrap();
+    }
+    assert_eq!(held, 16);
 
     // Kill c: its Leases stop being renewed. Its share: its hub keys, and
     // its members, where the children are made again by their new owner.

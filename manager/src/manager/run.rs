@@ -277,6 +277,7 @@ async fn coordinate(
             sharding.name.clone(),
             sharding.shards,
             sharding.status.clone(),
+            hubs.as_ref().map(|hubs| hubs.shards.clone()),
         );
         let sharder = Sharder::new(
             fleet.clone(),
