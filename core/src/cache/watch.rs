@@ -211,9 +211,13 @@ where
 
     /// The object `key` names, as this watch holds it now.
     pub(crate) fn get(&self, key: &McRequest) -> Option<Arc<K>> {
-        let mut reference =
-            kube::runtime::reflector::ObjectRef::<K>::new_with(&key.name, self.dyntype.clone());
-        reference.namespace.clone_from(&key.namespace);
+        self.get_named(key.namespace.as_ref(), &key.name)
+    }
+
+    /// The object `namespace/name`, as this watch holds it now.
+    fn get_named(&self, namespace: Option<&String>, name: &str) -> Option<Arc<K>> {
+        let mut reference = ObjectRef::<K>::new_with(name, self.dyntype.clone());
+        reference.namespace = namespace.cloned();
         self.store.get(&reference)
     }
 
@@ -341,31 +345,14 @@ where
     }
 
     fn holds(&self, written: &Written) -> bool {
-        let mut reference = ObjectRef::<K>::new_with(&written.id.name, self.dyntype.clone());
-        reference.namespace.clone_from(&written.id.namespace);
-        self.store.get(&reference).is_some()
+        self.get_named(written.id.namespace.as_ref(), &written.id.name)
+            .is_some()
     }
 
     fn shows(&self, written: &Written) -> bool {
-        let mut reference = ObjectRef::<K>::new_with(&written.id.name, self.dyntype.clone());
-        reference.namespace.clone_from(&written.id.namespace);
-        let Some(object) = self.store.get(&reference) else {
-            return written.gone;
-        };
-        let meta = object.meta();
-        let same = match (&written.uid, &meta.uid) {
-            (Some(written), Some(stored)) => written == stored,
-            _ => true,
-        };
-        if written.gone {
-            return !same;
-        }
-        !same
-            || meta
-                .resource_version
-                .as_deref()
-                .and_then(|v| v.parse::<u64>().ok())
-                .is_none_or(|v| v >= written.version)
+        let object = self.get_named(written.id.namespace.as_ref(), &written.id.name);
+        // A version it cannot read is not waited for.
+        written.shown_by(object.as_deref().map(Resource::meta), true)
     }
 
     fn synced(&self) -> BoxFuture<'static, ()> {

@@ -124,17 +124,7 @@ impl Records {
             let records = records.clone();
             let replica = replica.clone();
             async move {
-                let index = {
-                    let mut spans = records.lock();
-                    spans.push(Span {
-                        replica,
-                        cluster: what(&request),
-                        start: Instant::now(),
-                        end: None,
-                    });
-                    spans.len() - 1
-                };
-                let _ending = Ending { records, index };
+                let _ending = records.begin(&replica, what(&request));
                 tokio::time::sleep(work).await;
                 Ok::<_, BoxError>(Action::requeue(again))
             }

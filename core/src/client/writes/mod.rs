@@ -22,6 +22,7 @@ use std::{
     time::Duration,
 };
 
+use kube::api::ObjectMeta;
 use tokio::{sync::Notify, time::Instant};
 
 use crate::cluster_name::ClusterName;
@@ -74,6 +75,26 @@ pub(crate) struct Written {
     /// The cluster whose client wrote it (a namespace of a host, for one).
     pub(crate) cluster: ClusterName,
     pub(crate) at: Instant,
+}
+
+impl Written {
+    /// Whether a copy of its object (`meta`, or none) shows this write: at
+    /// its version or later, made anew since, or gone for a deletion. A
+    /// version that is not a number counts as `unreadable` says.
+    pub(crate) fn shown_by(&self, meta: Option<&ObjectMeta>, unreadable: bool) -> bool {
+        let Some(meta) = meta else {
+            return self.gone;
+        };
+        if !same_uid(self.uid.as_deref(), meta.uid.as_deref()) {
+            return true;
+        }
+        !self.gone
+            && meta
+                .resource_version
+                .as_deref()
+                .and_then(|v| v.parse::<u64>().ok())
+                .map_or(unreadable, |v| v >= self.version)
+    }
 }
 
 /// A write no store has shown yet.

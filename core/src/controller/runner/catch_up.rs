@@ -163,16 +163,8 @@ const READ_KEPT: Duration = Duration::from_secs(60);
 
 /// Whether `cached` (the cache's copy, or none) shows `written`.
 fn cache_shows<K: Resource>(cached: Option<&K>, written: &Written) -> bool {
-    let Some(cached) = cached else {
-        return written.gone;
-    };
-    let meta = cached.meta();
-    let same = match (&written.uid, &meta.uid) {
-        (Some(written), Some(cached)) => written == cached,
-        _ => true,
-    };
-    // Made anew since, or at the write's version or later.
-    !same || (!written.gone && version(Some(cached)).is_some_and(|v| v >= written.version))
+    // A cached version it cannot read leaves the read standing.
+    written.shown_by(cached.map(Resource::meta), false)
 }
 
 /// The clusters whose watches have yet to show a write of `writer` that
@@ -226,10 +218,6 @@ fn unshown(cluster: &Cluster, writer: &str) -> Vec<Arc<Written>> {
         .partition(|written| cluster.cache().awaits(written));
     writes.settle(&done);
     waiting
-}
-
-fn version<K: Resource>(object: Option<&K>) -> Option<u64> {
-    object?.meta().resource_version.as_deref()?.parse().ok()
 }
 
 /// Holds `paused` until the watches of `targets` show `writer`'s writes
