@@ -88,8 +88,12 @@ fn a_killed_harness_process_leaves_no_server_behind() {
         .spawn()
         .unwrap();
     let mut pids = Vec::new();
+    let mut kubeconfig = None;
     for line in BufReader::new(harness.stdout.take().unwrap()).lines() {
         let line = line.unwrap();
+        if let Some(path) = line.split('\t').nth(2) {
+            kubeconfig = Some(std::path::PathBuf::from(path));
+        }
         if let Some(list) = line.strip_prefix("pids\t") {
             pids = list.split(' ').map(|p| p.parse::<u32>().unwrap()).collect();
             break;
@@ -117,4 +121,10 @@ fn a_killed_harness_process_leaves_no_server_behind() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    // No destructor ran, so the fleet's directory (etcd's data among it) is
+    // still there: the test removes it, as an operator would.
+    let cluster_dir = kubeconfig.as_deref().and_then(Path::parent).unwrap();
+    let fleet_dir = cluster_dir.parent().unwrap();
+    assert!(fleet_dir.join("etcd").is_dir(), "{}", fleet_dir.display());
+    std::fs::remove_dir_all(fleet_dir).unwrap();
 }
