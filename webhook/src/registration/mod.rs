@@ -1,0 +1,353 @@
+//! What is registered in each cluster, and how it is written and removed:
+//! one `ValidatingWebhookConfiguration` and one
+//! `MutatingWebhookConfiguration` named after the server, labelled as its
+//! own, and the `spec.conversion` of each converted CRD.
+
+mod keep;
+
+pub(crate) use keep::{follow, unregister_all};
+
+use k8s_openapi::{
+    ByteString,
+    api::admissionregistration::v1::{
+        MutatingWebhook, MutatingWebhookConfiguration, ServiceReference, ValidatingWebhook,
+        ValidatingWebhookConfiguration, WebhookClientConfig,
+    },
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, Patch, PatchParams},
+};
+use kube_fleet::{ClusterName, controller::ClusterSelector};
+use serde_json::json;
+
+use crate::{server::path_of, token::Tokens};
+
+/// The label every registration carries: `app.kubernetes.io/managed-by`.
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// The label naming the server a registration belongs to.
+pub const SERVER_LABEL: &str = "webhooks.kube-fleet.io/server";
+/// The field manager registrations are applied with.
+const FIELD_MANAGER: &str = "kube-fleet-webhooks";
+
+/// A Service in the local cluster that reaches the server.
+#[derive(Clone, Debug)]
+pub(crate) struct ServiceRef {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) port: u16,
+}
+
+/// Everything registered, for any cluster.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    pub(crate) name: String,
+    pub(crate) validating: Vec<ValidatingWebhook>,
+    pub(crate) mutating: Vec<MutatingWebhook>,
+    pub(crate) conversions: Vec<String>,
+    pub(crate) service: Option<ServiceRef>,
+    pub(crate) url: Option<String>,
+    pub(crate) members: ClusterSelector,
+    pub(crate) tokens: Tokens,
+}
+
+impl Plan {
+    /// Whether `cluster` is registered in: the local one through the
+    /// Service, the ones the members' selector takes through the URL.
+    pub(crate) fn selects(&self, cluster: &ClusterName) -> bool {
+        (cluster.is_local() && self.service.is_some())
+            || (self.url.is_some() && self.members.selects(cluster))
+    }
+
+    /// How `cluster` reaches `webhook`, with the CA bundle `ca`.
+    pub(crate) fn client_config(
+        &self,
+        cluster: &ClusterName,
+        webhook: &str,
+        ca: &str,
+    ) -> WebhookClientConfig {
+        let path = path_of(&self.tokens, cluster, webhook);
+        let ca_bundle = Some(ByteString(ca.as_bytes().to_vec()));
+        match (&self.service, &self.url) {
+            (Some(service), _) if cluster.is_local() => WebhookClientConfig {
+                ca_bundle,
+                service: Some(ServiceReference {
+                    name: service.name.clone(),
+                    namespace: service.namespace.clone(),
+                    path: Some(path),
+                    port: Some(i32::from(service.port)),
+                }),
+                url: None,
+            },
+            (_, url) => WebhookClientConfig {
+                ca_bundle,
+                service: None,
+                url: Some(format!("{}{path}", url.as_deref().unwrap_or_default())),
+            },
+        }
+    }
+
+    /// The URL (or Service path) `cluster` is sent to for `webhook`, as
+    /// registered.
+    pub(crate) fn address_of(&self, cluster: &ClusterName, webhook: &str) -> String {
+        let config = self.client_config(cluster, webhook, "");
+        match (config.url, config.service) {
+            (Some(url), _) => url,
+            (None, Some(service)) => format!(
+                "https://{}.{}.svc:{}{}",
+                service.name,
+                service.namespace,
+                service.port.unwrap_or(443),
+                service.path.unwrap_or_default()
+            ),
+            (None, None) => String::new(),
+        }
+    }
+
+    fn labels(&self) -> std::collections::BTreeMap<String, String> {
+        [
+            (MANAGED_BY.to_owned(), "kube-fleet".to_owned()),
+            (SERVER_LABEL.to_owned(), self.name.clone()),
+        ]
+        .into()
+    }
+
+    fn is_ours(&self, meta: &ObjectMeta) -> bool {
+        meta.labels
+            .as_ref()
+            .and_then(|labels| labels.get(SERVER_LABEL))
+            == Some(&self.name)
+    }
+
+    /// Writes every registration in `cluster` through `client`.
+    pub(crate) async fn register(
+        &self,
+        client: &Client,
+        cluster: &ClusterName,
+        ca: &str,
+    ) -> Result<(), String> {
+        let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone());
+        if self.validating.is_empty() {
+            self.remove_configuration(&validating).await?;
+        } else {
+            let webhooks = self
+                .validating
+                .iter()
+                .map(|webhook| ValidatingWebhook {
+                    client_config: self.client_config(cluster, &webhook.name, ca),
+                    ..webhook.clone()
+                })
+                .collect();
+            let object = ValidatingWebhookConfiguration {
+                metadata: self.metadata(),
+                webhooks: Some(webhooks),
+            };
+            self.apply(&validating, &object).await?;
+        }
+        let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone());
+        if self.mutating.is_empty() {
+            self.remove_configuration(&mutating).await?;
+        } else {
+            let webhooks = self
+                .mutating
+                .iter()
+                .map(|webhook| MutatingWebhook {
+                    client_config: self.client_config(cluster, &webhook.name, ca),
+                    ..webhook.clone()
+                })
+                .collect();
+            let object = MutatingWebhookConfiguration {
+                metadata: self.metadata(),
+                webhooks: Some(webhooks),
+            };
+            self.apply(&mutating, &object).await?;
+        }
+        let crds = Api::<CustomResourceDefinition>::all(client.clone());
+        for crd in &self.conversions {
+            let mut config = serde_json::to_value(self.client_config(cluster, crd, ca))
+                .map_err(|e| e.to_string())?;
+            // A merge patch keeps what it does not name: a URL written over
+            // a Service (or the other way) must take the other out.
+            for key in ["url", "service"] {
+                if config.get(key).is_none() {
+                    config[key] = serde_json::Value::Null;
+                }
+            }
+            let patch = json!({"spec": {"conversion": {
+                "strategy": "Webhook",
+                "webhook": {
+                    "clientConfig": config,
+                    "conversionReviewVersions": ["v1"],
+                },
+            }}});
+            crds.patch(crd, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(|e| match &e {
+                    kube::Error::Api(status) if status.code == 404 => format!(
+                        "CustomResourceDefinition {crd} is not installed, so its conversion webhook cannot be set"
+                    ),
+                    _ => format!("setting the conversion webhook of CustomResourceDefinition {crd}: {e}"),
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Removes every registration of this server from `cluster`, touching
+    /// nothing that is not its own.
+    pub(crate) async fn unregister(&self, client: &Client) -> Result<(), String> {
+        self.remove_configuration(&Api::<ValidatingWebhookConfiguration>::all(client.clone()))
+            .await?;
+        self.remove_configuration(&Api::<MutatingWebhookConfiguration>::all(client.clone()))
+            .await?;
+        let crds = Api::<CustomResourceDefinition>::all(client.clone());
+        for crd in &self.conversions {
+            let Some(current) = crds
+                .get_opt(crd)
+                .await
+                .map_err(|e| format!("reading CustomResourceDefinition {crd}: {e}"))?
+            else {
+                continue;
+            };
+            let ours = current
+                .spec
+                .conversion
+                .and_then(|conversion| conversion.webhook)
+                .and_then(|webhook| webhook.client_config)
+                .is_some_and(|config| {
+                    self.is_our_address(
+                        &config.url,
+                        config
+                            .service
+                            .as_ref()
+                            .map(|s| (&s.namespace, &s.name, &s.path)),
+                    )
+                });
+            if !ours {
+                continue;
+            }
+            let patch = json!({"spec": {"conversion": {"strategy": "None", "webhook": null}}});
+            crds.patch(crd, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(|e| {
+                    format!(
+                        "removing the conversion webhook of CustomResourceDefinition {crd}: {e}"
+                    )
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Whether a conversion webhook's address is one this server writes
+    /// (under any token: a restart may have changed the key).
+    fn is_our_address(
+        &self,
+        url: &Option<String>,
+        service: Option<(&String, &String, &Option<String>)>,
+    ) -> bool {
+        let fleet_path = |path: &str| path.starts_with("/fleet/");
+        if let (Some(url), Some(base)) = (url, &self.url)
+            && let Some(path) = url.strip_prefix(base.as_str())
+        {
+            return fleet_path(path);
+        }
+        match (service, &self.service) {
+            (Some((namespace, name, path)), Some(ours)) => {
+                *namespace == ours.namespace
+                    && *name == ours.name
+                    && path.as_deref().is_some_and(fleet_path)
+            }
+            _ => false,
+        }
+    }
+
+    fn metadata(&self) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(self.name.clone()),
+            labels: Some(self.labels()),
+            ..ObjectMeta::default()
+        }
+    }
+
+    async fn apply<K>(&self, api: &Api<K>, object: &K) -> Result<(), String>
+    where
+        K: kube::Resource<DynamicType = ()>
+            + Clone
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        K: kube::ResourceExt,
+    {
+        let kind = K::kind(&());
+        if let Some(existing) = api
+            .get_opt(&self.name)
+            .await
+            .map_err(|e| format!("reading {kind} {}: {e}", self.name))?
+            && !self.is_ours(existing.meta())
+        {
+            return Err(format!(
+                "{kind} {} exists without the label {SERVER_LABEL}={}: it is not this operator's, and is left alone",
+                self.name, self.name
+            ));
+        }
+        api.patch(
+            &self.name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(object),
+        )
+        .await
+        .map_err(|e| format!("writing {kind} {}: {e}", self.name))?;
+        Ok(())
+    }
+
+    async fn remove_configuration<K>(&self, api: &Api<K>) -> Result<(), String>
+    where
+        K: kube::Resource<DynamicType = ()>
+            + Clone
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let kind = K::kind(&());
+        let Some(existing) = api
+            .get_opt(&self.name)
+            .await
+            .map_err(|e| format!("reading {kind} {}: {e}", self.name))?
+        else {
+            return Ok(());
+        };
+        if !self.is_ours(existing.meta()) {
+            return Ok(());
+        }
+        // Another replica's, written through its own address (a cluster
+        // whose shard moved): its to keep.
+        let value = serde_json::to_value(&existing).unwrap_or_default();
+        if let Some(config) = value.pointer("/webhooks/0/clientConfig") {
+            let text = |pointer: &str| {
+                config
+                    .pointer(pointer)
+                    .and_then(|v| v.as_str())
+                    .map(str::to_owned)
+            };
+            let url = text("/url");
+            let service = (
+                text("/service/namespace"),
+                text("/service/name"),
+                text("/service/path"),
+            );
+            let service = match &service {
+                (Some(namespace), Some(name), path) => Some((namespace, name, path)),
+                _ => None,
+            };
+            if !self.is_our_address(&url, service) {
+                return Ok(());
+            }
+        }
+        match api.delete(&self.name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(e) => Err(format!("removing {kind} {}: {e}", self.name)),
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! The HTTPS server: TLS from the loaded certificate, HTTP/1.1 from hyper,
+//! and a route per webhook under each cluster's token.
+//!
+//! A path is `/fleet/<cluster>/<token>/<webhook>`: the cluster's name as
+//! one segment (`~` for the local cluster), the token the registration
+//! carries, and the webhook's name. A request whose token is not its
+//! cluster's, or whose cluster is not engaged here, is denied without its
+//! handler seeing it, whatever the webhook's failure policy.
+
+use std::{
+    collections::HashMap,
+    convert::Infallible,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::{Method, Request, Response, StatusCode, body::Incoming, header, service::service_fn};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use kube_fleet::{ClusterName, Fleet};
+use tokio::{net::TcpListener, sync::watch, task::JoinSet};
+use tokio_rustls::TlsAcceptor;
+
+use crate::{
+    handler::{Handler, refuse},
+    metrics::{Metrics, Refusal},
+    token::{Tokens, cluster_of},
+};
+
+/// The largest review body read: an object and its old version, each up
+/// to the API server's own limit of about 3 MiB, with room to spare.
+const MAX_BODY: usize = 16 * 1024 * 1024;
+/// Connections served at once; more wait to be accepted.
+const MAX_CONNECTIONS: usize = 4096;
+/// How long a TLS handshake, or a request's head, may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What every connection reads.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) handlers: HashMap<Arc<str>, Handler>,
+    pub(crate) tokens: Tokens,
+    pub(crate) fleet: Fleet,
+    pub(crate) metrics: Metrics,
+}
+
+/// Serves on `listener` until `stop` turns true or its sender goes, then
+/// closes the listener and lets the requests in flight finish (for at most
+/// `drain`).
+pub(crate) async fn serve(
+    listener: TcpListener,
+    tls: TlsAcceptor,
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+    drain: Duration,
+) {
+    let mut connections = JoinSet::new();
+    loop {
+        if connections.len() >= MAX_CONNECTIONS {
+            tokio::select! {
+                biased;
+                () = stopped(&mut stop) => break,
+                _ = connections.join_next() => continue,
+            }
+        }
+        let (stream, _) = tokio::select! {
+            biased;
+            () = stopped(&mut stop) => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::warn!(%error, "accepting a connection to the webhook server");
+                    tokio::select! {
+                        () = stopped(&mut stop) => break,
+                        () = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                    }
+                }
+            },
+            Some(_) = connections.join_next() => continue,
+        };
+        let tls = tls.clone();
+        let shared = shared.clone();
+        let mut stop = stop.clone();
+        connections.spawn(async move {
+            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, "a TLS handshake with the webhook server");
+                    return;
+                }
+                Err(_) => return,
+            };
+            let service = service_fn(move |request| {
+                let shared = shared.clone();
+                async move { Ok::<_, Infallible>(route(&shared, request).await) }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HANDSHAKE_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            let mut connection = std::pin::pin!(connection);
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(error) = result {
+                        tracing::debug!(%error, "a webhook connection");
+                    }
+                }
+                () = stopped(&mut stop) => {
+                    // Finish the request in flight, then close.
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+        });
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(drain, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    connections.shutdown().await;
+}
+
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
+}
+
+async fn route(shared: &Shared, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    let path = request.uri().path().to_owned();
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let ["fleet", segment, token, name] = parts[..] else {
+        shared.metrics.refused(None, Refusal::Unknown);
+        return text(
+            StatusCode::NOT_FOUND,
+            "not found: webhooks are served at /fleet/<cluster>/<token>/<webhook>\n",
+        );
+    };
+    let Some(handler) = shared.handlers.get(name) else {
+        shared.metrics.refused(None, Refusal::Unknown);
+        return text(
+            StatusCode::NOT_FOUND,
+            &format!("no webhook named {name:?} here\n"),
+        );
+    };
+    if request.method() != Method::POST {
+        shared.metrics.refused(Some(name), Refusal::BadRequest);
+        return text(StatusCode::METHOD_NOT_ALLOWED, "POST only\n");
+    }
+    let body = match Limited::new(request.into_body(), MAX_BODY).collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(error) => {
+            shared.metrics.refused(Some(name), Refusal::BadRequest);
+            return text(
+                StatusCode::BAD_REQUEST,
+                &format!("reading the request: {error}\n"),
+            );
+        }
+    };
+    let cluster = cluster_of(segment);
+    let valid = cluster
+        .as_ref()
+        .is_some_and(|cluster| shared.tokens.verify(cluster, token));
+    let Some(cluster) = cluster.filter(|_| valid) else {
+        shared.metrics.refused(Some(name), Refusal::Token);
+        tracing::warn!(webhook = name, path = %path, "a webhook request with a token that is not its cluster's");
+        let message = format!(
+            "webhook {name:?}: the request's URL carries no valid token for cluster {segment:?}"
+        );
+        return review(refuse(handler.kind, &body, &message));
+    };
+    let Some(asking) = shared.fleet.get(&cluster) else {
+        shared.metrics.refused(Some(name), Refusal::NotEngaged);
+        let message = format!(
+            "webhook {name:?}: cluster {:?} is not engaged in this operator's fleet",
+            cluster.as_str()
+        );
+        return review(refuse(handler.kind, &body, &message));
+    };
+    let began = Instant::now();
+    let _flight = shared.metrics.in_flight(name);
+    let reply = (handler.call)(body, asking.clone()).await;
+    shared
+        .metrics
+        .answered(name, &asking, 200, reply.outcome, began.elapsed());
+    review(reply.body)
+}
+
+fn review(body: Vec<u8>) -> Response<Full<Bytes>> {
+    Response::builder()
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .expect("a valid response")
+}
+
+fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .expect("a valid response")
+}
+
+/// The path of `webhook` for `cluster`, with its token.
+pub(crate) fn path_of(tokens: &Tokens, cluster: &ClusterName, webhook: &str) -> String {
+    format!(
+        "/fleet/{}/{}/{webhook}",
+        crate::token::segment(cluster),
+        tokens.token(cluster)
+    )
+}

@@ -1,0 +1,330 @@
+//! The webhook server against real API servers: each cluster's requests
+//! checked, defaulted and converted by one server, registrations following
+//! the fleet, tokens, failing handlers and certificates read again.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use kube::{Api, api::PostParams};
+use kube_fleet::{ClusterName, Fleet};
+use kube_fleet_envtest::Envtest;
+use kube_fleet_webhook::{Certificates, Error, FailurePolicy, SERVER_LABEL, Webhook, Webhooks};
+use support::*;
+use tower::service_fn;
+
+/// In every cluster: a widget over size 10 is denied with the handler's
+/// message (naming the cluster that asked), one within is admitted and
+/// stored blue, and read at v2 through the conversion webhook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_cluster_is_checked_defaulted_and_converted() {
+    let env = Envtest::builder()
+        .clusters(["hub", "member-a", "member-b"])
+        .start()
+        .await
+        .unwrap();
+    let fleet = Fleet::new();
+    for cluster in env.clusters() {
+        install_crd(&cluster.client()).await;
+        fleet.engage(cluster.name(), cluster.client());
+    }
+    let (listener, url) = listener();
+    let server = widget_webhooks("widgets-test", &url)
+        .start(&fleet, listener, None)
+        .unwrap();
+    let registering = tokio::spawn(server.register());
+
+    for cluster in env.clusters() {
+        let client = cluster.client();
+        let denied = create_until(&client, &widget("big", 11), |r| r.is_err()).await;
+        let message = message(&denied);
+        assert!(
+            message.contains(&format!("size 11 is over 10 in cluster {}", cluster.name())),
+            "{message}"
+        );
+        let Err(kube::Error::Api(status)) = &denied else {
+            unreachable!()
+        };
+        assert_eq!(status.code, 422, "the handler's code: {status:?}");
+
+        let made = Api::<Widget>::namespaced(client.clone(), "default")
+            .create(&PostParams::default(), &widget("small", 3))
+            .await
+            .unwrap();
+        assert_eq!(made.spec.color.as_deref(), Some("blue"), "defaulted");
+        let v2 = read_v2(&client, "small").await;
+        assert_eq!(v2.data["spec"]["length"], 3, "{v2:?}");
+        assert_eq!(v2.data["spec"].get("size"), None, "{v2:?}");
+        assert_eq!(v2.types.unwrap().api_version, "example.com/v2");
+    }
+
+    // The registrations are the server's, labelled as such.
+    let hub = env.cluster("hub").unwrap().client();
+    let configuration = Api::<ValidatingWebhookConfiguration>::all(hub)
+        .get("widgets-test")
+        .await
+        .unwrap();
+    assert_eq!(
+        configuration.metadata.labels.unwrap()[SERVER_LABEL],
+        "widgets-test"
+    );
+    registering.abort();
+}
+
+/// A member engaged after the server started is registered in and its
+/// widgets checked; a member that leaves has the registration removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_that_join_are_registered_and_those_that_leave_are_cleaned() {
+    let env = Envtest::builder()
+        .clusters(["first", "later"])
+        .start()
+        .await
+        .unwrap();
+    let fleet = Fleet::new();
+    for cluster in env.clusters() {
+        install_crd(&cluster.client()).await;
+    }
+    let first = env.cluster("first").unwrap().client();
+    let later = env.cluster("later").unwrap().client();
+    fleet.engage("first", first.clone());
+    let (listener, url) = listener();
+    let server = widget_webhooks("joining", &url)
+        .start(&fleet, listener, None)
+        .unwrap();
+    let registering = tokio::spawn(server.register());
+    create_until(&first, &widget("big", 11), |r| r.is_err())
+        .await
+        .unwrap_err();
+
+    // Not engaged: nothing registered, a big widget is admitted.
+    let configurations = Api::<ValidatingWebhookConfiguration>::all(later.clone());
+    assert!(configurations.get_opt("joining").await.unwrap().is_none());
+    Api::<Widget>::namespaced(later.clone(), "default")
+        .create(&PostParams::default(), &widget("early", 20))
+        .await
+        .unwrap();
+
+    fleet.engage("later", later.clone());
+    let denied = create_until(&later, &widget("big", 12), |r| r.is_err()).await;
+    assert!(message(&denied).contains("in cluster later"), "{denied:?}");
+
+    fleet.disengage("later");
+    let deadline = Instant::now() + PATIENCE;
+    while configurations.get_opt("joining").await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the registration stayed in a cluster that left"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The first cluster keeps its own.
+    assert!(
+        Api::<ValidatingWebhookConfiguration>::all(first)
+            .get_opt("joining")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    registering.abort();
+}
+
+/// A request whose URL carries another cluster's token, or none, or the
+/// token of a cluster no longer engaged, is denied without its handler
+/// seeing it; the right token is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_with_another_clusters_token_or_none_is_denied() {
+    let env = Envtest::builder()
+        .clusters(["member-a", "member-b"])
+        .start()
+        .await
+        .unwrap();
+    let fleet = Fleet::new();
+    for cluster in env.clusters() {
+        fleet.engage(cluster.name(), cluster.client());
+    }
+    let (listener, url) = listener();
+    let server = widget_webhooks("tokens", &url)
+        .start(&fleet, listener, None)
+        .unwrap();
+    let port = server.local_addr().port();
+    let ca = server.ca_bundle();
+    let a = path_of(
+        &server
+            .registered_address(&"member-a".into(), VALIDATE)
+            .unwrap(),
+    );
+    let b = path_of(
+        &server
+            .registered_address(&"member-b".into(), VALIDATE)
+            .unwrap(),
+    );
+    let token_of = |path: &str| path.split('/').nth(3).unwrap().to_owned();
+
+    // Its own token: served, and the handler names the cluster.
+    let (status, answer) = post(port, &ca, &a, review("big", 11)).await;
+    assert_eq!(status, 200);
+    assert_eq!(answer["response"]["allowed"], false);
+    assert_eq!(answer["response"]["uid"], "0000-1111");
+    let said = answer["response"]["status"]["message"].as_str().unwrap();
+    assert!(said.contains("in cluster member-a"), "{answer}");
+
+    // Member b's token on member a's path, and no token at all: denied,
+    // with a 403, even for a widget the handler would admit.
+    let stolen = format!("/fleet/member-a/{}/{VALIDATE}", token_of(&b));
+    for path in [
+        stolen,
+        format!("/fleet/member-a//{VALIDATE}"),
+        format!("/fleet/member-a/{}/{VALIDATE}", "0".repeat(64)),
+    ] {
+        let (status, answer) = post(port, &ca, &path, review("small", 1)).await;
+        assert_eq!(status, 200, "{path}");
+        assert_eq!(answer["response"]["allowed"], false, "{path}: {answer}");
+        assert_eq!(answer["response"]["status"]["code"], 403, "{answer}");
+        let said = answer["response"]["status"]["message"].as_str().unwrap();
+        assert!(said.contains("no valid token"), "{said}");
+    }
+    // A path of another shape is not found.
+    let (status, _) = post(port, &ca, "/validate", review("small", 1)).await;
+    assert_eq!(status, 404);
+
+    // A cluster that left: its token is no longer served.
+    fleet.disengage("member-b");
+    let (_, answer) = post(port, &ca, &b, review("small", 1)).await;
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    let said = answer["response"]["status"]["message"].as_str().unwrap();
+    assert!(said.contains("not engaged"), "{said}");
+    assert_eq!(token_of(&a).len(), 64);
+}
+
+/// A handler that panics, hangs or fails is answered for in time, with a
+/// message that says so; under `Ignore` the request is admitted with a
+/// warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_panics_hangs_or_fails_is_answered_for_in_time() {
+    let env = Envtest::start(1).await.unwrap();
+    let cluster = &env.clusters()[0];
+    let client = cluster.client();
+    install_crd(&client).await;
+    let fleet = Fleet::new();
+    fleet.engage(cluster.name(), client.clone());
+    let (listener, url) = listener();
+    let server = widget_webhooks("failing", &url)
+        .start(&fleet, listener, None)
+        .unwrap();
+    let registering = tokio::spawn(server.register());
+    create_until(&client, &widget("big", 11), |r| r.is_err())
+        .await
+        .unwrap_err();
+
+    let api: Api<Widget> = Api::namespaced(client.clone(), "default");
+    let began = Instant::now();
+    let panicked = api.create(&PostParams::default(), &widget("boom", 1)).await;
+    let said = message(&panicked);
+    assert!(
+        said.contains("panicked: the handler broke on purpose"),
+        "{said}"
+    );
+
+    let began_hang = Instant::now();
+    let hung = api.create(&PostParams::default(), &widget("hang", 1)).await;
+    let said = message(&hung);
+    // The webhook's timeout is 3 s: the handler is given 2.4 s, and the
+    // answer comes before the API server gives up.
+    assert!(said.contains("gave no answer within 2.4s"), "{said}");
+    assert!(
+        began_hang.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        began_hang.elapsed()
+    );
+
+    let failed = api.create(&PostParams::default(), &widget("fail", 1)).await;
+    assert!(message(&failed).contains("failed: the handler failed on purpose"));
+    assert!(began.elapsed() < Duration::from_secs(20));
+
+    // The same handlers under Ignore: admitted, with the reason as a warning.
+    registering.abort();
+    drop(server);
+    let (listener, url) = support::listener();
+    let ignoring = Webhooks::new("ignoring")
+        .validate(
+            Webhook::new(VALIDATE)
+                .failure_policy(FailurePolicy::Ignore)
+                .timeout(Duration::from_secs(1)),
+            service_fn(validate),
+        )
+        .external_url(&url)
+        .members(kube_fleet::controller::ClusterSelector::All)
+        .start(&fleet, listener, None)
+        .unwrap();
+    let path = path_of(
+        &ignoring
+            .registered_address(&ClusterName::from(cluster.name()), VALIDATE)
+            .unwrap(),
+    );
+    let (_, answer) = post(
+        ignoring.local_addr().port(),
+        &ignoring.ca_bundle(),
+        &path,
+        review("boom", 1),
+    )
+    .await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    let warning = answer["response"]["warnings"][0].as_str().unwrap();
+    assert!(
+        warning.contains("panicked") && warning.contains("Ignore"),
+        "{warning}"
+    );
+    let (_, answer) = post(
+        ignoring.local_addr().port(),
+        &ignoring.ca_bundle(),
+        &path,
+        review("hang", 1),
+    )
+    .await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+}
+
+/// Files that cannot be served, a URL the API servers cannot call and a
+/// webhook name they would refuse are errors that name them, at start.
+#[tokio::test]
+async fn bad_files_urls_and_names_are_refused_at_start_naming_them() {
+    let fleet = Fleet::new();
+    let dir = std::env::temp_dir().join(format!("kube-fleet-webhook-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let missing = dir.join("missing.crt");
+    let garbage = dir.join("garbage.crt");
+    std::fs::write(&garbage, "not a certificate").unwrap();
+
+    let start = |webhooks: Webhooks| {
+        let (listener, _) = listener();
+        webhooks.start(&fleet, listener, None).unwrap_err()
+    };
+    let error =
+        start(Webhooks::new("w").certificates(Certificates::files(&missing, dir.join("k"))));
+    assert!(
+        matches!(&error, Error::Certificate { path, .. } if *path == missing),
+        "{error}"
+    );
+    assert!(error.to_string().contains("missing.crt"), "{error}");
+    let error =
+        start(Webhooks::new("w").certificates(Certificates::files(&garbage, dir.join("k"))));
+    assert!(error.to_string().contains("garbage.crt"), "{error}");
+    assert!(error.to_string().contains("no PEM certificate"), "{error}");
+
+    let error = start(Webhooks::new("w").external_url("http://example.com"));
+    assert!(matches!(error, Error::Url { .. }), "{error}");
+    let error = start(Webhooks::new("w").validate(Webhook::new("validate"), service_fn(validate)));
+    assert!(error.to_string().contains("\"validate\""), "{error}");
+    let error = start(
+        Webhooks::new("w")
+            .validate(Webhook::new(VALIDATE), service_fn(validate))
+            .validate(Webhook::new(VALIDATE), service_fn(validate)),
+    );
+    assert!(error.to_string().contains("two webhooks"), "{error}");
+    let error = start(Webhooks::new("w").token_key(vec![1; 8]));
+    assert!(error.to_string().contains("at least 32"), "{error}");
+    let error = start(Webhooks::new("w").token_key_file(dir.join("no-key")));
+    assert!(error.to_string().contains("no-key"), "{error}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
