@@ -121,6 +121,16 @@ where
     }
 }
 
+/// Waits for `service` to be ready, and calls it with `request`.
+async fn call_once<S, R>(mut service: S, request: R) -> Result<S::Response, BoxError>
+where
+    S: Service<R>,
+    S::Error: Into<BoxError>,
+{
+    let ready = service.ready().await.map_err(Into::into)?;
+    ready.call(request).await.map_err(Into::into)
+}
+
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(message) = payload.downcast_ref::<&str>() {
         (*message).to_owned()
@@ -198,12 +208,7 @@ where
                     .then(|| request.object.clone())
                     .flatten();
                 let request = AdmissionRequest::new(request, cluster, &webhook);
-                let call = async move {
-                    let mut service = service;
-                    let ready = service.ready().await.map_err(Into::into)?;
-                    ready.call(request).await.map_err(Into::into)
-                };
-                match guarded(budget, call).await {
+                match guarded(budget, call_once(service, request)).await {
                     Ok(verdict) => answer(&webhook, policy, response, uid, original, verdict),
                     Err(failed) => failure(&webhook, policy, uid, failed),
                 }
@@ -265,12 +270,7 @@ where
                 let count = request.objects.len();
                 let desired = request.desired_api_version.clone();
                 let request = ConversionRequest::new(request, cluster, &webhook);
-                let call = async move {
-                    let mut service = service;
-                    let ready = service.ready().await.map_err(Into::into)?;
-                    ready.call(request).await.map_err(Into::into)
-                };
-                let converted = guarded(budget, call).await.and_then(|objects| {
+                let converted = guarded(budget, call_once(service, request)).await.and_then(|objects| {
                     check_converted(&objects, count, &desired).map(|()| objects)
                 });
                 match converted {

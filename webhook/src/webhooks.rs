@@ -3,9 +3,7 @@
 
 use std::{collections::HashMap, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
-use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhook, ValidatingWebhook, WebhookClientConfig,
-};
+use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, WebhookClientConfig};
 use kube::Resource;
 use kube_fleet::{
     ClusterName, Fleet, FleetEvent,
@@ -51,7 +49,7 @@ pub(crate) const CERTIFICATE_SOURCE: &str = "webhook certificate";
 pub struct Webhooks {
     name: String,
     handlers: Vec<Handler>,
-    validating: Vec<ValidatingWebhook>,
+    validating: Vec<MutatingWebhook>,
     mutating: Vec<MutatingWebhook>,
     conversions: Vec<String>,
     certificates: Certificates,
@@ -102,7 +100,7 @@ impl Webhooks {
 
     /// Serves `webhook` as a validating webhook of `K` with `service`: a
     /// [`Verdict::mutate`] from it is taken as an allow.
-    pub fn validate<K, S>(mut self, webhook: Webhook, service: S) -> Self
+    pub fn validate<K, S>(self, webhook: Webhook, service: S) -> Self
     where
         K: Resource<DynamicType = ()>
             + Clone
@@ -115,36 +113,13 @@ impl Webhooks {
         S::Future: Send + 'static,
         S::Error: Into<BoxError>,
     {
-        if self.check(&webhook.name, webhook.check()) {
-            let entry = self.entry::<K>(&webhook);
-            self.validating.push(ValidatingWebhook {
-                admission_review_versions: entry.admission_review_versions,
-                client_config: entry.client_config,
-                failure_policy: entry.failure_policy,
-                match_conditions: None,
-                match_policy: entry.match_policy,
-                name: entry.name,
-                namespace_selector: entry.namespace_selector,
-                object_selector: entry.object_selector,
-                rules: entry.rules,
-                side_effects: entry.side_effects,
-                timeout_seconds: entry.timeout_seconds,
-            });
-            self.handlers.push(handler::admission::<K, S>(
-                &webhook.name,
-                Kind::Validating,
-                webhook.failure_policy,
-                webhook.timeout,
-                service,
-            ));
-        }
-        self
+        self.admission(Kind::Validating, webhook, service)
     }
 
     /// Serves `webhook` as a mutating webhook of `K` with `service`: a
     /// [`Verdict::mutate`] is sent as the JSON patch from the object asked
     /// about to the one returned.
-    pub fn mutate<K, S>(mut self, webhook: Webhook, service: S) -> Self
+    pub fn mutate<K, S>(self, webhook: Webhook, service: S) -> Self
     where
         K: Resource<DynamicType = ()>
             + Clone
@@ -157,17 +132,37 @@ impl Webhooks {
         S::Future: Send + 'static,
         S::Error: Into<BoxError>,
     {
-        if self.check(&webhook.name, webhook.check()) {
-            let entry = self.entry::<K>(&webhook);
-            self.mutating.push(entry);
-            self.handlers.push(handler::admission::<K, S>(
-                &webhook.name,
-                Kind::Mutating,
-                webhook.failure_policy,
-                webhook.timeout,
-                service,
-            ));
+        self.admission(Kind::Mutating, webhook, service)
+    }
+
+    fn admission<K, S>(mut self, kind: Kind, webhook: Webhook, service: S) -> Self
+    where
+        K: Resource<DynamicType = ()>
+            + Clone
+            + Serialize
+            + DeserializeOwned
+            + Send
+            + Sync
+            + 'static,
+        S: Service<AdmissionRequest<K>, Response = Verdict<K>> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<BoxError>,
+    {
+        if !self.check(&webhook.name, webhook.check()) {
+            return self;
         }
+        let entry = self.entry::<K>(&webhook);
+        match kind {
+            Kind::Mutating => self.mutating.push(entry),
+            _ => self.validating.push(entry),
+        }
+        self.handlers.push(handler::admission::<K, S>(
+            &webhook.name,
+            kind,
+            webhook.failure_policy,
+            webhook.timeout,
+            service,
+        ));
         self
     }
 

@@ -328,3 +328,246 @@ async fn bad_files_urls_and_names_are_refused_at_start_naming_them() {
     assert!(error.to_string().contains("no-key"), "{error}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A certificate rotated on disk (the same CA, a new serving certificate)
+/// is served from the next connection on, while writes go on without one
+/// failing; a pair that cannot be served is reported and the last good one
+/// kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_rotated_on_disk_is_served_without_a_failed_request() {
+    let env = Envtest::start(1).await.unwrap();
+    let cluster = &env.clusters()[0];
+    let client = cluster.client();
+    install_crd(&client).await;
+    let fleet = Fleet::new();
+    fleet.engage(cluster.name(), client.clone());
+
+    let dir = tempdir("rotation");
+    let ca = TestCa::new();
+    let (first_cert, first_key) = ca.serving();
+    let (second_cert, second_key) = ca.serving();
+    let (cert, key, ca_file) = (dir.join("tls.crt"), dir.join("tls.key"), dir.join("ca.crt"));
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    swap_in(&cert, &first_cert.pem(), &key, &first_key);
+
+    let (listener, url) = listener();
+    let server = widget_webhooks("rotation", &url)
+        .certificates(
+            Certificates::files(&cert, &key)
+                .ca_file(&ca_file)
+                .reload_every(Duration::from_millis(100)),
+        )
+        .start(&fleet, listener, None)
+        .unwrap();
+    assert_eq!(server.certificate_chain()[0], first_cert.der().to_vec());
+    let registering = tokio::spawn(server.register());
+    create_until(&client, &widget("big", 11), |r| r.is_err())
+        .await
+        .unwrap_err();
+
+    // Writes all along, each through the webhooks.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writes = tokio::spawn({
+        let (client, stop) = (client.clone(), stop.clone());
+        async move {
+            let api: Api<Widget> = Api::namespaced(client, "default");
+            let (mut done, mut failed) = (0, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match api
+                    .create(&PostParams::default(), &widget(&format!("w-{done}"), 1))
+                    .await
+                {
+                    Ok(_) => done += 1,
+                    Err(error) => failed.push(error.to_string()),
+                }
+            }
+            (done, failed)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // A pair that does not match is not served; the problem names the file.
+    swap_in(&cert, &second_cert.pem(), &key, &first_key);
+    let problems = tokio::time::timeout(
+        PATIENCE,
+        fleet
+            .problems()
+            .wait_for(|set| set.contains_key("webhook certificate")),
+    )
+    .await
+    .expect("the pair that does not match is reported");
+    let problem = &problems["webhook certificate"];
+    assert!(problem.contains("tls.key"), "{problem}");
+    assert_eq!(server.certificate_chain()[0], first_cert.der().to_vec());
+
+    swap_in(&cert, &second_cert.pem(), &key, &second_key);
+    let deadline = Instant::now() + PATIENCE;
+    while server.certificate_chain()[0] != second_cert.der().to_vec() {
+        assert!(
+            Instant::now() < deadline,
+            "the new certificate was not read"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(fleet.problems().get("webhook certificate"), None, "cleared");
+    let path = path_of(
+        &server
+            .registered_address(&ClusterName::from(cluster.name()), VALIDATE)
+            .unwrap(),
+    );
+    let (_, answer, presented) = post_seeing_certificate(
+        server.local_addr().port(),
+        &server.ca_bundle(),
+        &path,
+        review("small", 1),
+    )
+    .await;
+    assert_eq!(
+        presented,
+        second_cert.der().to_vec(),
+        "a new connection gets the new certificate"
+    );
+    assert_eq!(answer["response"]["allowed"], true);
+
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (done, failed) = writes.await.unwrap();
+    assert!(
+        failed.is_empty(),
+        "writes failed across the rotation: {failed:?}"
+    );
+    assert!(done > 5, "{done} writes");
+    registering.abort();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// 200 admission requests at once, from three clusters, are all answered;
+/// the latency each client saw is reported, and the server's metrics count
+/// them by cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_concurrent_requests_from_three_clusters_are_all_answered() {
+    let env = Envtest::builder()
+        .clusters(["one", "two", "three"])
+        .start()
+        .await
+        .unwrap();
+    let fleet = Fleet::new();
+    for cluster in env.clusters() {
+        install_crd(&cluster.client()).await;
+        fleet.engage(cluster.name(), cluster.client());
+    }
+    let mut registry = prometheus_client::registry::Registry::default();
+    let (listener, url) = listener();
+    let server = widget_webhooks("load", &url)
+        .start(&fleet, listener, Some(&mut registry))
+        .unwrap();
+    let registering = tokio::spawn(server.register());
+    for cluster in env.clusters() {
+        create_until(&cluster.client(), &widget("big", 11), |r| r.is_err())
+            .await
+            .unwrap_err();
+    }
+
+    let creates = (0..200).map(|i| {
+        let client = env.clusters()[i % 3].client();
+        async move {
+            let began = Instant::now();
+            let made = Api::<Widget>::namespaced(client, "default")
+                .create(
+                    &PostParams::default(),
+                    &widget(&format!("load-{i}"), 1 + (i as i64 % 10)),
+                )
+                .await;
+            (made, began.elapsed())
+        }
+    });
+    let results = futures::future::join_all(creates).await;
+    let mut took: Vec<Duration> = Vec::new();
+    for (made, elapsed) in results {
+        let made = made.expect("every request answered and admitted");
+        assert_eq!(made.spec.color.as_deref(), Some("blue"));
+        took.push(elapsed);
+    }
+    took.sort();
+    let p50 = took[took.len() / 2];
+    let p99 = took[took.len() * 99 / 100];
+    println!(
+        "200 concurrent creates through the webhooks, 3 clusters: p50 {p50:?}, p99 {p99:?}, max {:?}",
+        took[199]
+    );
+
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for cluster in ["one", "two", "three"] {
+        let answered: f64 = text
+            .lines()
+            .filter(|line| {
+                line.starts_with("controller_runtime_webhook_requests_total{")
+                    && line.contains(&format!("cluster=\"{cluster}\""))
+                    && line.contains(&format!("webhook=\"{DEFAULT}\""))
+            })
+            .map(|line| line.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum();
+        // 67 or 66 creates each, and the tries before the webhooks held.
+        assert!(answered >= 66.0, "{cluster}: {answered}\n{text}");
+    }
+    assert!(
+        text.contains("controller_runtime_webhook_latency_seconds_bucket{"),
+        "{text}"
+    );
+    registering.abort();
+}
+
+fn tempdir(what: &str) -> std::path::PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("kube-fleet-webhook-{what}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Writes the pair as a mounted Secret changes: each file replaced whole.
+fn swap_in(cert: &std::path::Path, cert_pem: &str, key: &std::path::Path, key_pem: &str) {
+    for (path, pem) in [(key, key_pem), (cert, cert_pem)] {
+        let next = path.with_extension("next");
+        std::fs::write(&next, pem).unwrap();
+        std::fs::rename(&next, path).unwrap();
+    }
+}
+
+/// A CA that signs serving certificates for 127.0.0.1.
+struct TestCa {
+    cert: rcgen::Certificate,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+}
+
+impl TestCa {
+    fn new() -> Self {
+        let mut params = rcgen::CertificateParams::default();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        Self {
+            cert,
+            issuer: rcgen::Issuer::new(params, key),
+        }
+    }
+
+    fn pem(&self) -> String {
+        self.cert.pem()
+    }
+
+    fn serving(&self) -> (rcgen::Certificate, String) {
+        let mut params = rcgen::CertificateParams::default();
+        params
+            .subject_alt_names
+            .push(rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap()));
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        (cert, key.serialize_pem())
+    }
+}

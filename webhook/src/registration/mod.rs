@@ -44,7 +44,9 @@ pub(crate) struct ServiceRef {
 #[derive(Debug)]
 pub(crate) struct Plan {
     pub(crate) name: String,
-    pub(crate) validating: Vec<ValidatingWebhook>,
+    /// The validating webhooks, kept in the mutating form (its fields and
+    /// one more) until written.
+    pub(crate) validating: Vec<MutatingWebhook>,
     pub(crate) mutating: Vec<MutatingWebhook>,
     pub(crate) conversions: Vec<String>,
     pub(crate) service: Option<ServiceRef>,
@@ -128,42 +130,24 @@ impl Plan {
         cluster: &ClusterName,
         ca: &str,
     ) -> Result<(), String> {
-        let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone());
-        if self.validating.is_empty() {
-            self.remove_configuration(&validating).await?;
-        } else {
-            let webhooks = self
-                .validating
-                .iter()
-                .map(|webhook| ValidatingWebhook {
-                    client_config: self.client_config(cluster, &webhook.name, ca),
-                    ..webhook.clone()
-                })
-                .collect();
-            let object = ValidatingWebhookConfiguration {
-                metadata: self.metadata(),
+        self.keep_configuration(
+            client,
+            &self.validating,
+            cluster,
+            ca,
+            |metadata, webhooks| ValidatingWebhookConfiguration {
+                metadata,
+                webhooks: Some(webhooks.into_iter().map(validating).collect()),
+            },
+        )
+        .await?;
+        self.keep_configuration(client, &self.mutating, cluster, ca, |metadata, webhooks| {
+            MutatingWebhookConfiguration {
+                metadata,
                 webhooks: Some(webhooks),
-            };
-            self.apply(&validating, &object).await?;
-        }
-        let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone());
-        if self.mutating.is_empty() {
-            self.remove_configuration(&mutating).await?;
-        } else {
-            let webhooks = self
-                .mutating
-                .iter()
-                .map(|webhook| MutatingWebhook {
-                    client_config: self.client_config(cluster, &webhook.name, ca),
-                    ..webhook.clone()
-                })
-                .collect();
-            let object = MutatingWebhookConfiguration {
-                metadata: self.metadata(),
-                webhooks: Some(webhooks),
-            };
-            self.apply(&mutating, &object).await?;
-        }
+            }
+        })
+        .await?;
         let crds = Api::<CustomResourceDefinition>::all(client.clone());
         for crd in &self.conversions {
             let mut config = serde_json::to_value(self.client_config(cluster, crd, ca))
@@ -262,6 +246,37 @@ impl Plan {
         }
     }
 
+    /// Writes the configuration `build` makes of `entries` (each given
+    /// `cluster`'s address), or removes this server's if there are none.
+    async fn keep_configuration<C>(
+        &self,
+        client: &Client,
+        entries: &[MutatingWebhook],
+        cluster: &ClusterName,
+        ca: &str,
+        build: impl FnOnce(ObjectMeta, Vec<MutatingWebhook>) -> C,
+    ) -> Result<(), String>
+    where
+        C: kube::Resource<DynamicType = ()>
+            + Clone
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let api = Api::<C>::all(client.clone());
+        if entries.is_empty() {
+            return self.remove_configuration(&api).await;
+        }
+        let webhooks = entries
+            .iter()
+            .map(|webhook| MutatingWebhook {
+                client_config: self.client_config(cluster, &webhook.name, ca),
+                ..webhook.clone()
+            })
+            .collect();
+        self.apply(&api, &build(self.metadata(), webhooks)).await
+    }
+
     fn metadata(&self) -> ObjectMeta {
         ObjectMeta {
             name: Some(self.name.clone()),
@@ -277,7 +292,6 @@ impl Plan {
             + serde::Serialize
             + serde::de::DeserializeOwned
             + std::fmt::Debug,
-        K: kube::ResourceExt,
     {
         let kind = K::kind(&());
         if let Some(existing) = api
@@ -349,5 +363,22 @@ impl Plan {
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
             Err(e) => Err(format!("removing {kind} {}: {e}", self.name)),
         }
+    }
+}
+
+/// A validating webhook of the same settings.
+fn validating(webhook: MutatingWebhook) -> ValidatingWebhook {
+    ValidatingWebhook {
+        admission_review_versions: webhook.admission_review_versions,
+        client_config: webhook.client_config,
+        failure_policy: webhook.failure_policy,
+        match_conditions: webhook.match_conditions,
+        match_policy: webhook.match_policy,
+        name: webhook.name,
+        namespace_selector: webhook.namespace_selector,
+        object_selector: webhook.object_selector,
+        rules: webhook.rules,
+        side_effects: webhook.side_effects,
+        timeout_seconds: webhook.timeout_seconds,
     }
 }
