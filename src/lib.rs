@@ -125,6 +125,10 @@ pub use kube_fleet_layers as layers;
 #[doc(inline)]
 pub use kube_fleet_manager as manager;
 
+#[cfg(feature = "webhooks")]
+#[doc(inline)]
+pub use kube_fleet_webhook as webhook;
+
 #[cfg(feature = "envtest")]
 #[doc(inline)]
 pub use kube_fleet_envtest as envtest;

@@ -55,4 +55,9 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// The webhook server could not start: a certificate or key file, a
+    /// URL or a webhook it refuses, named in the error.
+    #[cfg(feature = "webhooks")]
+    #[error(transparent)]
+    Webhooks(#[from] kube_fleet_webhook::Error),
 }

@@ -35,6 +35,9 @@ pub(crate) struct Readiness {
     pub(crate) election: Option<(String, watch::Receiver<Role>)>,
     /// Whether a cluster that cannot sync makes the process unready.
     pub(crate) strict: bool,
+    /// The webhook server, which every replica serves.
+    #[cfg(feature = "webhooks")]
+    pub(crate) webhooks: Option<kube_fleet_webhook::WebhookStatus>,
 }
 
 impl Readiness {
@@ -43,6 +46,21 @@ impl Readiness {
     pub(crate) fn check(&self) -> (bool, String) {
         let mut ready = true;
         let mut lines = String::new();
+        // Served by every replica, leading or not: told first.
+        #[cfg(feature = "webhooks")]
+        if let Some(webhooks) = &self.webhooks {
+            if webhooks.is_serving() {
+                let _ = writeln!(
+                    lines,
+                    "webhooks: serving {} on {}",
+                    webhooks.webhooks(),
+                    webhooks.address()
+                );
+            } else {
+                let _ = writeln!(lines, "webhooks: not serving on {}", webhooks.address());
+                return (false, format!("not ready\n{lines}"));
+            }
+        }
         if let Some((lease, role)) = &self.election {
             match *role.borrow() {
                 Role::Standby => {

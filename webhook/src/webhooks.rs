@@ -1,43 +1,30 @@
 //! The set of webhooks a server serves and registers, and the server once
 //! started.
 
-use std::{collections::HashMap, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+use std::{collections::HashMap, path::PathBuf, sync::Arc};
 
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, WebhookClientConfig};
 use kube::Resource;
 use kube_fleet::{
-    ClusterName, Fleet, FleetEvent,
+    ClusterName, Fleet,
     controller::ClusterSelector,
     rbac::{Permissions, Rule, Scope},
 };
 use prometheus_client::registry::Registry;
 use serde::{Serialize, de::DeserializeOwned};
-use tokio::{sync::watch, task::AbortHandle};
-use tokio_rustls::{
-    TlsAcceptor,
-    rustls::{ServerConfig, crypto::ring::default_provider},
-};
 use tower::{BoxError, Service};
 
 use crate::{
     admission::{AdmissionRequest, Verdict},
-    certificates::{Certificates, Loaded, Resolver},
+    certificates::Certificates,
     conversion::ConversionRequest,
     error::Error,
     handler::{self, Handler, Kind},
-    metrics::Metrics,
-    registration::{self, Plan, ServiceRef},
-    server::{self, Shared},
+    registration::{Plan, ServiceRef},
+    running::WebhookServer,
     token::{KeySource, Tokens},
     webhook::{Conversion, Webhook},
 };
-
-/// How long requests in flight may take to finish once the server stops.
-const DRAIN: Duration = Duration::from_secs(10);
-
-/// The source under which a certificate that cannot be read again is
-/// reported in the fleet's problems.
-pub(crate) const CERTIFICATE_SOURCE: &str = "webhook certificate";
 
 /// The webhooks one server serves and registers: handlers, certificates,
 /// and where each cluster reaches the server. See the [crate docs](crate).
@@ -365,39 +352,12 @@ impl Webhooks {
         }
         let loaded = Arc::new(self.certificates.load(&hosts)?);
         let tokens = Tokens::new(&self.key)?;
-        let metrics = registry.map_or_else(Metrics::unregistered, Metrics::register);
-        let address = listener.local_addr().map_err(|source| Error::Bind {
-            address: "the listener given".into(),
-            source,
-        })?;
-        let bind_error = |source| Error::Bind {
-            address: address.to_string(),
-            source,
-        };
-        listener.set_nonblocking(true).map_err(bind_error)?;
-        let listener = tokio::net::TcpListener::from_std(listener).map_err(bind_error)?;
-
-        let mut config = ServerConfig::builder_with_provider(Arc::new(default_provider()))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| Error::Generate(e.to_string()))?
-            .with_no_client_auth()
-            .with_cert_resolver(Arc::new(Resolver(loaded.clone())));
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let tls = TlsAcceptor::from(Arc::new(config));
-
         let handlers: HashMap<Arc<str>, Handler> = self
             .handlers
             .into_iter()
             .map(|handler| (handler.name.clone(), handler))
             .collect();
-        let names = handlers.keys().cloned().collect();
-        let shared = Arc::new(Shared {
-            handlers,
-            tokens: tokens.clone(),
-            fleet: fleet.clone(),
-            metrics: metrics.clone(),
-        });
-        let plan = Arc::new(Plan {
+        let plan = Plan {
             name: self.name,
             validating: self.validating,
             mutating: self.mutating,
@@ -406,31 +366,16 @@ impl Webhooks {
             url: url.map(|(url, _)| url),
             members: self.members,
             tokens,
-        });
-
-        let (stop, stopped) = watch::channel(false);
-        let served = tokio::spawn(server::serve(listener, tls, shared, stopped, DRAIN));
-        let mut tasks = Vec::new();
-        let problems = fleet.problems();
-        if let Some(reload) = self
-            .certificates
-            .reload(loaded.clone(), move |error| match error {
-                Some(error) => problems.report(CERTIFICATE_SOURCE, error),
-                None => problems.clear(CERTIFICATE_SOURCE),
-            })
-        {
-            tasks.push(tokio::spawn(reload).abort_handle());
-        }
-        tasks.push(tokio::spawn(forget_leavers(fleet.clone(), metrics)).abort_handle());
-        Ok(WebhookServer {
-            address,
+            writer: writer_identity(),
+        };
+        crate::running::launch(crate::running::Launch {
+            fleet,
+            listener,
+            registry,
+            handlers,
             plan,
             loaded,
-            fleet: fleet.clone(),
-            names,
-            stop,
-            served: Some(served),
-            tasks,
+            certificates: &self.certificates,
             unregister_on_shutdown: self.unregister_on_shutdown,
         })
     }
@@ -470,6 +415,22 @@ impl Webhooks {
     }
 }
 
+/// This process among the server's replicas: the host's name (a Pod's
+/// name) and a random suffix, so that a restart is another writer.
+fn writer_identity() -> String {
+    use ring::rand::SecureRandom;
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|host| host.trim().to_owned())
+        .filter(|host| !host.is_empty())
+        .unwrap_or_else(|| "webhook-server".to_owned());
+    let mut suffix = [0u8; 4];
+    let _ = ring::rand::SystemRandom::new().fill(&mut suffix);
+    let suffix: String = suffix.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{host}-{suffix}")
+}
+
 /// The URL without a trailing `/`, and its host.
 fn check_url(url: &str) -> Result<(String, String), Error> {
     let bad = |reason: &str| Error::Url {
@@ -493,132 +454,4 @@ fn check_url(url: &str) -> Result<(String, String), Error> {
         return Err(bad("no host"));
     }
     Ok((url.trim_end_matches('/').to_owned(), host.to_owned()))
-}
-
-/// Removes the metrics of each cluster that leaves (and does not come
-/// back at once).
-async fn forget_leavers(fleet: Fleet, metrics: Metrics) {
-    let mut events = fleet.subscribe().events;
-    while let Some(event) = events.recv().await {
-        if let FleetEvent::Disengaged(name) = event
-            && fleet.get(&name).is_none()
-        {
-            metrics.forget(&name);
-        }
-    }
-}
-
-/// A webhook server, serving from [`Webhooks::start`] until it is
-/// [shut down](Self::shutdown) or dropped.
-pub struct WebhookServer {
-    address: SocketAddr,
-    plan: Arc<Plan>,
-    loaded: Arc<Loaded>,
-    fleet: Fleet,
-    names: Vec<Arc<str>>,
-    stop: watch::Sender<bool>,
-    served: Option<tokio::task::JoinHandle<()>>,
-    tasks: Vec<AbortHandle>,
-    unregister_on_shutdown: bool,
-}
-
-impl std::fmt::Debug for WebhookServer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WebhookServer")
-            .field("address", &self.address)
-            .field("webhooks", &self.names)
-            .finish_non_exhaustive()
-    }
-}
-
-impl WebhookServer {
-    /// Where the server listens.
-    pub fn local_addr(&self) -> SocketAddr {
-        self.address
-    }
-
-    /// The CA bundle (PEM) written into the registrations now.
-    pub fn ca_bundle(&self) -> String {
-        self.loaded.ca_bundle().borrow().to_string()
-    }
-
-    /// The certificate chain served now, DER-encoded, the serving
-    /// certificate first.
-    pub fn certificate_chain(&self) -> Vec<Vec<u8>> {
-        self.loaded
-            .chain()
-            .into_iter()
-            .map(|cert| cert.as_ref().to_vec())
-            .collect()
-    }
-
-    /// Where `cluster` is registered to send `webhook`'s requests: its URL
-    /// (or, through the local Service, the Service's address and path),
-    /// with the cluster's token. `None` for a cluster not registered in, or
-    /// a webhook not served.
-    pub fn registered_address(&self, cluster: &ClusterName, webhook: &str) -> Option<String> {
-        (self.plan.selects(cluster) && self.names.iter().any(|n| &**n == webhook))
-            .then(|| self.plan.address_of(cluster, webhook))
-    }
-
-    /// Whether the server still accepts connections: false once it has
-    /// been told to stop, or its task ended.
-    pub fn is_serving(&self) -> bool {
-        !*self.stop.borrow() && self.served.as_ref().is_some_and(|s| !s.is_finished())
-    }
-
-    /// Writes the registrations in every engaged cluster that is
-    /// registered in, and keeps them current for as long as the future is
-    /// polled: in each cluster that joins, again when the CA bundle
-    /// changes, retried while a cluster refuses (reported in the fleet's
-    /// [`problems`](Fleet::problems) under `webhook registration in cluster
-    /// "<name>"`), and removed from a cluster that leaves while it still
-    /// answers. Dropped, it stops writing; what it wrote stays.
-    ///
-    /// With several replicas, run it in one at a time (the leader).
-    pub fn register(&self) -> impl Future<Output = ()> + Send + 'static {
-        registration::follow(
-            self.fleet.clone(),
-            self.plan.clone(),
-            self.loaded.ca_bundle(),
-        )
-    }
-
-    /// Removes the registrations from every engaged cluster registered in,
-    /// touching nothing that is not this server's; returns the clusters
-    /// where that failed, with why.
-    pub async fn unregister(&self) -> Vec<(ClusterName, String)> {
-        registration::unregister_all(&self.fleet, &self.plan).await
-    }
-
-    /// Whether [`shutdown`](Self::shutdown) removes the registrations
-    /// ([`Webhooks::unregister_on_shutdown`]).
-    pub fn unregisters_on_shutdown(&self) -> bool {
-        self.unregister_on_shutdown
-    }
-
-    /// Stops accepting connections, lets the requests in flight finish
-    /// (for at most ten seconds), and, if
-    /// [asked](Webhooks::unregister_on_shutdown), removes the
-    /// registrations first.
-    pub async fn shutdown(mut self) {
-        if self.unregister_on_shutdown {
-            for (cluster, error) in self.unregister().await {
-                tracing::warn!(cluster = cluster.as_str(), %error, "removing the webhook registrations at shutdown");
-            }
-        }
-        self.stop.send_replace(true);
-        if let Some(served) = self.served.take() {
-            let _ = served.await;
-        }
-    }
-}
-
-impl Drop for WebhookServer {
-    fn drop(&mut self) {
-        self.stop.send_replace(true);
-        for task in &self.tasks {
-            task.abort();
-        }
-    }
 }

@@ -3,6 +3,8 @@
 
 mod run;
 mod stop;
+#[cfg(feature = "webhooks")]
+mod webhooks;
 
 use std::{
     net::SocketAddr,
@@ -76,6 +78,8 @@ pub struct Manager {
     /// Bumped when this replica takes shards that hold hub keys: each
     /// controller then queues every key again.
     taken: tokio::sync::watch::Sender<u64>,
+    #[cfg(feature = "webhooks")]
+    webhooks: Option<webhooks::Setup>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -117,6 +121,8 @@ impl Manager {
             strict: false,
             shutdown: None,
             taken: tokio::sync::watch::Sender::new(0),
+            #[cfg(feature = "webhooks")]
+            webhooks: None,
         }
     }
 
@@ -196,6 +202,47 @@ impl Manager {
     /// number the caller learns from the listener.
     pub fn endpoints_on(mut self, listener: std::net::TcpListener) -> Self {
         self.address = Address::Listener(listener);
+        self
+    }
+
+    /// Serves `webhooks` over HTTPS on `address`, on every replica from the
+    /// start of [`run`](Self::run) (admission must not wait for a leader),
+    /// and writes their registrations from the replica that reconciles:
+    /// the leader with [leader election](Self::leader_election), each
+    /// replica for the clusters its fleet engages with
+    /// [sharding](Self::sharding), or the only one. `/readyz` says whether
+    /// the server serves, and `/metrics` carries its metrics
+    /// (`controller_runtime_webhook_requests_total` and the rest; see the
+    /// "Webhooks" chapter).
+    ///
+    /// With leader election or sharding, replicas share requests and must
+    /// share the tokens' key
+    /// ([`Webhooks::token_key_file`](kube_fleet_webhook::Webhooks::token_key_file)):
+    /// without one, [`run`](Self::run) ends at once with
+    /// [`Error::Invalid`](crate::Error::Invalid). A certificate or key
+    /// file that cannot be read, or a webhook the API server would refuse,
+    /// ends it with [`Error::Webhooks`](crate::Error::Webhooks) naming it.
+    #[cfg(feature = "webhooks")]
+    pub fn webhooks(mut self, webhooks: kube_fleet_webhook::Webhooks, address: SocketAddr) -> Self {
+        self.webhooks = Some(webhooks::Setup {
+            webhooks,
+            listener: webhooks::Listener::Bind(address),
+        });
+        self
+    }
+
+    /// Serves `webhooks` on a listener bound already (for port 0); see
+    /// [`webhooks`](Self::webhooks).
+    #[cfg(feature = "webhooks")]
+    pub fn webhooks_on(
+        mut self,
+        webhooks: kube_fleet_webhook::Webhooks,
+        listener: std::net::TcpListener,
+    ) -> Self {
+        self.webhooks = Some(webhooks::Setup {
+            webhooks,
+            listener: webhooks::Listener::Bound(listener),
+        });
         self
     }
 
@@ -310,6 +357,10 @@ impl Manager {
                     election.name
                 ));
             }
+        }
+        #[cfg(feature = "webhooks")]
+        if let Some(setup) = &self.webhooks {
+            permissions.merge(setup.webhooks.permissions());
         }
         if let Some(sharding) = &self.sharding {
             let leases = Rule::new(

@@ -101,6 +101,8 @@ impl Manager {
             strict,
             shutdown,
             taken,
+            #[cfg(feature = "webhooks")]
+            webhooks,
         } = self;
         let Coordination {
             gate,
@@ -114,6 +116,8 @@ impl Manager {
             shard_status,
             providers,
         } = coordinate(&fleet, providers, election, sharding, taken, &mut registry).await?;
+        #[cfg(feature = "webhooks")]
+        let replicated = lease.is_some() || shard_status.is_some();
 
         // From here on, however `run` ends (its future dropped included),
         // no reconcile starts after and the statuses say so.
@@ -125,8 +129,25 @@ impl Manager {
             started: controllers.iter().map(|c| c.started.clone()).collect(),
         };
 
+        // Served by every replica, from the start.
+        #[cfg(feature = "webhooks")]
+        let mut webhooks = match webhooks {
+            Some(setup) => Some(super::webhooks::Running::start(
+                setup,
+                &fleet,
+                &mut registry,
+                replicated,
+            )?),
+            None => None,
+        };
+        #[allow(unused_mut)]
+        let mut readiness = readiness(&fleet, &controllers, lease.clone(), &role, strict);
+        #[cfg(feature = "webhooks")]
+        {
+            readiness.webhooks = webhooks.as_ref().map(|w| w.status());
+        }
         let endpoints = Arc::new(Endpoints {
-            readiness: readiness(&fleet, &controllers, lease.clone(), &role, strict),
+            readiness,
             registry,
         });
         let listener = bind(address).await?;
@@ -144,6 +165,14 @@ impl Manager {
                 let run = tokio::spawn(async move { fleet.run(provider).await });
                 tasks.0.push(run.abort_handle());
             }
+            // Registered by whoever reconciles: each replica for its own
+            // clusters with sharding, the only one without an election.
+            #[cfg(feature = "webhooks")]
+            if lease.is_none()
+                && let Some(webhooks) = &mut webhooks
+            {
+                webhooks.register(&mut tasks);
+            }
             let mut shutdown = shutdown.unwrap_or_else(|| futures::future::pending().boxed());
             let mut elector_done = elector.is_none();
             let mut elector = elector.unwrap_or_else(|| futures::future::pending().boxed());
@@ -159,6 +188,11 @@ impl Manager {
                 .await
             {
                 return ended;
+            }
+            // The leader, from here on.
+            #[cfg(feature = "webhooks")]
+            if let Some(webhooks) = &mut webhooks {
+                webhooks.register(&mut tasks);
             }
             let mut error = run_controllers(
                 controllers,
@@ -180,6 +214,10 @@ impl Manager {
             }
         }
         .await;
+        #[cfg(feature = "webhooks")]
+        if let Some(webhooks) = webhooks {
+            webhooks.end(result.is_ok()).await;
+        }
         let result = close(serving, result).await;
         drop(endpoints);
         result
@@ -328,6 +366,8 @@ fn readiness(
             .collect(),
         election: lease.map(|lease| (lease, role.clone())),
         strict,
+        #[cfg(feature = "webhooks")]
+        webhooks: None,
     }
 }
 

@@ -11,7 +11,7 @@ use tokio::{
     task::{AbortHandle, JoinSet},
 };
 
-use super::Plan;
+use super::{Plan, Whose};
 
 /// Clusters written to at once.
 const PARALLEL: usize = 8;
@@ -74,7 +74,7 @@ pub(crate) async fn follow(fleet: Fleet, plan: Arc<Plan>, ca: watch::Receiver<Ar
                         tasks.spawn(async move {
                             // Where the cluster still answers; a cluster
                             // gone for good cannot be cleaned, nor needs to.
-                            let removed = tokio::time::timeout(WAIT, plan.unregister(&cluster.client())).await;
+                            let removed = tokio::time::timeout(WAIT, plan.unregister(&cluster.client(), Whose::Mine)).await;
                             match removed {
                                 Ok(Ok(())) => tracing::debug!(cluster = name.as_str(), "webhook registrations removed from a cluster that left"),
                                 Ok(Err(error)) => tracing::info!(cluster = name.as_str(), %error, "the webhook registrations of a cluster that left could not be removed"),
@@ -145,9 +145,10 @@ pub(crate) async fn unregister_all(fleet: &Fleet, plan: &Plan) -> Vec<(ClusterNa
         .collect();
     futures::stream::iter(clusters)
         .map(|cluster| async move {
-            let removed = tokio::time::timeout(WAIT, plan.unregister(&cluster.client()))
-                .await
-                .unwrap_or_else(|_| Err(format!("no answer within {WAIT:?}")));
+            let removed =
+                tokio::time::timeout(WAIT, plan.unregister(&cluster.client(), Whose::Any))
+                    .await
+                    .unwrap_or_else(|_| Err(format!("no answer within {WAIT:?}")));
             removed.err().map(|error| (cluster.name().clone(), error))
         })
         .buffer_unordered(PARALLEL)

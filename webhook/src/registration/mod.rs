@@ -18,7 +18,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client,
-    api::{DeleteParams, Patch, PatchParams},
+    api::{DeleteParams, Patch, PatchParams, Preconditions},
 };
 use kube_fleet::{ClusterName, controller::ClusterSelector};
 use serde_json::json;
@@ -29,6 +29,11 @@ use crate::{server::path_of, token::Tokens};
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// The label naming the server a registration belongs to.
 pub const SERVER_LABEL: &str = "webhooks.kube-fleet.io/server";
+/// The annotation naming the server process that last wrote a
+/// registration: a replica removes only what it wrote itself, so that one
+/// that lets a cluster go (its shard moved) does not remove what the new
+/// owner has just written.
+pub(crate) const WRITER_ANNOTATION: &str = "webhooks.kube-fleet.io/written-by";
 /// The field manager registrations are applied with.
 const FIELD_MANAGER: &str = "kube-fleet-webhooks";
 
@@ -53,6 +58,17 @@ pub(crate) struct Plan {
     pub(crate) url: Option<String>,
     pub(crate) members: ClusterSelector,
     pub(crate) tokens: Tokens,
+    /// This process, as [`WRITER_ANNOTATION`] names it.
+    pub(crate) writer: String,
+}
+
+/// Whose registrations a removal takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Whose {
+    /// Those this process wrote last.
+    Mine,
+    /// Those of any process of this server (at an uninstall).
+    Any,
 }
 
 impl Plan {
@@ -159,7 +175,9 @@ impl Plan {
                     config[key] = serde_json::Value::Null;
                 }
             }
-            let patch = json!({"spec": {"conversion": {
+            let patch = json!({
+                "metadata": {"annotations": {WRITER_ANNOTATION: self.writer}},
+                "spec": {"conversion": {
                 "strategy": "Webhook",
                 "webhook": {
                     "clientConfig": config,
@@ -180,11 +198,17 @@ impl Plan {
 
     /// Removes every registration of this server from `cluster`, touching
     /// nothing that is not its own.
-    pub(crate) async fn unregister(&self, client: &Client) -> Result<(), String> {
-        self.remove_configuration(&Api::<ValidatingWebhookConfiguration>::all(client.clone()))
-            .await?;
-        self.remove_configuration(&Api::<MutatingWebhookConfiguration>::all(client.clone()))
-            .await?;
+    pub(crate) async fn unregister(&self, client: &Client, whose: Whose) -> Result<(), String> {
+        self.remove_configuration(
+            &Api::<ValidatingWebhookConfiguration>::all(client.clone()),
+            whose,
+        )
+        .await?;
+        self.remove_configuration(
+            &Api::<MutatingWebhookConfiguration>::all(client.clone()),
+            whose,
+        )
+        .await?;
         let crds = Api::<CustomResourceDefinition>::all(client.clone());
         for crd in &self.conversions {
             let Some(current) = crds
@@ -194,6 +218,10 @@ impl Plan {
             else {
                 continue;
             };
+            if !self.wrote(&current.metadata, whose) {
+                continue;
+            }
+            let version = current.metadata.resource_version.clone();
             let ours = current
                 .spec
                 .conversion
@@ -211,14 +239,24 @@ impl Plan {
             if !ours {
                 continue;
             }
-            let patch = json!({"spec": {"conversion": {"strategy": "None", "webhook": null}}});
-            crds.patch(crd, &PatchParams::default(), &Patch::Merge(&patch))
+            // Only if nobody wrote the CRD since it was read.
+            let patch = json!({
+                "metadata": {"resourceVersion": version, "annotations": {WRITER_ANNOTATION: null}},
+                "spec": {"conversion": {"strategy": "None", "webhook": null}},
+            });
+            match crds
+                .patch(crd, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
-                .map_err(|e| {
-                    format!(
+            {
+                Ok(_) => {}
+                // Written since: no longer this process's to remove.
+                Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => {}
+                Err(e) => {
+                    return Err(format!(
                         "removing the conversion webhook of CustomResourceDefinition {crd}: {e}"
-                    )
-                })?;
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -265,7 +303,7 @@ impl Plan {
     {
         let api = Api::<C>::all(client.clone());
         if entries.is_empty() {
-            return self.remove_configuration(&api).await;
+            return self.remove_configuration(&api, Whose::Any).await;
         }
         let webhooks = entries
             .iter()
@@ -277,10 +315,21 @@ impl Plan {
         self.apply(&api, &build(self.metadata(), webhooks)).await
     }
 
+    /// Whether `meta`'s object is this process's to remove.
+    fn wrote(&self, meta: &ObjectMeta, whose: Whose) -> bool {
+        whose == Whose::Any
+            || meta
+                .annotations
+                .as_ref()
+                .and_then(|annotations| annotations.get(WRITER_ANNOTATION))
+                == Some(&self.writer)
+    }
+
     fn metadata(&self) -> ObjectMeta {
         ObjectMeta {
             name: Some(self.name.clone()),
             labels: Some(self.labels()),
+            annotations: Some([(WRITER_ANNOTATION.to_owned(), self.writer.clone())].into()),
             ..ObjectMeta::default()
         }
     }
@@ -315,7 +364,7 @@ impl Plan {
         Ok(())
     }
 
-    async fn remove_configuration<K>(&self, api: &Api<K>) -> Result<(), String>
+    async fn remove_configuration<K>(&self, api: &Api<K>, whose: Whose) -> Result<(), String>
     where
         K: kube::Resource<DynamicType = ()>
             + Clone
@@ -331,7 +380,7 @@ impl Plan {
         else {
             return Ok(());
         };
-        if !self.is_ours(existing.meta()) {
+        if !self.is_ours(existing.meta()) || !self.wrote(existing.meta(), whose) {
             return Ok(());
         }
         // Another replica's, written through its own address (a cluster
@@ -358,9 +407,17 @@ impl Plan {
                 return Ok(());
             }
         }
-        match api.delete(&self.name, &DeleteParams::default()).await {
+        // Only if nobody wrote it since it was read.
+        let delete = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: existing.meta().resource_version.clone(),
+                uid: existing.meta().uid.clone(),
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&self.name, &delete).await {
             Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
             Err(e) => Err(format!("removing {kind} {}: {e}", self.name)),
         }
     }
