@@ -166,6 +166,11 @@ pub mod providers {
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+/// The webhooks chapter's code, compiled with the doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/webhooks.md")]
+struct WebhooksDoctests;
+
 /// The providers guide's code, compiled with the doc tests.
 #[cfg(doctest)]
 #[doc = include_str!("../docs/providers.md")]

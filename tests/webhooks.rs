@@ -304,3 +304,49 @@ fn review(name: &str) -> Value {
         }
     })
 }
+
+/// The manager's roles carry what registration needs, in the members'
+/// role for an external URL and in the local one for a Service.
+#[tokio::test]
+async fn the_roles_carry_the_rights_registration_needs() {
+    let fleet = Fleet::new();
+    let webhooks = Webhooks::new("roles")
+        .validate(Webhook::new(VALIDATE), service_fn(validate))
+        .convert(
+            kube_fleet::webhook::Conversion::new("widgets.example.com"),
+            service_fn(
+                |request: kube_fleet::webhook::ConversionRequest| async move {
+                    Ok::<_, BoxError>(request.into_objects())
+                },
+            ),
+        )
+        .external_url("https://webhooks.example.com");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let manager = Manager::new(&fleet).webhooks_on(webhooks, listener);
+    let permissions = manager.permissions();
+    use kube_fleet::rbac::{Rule, Scope};
+    let members = permissions.rules(Scope::Members);
+    for rule in [
+        Rule::new(
+            "admissionregistration.k8s.io",
+            "validatingwebhookconfigurations",
+            ["create", "delete", "get", "patch"],
+        ),
+        Rule::new(
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            ["get", "patch"],
+        ),
+    ] {
+        assert!(members.contains(&rule), "{members:?}");
+    }
+    assert!(
+        !permissions
+            .rules(Scope::Local)
+            .iter()
+            .any(|rule| rule.resources.iter().any(|r| r.contains("webhook"))),
+        "no Service, so nothing registered in the local cluster"
+    );
+    let yaml = manager.rbac_yaml("roles");
+    assert!(yaml.contains("- mutatingwebhookconfigurations"), "{yaml}");
+}
