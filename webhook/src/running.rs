@@ -165,7 +165,7 @@ impl WebhookStatus {
     }
 }
 
-/// A webhook server, serving from [`Webhooks::start`] until it is
+/// A webhook server, serving from [`Webhooks::start`](crate::Webhooks::start) until it is
 /// [shut down](Self::shutdown) or dropped.
 pub struct WebhookServer {
     status: WebhookStatus,
@@ -254,14 +254,14 @@ impl WebhookServer {
     }
 
     /// Whether [`shutdown`](Self::shutdown) removes the registrations
-    /// ([`Webhooks::unregister_on_shutdown`]).
+    /// ([`Webhooks::unregister_on_shutdown`](crate::Webhooks::unregister_on_shutdown)).
     pub fn unregisters_on_shutdown(&self) -> bool {
         self.unregister_on_shutdown
     }
 
     /// Stops accepting connections, lets the requests in flight finish
     /// (for at most ten seconds), and, if
-    /// [asked](Webhooks::unregister_on_shutdown), removes the
+    /// [asked](crate::Webhooks::unregister_on_shutdown), removes the
     /// registrations first.
     pub async fn shutdown(self) {
         if self.unregister_on_shutdown {
