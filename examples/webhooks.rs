@@ -23,6 +23,7 @@ mod support;
 
 use std::time::Duration;
 
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kube::{
     Api, Client, CustomResource,
     api::{ApiResource, DynamicObject, GroupVersionKind, PostParams},
@@ -195,6 +196,14 @@ async fn main() -> Result<(), BoxError> {
     // A clean stop removes the registrations, as asked above.
     let _ = stop.send(());
     running.await??;
+    for cluster in env.clusters() {
+        let left = Api::<ValidatingWebhookConfiguration>::all(cluster.client())
+            .get_opt("widgets-example")
+            .await?;
+        if left.is_some() {
+            return Err(format!("{}: the registration was not removed", cluster.name()).into());
+        }
+    }
     println!("stopped; the registrations are removed from every cluster");
     Ok(())
 }

@@ -12,7 +12,7 @@ use kube_fleet::{
     Fleet,
     envtest::Envtest,
     manager::{Error, LeaderElection, Manager, Role},
-    webhook::{AdmissionRequest, Verdict, Webhook, Webhooks},
+    webhook::{AdmissionRequest, Certificates, Verdict, Webhook, Webhooks},
 };
 use serde_json::{Value, json};
 use tokio::{
@@ -47,7 +47,47 @@ struct Replica {
     status: kube_fleet::manager::ElectionStatus,
 }
 
-fn replica(name: &str, hub: Client, member: Client, key: Option<Vec<u8>>) -> Replica {
+/// The files every replica serves from, as a mounted Secret gives them:
+/// `tls.crt`, `tls.key`, `ca.crt`.
+struct Tls {
+    dir: std::path::PathBuf,
+    ca: String,
+}
+
+impl Tls {
+    fn new(what: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("kube-fleet-{what}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = kube_fleet::envtest::TestCa::new().unwrap();
+        let serving = ca.serving(&["127.0.0.1"]).unwrap();
+        std::fs::write(dir.join("tls.crt"), &serving.cert_pem).unwrap();
+        std::fs::write(dir.join("tls.key"), &serving.key_pem).unwrap();
+        std::fs::write(dir.join("ca.crt"), ca.cert_pem()).unwrap();
+        Self {
+            dir,
+            ca: ca.cert_pem().to_owned(),
+        }
+    }
+
+    fn certificates(&self) -> Certificates {
+        Certificates::files(self.dir.join("tls.crt"), self.dir.join("tls.key"))
+            .ca_file(self.dir.join("ca.crt"))
+    }
+}
+
+impl Drop for Tls {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn replica(
+    name: &str,
+    hub: Client,
+    member: Client,
+    key: Option<Vec<u8>>,
+    certificates: Option<Certificates>,
+) -> Replica {
     let fleet = Fleet::new();
     fleet.engage("member", member);
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -69,6 +109,9 @@ fn replica(name: &str, hub: Client, member: Client, key: Option<Vec<u8>>) -> Rep
         .external_url(format!("https://127.0.0.1:{port}"));
     if let Some(key) = key {
         webhooks = webhooks.token_key(key);
+    }
+    if let Some(certificates) = certificates {
+        webhooks = webhooks.certificates(certificates);
     }
     let election = LeaderElection::new("webhooks")
         .namespace("default")
@@ -105,10 +148,23 @@ async fn every_replica_serves_the_webhooks_and_the_leader_registers_them() {
     let hub = env.cluster("hub").unwrap().client();
     let member = env.cluster("member").unwrap().client();
     let key = vec![42; 32];
+    let tls = Tls::new("replicas");
 
-    let mut a = replica("a", hub.clone(), member.clone(), Some(key.clone()));
+    let mut a = replica(
+        "a",
+        hub.clone(),
+        member.clone(),
+        Some(key.clone()),
+        Some(tls.certificates()),
+    );
     wait_for_role(&a, Role::Leading).await;
-    let b = replica("b", hub.clone(), member.clone(), Some(key.clone()));
+    let b = replica(
+        "b",
+        hub.clone(),
+        member.clone(),
+        Some(key.clone()),
+        Some(tls.certificates()),
+    );
 
     // Registered by a, through a's address; enforced in the member.
     let url = registered_url(&member, |url| url.contains(&format!(":{}/", a.port))).await;
@@ -123,7 +179,7 @@ async fn every_replica_serves_the_webhooks_and_the_leader_registers_them() {
     assert!(readyz.contains("webhooks: serving 1 on"), "{readyz}");
     assert!(readyz.contains("standby"), "{readyz}");
     let path = &url[url.find("/fleet/").unwrap()..];
-    let answer = post_tls(b.port, path, review("forbidden-2")).await;
+    let answer = post_tls(b.port, &tls.ca, path, review("forbidden-2")).await;
     assert_eq!(answer["response"]["allowed"], false, "{answer}");
     let said = answer["response"]["status"]["message"].as_str().unwrap();
     assert!(
@@ -149,13 +205,24 @@ async fn every_replica_serves_the_webhooks_and_the_leader_registers_them() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replicas_without_a_shared_token_key_are_refused() {
+async fn replicas_without_a_shared_token_key_or_certificate_are_refused() {
     let env = Envtest::start(1).await.unwrap();
     let client = env.clusters()[0].client();
-    let replica = replica("alone", client.clone(), client, None);
-    let error = replica.run.await.unwrap().unwrap_err();
+    let tls = Tls::new("refused");
+    let keyless = replica(
+        "alone",
+        client.clone(),
+        client.clone(),
+        None,
+        Some(tls.certificates()),
+    );
+    let error = keyless.run.await.unwrap().unwrap_err();
     assert!(matches!(error, Error::Invalid { .. }), "{error}");
     assert!(error.to_string().contains("token_key_file"), "{error}");
+    // Certificates made at start: each replica's CA would be its own.
+    let generated = replica("alone", client.clone(), client, Some(vec![1; 32]), None);
+    let error = generated.run.await.unwrap().unwrap_err();
+    assert!(error.to_string().contains("Certificates::files"), "{error}");
 }
 
 async fn wait_for_role(replica: &Replica, role: Role) {
@@ -219,64 +286,31 @@ async fn get(port: u16, path: &str) -> String {
     answer
 }
 
-/// Posts `body` to the webhook server on `port` over TLS (its certificate
-/// not checked: the test asks who answers, not who it is), with HTTP/1.0 so
-/// that the server closes the connection after its answer.
-async fn post_tls(port: u16, path: &str, body: Value) -> Value {
-    use tokio_rustls::rustls;
-    #[derive(Debug)]
-    struct Anyone;
-    impl rustls::client::danger::ServerCertVerifier for Anyone {
-        fn verify_server_cert(
-            &self,
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &[rustls::pki_types::CertificateDer<'_>],
-            _: &rustls::pki_types::ServerName<'_>,
-            _: &[u8],
-            _: rustls::pki_types::UnixTime,
-        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-            Ok(rustls::client::danger::ServerCertVerified::assertion())
-        }
-        fn verify_tls12_signature(
-            &self,
-            _: &[u8],
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-        }
-        fn verify_tls13_signature(
-            &self,
-            _: &[u8],
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-        }
-        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-            rustls::crypto::ring::default_provider()
-                .signature_verification_algorithms
-                .supported_schemes()
-        }
+/// Posts `body` to the webhook server on `port` over TLS, trusting `ca`,
+/// with HTTP/1.0 so that the server closes the connection after its answer.
+async fn post_tls(port: u16, ca: &str, path: &str, body: Value) -> Value {
+    use tokio_rustls::rustls::{self, pki_types::CertificateDer, pki_types::pem::PemObject};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
     }
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .unwrap()
-    .dangerous()
-    .with_custom_certificate_verifier(Arc::new(Anyone))
+    .with_root_certificates(roots)
     .with_no_client_auth();
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .unwrap();
     let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect("localhost".try_into().unwrap(), tcp)
+        .connect("127.0.0.1".try_into().unwrap(), tcp)
         .await
         .unwrap();
     let body = body.to_string();
     let request = format!(
-        "POST {path} HTTP/1.0\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        "POST {path} HTTP/1.0\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
     tls.write_all(request.as_bytes()).await.unwrap();

@@ -111,6 +111,7 @@ mod kubeconfig;
 mod link;
 mod pki;
 mod process;
+mod serving;
 
 pub use assets::{ASSETS_ENV, Binaries, CACHE_ENV, ETCD_VERSION, KUBERNETES_VERSION};
 pub use cluster::TestCluster;
@@ -118,3 +119,4 @@ pub use crd::{crds_from_yaml, install_crds};
 pub use envtest::{DEFAULT_START_TIMEOUT, Envtest, EnvtestBuilder};
 pub use error::{Error, Result};
 pub use link::FaultyLink;
+pub use serving::{ServingCertificate, TestCa};

@@ -27,9 +27,12 @@ pub const DEFAULT_RELOAD_EVERY: Duration = Duration::from_secs(10);
 ///   such as the `tls.crt` and `tls.key` of a Secret that cert-manager
 ///   keeps and the Pod mounts. The files are read again every
 ///   [`reload_every`](Self::reload_every) and a changed pair is served from
-///   the next TLS handshake on: connections open already keep theirs, and
-///   no request fails. A pair that cannot be read or does not match is
-///   logged and reported, and the last good pair goes on being served.
+///   the next TLS handshake on: connections open already keep theirs. A
+///   certificate renewed by the same CA (cert-manager's renewal) fails no
+///   request; a new CA is written into every registration, and a cluster
+///   refuses the new certificate until its registration is written again.
+///   A pair that cannot be read or does not match is logged and reported,
+///   and the last good pair goes on being served.
 /// - [`Certificates::generate`]: a CA and a certificate it signs, made as
 ///   the server starts, for the addresses the registrations name. For
 ///   development and tests: each start makes a new CA, written into the
@@ -114,11 +117,23 @@ impl Certificates {
         self
     }
 
+    /// Whether the certificate is made at start ([`generate`](Self::generate)):
+    /// each process then has a CA of its own, which suits one replica only.
+    pub fn is_generated(&self) -> bool {
+        matches!(self.source, Source::Generated { .. })
+    }
+
     /// Reads or makes the first certificate; `hosts` are the names the
     /// registrations use, for a generated one.
     pub(crate) fn load(&self, hosts: &[String]) -> Result<Loaded, Error> {
         match &self.source {
             Source::Files { cert, key, ca, .. } => {
+                if ca.is_none() {
+                    tracing::warn!(
+                        cert = %cert.display(),
+                        "no CA file for the webhook certificate: its own chain is written into the registrations, so a renewed certificate is refused by each cluster until its registration is written again; give the CA (cert-manager's ca.crt) with Certificates::ca_file"
+                    );
+                }
                 let read = read_files(cert, key, ca.as_deref())?;
                 Ok(Loaded::new(read.key, read.ca))
             }

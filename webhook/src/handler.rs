@@ -187,6 +187,10 @@ where
                     }
                 };
                 let uid = uid_of(&value);
+                // The object as sent, which a mutation's patch applies to.
+                let raw = (kind == Kind::Mutating)
+                    .then(|| value.pointer("/request/object").cloned())
+                    .flatten();
                 let request = serde_json::from_value::<AdmissionReview<K>>(value)
                     .map_err(|e| e.to_string())
                     .and_then(|review| {
@@ -204,9 +208,7 @@ where
                     }
                 };
                 let response = AdmissionResponse::from(&request);
-                let original = (kind == Kind::Mutating)
-                    .then(|| request.object.clone())
-                    .flatten();
+                let original = raw.zip(request.object.clone());
                 let request = AdmissionRequest::new(request, cluster, &webhook);
                 match guarded(budget, call_once(service, request)).await {
                     Ok(verdict) => answer(&webhook, policy, response, uid, original, verdict),
@@ -347,7 +349,7 @@ fn answer<K: Serialize>(
     policy: FailurePolicy,
     mut response: AdmissionResponse,
     uid: String,
-    original: Option<K>,
+    original: Option<(serde_json::Value, K)>,
     verdict: Verdict<K>,
 ) -> Reply {
     if !verdict.warnings.is_empty() {
@@ -365,27 +367,28 @@ fn answer<K: Serialize>(
             // A validating webhook, or a request without an object (a
             // delete): nothing to patch.
             None => Outcome::Allowed,
-            Some(original) => {
-                let patch = serde_json::to_value(&original).and_then(|before| {
-                    serde_json::to_value(&*object).map(|after| json_patch::diff(&before, &after))
-                });
-                match patch {
-                    Ok(patch) if patch.0.is_empty() => Outcome::Allowed,
-                    Ok(patch) => match response.clone().with_patch(patch) {
-                        Ok(patched) => {
-                            response = patched;
-                            Outcome::Mutated
+            Some((raw, before)) => {
+                let typed = serde_json::to_value(&before)
+                    .and_then(|before| Ok((before, serde_json::to_value(&*object)?)));
+                let patched = typed
+                    .map_err(|e| e.to_string())
+                    .and_then(|(before, after)| {
+                        let patch = crate::patch::patch(&raw, &before, &after);
+                        if patch.0.is_empty() {
+                            return Ok(None);
                         }
-                        Err(error) => {
-                            let failed = Failed {
-                                outcome: Outcome::Error,
-                                message: format!(
-                                    "returned an object that cannot be written: {error}"
-                                ),
-                            };
-                            return failure(webhook, policy, uid, failed);
-                        }
-                    },
+                        response
+                            .clone()
+                            .with_patch(patch)
+                            .map(Some)
+                            .map_err(|e| e.to_string())
+                    });
+                match patched {
+                    Ok(None) => Outcome::Allowed,
+                    Ok(Some(patched)) => {
+                        response = patched;
+                        Outcome::Mutated
+                    }
                     Err(error) => {
                         let failed = Failed {
                             outcome: Outcome::Error,

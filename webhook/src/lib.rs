@@ -64,6 +64,7 @@ mod conversion;
 mod error;
 mod handler;
 mod metrics;
+mod patch;
 mod registration;
 mod running;
 mod server;

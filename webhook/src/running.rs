@@ -232,10 +232,12 @@ impl WebhookServer {
     /// Writes the registrations in every engaged cluster that is
     /// registered in, and keeps them current for as long as the future is
     /// polled: in each cluster that joins, again when the CA bundle
-    /// changes, retried while a cluster refuses (reported in the fleet's
-    /// [`problems`](Fleet::problems) under `webhook registration in cluster
-    /// "<name>"`), and removed from a cluster that leaves while it still
-    /// answers. Dropped, it stops writing; what it wrote stays.
+    /// changes and every five minutes or so, retried while a cluster
+    /// refuses (reported in the fleet's [`problems`](Fleet::problems) under
+    /// `webhook registration in cluster "<name>"`, cleared when the future
+    /// is dropped). A cluster that leaves has the webhook configurations
+    /// this process wrote removed while it still answers; a CRD's
+    /// conversion stays. Dropped, it stops writing; what it wrote stays.
     ///
     /// With several replicas, run it in one at a time (the leader).
     pub fn register(&self) -> impl Future<Output = ()> + Send + 'static {
@@ -246,9 +248,10 @@ impl WebhookServer {
         )
     }
 
-    /// Removes the registrations from every engaged cluster registered in,
+    /// Removes the registrations, conversions included, from every engaged
+    /// cluster registered in, whichever process of this server wrote them,
     /// touching nothing that is not this server's; returns the clusters
-    /// where that failed, with why.
+    /// where that failed, with why. For an uninstall.
     pub async fn unregister(&self) -> Vec<(ClusterName, String)> {
         registration::unregister_all(&self.fleet, &self.plan).await
     }

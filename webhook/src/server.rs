@@ -31,6 +31,11 @@ use crate::{
 /// The largest review body read: an object and its old version, each up
 /// to the API server's own limit of about 3 MiB, with room to spare.
 const MAX_BODY: usize = 16 * 1024 * 1024;
+/// The largest body read from a request whose token is not valid, for its
+/// uid: enough for a review of an ordinary object.
+const REFUSED_BODY: usize = 256 * 1024;
+/// How long a request's body may take to arrive once its head has.
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections served at once; more wait to be accepted.
 const MAX_CONNECTIONS: usize = 4096;
 /// How long a TLS handshake, or a request's head, may take.
@@ -147,23 +152,40 @@ async fn route(shared: &Shared, request: Request<Incoming>) -> Response<Full<Byt
         shared.metrics.refused(Some(name), Refusal::BadRequest);
         return text(StatusCode::METHOD_NOT_ALLOWED, "POST only\n");
     }
-    let body = match Limited::new(request.into_body(), MAX_BODY).collect().await {
-        Ok(body) => body.to_bytes(),
-        Err(error) => {
+    // The token is checked before the body is read: a caller without one
+    // is given little room and little time.
+    let cluster = cluster_of(segment);
+    let valid = cluster
+        .as_ref()
+        .is_some_and(|cluster| shared.tokens.verify(cluster, token));
+    let limit = if valid { MAX_BODY } else { REFUSED_BODY };
+    let read = Limited::new(request.into_body(), limit).collect();
+    let body = match tokio::time::timeout(BODY_TIMEOUT, read).await {
+        Ok(Ok(body)) => body.to_bytes(),
+        Ok(Err(error)) if valid => {
             shared.metrics.refused(Some(name), Refusal::BadRequest);
             return text(
                 StatusCode::BAD_REQUEST,
                 &format!("reading the request: {error}\n"),
             );
         }
+        // Refused below all the same, without the request's uid.
+        Ok(Err(_)) => Bytes::new(),
+        Err(_) => {
+            shared.metrics.refused(Some(name), Refusal::BadRequest);
+            return text(
+                StatusCode::REQUEST_TIMEOUT,
+                &format!("the request's body did not arrive within {BODY_TIMEOUT:?}\n"),
+            );
+        }
     };
-    let cluster = cluster_of(segment);
-    let valid = cluster
-        .as_ref()
-        .is_some_and(|cluster| shared.tokens.verify(cluster, token));
     let Some(cluster) = cluster.filter(|_| valid) else {
         shared.metrics.refused(Some(name), Refusal::Token);
-        tracing::warn!(webhook = name, path = %path, "a webhook request with a token that is not its cluster's");
+        tracing::warn!(
+            webhook = name,
+            cluster = segment,
+            "a webhook request with a token that is not its cluster's"
+        );
         let message = format!(
             "webhook {name:?}: the request's URL carries no valid token for cluster {segment:?}"
         );

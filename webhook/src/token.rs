@@ -92,7 +92,12 @@ fn read_key(path: &Path) -> Result<Vec<u8>, Error> {
         reason,
     };
     let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
-    let trimmed = bytes.trim_ascii();
+    // One line ending, as an editor or `echo` leaves, is not part of the
+    // key; any other byte is, since random bytes may be whitespace too.
+    let trimmed = bytes
+        .strip_suffix(b"\r\n")
+        .or_else(|| bytes.strip_suffix(b"\n"))
+        .unwrap_or(&bytes);
     if trimmed.len() < MIN_KEY_BYTES {
         return Err(bad(format!(
             "holds {} bytes; a key needs at least {MIN_KEY_BYTES}",

@@ -107,8 +107,8 @@ impl Webhook {
         self
     }
 
-    /// How long the API server waits (1 to 30 seconds, whole; 10 by
-    /// default). The handler is given four fifths of it, so that its
+    /// How long the API server waits (1 to 30 whole seconds; 10 by
+    /// default; a fraction is refused at start). The handler is given four fifths of it, so that its
     /// failure is answered before the API server gives up.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -220,10 +220,15 @@ fn check_name(name: &str) -> Result<(), Error> {
 }
 
 fn check_timeout(name: &str, timeout: Duration) -> Result<(), Error> {
-    if timeout < Duration::from_secs(1) || timeout > Duration::from_secs(30) {
+    // The API server takes whole seconds: a fraction would be cut off
+    // there, and the handler given more time than the API server waits.
+    if timeout < Duration::from_secs(1)
+        || timeout > Duration::from_secs(30)
+        || timeout.subsec_nanos() != 0
+    {
         return Err(Error::Invalid {
             name: name.to_owned(),
-            reason: format!("the timeout must be 1 to 30 seconds, not {timeout:?}"),
+            reason: format!("the timeout must be 1 to 30 whole seconds, not {timeout:?}"),
         });
     }
     Ok(())
@@ -250,7 +255,15 @@ mod tests {
             .timeout(Duration::from_secs(31))
             .check()
             .unwrap_err();
-        assert!(error.to_string().contains("1 to 30 seconds"), "{error}");
+        assert!(
+            error.to_string().contains("1 to 30 whole seconds"),
+            "{error}"
+        );
+        let error = Webhook::new("v.widgets.example.com")
+            .timeout(Duration::from_millis(2500))
+            .check()
+            .unwrap_err();
+        assert!(error.to_string().contains("2.5s"), "{error}");
     }
 
     #[test]

@@ -240,6 +240,13 @@ impl Webhooks {
         self
     }
 
+    /// Whether the certificate is made at start
+    /// ([`Certificates::generate`], the default): every process then has a
+    /// CA of its own, so replicas that share requests cannot use it.
+    pub fn generates_certificates(&self) -> bool {
+        self.certificates.is_generated()
+    }
+
     /// Whether the replicas share a token key ([`token_key`](Self::token_key)
     /// or [`token_key_file`](Self::token_key_file) set).
     pub fn has_shared_key(&self) -> bool {
@@ -452,6 +459,13 @@ fn check_url(url: &str) -> Result<(String, String), Error> {
     };
     if host.is_empty() || authority.contains('@') {
         return Err(bad("no host"));
+    }
+    // The server routes from its root: a path could only be stripped by a
+    // proxy that ends TLS, which the registrations' CA bundle rules out.
+    if !rest[authority.len()..].trim_matches('/').is_empty() {
+        return Err(bad(
+            "the server answers at its root: give the URL without a path",
+        ));
     }
     Ok((url.trim_end_matches('/').to_owned(), host.to_owned()))
 }

@@ -217,9 +217,14 @@ impl Manager {
     ///
     /// With leader election or sharding, replicas share requests and must
     /// share the tokens' key
-    /// ([`Webhooks::token_key_file`](kube_fleet_webhook::Webhooks::token_key_file)):
-    /// without one, [`run`](Self::run) ends at once with
-    /// [`Error::Invalid`](crate::Error::Invalid). A certificate or key
+    /// ([`Webhooks::token_key_file`](kube_fleet_webhook::Webhooks::token_key_file))
+    /// and the certificate
+    /// ([`Certificates::files`](kube_fleet_webhook::Certificates::files)):
+    /// without them, [`run`](Self::run) ends at once with
+    /// [`Error::Invalid`](crate::Error::Invalid). A replica writes the
+    /// registrations only while it leads, and with
+    /// [`unregister_on_shutdown`](kube_fleet_webhook::Webhooks::unregister_on_shutdown)
+    /// removes them at a graceful stop before it lets the Lease go. A certificate or key
     /// file that cannot be read, or a webhook the API server would refuse,
     /// ends it with [`Error::Webhooks`](crate::Error::Webhooks) naming it.
     #[cfg(feature = "webhooks")]

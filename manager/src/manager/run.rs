@@ -171,7 +171,7 @@ impl Manager {
             if lease.is_none()
                 && let Some(webhooks) = &mut webhooks
             {
-                webhooks.register(&mut tasks);
+                webhooks.register(&mut tasks, role.clone());
             }
             let mut shutdown = shutdown.unwrap_or_else(|| futures::future::pending().boxed());
             let mut elector_done = elector.is_none();
@@ -192,7 +192,7 @@ impl Manager {
             // The leader, from here on.
             #[cfg(feature = "webhooks")]
             if let Some(webhooks) = &mut webhooks {
-                webhooks.register(&mut tasks);
+                webhooks.register(&mut tasks, role.clone());
             }
             let mut error = run_controllers(
                 controllers,
@@ -204,6 +204,11 @@ impl Manager {
                 &mut serving.failed,
             )
             .await;
+            // Before the Lease goes: the next leader's writes are its own.
+            #[cfg(feature = "webhooks")]
+            if let Some(webhooks) = &mut webhooks {
+                webhooks.stop_registering(error.is_none()).await;
+            }
             hand_back(&validity, &release, &stop_election).await;
             if !elector_done && let Err(lost) = elector.await {
                 error.get_or_insert(lost);

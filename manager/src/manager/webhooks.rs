@@ -9,8 +9,10 @@ use kube_fleet::Fleet;
 use kube_fleet_webhook::{WebhookServer, WebhookStatus, Webhooks};
 use prometheus_client::registry::Registry;
 
+use tokio::sync::watch;
+
 use super::stop::Tasks;
-use crate::error::Error;
+use crate::{election::Role, error::Error};
 
 /// Webhooks as added to the manager, and where to serve them.
 pub(crate) struct Setup {
@@ -34,13 +36,15 @@ impl std::fmt::Debug for Setup {
 /// The server while the run lasts.
 pub(crate) struct Running {
     server: WebhookServer,
-    registering: bool,
+    /// The registration's task, while it runs.
+    registering: Option<tokio::task::AbortHandle>,
 }
 
 impl Running {
     /// Starts serving. Replicas that share requests (with leader election
-    /// or sharding) must share the token key, or a request that reaches
-    /// another replica than the one that registered it would be denied.
+    /// or sharding) must share the token key and the certificate, or a
+    /// request that reaches another replica than the one that registered it
+    /// would be denied, or refused at the handshake.
     pub(crate) fn start(
         setup: Setup,
         fleet: &Fleet,
@@ -48,11 +52,23 @@ impl Running {
         replicated: bool,
     ) -> Result<Self, Error> {
         let Setup { webhooks, listener } = setup;
-        if replicated && !webhooks.has_shared_key() {
-            return Err(Error::Invalid {
+        if replicated {
+            let refused = |reason: &str| Error::Invalid {
                 what: format!("webhooks {:?}", webhooks.name()),
-                reason: "with leader election or sharding, every replica serves the webhooks and must know each cluster's token: give them one key (Webhooks::token_key_file, a Secret mounted in every replica)".into(),
-            });
+                reason: format!(
+                    "with leader election or sharding, every replica serves the webhooks, so {reason}"
+                ),
+            };
+            if !webhooks.has_shared_key() {
+                return Err(refused(
+                    "they must know each cluster's token: give them one key (Webhooks::token_key_file, a Secret mounted in every replica)",
+                ));
+            }
+            if webhooks.generates_certificates() {
+                return Err(refused(
+                    "they must serve one certificate that the registrations' CA bundle trusts: give them files (Certificates::files, a Secret mounted in every replica)",
+                ));
+            }
         }
         let listener = match listener {
             Listener::Bound(listener) => listener,
@@ -63,7 +79,7 @@ impl Running {
         tracing::info!(address = %server.local_addr(), "serving the webhooks");
         Ok(Self {
             server,
-            registering: false,
+            registering: None,
         })
     }
 
@@ -71,23 +87,43 @@ impl Running {
         self.server.status()
     }
 
-    /// Starts writing the registrations, for as long as the run lasts.
-    pub(crate) fn register(&mut self, tasks: &mut Tasks) {
-        if self.registering {
+    /// Starts writing the registrations, until `role` stops leading (at
+    /// once, without an election) or the run ends.
+    pub(crate) fn register(&mut self, tasks: &mut Tasks, mut role: watch::Receiver<Role>) {
+        if self.registering.is_some() {
             return;
         }
-        self.registering = true;
-        let run = tokio::spawn(self.server.register());
+        let register = self.server.register();
+        let run = tokio::spawn(async move {
+            tokio::select! {
+                () = register => {}
+                _ = role.wait_for(|role| *role != Role::Leading) => {}
+            }
+        });
+        self.registering = Some(run.abort_handle());
         tasks.0.push(run.abort_handle());
     }
 
-    /// Stops serving as the run ends; after a clean run, and if asked,
-    /// removes the registrations this replica wrote first.
+    /// Stops writing the registrations; then, after a clean run and if
+    /// asked, removes them from every cluster. Called while this replica
+    /// still leads, so that it cannot remove what the next leader writes.
+    pub(crate) async fn stop_registering(&mut self, clean: bool) {
+        let Some(registering) = self.registering.take() else {
+            return;
+        };
+        registering.abort();
+        if clean && self.server.unregisters_on_shutdown() {
+            for (cluster, error) in self.server.unregister().await {
+                tracing::warn!(cluster = cluster.as_str(), %error, "removing the webhook registrations at shutdown");
+            }
+        }
+    }
+
+    /// Stops serving as the run ends: after a clean run, the requests in
+    /// flight are let finish first.
     pub(crate) async fn end(self, clean: bool) {
-        match (clean, self.registering) {
-            (true, true) => self.server.shutdown().await,
-            (true, false) => self.server.stop().await,
-            (false, _) => drop(self.server),
+        if clean {
+            self.server.stop().await;
         }
     }
 }

@@ -196,8 +196,10 @@ impl Plan {
         Ok(())
     }
 
-    /// Removes every registration of this server from `cluster`, touching
-    /// nothing that is not its own.
+    /// Removes this server's webhook configurations from the cluster of
+    /// `client` (those this process wrote, or any of this server's), and at
+    /// an uninstall ([`Whose::Any`]) the conversions it set; it touches
+    /// nothing that is not the server's.
     pub(crate) async fn unregister(&self, client: &Client, whose: Whose) -> Result<(), String> {
         self.remove_configuration(
             &Api::<ValidatingWebhookConfiguration>::all(client.clone()),
@@ -209,6 +211,13 @@ impl Plan {
             whose,
         )
         .await?;
+        // A CRD's conversion stays when a cluster leaves: set back to
+        // `None`, the API server would hand out stored objects relabelled,
+        // not converted, while refused conversions fail loudly. It goes
+        // at an uninstall only.
+        if whose == Whose::Mine {
+            return Ok(());
+        }
         let crds = Api::<CustomResourceDefinition>::all(client.clone());
         for crd in &self.conversions {
             let Some(current) = crds

@@ -31,6 +31,10 @@ pub struct WidgetSpec {
     pub size: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub color: Option<String>,
+    /// A plain `Option`, written as `null` when absent: the patch must
+    /// still apply to an object without it.
+    #[serde(default)]
+    pub shape: Option<String>,
 }
 
 pub const CRD: &str = r#"
@@ -54,6 +58,7 @@ spec:
               properties:
                 size: { type: integer }
                 color: { type: string }
+                shape: { type: string }
     - name: v2
       served: true
       storage: false
@@ -66,6 +71,7 @@ spec:
               properties:
                 length: { type: integer }
                 color: { type: string }
+                shape: { type: string }
 "#;
 
 pub const VALIDATE: &str = "validate.widgets.example.com";
@@ -102,14 +108,13 @@ pub async fn validate(request: AdmissionRequest<Widget>) -> Result<Verdict<Widge
     Ok(Verdict::allow())
 }
 
-/// Widgets without a colour are made blue.
+/// Widgets without a colour are made blue, and without a shape round.
 pub async fn default(request: AdmissionRequest<Widget>) -> Result<Verdict<Widget>, BoxError> {
     let Some(mut widget) = request.into_inner().object else {
         return Ok(Verdict::allow());
     };
-    if widget.spec.color.is_none() {
-        widget.spec.color = Some("blue".into());
-    }
+    widget.spec.color.get_or_insert_with(|| "blue".into());
+    widget.spec.shape.get_or_insert_with(|| "round".into());
     Ok(Verdict::mutate(widget))
 }
 
@@ -162,7 +167,14 @@ pub fn listener() -> (std::net::TcpListener, String) {
 }
 
 pub fn widget(name: &str, size: i64) -> Widget {
-    Widget::new(name, WidgetSpec { size, color: None })
+    Widget::new(
+        name,
+        WidgetSpec {
+            size,
+            color: None,
+            shape: None,
+        },
+    )
 }
 
 /// Creates `widget` in `default`, retrying while the webhooks are not yet
