@@ -5,28 +5,62 @@
 //! object (they are dropped) or show absent ones as `null` (a plain
 //! `Option`). So the change is taken between the typed copies, carried over
 //! onto the object as sent, and the patch computed against that object: it
-//! only names paths that exist there, leaves unknown fields as they were,
-//! and takes a field set to `null` out.
+//! only names paths that exist there, leaves unknown fields of objects as
+//! they were, and takes out a field the handler set to `null`. An array the
+//! handler changed is taken whole from its answer.
 
 use json_patch::{Patch, PatchOperation};
 use serde_json::{Map, Value};
 
 /// The patch that makes `raw` (the object as sent) what the handler made
 /// of it, `before` and `after` being the typed copies as JSON.
+///
+/// A change inside an array takes the whole array from `after`: arrays are
+/// compared place by place, so an element put in or taken out would shift
+/// the elements' unknown fields onto their neighbours. Such an array loses
+/// the fields the type does not know; objects elsewhere keep them.
 pub(crate) fn patch(raw: &Value, before: &Value, after: &Value) -> Patch {
     let mut target = raw.clone();
+    let mut arrays: Vec<Vec<String>> = Vec::new();
     for operation in json_patch::diff(before, after).0 {
-        match operation {
-            PatchOperation::Add(add) => set(&mut target, &tokens(&add.path), add.value, true),
-            PatchOperation::Replace(replace) => {
-                set(&mut target, &tokens(&replace.path), replace.value, false)
+        let path = tokens(operation.path());
+        if let Some(array) = array_of(before, after, &path) {
+            if !arrays.iter().any(|done| array.starts_with(done)) {
+                match lookup(after, &array) {
+                    Some(value) => set(&mut target, &array, value.clone(), false),
+                    None => take(&mut target, &array),
+                }
+                arrays.push(array);
             }
-            PatchOperation::Remove(remove) => take(&mut target, &tokens(&remove.path)),
+            continue;
+        }
+        match operation {
+            PatchOperation::Add(add) => set(&mut target, &path, add.value, true),
+            PatchOperation::Replace(replace) => set(&mut target, &path, replace.value, false),
+            PatchOperation::Remove(_) => take(&mut target, &path),
             // A diff makes none of these.
             PatchOperation::Move(_) | PatchOperation::Copy(_) | PatchOperation::Test(_) => {}
         }
     }
     json_patch::diff(raw, &target)
+}
+
+/// The path of the outermost array that `path` goes into (or is an
+/// element of), in either typed copy.
+fn array_of(before: &Value, after: &Value, path: &[String]) -> Option<Vec<String>> {
+    (0..path.len()).find_map(|depth| {
+        let prefix = &path[..depth];
+        let is_array = |value: &Value| lookup(value, prefix).is_some_and(Value::is_array);
+        (is_array(before) || is_array(after)).then(|| prefix.to_vec())
+    })
+}
+
+fn lookup<'v>(value: &'v Value, path: &[String]) -> Option<&'v Value> {
+    path.iter().try_fold(value, |node, token| match node {
+        Value::Object(map) => map.get(token),
+        Value::Array(items) => items.get(token.parse::<usize>().ok()?),
+        _ => None,
+    })
 }
 
 fn tokens(path: &jsonptr::Pointer) -> Vec<String> {
@@ -162,13 +196,31 @@ mod tests {
     }
 
     #[test]
-    fn objects_on_the_way_are_made_and_arrays_kept_in_order() {
+    fn objects_on_the_way_are_made_and_unchanged_arrays_kept() {
         let raw = json!({"spec": {"items": [{"n": 1, "extra": true}]}});
         let before = json!({"spec": {"items": [{"n": 1}]}, "metadata": null});
-        let after = json!({"spec": {"items": [{"n": 1}, {"n": 2}]}, "metadata": {"annotations": {"k": "v"}}});
+        let after = json!({"spec": {"items": [{"n": 1}]}, "metadata": {"annotations": {"k": "v"}}});
         assert_eq!(
             applied(&raw, before, after),
-            json!({"spec": {"items": [{"n": 1, "extra": true}, {"n": 2}]}, "metadata": {"annotations": {"k": "v"}}})
+            json!({"spec": {"items": [{"n": 1, "extra": true}]}, "metadata": {"annotations": {"k": "v"}}})
+        );
+    }
+
+    #[test]
+    fn an_element_put_into_an_array_does_not_shift_fields_onto_another() {
+        let raw = json!({"spec": {"containers": [{"name": "a", "x": 1}, {"name": "b", "x": 2}]}});
+        let before = json!({"spec": {"containers": [{"name": "a"}, {"name": "b"}]}});
+        let after = json!({"spec": {"containers": [{"name": "s"}, {"name": "a"}, {"name": "b"}]}});
+        assert_eq!(
+            applied(&raw, before, after),
+            json!({"spec": {"containers": [{"name": "s"}, {"name": "a"}, {"name": "b"}]}})
+        );
+        let raw = json!({"items": [1, null, 3]});
+        let typed = json!({"items": [1, null, 3]});
+        let after = json!({"items": [1, null, 3, null]});
+        assert_eq!(
+            applied(&raw, typed, after),
+            json!({"items": [1, null, 3, null]})
         );
     }
 

@@ -91,20 +91,16 @@ fn read_key(path: &Path) -> Result<Vec<u8>, Error> {
         path: path.to_owned(),
         reason,
     };
+    // Every byte is the key's, whatever it is: the replicas read the same
+    // file, so they agree, and random bytes may be anything.
     let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
-    // One line ending, as an editor or `echo` leaves, is not part of the
-    // key; any other byte is, since random bytes may be whitespace too.
-    let trimmed = bytes
-        .strip_suffix(b"\r\n")
-        .or_else(|| bytes.strip_suffix(b"\n"))
-        .unwrap_or(&bytes);
-    if trimmed.len() < MIN_KEY_BYTES {
+    if bytes.len() < MIN_KEY_BYTES {
         return Err(bad(format!(
             "holds {} bytes; a key needs at least {MIN_KEY_BYTES}",
-            trimmed.len()
+            bytes.len()
         )));
     }
-    Ok(trimmed.to_vec())
+    Ok(bytes)
 }
 
 /// A cluster's name as one URL path segment: every byte but letters,

@@ -451,14 +451,23 @@ fn check_url(url: &str) -> Result<(String, String), Error> {
         return Err(bad("a webhook URL may carry no query or fragment"));
     }
     let authority = rest.split('/').next().unwrap_or_default();
-    let host = match authority.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or_default(),
-        None => authority
-            .rsplit_once(':')
-            .map_or(authority, |(host, _)| host),
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((host, after)) => (host, after.strip_prefix(':')),
+            None => return Err(bad("an IPv6 address without its closing ']'")),
+        },
+        None => match authority.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        },
     };
     if host.is_empty() || authority.contains('@') {
         return Err(bad("no host"));
+    }
+    if port.is_some_and(|port| port.parse::<u16>().is_err()) {
+        return Err(bad(
+            "the port is not a number from 0 to 65535 (an IPv6 address goes in brackets)",
+        ));
     }
     // The server routes from its root: a path could only be stripped by a
     // proxy that ends TLS, which the registrations' CA bundle rules out.

@@ -119,18 +119,34 @@ async fn members_that_join_are_registered_and_those_that_leave_are_cleaned() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // Engaged again, and at once let go and engaged once more: the
-    // removal of the one engagement does not take the next one's write.
-    fleet.engage("later", later.clone());
-    fleet.disengage("later");
+    // Engaged again; once registered there, let go and engaged once more
+    // at once: the removal for the engagement that ended reads the
+    // registration, the new engagement's write of the same object changes
+    // nothing, and the removal must not take it all the same.
     fleet.engage("later", later.clone());
     let denied = create_until(&later, &widget("big", 13), |r| r.is_err()).await;
     assert!(message(&denied).contains("in cluster later"), "{denied:?}");
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(
-        configurations.get_opt("joining").await.unwrap().is_some(),
-        "the registration of the engagement that stays is kept"
-    );
+    // Several times, some with a moment between the two, so that the
+    // removal and the write meet in every order.
+    for pause in [0, 5, 0, 20, 0, 50, 0, 100, 0, 200] {
+        fleet.disengage("later");
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        fleet.engage("later", later.clone());
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
+    // The removals take well under a second; the registration must be
+    // there after them, and stay.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while configurations.get_opt("joining").await.unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the registration of the engagement that stays was removed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let denied = create_until(&later, &widget("big", 14), |r| r.is_err()).await;
+    assert!(message(&denied).contains("in cluster later"), "{denied:?}");
     // The first cluster keeps its own.
     assert!(
         Api::<ValidatingWebhookConfiguration>::all(first)
@@ -328,8 +344,22 @@ async fn bad_files_urls_and_names_are_refused_at_start_naming_them() {
     assert!(matches!(error, Error::Url { .. }), "{error}");
     let error = start(Webhooks::new("w").external_url("https://example.com/webhooks"));
     assert!(error.to_string().contains("without a path"), "{error}");
-    // A key file's bytes are its key, whitespace included; one line ending
-    // is not.
+    for bad in [
+        "https://::1:9443",
+        "https://example.com:99999",
+        "https://[::1",
+    ] {
+        let error = start(Webhooks::new("w").external_url(bad));
+        assert!(matches!(error, Error::Url { .. }), "{bad}: {error}");
+    }
+    for good in ["https://[::1]:9443/", "https://example.com:9443"] {
+        let (listener, _) = listener();
+        Webhooks::new("w")
+            .external_url(good)
+            .start(&fleet, listener, None)
+            .unwrap_or_else(|e| panic!("{good}: {e}"));
+    }
+    // A key file's bytes are its key, whitespace included.
     let key = dir.join("key");
     std::fs::write(
         &key,

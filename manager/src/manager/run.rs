@@ -204,10 +204,21 @@ impl Manager {
                 &mut serving.failed,
             )
             .await;
-            // Before the Lease goes: the next leader's writes are its own.
+            // Before the Lease goes, and while it is renewed: the next
+            // leader's writes are its own. Leadership lost meanwhile ends
+            // the removal where it is.
             #[cfg(feature = "webhooks")]
             if let Some(webhooks) = &mut webhooks {
-                webhooks.stop_registering(error.is_none()).await;
+                let clean = error.is_none();
+                tokio::select! {
+                    () = webhooks.stop_registering(clean) => {}
+                    result = &mut elector, if !elector_done => {
+                        elector_done = true;
+                        if let Err(lost) = result {
+                            error.get_or_insert(lost);
+                        }
+                    }
+                }
             }
             hand_back(&validity, &release, &stop_election).await;
             if !elector_done && let Err(lost) = elector.await {

@@ -37,7 +37,7 @@ impl std::fmt::Debug for Setup {
 pub(crate) struct Running {
     server: WebhookServer,
     /// The registration's task, while it runs.
-    registering: Option<tokio::task::AbortHandle>,
+    registering: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Running {
@@ -100,18 +100,22 @@ impl Running {
                 _ = role.wait_for(|role| *role != Role::Leading) => {}
             }
         });
-        self.registering = Some(run.abort_handle());
         tasks.0.push(run.abort_handle());
+        self.registering = Some(run);
     }
 
     /// Stops writing the registrations; then, after a clean run and if
     /// asked, removes them from every cluster. Called while this replica
-    /// still leads, so that it cannot remove what the next leader writes.
+    /// still leads, with its election polled beside it, so that it cannot
+    /// remove what the next leader writes: the run drops it if leadership
+    /// goes.
     pub(crate) async fn stop_registering(&mut self, clean: bool) {
         let Some(registering) = self.registering.take() else {
             return;
         };
         registering.abort();
+        // Ended, so that no write of its own lands after the removal.
+        let _ = registering.await;
         if clean && self.server.unregisters_on_shutdown() {
             for (cluster, error) in self.server.unregister().await {
                 tracing::warn!(cluster = cluster.as_str(), %error, "removing the webhook registrations at shutdown");

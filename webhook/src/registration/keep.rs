@@ -25,8 +25,11 @@ use super::{Plan, Whose};
 const PARALLEL: usize = 8;
 /// Writes to clusters that refused the last one, made at once: a pool of
 /// their own, so that clusters that do not answer do not hold up the rest.
-const PARALLEL_RETRIES: usize = 4;
-/// How long one cluster's registration (or removal) may take.
+const PARALLEL_RETRIES: usize = 8;
+/// How long a first write may take: a cluster that does not answer soon
+/// leaves the first pool for the retries'.
+const FIRST_WAIT: Duration = Duration::from_secs(5);
+/// How long a retried registration, or a removal, may take.
 const WAIT: Duration = Duration::from_secs(20);
 /// The longest pause between two tries in a cluster that refuses.
 const MAX_PAUSE: Duration = Duration::from_secs(60);
@@ -182,18 +185,18 @@ async fn keep(
     loop {
         let bundle = ca.borrow_and_update().clone();
         let result = {
-            let pool = if failing {
-                &permits.retries
+            let (pool, wait) = if failing {
+                (&permits.retries, WAIT)
             } else {
-                &permits.first
+                (&permits.first, FIRST_WAIT)
             };
             let _permit = pool.acquire().await;
             tokio::time::timeout(
-                WAIT,
+                wait,
                 plan.register(&cluster.client(), cluster.name(), &bundle),
             )
             .await
-            .unwrap_or_else(|_| Err(format!("no answer within {WAIT:?}")))
+            .unwrap_or_else(|_| Err(format!("no answer within {wait:?}")))
         };
         match result {
             Ok(()) => {
