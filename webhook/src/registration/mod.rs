@@ -448,3 +448,65 @@ fn validating(webhook: MutatingWebhook) -> ValidatingWebhook {
         timeout_seconds: webhook.timeout_seconds,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::token::KeySource;
+
+    fn plan(service: Option<ServiceRef>, url: Option<&str>) -> Plan {
+        Plan {
+            name: "my-operator".into(),
+            validating: Vec::new(),
+            mutating: Vec::new(),
+            conversions: Vec::new(),
+            service,
+            url: url.map(str::to_owned),
+            members: ClusterSelector::Provided,
+            tokens: Tokens::new(&KeySource::Bytes(vec![1; 32])).unwrap(),
+            writer: "me".into(),
+        }
+    }
+
+    #[test]
+    fn the_local_cluster_goes_through_the_service_and_members_through_the_url() {
+        let service = ServiceRef {
+            namespace: "operators".into(),
+            name: "webhooks".into(),
+            port: 443,
+        };
+        let plan = plan(Some(service), Some("https://webhooks.example.com"));
+        let local = plan.client_config(&ClusterName::local(), "v.widgets.example.com", "CA");
+        let reference = local.service.expect("through the Service");
+        assert_eq!(
+            (reference.namespace.as_str(), reference.name.as_str()),
+            ("operators", "webhooks")
+        );
+        assert_eq!(reference.port, Some(443));
+        let path = reference.path.unwrap();
+        assert!(path.starts_with("/fleet/~/"), "{path}");
+        assert!(path.ends_with("/v.widgets.example.com"), "{path}");
+        assert_eq!(local.url, None);
+        assert_eq!(local.ca_bundle.unwrap().0, b"CA");
+
+        let member = plan.client_config(&"east/1".into(), "v.widgets.example.com", "CA");
+        let url = member.url.expect("through the URL");
+        assert!(
+            url.starts_with("https://webhooks.example.com/fleet/east%2F1/"),
+            "{url}"
+        );
+        assert_eq!(member.service, None);
+        assert!(plan.selects(&ClusterName::local()) && plan.selects(&"east/1".into()));
+        assert!(plan.is_our_address(&Some(url), None));
+        assert!(!plan.is_our_address(&Some("https://elsewhere/fleet/x".into()), None));
+    }
+
+    #[test]
+    fn without_a_service_the_local_cluster_is_left_out_unless_selected() {
+        let plan = plan(None, Some("https://webhooks.example.com"));
+        assert!(!plan.selects(&ClusterName::local()));
+        assert!(plan.selects(&"member".into()));
+        let nowhere = super::tests::plan(None, None);
+        assert!(!nowhere.selects(&"member".into()));
+    }
+}
