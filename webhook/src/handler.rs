@@ -121,6 +121,22 @@ where
     }
 }
 
+/// A handler's call: each request served by `serve` with a clone of
+/// `service`. The one kept is behind a lock, so that the service need not
+/// be `Sync`.
+fn erase<S, F, Fut>(webhook: Arc<str>, service: S, serve: F) -> Call
+where
+    S: Clone + Send + 'static,
+    F: Fn(S, Arc<str>, Bytes, Cluster) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Reply> + Send + 'static,
+{
+    let service = std::sync::Mutex::new(service);
+    Arc::new(move |body: Bytes, cluster: Cluster| {
+        let service = service.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        serve(service, webhook.clone(), body, cluster).boxed()
+    })
+}
+
 /// Waits for `service` to be ready, and calls it with `request`.
 async fn call_once<S, R>(mut service: S, request: R) -> Result<S::Response, BoxError>
 where
@@ -163,61 +179,54 @@ where
 {
     let webhook: Arc<str> = name.into();
     let budget = budget(wait);
-    // Each request is served by a clone; the one kept is behind a lock so
-    // that the service need not be `Sync`.
-    let service = std::sync::Mutex::new(service);
-    let call: Call = Arc::new({
-        let webhook = webhook.clone();
-        move |body: Bytes, cluster: Cluster| {
-            let service = service.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            let webhook = webhook.clone();
-            async move {
-                let value: serde_json::Value = match serde_json::from_slice(&body) {
-                    Ok(value) => value,
-                    Err(error) => {
-                        return Reply {
-                            body: encode(
-                                &AdmissionResponse::invalid(format!(
-                                    "webhook {webhook:?}: the body is not JSON: {error}"
-                                ))
-                                .into_review(),
-                            ),
-                            outcome: Outcome::Malformed,
-                        };
-                    }
-                };
-                let uid = uid_of(&value);
-                // The object as sent, which a mutation's patch applies to.
-                let raw = (kind == Kind::Mutating)
-                    .then(|| value.pointer("/request/object").cloned())
-                    .flatten();
-                let request = serde_json::from_value::<AdmissionReview<K>>(value)
-                    .map_err(|e| e.to_string())
-                    .and_then(|review| {
-                        TryInto::<kube::core::admission::AdmissionRequest<K>>::try_into(review)
-                            .map_err(|e| e.to_string())
-                    });
-                let request = match request {
-                    Ok(request) => request,
-                    Err(error) => {
-                        let failed = Failed {
-                            outcome: Outcome::Malformed,
-                            message: format!("could not read the request: {error}"),
-                        };
-                        return failure(&webhook, policy, uid, failed);
-                    }
-                };
-                let response = AdmissionResponse::from(&request);
-                let original = raw.zip(request.object.clone());
-                let request = AdmissionRequest::new(request, cluster, &webhook);
-                match guarded(budget, call_once(service, request)).await {
-                    Ok(verdict) => answer(&webhook, policy, response, uid, original, verdict),
-                    Err(failed) => failure(&webhook, policy, uid, failed),
+    let call = erase(
+        webhook.clone(),
+        service,
+        move |service: S, webhook: Arc<str>, body: Bytes, cluster: Cluster| async move {
+            let value: serde_json::Value = match serde_json::from_slice(&body) {
+                Ok(value) => value,
+                Err(error) => {
+                    return Reply {
+                        body: encode(
+                            &AdmissionResponse::invalid(format!(
+                                "webhook {webhook:?}: the body is not JSON: {error}"
+                            ))
+                            .into_review(),
+                        ),
+                        outcome: Outcome::Malformed,
+                    };
                 }
+            };
+            let uid = uid_of(&value);
+            // The object as sent, which a mutation's patch applies to.
+            let raw = (kind == Kind::Mutating)
+                .then(|| value.pointer("/request/object").cloned())
+                .flatten();
+            let request = serde_json::from_value::<AdmissionReview<K>>(value)
+                .map_err(|e| e.to_string())
+                .and_then(|review| {
+                    TryInto::<kube::core::admission::AdmissionRequest<K>>::try_into(review)
+                        .map_err(|e| e.to_string())
+                });
+            let request = match request {
+                Ok(request) => request,
+                Err(error) => {
+                    let failed = Failed {
+                        outcome: Outcome::Malformed,
+                        message: format!("could not read the request: {error}"),
+                    };
+                    return failure(&webhook, policy, uid, failed);
+                }
+            };
+            let response = AdmissionResponse::from(&request);
+            let original = raw.zip(request.object.clone());
+            let request = AdmissionRequest::new(request, cluster, &webhook);
+            match guarded(budget, call_once(service, request)).await {
+                Ok(verdict) => answer(&webhook, policy, response, uid, original, verdict),
+                Err(failed) => failure(&webhook, policy, uid, failed),
             }
-            .boxed()
-        }
-    });
+        },
+    );
     Handler {
         name: webhook,
         kind,
@@ -234,68 +243,61 @@ where
 {
     let webhook: Arc<str> = name.into();
     let budget = budget(CONVERSION_WAIT);
-    // Each request is served by a clone; the one kept is behind a lock so
-    // that the service need not be `Sync`.
-    let service = std::sync::Mutex::new(service);
-    let call: Call = Arc::new({
-        let webhook = webhook.clone();
-        move |body: Bytes, cluster: Cluster| {
-            let service = service.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            let webhook = webhook.clone();
-            async move {
-                let request = serde_json::from_slice::<ConversionReview>(&body)
-                    .map_err(|e| e.to_string())
-                    .and_then(|review| {
-                        kube::core::conversion::ConversionRequest::from_review(review)
-                            .map_err(|e| e.to_string())
-                    });
-                let request = match request {
-                    Ok(request) => request,
-                    Err(error) => {
-                        let status = Status::failure(
-                            &format!("webhook {webhook:?}: could not read the request: {error}"),
-                            "BadRequest",
-                        );
-                        return Reply {
-                            body: encode(&ConversionResponse::invalid(status).into_review()),
-                            outcome: Outcome::Malformed,
-                        };
-                    }
-                };
-                let stub = kube::core::conversion::ConversionRequest {
-                    types: request.types.clone(),
-                    uid: request.uid.clone(),
-                    desired_api_version: request.desired_api_version.clone(),
-                    objects: Vec::new(),
-                };
-                let response = ConversionResponse::for_request(stub);
-                let count = request.objects.len();
-                let desired = request.desired_api_version.clone();
-                let request = ConversionRequest::new(request, cluster, &webhook);
-                let converted = guarded(budget, call_once(service, request)).await.and_then(|objects| {
-                    check_converted(&objects, count, &desired).map(|()| objects)
+    let call = erase(
+        webhook.clone(),
+        service,
+        move |service: S, webhook: Arc<str>, body: Bytes, cluster: Cluster| async move {
+            let request = serde_json::from_slice::<ConversionReview>(&body)
+                .map_err(|e| e.to_string())
+                .and_then(|review| {
+                    kube::core::conversion::ConversionRequest::from_review(review)
+                        .map_err(|e| e.to_string())
                 });
-                match converted {
-                    Ok(objects) => Reply {
-                        body: encode(&response.success(objects).into_review()),
-                        outcome: Outcome::Converted,
-                    },
-                    Err(failed) => {
-                        tracing::warn!(webhook = %webhook, reason = %failed.message, "a conversion failed");
-                        let status = Status::failure(
-                            &format!("conversion webhook {webhook:?} {}", failed.message),
-                            "ConversionFailed",
-                        );
-                        Reply {
-                            body: encode(&response.failure(status).into_review()),
-                            outcome: failed.outcome,
-                        }
+            let request = match request {
+                Ok(request) => request,
+                Err(error) => {
+                    let status = Status::failure(
+                        &format!("webhook {webhook:?}: could not read the request: {error}"),
+                        "BadRequest",
+                    );
+                    return Reply {
+                        body: encode(&ConversionResponse::invalid(status).into_review()),
+                        outcome: Outcome::Malformed,
+                    };
+                }
+            };
+            let stub = kube::core::conversion::ConversionRequest {
+                types: request.types.clone(),
+                uid: request.uid.clone(),
+                desired_api_version: request.desired_api_version.clone(),
+                objects: Vec::new(),
+            };
+            let response = ConversionResponse::for_request(stub);
+            let count = request.objects.len();
+            let desired = request.desired_api_version.clone();
+            let request = ConversionRequest::new(request, cluster, &webhook);
+            let converted = guarded(budget, call_once(service, request))
+                .await
+                .and_then(|objects| check_converted(&objects, count, &desired).map(|()| objects));
+            match converted {
+                Ok(objects) => Reply {
+                    body: encode(&response.success(objects).into_review()),
+                    outcome: Outcome::Converted,
+                },
+                Err(failed) => {
+                    tracing::warn!(webhook = %webhook, reason = %failed.message, "a conversion failed");
+                    let status = Status::failure(
+                        &format!("conversion webhook {webhook:?} {}", failed.message),
+                        "ConversionFailed",
+                    );
+                    Reply {
+                        body: encode(&response.failure(status).into_review()),
+                        outcome: failed.outcome,
                     }
                 }
             }
-            .boxed()
-        }
-    });
+        },
+    );
     Handler {
         name: webhook,
         kind: Kind::Conversion,

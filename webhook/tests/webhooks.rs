@@ -19,16 +19,7 @@ use tower::service_fn;
 /// stored blue, and read at v2 through the conversion webhook.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_cluster_is_checked_defaulted_and_converted() {
-    let env = Envtest::builder()
-        .clusters(["hub", "member-a", "member-b"])
-        .start()
-        .await
-        .unwrap();
-    let fleet = Fleet::new();
-    for cluster in env.clusters() {
-        install_crd(&cluster.client()).await;
-        fleet.engage(cluster.name(), cluster.client());
-    }
+    let (env, fleet) = widget_fleet(&["hub", "member-a", "member-b"]).await;
     let (listener, url) = listener();
     let server = widget_webhooks("widgets-test", &url)
         .start(&fleet, listener, None)
@@ -230,12 +221,9 @@ async fn a_request_with_another_clusters_token_or_none_is_denied() {
 /// warning.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_that_panics_hangs_or_fails_is_answered_for_in_time() {
-    let env = Envtest::start(1).await.unwrap();
+    let (env, fleet) = widget_fleet(&["only"]).await;
     let cluster = &env.clusters()[0];
     let client = cluster.client();
-    install_crd(&client).await;
-    let fleet = Fleet::new();
-    fleet.engage(cluster.name(), client.clone());
     let (listener, url) = listener();
     let server = widget_webhooks("failing", &url)
         .start(&fleet, listener, None)
@@ -392,12 +380,9 @@ async fn bad_files_urls_and_names_are_refused_at_start_naming_them() {
 /// kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_certificate_rotated_on_disk_is_served_without_a_failed_request() {
-    let env = Envtest::start(1).await.unwrap();
+    let (env, fleet) = widget_fleet(&["only"]).await;
     let cluster = &env.clusters()[0];
     let client = cluster.client();
-    install_crd(&client).await;
-    let fleet = Fleet::new();
-    fleet.engage(cluster.name(), client.clone());
 
     let dir = tempdir("rotation");
     let ca = kube_fleet_envtest::TestCa::new().unwrap();
@@ -502,16 +487,7 @@ async fn a_certificate_rotated_on_disk_is_served_without_a_failed_request() {
 /// them by cluster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_concurrent_requests_from_three_clusters_are_all_answered() {
-    let env = Envtest::builder()
-        .clusters(["one", "two", "three"])
-        .start()
-        .await
-        .unwrap();
-    let fleet = Fleet::new();
-    for cluster in env.clusters() {
-        install_crd(&cluster.client()).await;
-        fleet.engage(cluster.name(), cluster.client());
-    }
+    let (env, fleet) = widget_fleet(&["one", "two", "three"]).await;
     let mut registry = prometheus_client::registry::Registry::default();
     let (listener, url) = listener();
     let server = widget_webhooks("load", &url)

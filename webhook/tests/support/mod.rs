@@ -86,6 +86,22 @@ pub async fn install_crd(client: &Client) {
         .unwrap();
 }
 
+/// A fleet of API servers named `names`, each with the Widget CRD, all
+/// engaged in one `Fleet` under their names.
+pub async fn widget_fleet(names: &[&str]) -> (kube_fleet_envtest::Envtest, kube_fleet::Fleet) {
+    let env = kube_fleet_envtest::Envtest::builder()
+        .clusters(names.iter().copied())
+        .start()
+        .await
+        .unwrap();
+    let fleet = kube_fleet::Fleet::new();
+    for cluster in env.clusters() {
+        install_crd(&cluster.client()).await;
+        fleet.engage(cluster.name(), cluster.client());
+    }
+    (env, fleet)
+}
+
 /// Widgets over size 10 are refused, naming the cluster that asked.
 pub async fn validate(request: AdmissionRequest<Widget>) -> Result<Verdict<Widget>, BoxError> {
     let Some(widget) = &request.object else {
