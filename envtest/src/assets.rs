@@ -214,9 +214,28 @@ fn build(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Runs one `go` step, appending its output to `log` and reporting progress
-/// on stderr until it ends.
+/// Runs one `go` step of building the API servers; see [`run_go_for`].
 fn run_go(src: &Path, log: &Path, step: &str, args: &[&str], started: Instant) -> Result<()> {
+    run_go_for(
+        &format!("kube-apiserver {KUBERNETES_VERSION} and etcd {ETCD_VERSION}"),
+        src,
+        log,
+        step,
+        args,
+        started,
+    )
+}
+
+/// Runs one `go` step of building `what`, appending its output to `log`
+/// and reporting progress on stderr until it ends.
+pub(crate) fn run_go_for(
+    what: &str,
+    src: &Path,
+    log: &Path,
+    step: &str,
+    args: &[&str],
+    started: Instant,
+) -> Result<()> {
     let log_file = fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -261,9 +280,7 @@ fn run_go(src: &Path, log: &Path, step: &str, args: &[&str], started: Instant) -
         return Ok(());
     }
     Err(Error::Build {
-        what: format!(
-            "kube-apiserver {KUBERNETES_VERSION} and etcd {ETCD_VERSION} (step `go {step}`)"
-        ),
+        what: format!("{what} (step `go {step}`)"),
         status,
         log: log.to_owned(),
         tail: log_tail(log, 30),
@@ -272,11 +289,11 @@ fn run_go(src: &Path, log: &Path, step: &str, args: &[&str], started: Instant) -
 
 /// Writes a line to the process's real stderr, past the test harness's
 /// output capture, so that a long first build shows what it is doing.
-fn progress(message: std::fmt::Arguments<'_>) {
+pub(crate) fn progress(message: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stderr().lock(), "envtest: {message}");
 }
 
-fn elapsed(since: Instant) -> String {
+pub(crate) fn elapsed(since: Instant) -> String {
     let secs = since.elapsed().as_secs();
     format!("{}m{:02}s", secs / 60, secs % 60)
 }

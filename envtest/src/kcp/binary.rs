@@ -1,0 +1,146 @@
+//! Finding, or building once and caching, the `kcp` binary.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    sync::OnceLock,
+    time::Instant,
+};
+
+use crate::{
+    Binaries, Error, Result,
+    assets::{elapsed, progress, run_go_for},
+};
+
+/// The kcp release the harness builds.
+pub const KCP_VERSION: &str = "v0.28.0";
+/// Environment variable naming a `kcp` binary to run instead of building one.
+pub const KCP_ENV: &str = "KCP_BINARY";
+
+const GO_MOD: &str = include_str!("../../go-kcp/go.mod");
+const GO_SUM: &str = include_str!("../../go-kcp/go.sum");
+
+/// Where the harness finds `kcp`: the file `KCP_BINARY` names, else its
+/// cache beside the API servers', else built once with the machine's `go`
+/// (a few minutes) and cached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KcpBinary {
+    /// Path of the `kcp` executable.
+    pub path: PathBuf,
+}
+
+impl KcpBinary {
+    /// Finds the binary, building it on first use; remembered for the rest
+    /// of the process, and built once between processes that start at once.
+    pub async fn find() -> Result<Self> {
+        static FOUND: OnceLock<KcpBinary> = OnceLock::new();
+        if let Some(found) = FOUND.get() {
+            return Ok(found.clone());
+        }
+        let found = tokio::task::spawn_blocking(Self::find_blocking)
+            .await
+            .map_err(|e| Error::io("the kcp lookup task failed", std::io::Error::other(e)))??;
+        Ok(FOUND.get_or_init(|| found).clone())
+    }
+
+    /// The directory the built binary is cached in.
+    pub fn cache_dir() -> PathBuf {
+        let apiservers = Binaries::cache_dir();
+        let root = apiservers.parent().unwrap_or(&apiservers);
+        root.join(format!("kcp-{KCP_VERSION}"))
+    }
+
+    fn find_blocking() -> Result<Self> {
+        if let Some(path) = std::env::var_os(KCP_ENV).filter(|p| !p.is_empty()) {
+            let path = PathBuf::from(path);
+            if !path.is_file() {
+                return Err(Error::MissingBinaries(format!(
+                    "{KCP_ENV} names {}, which is not a file",
+                    path.display()
+                )));
+            }
+            return Ok(Self { path });
+        }
+        let dir = Self::cache_dir();
+        let path = dir.join("kcp");
+        if !path.is_file() {
+            build(&dir)?;
+        }
+        Ok(Self { path })
+    }
+}
+
+fn build(dir: &Path) -> Result<()> {
+    fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("creating cache directory {}", dir.display()), e))?;
+    let lock_path = dir.join(".lock");
+    let lock = fs::File::create(&lock_path)
+        .map_err(|e| Error::io(format!("creating lock file {}", lock_path.display()), e))?;
+    if lock.try_lock().is_err() {
+        progress(format_args!(
+            "another process is building kcp; waiting for it ({})",
+            lock_path.display()
+        ));
+        lock.lock()
+            .map_err(|e| Error::io(format!("locking {}", lock_path.display()), e))?;
+    }
+    if dir.join("kcp").is_file() {
+        return Ok(());
+    }
+    let go_version = Command::new("go").arg("version").output().map_err(|e| {
+        Error::MissingBinaries(format!(
+            "kcp is needed to run a kcp server, and `go` could not be run ({e}); install Go, or set {KCP_ENV} to a kcp {KCP_VERSION} binary"
+        ))
+    })?;
+    let src = dir.join("src");
+    for (name, text) in [("go.mod", GO_MOD), ("go.sum", GO_SUM)] {
+        let path = src.join(name);
+        fs::create_dir_all(&src)
+            .and_then(|()| fs::write(&path, text))
+            .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+    }
+    let log = dir.join("build.log");
+    let started = Instant::now();
+    progress(format_args!(
+        "building kcp {KCP_VERSION} with {} (first run only, a few minutes); log: {}",
+        String::from_utf8_lossy(&go_version.stdout).trim(),
+        log.display()
+    ));
+    let what = format!("kcp {KCP_VERSION}");
+    run_go_for(
+        &what,
+        &src,
+        &log,
+        "mod download",
+        &["mod", "download"],
+        started,
+    )?;
+    let out = src.join("kcp");
+    let out_arg = out.display().to_string();
+    run_go_for(
+        &what,
+        &src,
+        &log,
+        "build",
+        &[
+            "build",
+            "-trimpath",
+            "-ldflags",
+            "-s -w",
+            "-o",
+            &out_arg,
+            "github.com/kcp-dev/kcp/cmd/kcp",
+        ],
+        started,
+    )?;
+    let to = dir.join("kcp");
+    fs::rename(&out, &to)
+        .map_err(|e| Error::io(format!("moving {} to {}", out.display(), to.display()), e))?;
+    progress(format_args!(
+        "built kcp in {}; cached in {}",
+        elapsed(started),
+        dir.display()
+    ));
+    Ok(())
+}

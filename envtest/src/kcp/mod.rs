@@ -1,0 +1,306 @@
+//! A kcp server for tests: one shard with its embedded etcd on loopback,
+//! its admin kubeconfig, and helpers to make workspaces, an APIExport and
+//! its bindings.
+
+mod binary;
+
+pub use binary::{KCP_ENV, KCP_VERSION, KcpBinary};
+
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use kube::{
+    Api, Client,
+    api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams},
+    config::{KubeConfigOptions, Kubeconfig},
+};
+use tempfile::TempDir;
+
+use crate::{
+    Error, Result,
+    process::{Process, free_port},
+};
+
+/// How long kcp may take to start and to bootstrap its root workspace.
+pub const KCP_START_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A running kcp server; stopped (and its directory removed) when dropped.
+///
+/// ```no_run
+/// # async fn example() -> kube_fleet_envtest::Result<()> {
+/// let kcp = kube_fleet_envtest::Kcp::start().await?;
+/// let name = kcp.create_workspace("tenant-a").await?; // its logical cluster
+/// let tenant = kcp.client("root:tenant-a").await?;
+/// # let _ = (name, tenant);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct Kcp {
+    // Dropped first: the server, then its directory.
+    process: Process,
+    base: String,
+    kubeconfig: Kubeconfig,
+    kubeconfig_path: PathBuf,
+    dir: TempDir,
+}
+
+impl Kcp {
+    /// Builds kcp if needed ([`KcpBinary::find`]), starts it, and waits
+    /// until its root workspace takes new workspaces.
+    pub async fn start() -> Result<Self> {
+        let binary = KcpBinary::find().await?;
+        let dir = tempfile::Builder::new()
+            .prefix("kube-fleet-kcp-")
+            .tempdir()
+            .map_err(|e| Error::io("creating kcp's temporary directory", e))?;
+        let (port, etcd_client, etcd_peer) = (free_port()?, free_port()?, free_port()?);
+        let root = dir.path().join("root");
+        let args = vec![
+            "start".to_owned(),
+            format!("--root-directory={}", root.display()),
+            "--bind-address=127.0.0.1".to_owned(),
+            format!("--secure-port={port}"),
+            format!("--embedded-etcd-client-port={etcd_client}"),
+            format!("--embedded-etcd-peer-port={etcd_peer}"),
+        ];
+        let mut process = Process::spawn(
+            format!("kcp on port {port}"),
+            &binary.path,
+            &args,
+            dir.path().join("kcp.log"),
+        )?;
+        let kubeconfig_path = root.join("admin.kubeconfig");
+        let started = Instant::now();
+        let kubeconfig = loop {
+            if let Some(error) = process.exit_error() {
+                return Err(error);
+            }
+            if let Ok(kubeconfig) = Kubeconfig::read_from(&kubeconfig_path) {
+                break kubeconfig;
+            }
+            if started.elapsed() > KCP_START_TIMEOUT {
+                return Err(Error::Timeout {
+                    what: "kcp's admin kubeconfig".into(),
+                    after: KCP_START_TIMEOUT,
+                    last_error: None,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let kcp = Self {
+            process,
+            base: format!("https://127.0.0.1:{port}"),
+            kubeconfig,
+            kubeconfig_path,
+            dir,
+        };
+        // Bootstrapped once the root workspace type exists.
+        let root = kcp.client("root").await?;
+        let types = Api::<DynamicObject>::all_with(
+            root,
+            &resource(
+                "tenancy.kcp.io",
+                "v1alpha1",
+                "WorkspaceType",
+                "workspacetypes",
+            ),
+        );
+        let mut last_error: Option<String>;
+        loop {
+            match types.get_opt("root").await {
+                Ok(Some(_)) => break,
+                Ok(None) => last_error = Some("the root WorkspaceType is not there yet".to_owned()),
+                Err(error) => last_error = Some(error.to_string()),
+            }
+            if started.elapsed() > KCP_START_TIMEOUT {
+                return Err(Error::Timeout {
+                    what: "kcp's root workspace".into(),
+                    after: KCP_START_TIMEOUT,
+                    last_error,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        Ok(kcp)
+    }
+
+    /// The server's base URL (`https://127.0.0.1:PORT`).
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    /// The admin kubeconfig kcp wrote (contexts `root`, `base`,
+    /// `system:admin`).
+    pub fn kubeconfig_path(&self) -> &std::path::Path {
+        &self.kubeconfig_path
+    }
+
+    /// kcp's own process id.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// An admin client of the workspace at `path` (`root`, `root:tenant-a`)
+    /// or of a logical cluster by name.
+    pub async fn client(&self, path: &str) -> Result<Client> {
+        self.client_at(&format!("{}/clusters/{path}", self.base))
+            .await
+    }
+
+    /// An admin client of any URL kcp serves, such as an APIExport's
+    /// virtual workspace.
+    pub async fn client_at(&self, url: &str) -> Result<Client> {
+        let options = KubeConfigOptions {
+            context: Some("base".into()),
+            ..KubeConfigOptions::default()
+        };
+        let mut config = kube::Config::from_custom_kubeconfig(self.kubeconfig.clone(), &options)
+            .await
+            .map_err(|source| Error::Kubeconfig {
+                cluster: "kcp".into(),
+                source,
+            })?;
+        config.cluster_url = url.parse().map_err(|e| {
+            Error::io(
+                format!("kcp URL {url}"),
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+            )
+        })?;
+        Client::try_from(config).map_err(|e| Error::kube(format!("a client of {url}"), e))
+    }
+
+    /// Creates the workspace `name` under `root` (an organization), waits
+    /// until it is ready, and returns its logical cluster's name.
+    pub async fn create_workspace(&self, name: &str) -> Result<String> {
+        let root = self.client("root").await?;
+        let workspaces = Api::<DynamicObject>::all_with(
+            root,
+            &resource("tenancy.kcp.io", "v1alpha1", "Workspace", "workspaces"),
+        );
+        let workspace: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "tenancy.kcp.io/v1alpha1",
+            "kind": "Workspace",
+            "metadata": {"name": name},
+        }))
+        .expect("a valid Workspace");
+        workspaces
+            .patch(
+                name,
+                &PatchParams::apply("kube-fleet-envtest"),
+                &Patch::Apply(&workspace),
+            )
+            .await
+            .map_err(|e| Error::kube(format!("creating kcp workspace {name}"), e))?;
+        let started = Instant::now();
+        loop {
+            let current = workspaces
+                .get(name)
+                .await
+                .map_err(|e| Error::kube(format!("reading kcp workspace {name}"), e))?;
+            let phase = current.data["status"]["phase"].as_str().unwrap_or_default();
+            if let Some(cluster) = current.data["spec"]["cluster"].as_str()
+                && phase == "Ready"
+            {
+                return Ok(cluster.to_owned());
+            }
+            if started.elapsed() > KCP_START_TIMEOUT {
+                return Err(Error::Timeout {
+                    what: format!("kcp workspace {name}"),
+                    after: KCP_START_TIMEOUT,
+                    last_error: Some(format!("phase {phase:?}")),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Applies `yaml` (documents separated by `---`) in the workspace at
+    /// `path`, each object by server-side apply.
+    pub async fn apply(&self, path: &str, yaml: &str) -> Result<()> {
+        let client = self.client(path).await?;
+        let documents: Vec<serde_json::Value> =
+            serde_saphyr::from_multiple(yaml).map_err(|source| Error::CrdParse { source })?;
+        for document in documents.into_iter().filter(|d| !d.is_null()) {
+            let object: DynamicObject = serde_json::from_value(document)
+                .map_err(|source| Error::CrdDecode { index: 0, source })?;
+            let types = object.types.clone().unwrap_or_default();
+            let (group, version) = types
+                .api_version
+                .split_once('/')
+                .unwrap_or(("", types.api_version.as_str()));
+            let plural = format!("{}s", types.kind.to_lowercase());
+            let api = Api::<DynamicObject>::all_with(
+                client.clone(),
+                &resource(group, version, &types.kind, &plural),
+            );
+            let name = object.metadata.name.clone().unwrap_or_default();
+            api.patch(
+                &name,
+                &PatchParams::apply("kube-fleet-envtest").force(),
+                &Patch::Apply(&object),
+            )
+            .await
+            .map_err(|e| {
+                Error::kube(
+                    format!("applying {} {name} in kcp workspace {path}", types.kind),
+                    e,
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The URLs of an APIExport's endpoint slice (the export's virtual
+    /// workspace on each shard), once it has one: kcp writes them once a
+    /// workspace binds the export.
+    pub async fn endpoints(&self, path: &str, export: &str) -> Result<Vec<String>> {
+        let client = self.client(path).await?;
+        let slices = Api::<DynamicObject>::all_with(
+            client,
+            &resource(
+                "apis.kcp.io",
+                "v1alpha1",
+                "APIExportEndpointSlice",
+                "apiexportendpointslices",
+            ),
+        );
+        let started = Instant::now();
+        loop {
+            if let Some(slice) = slices
+                .get_opt(export)
+                .await
+                .map_err(|e| Error::kube(format!("reading the endpoint slice {export}"), e))?
+            {
+                let urls: Vec<String> = slice.data["status"]["endpoints"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|endpoint| endpoint["url"].as_str().map(str::to_owned))
+                    .collect();
+                if !urls.is_empty() {
+                    return Ok(urls);
+                }
+            }
+            if started.elapsed() > KCP_START_TIMEOUT {
+                return Err(Error::Timeout {
+                    what: format!("the endpoints of APIExport {export}"),
+                    after: KCP_START_TIMEOUT,
+                    last_error: None,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// kcp's directory (its data and log).
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+}
+
+fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+}
