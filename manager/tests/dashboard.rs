@@ -11,8 +11,15 @@ use std::{
 };
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::runtime::watcher;
-use kube_fleet::{Action, Controller, Fleet, ObjectRequest, provider::ProgrammaticProvider};
+use kube::{
+    Api,
+    api::{Patch, PatchParams},
+    runtime::watcher,
+};
+use kube_fleet::{
+    Action, Controller, Fleet, ObjectRequest, controller::ClusterSelector,
+    provider::ProgrammaticProvider,
+};
 use kube_fleet_envtest::Envtest;
 use kube_fleet_layers::{
     catch_panic::CatchPanicLayer,
@@ -141,6 +148,14 @@ async fn scrape(env: &Envtest, coordinate: impl FnOnce(Manager) -> Manager) -> S
             match request.request.name.as_str() {
                 "dashboard-0" => Err::<Action, BoxError>("failing on purpose".into()),
                 "dashboard-1" => panic!("panicking on purpose"),
+                "dashboard-2" => {
+                    // A write, which the controller then reads its own of.
+                    let api = Api::<ConfigMap>::namespaced(request.cluster.client(), "default");
+                    let patch = serde_json::json!({"metadata": {"annotations": {"seen": "yes"}}});
+                    api.patch("dashboard-2", &PatchParams::default(), &Patch::Merge(patch))
+                        .await?;
+                    Ok(Action::requeue(Duration::from_secs(300)))
+                }
                 _ => Ok(Action::requeue(Duration::from_secs(300))),
             }
         }));
@@ -169,6 +184,7 @@ async fn scrape(env: &Envtest, coordinate: impl FnOnce(Manager) -> Manager) -> S
             && text.contains(
                 r#"workqueue_depth{name="configmaps",controller="configmaps",cluster="east"}"#,
             )
+            && text.contains(r#"kube_fleet_read_your_writes_writes_total{cluster="east"}"#)
         {
             break text;
         }
@@ -269,7 +285,9 @@ async fn the_dashboard_reads_only_metrics_the_manager_exports() {
             Sharding::new("dashboard-shards")
                 .namespace("default")
                 .identity("one")
-                .client(client.clone()),
+                .client(client.clone())
+                // A hub that is not engaged: its keys' shards are reported.
+                .hub(ClusterSelector::matching(|name| name.as_str() == "hub")),
         )
     })
     .await;
@@ -297,5 +315,9 @@ async fn the_dashboard_reads_only_metrics_the_manager_exports() {
     assert!(
         led.contains(r#"leader_election_master_status{name="dashboard-leader"} 1"#),
         "{led}"
+    );
+    assert!(
+        sharded.contains(r#"kube_fleet_shard_hub_shards{name="dashboard-shards"}"#),
+        "{sharded}"
     );
 }
