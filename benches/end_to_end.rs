@@ -76,7 +76,7 @@ use kube::{
 use kube_fleet::envtest::Envtest;
 use kube_fleet::{
     Action, Controller, Fleet, ObjectRequest,
-    cache::{HostCache, NamespaceView},
+    cache::{HostCache, HostView},
     controller::DEFAULT_CLUSTER_CONCURRENCY,
     provider::ProgrammaticProvider,
 };
@@ -130,7 +130,7 @@ async fn main() -> Result<(), BoxError> {
     // With one server, each cluster is a namespace of it, viewed through
     // one shared host cache.
     let host = one_server.then(|| HostCache::new("host", direct[0].clone()));
-    let views: Vec<NamespaceView> = match &host {
+    let views: Vec<HostView> = match &host {
         Some(host) => {
             let mut views = Vec::new();
             for i in 0..clusters {

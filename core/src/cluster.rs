@@ -17,7 +17,7 @@ use kube::{
 use tokio::sync::{Notify, OnceCell};
 
 use crate::{
-    cache::{ClusterCache, InitialLists, NamespaceView, Watchable},
+    cache::{ClusterCache, HostView, InitialLists, Watchable},
     client::{
         Budget, ClusterClient, Reachability, RequestBudget, RequestStats, WriteWaits, Writes,
         counting,
@@ -118,25 +118,26 @@ impl Cluster {
         Self::with_cache(name, client, cache, requests, reachability)
     }
 
-    /// The cluster that is `view`'s namespace of its host: its client
-    /// defaults to that namespace, and its cache reads that namespace's part
-    /// of the host's watches (see [`HostCache`](crate::cache::HostCache)).
+    /// The cluster that is `view`'s part of its host (a namespace, or a
+    /// logical cluster of a host split by annotation): its client is the
+    /// view's, and its cache reads that part of the host's watches (see
+    /// [`HostCache`](crate::cache::HostCache)).
     /// Its [`requests`](Self::requests) count what goes through its client;
     /// the host's shared watches are counted under no view. Call it inside a
     /// tokio runtime.
-    pub fn of_view(name: impl Into<ClusterName>, view: &NamespaceView) -> Self {
+    pub fn of_view(name: impl Into<ClusterName>, view: &HostView) -> Self {
         Self::viewing(name, view, RequestBudget::DEFAULT)
     }
 
     /// [`of_view`](Self::of_view), its requests within `budget`.
     pub(crate) fn viewing(
         name: impl Into<ClusterName>,
-        view: &NamespaceView,
+        view: &HostView,
         budget: RequestBudget,
     ) -> Self {
         let name = name.into();
         let requests = Arc::<RequestStats>::default();
-        // The host's, shared with its other namespaces: a view that leaves
+        // The host's, shared with its other parts: a view that leaves
         // does not end it.
         let reachability = view.host().reachability().clone();
         let client = counting(
@@ -145,7 +146,7 @@ impl Cluster {
             requests.clone(),
             reachability.clone(),
             Budget::new(budget).map(Arc::new),
-            view.host().cache().writes().clone(),
+            view.writes().clone(),
         );
         let cache = ClusterCache::of_view(name.clone(), view);
         let mut cluster = Self::with_cache(name, client, cache, requests, reachability);

@@ -26,7 +26,7 @@ use super::watch::WatchProbe;
 /// minute apart, each after a request that takes at most its timeout.
 pub(crate) const RESUMED_AFTER: std::time::Duration = std::time::Duration::from_secs(120);
 use super::{
-    HostCache, NamespaceView, Shape, SharedWatch, TypeInfo, Watchable, initial_list, is_namespaced,
+    HostCache, HostView, Shape, SharedWatch, TypeInfo, Watchable, initial_list, is_namespaced,
     scope,
 };
 use crate::{
@@ -83,8 +83,8 @@ pub struct ClusterCache {
     pub(super) lists: Arc<initial_list::ListMode>,
     /// The fleet's bound on lists in flight.
     pub(super) permits: InitialLists,
-    /// For a namespace of a host engaged as a cluster: the host, whose
-    /// watches it reads its part of, and the namespace.
+    /// For a part of a host engaged as a cluster: the host, whose watches
+    /// it reads its part of, and the part (a namespace, split by namespace).
     pub(super) view: Option<(HostCache, String)>,
     /// What reconciles wrote through the cluster's client and its watches
     /// have not shown yet: the host's, for a namespace of a host.
@@ -119,16 +119,16 @@ impl ClusterCache {
         }
     }
 
-    /// The cache of the cluster that is `view`'s namespace of its host.
-    /// Its watches are the host's, under the host's bound on lists.
-    pub(crate) fn of_view(cluster: ClusterName, view: &NamespaceView) -> Self {
+    /// The cache of the cluster that is `view`'s part of its host. Its
+    /// watches are the host's, under the host's bound on lists.
+    pub(crate) fn of_view(cluster: ClusterName, view: &HostView) -> Self {
         Self {
-            view: Some((view.host().clone(), view.namespace().to_owned())),
+            view: Some((view.host().clone(), view.part().to_owned())),
             ..Self::new(
                 cluster,
                 view.client(),
                 InitialLists::unbounded(),
-                view.host().cache().writes.clone(),
+                view.writes().clone(),
             )
         }
     }
@@ -136,10 +136,18 @@ impl ClusterCache {
     /// The cache that holds cluster-scoped kinds for this cluster: its
     /// host's, for a namespace of a host; itself otherwise.
     pub(crate) fn whole(&self) -> &ClusterCache {
-        match &self.view {
+        match self.namespace_of() {
             Some((host, _)) => host.cache(),
             None => self,
         }
+    }
+
+    /// The host and namespace, for a namespace of a host.
+    fn namespace_of(&self) -> Option<(&HostCache, &str)> {
+        self.view
+            .as_ref()
+            .filter(|(host, _)| host.by_namespace())
+            .map(|(host, namespace)| (host, namespace.as_str()))
     }
 
     /// What reconciles wrote through the cluster's client and its watches
@@ -148,9 +156,16 @@ impl ClusterCache {
         &self.writes
     }
 
-    /// The namespace of its host this cluster is, if it is one.
+    /// The namespace of its host this cluster is, if it is one (of a
+    /// [`HostCache`] split by namespace).
     pub fn view_namespace(&self) -> Option<&str> {
-        self.view.as_ref().map(|(_, namespace)| namespace.as_str())
+        self.namespace_of().map(|(_, namespace)| namespace)
+    }
+
+    /// The part of its host this cluster is, if it is one: its namespace,
+    /// or its annotation's value (see [`SplitBy`](super::SplitBy)).
+    pub fn view_part(&self) -> Option<&str> {
+        self.view.as_ref().map(|(_, part)| part.as_str())
     }
 
     fn watches(&self) -> MutexGuard<'_, Watches> {
@@ -218,7 +233,19 @@ impl ClusterCache {
         config: &watcher::Config,
     ) -> Arc<SharedWatch<K>> {
         let namespace = scope::<K>(namespace);
-        let Some((host, own)) = &self.view else {
+        let split = match &self.view {
+            Some((host, own)) if !host.by_namespace() && namespace.is_none() => {
+                // Split by annotation: every kind, in all namespaces.
+                return self.shared(shape, dyntype, None, config, || {
+                    host.part::<K>(dyntype, own, shape, config, &self.cluster, &self.writes)
+                });
+            }
+            // Split by annotation, in one namespace: a watch of its own,
+            // through its own client.
+            Some((host, _)) if !host.by_namespace() => None,
+            view => view.as_ref(),
+        };
+        let Some((host, own)) = split else {
             return self.shared(shape, dyntype, namespace, config, || {
                 let queued = Arc::<AtomicBool>::default();
                 SharedWatch::start(
@@ -253,7 +280,7 @@ impl ClusterCache {
                 })
             }
             _ => self.shared(shape, dyntype, Some(own), config, || {
-                host.part::<K>(dyntype, own, shape, config, &self.cluster)
+                host.part::<K>(dyntype, own, shape, config, &self.cluster, &self.writes)
             }),
         }
     }
@@ -328,12 +355,12 @@ impl ClusterCache {
         namespace: Option<&str>,
         config: &watcher::Config,
     ) -> Option<Arc<SharedWatch<K>>> {
-        let namespace = match &self.view {
+        let namespace = match self.namespace_of() {
             Some((host, _)) if !is_namespaced::<K>() => {
                 return host.cache().find_with(dyntype, None, config);
             }
             // Its own namespace, whether named or not.
-            Some((_, own)) if namespace.is_none() => Some(own.as_str()),
+            Some((_, own)) if namespace.is_none() => Some(own),
             _ => scope::<K>(namespace),
         };
         let key = watch_key::<K>(&Shape::default(), dyntype, namespace, config);
@@ -428,8 +455,7 @@ impl ClusterCache {
                 && !probe.shows(written)
         });
         here || self
-            .view
-            .as_ref()
+            .namespace_of()
             .is_some_and(|(host, _)| host.cache().awaits(written))
     }
 

@@ -412,10 +412,11 @@ async fn run<K, S>(
 }
 
 /// Crosses off the writes a watch's events show (see `client::writes`).
+#[derive(Clone)]
 pub(super) struct Crossing {
     writes: Arc<Writes>,
-    group: String,
-    resource: String,
+    group: Arc<str>,
+    resource: Arc<str>,
 }
 
 /// What one event shows of its object, taken before the event is applied.
@@ -432,8 +433,8 @@ impl Crossing {
     pub(super) fn new<K: Resource>(writes: Arc<Writes>, dyntype: &K::DynamicType) -> Self {
         Self {
             writes,
-            group: K::group(dyntype).into_owned(),
-            resource: K::plural(dyntype).into_owned(),
+            group: K::group(dyntype).into(),
+            resource: K::plural(dyntype).into(),
         }
     }
 

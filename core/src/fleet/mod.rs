@@ -17,7 +17,7 @@ use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 
 use crate::{
-    cache::{InitialLists, NamespaceView},
+    cache::{HostView, InitialLists},
     cluster::Cluster,
     cluster_name::ClusterName,
     health::ClusterHealth,
@@ -376,7 +376,7 @@ impl Fleet {
     /// host: see [`HostCache`](crate::cache::HostCache). Call it inside a
     /// tokio runtime. Namespaces of one host are one cluster's, by design:
     /// they are not checked for [duplicates](Self::with_duplicates).
-    pub fn engage_view(&self, name: impl Into<ClusterName>, view: NamespaceView) -> Cluster {
+    pub fn engage_view(&self, name: impl Into<ClusterName>, view: HostView) -> Cluster {
         let name = name.into();
         let budget = self.request_budget();
         let cluster = Cluster::viewing(name.clone(), &view, budget);
@@ -568,7 +568,7 @@ pub enum ClusterEvent {
         /// The cluster's name in the fleet.
         name: ClusterName,
         /// The namespace and its host.
-        view: NamespaceView,
+        view: HostView,
     },
     /// The cluster `name` has left: stop its watches and forget its work.
     Disengage {
