@@ -1,8 +1,9 @@
 //! Prepares the binaries the envtest harness runs, or runs a fleet by hand.
 //!
 //! ```text
-//! kube-fleet-envtest install    # find or build kube-apiserver and etcd, print their directory
-//! kube-fleet-envtest start 3    # run three clusters until Ctrl-C, printing their kubeconfigs
+//! kube-fleet-envtest install      # find or build kube-apiserver and etcd, print their directory
+//! kube-fleet-envtest install kcp  # find or build kcp, print its path
+//! kube-fleet-envtest start 3      # run three clusters until Ctrl-C, printing their kubeconfigs
 //! ```
 //!
 //! Tests build the binaries on first use anyway; running `install` first
@@ -10,12 +11,16 @@
 
 use std::process::ExitCode;
 
-use kube_fleet_envtest::{Binaries, Envtest};
+use kube_fleet_envtest::{Binaries, Envtest, KcpBinary};
 
-const USAGE: &str = "usage: kube-fleet-envtest install | start [N]\n\n\
-    install  finds kube-apiserver and etcd (in $KUBEBUILDER_ASSETS or the cache), building them\n\
-             with go if needed, and prints the directory that holds them\n\
-    start    runs N clusters (default 1) on one etcd until Ctrl-C, printing each cluster's\n\
+const USAGE: &str = "\
+usage: kube-fleet-envtest install [kcp] | start [N]
+
+install      finds kube-apiserver and etcd (in $KUBEBUILDER_ASSETS or the cache), building
+             them with go if needed, and prints the directory that holds them
+install kcp  finds kcp (at $KCP_BINARY or in the cache), building it with go if needed (a few
+             minutes), and prints its path
+start        runs N clusters (default 1) on one etcd until Ctrl-C, printing each cluster's
              name, address and kubeconfig, and the process ids of the fleet";
 
 #[tokio::main(flavor = "current_thread")]
@@ -23,6 +28,7 @@ async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
         ["install"] => install().await,
+        ["install", "kcp"] => install_kcp().await,
         ["start"] => start(1).await,
         ["start", n] => match n.parse() {
             Ok(n) => start(n).await,
@@ -49,6 +55,12 @@ async fn install() -> Result<(), String> {
         .parent()
         .unwrap_or(&binaries.kube_apiserver);
     println!("{}", dir.display());
+    Ok(())
+}
+
+async fn install_kcp() -> Result<(), String> {
+    let kcp = KcpBinary::find().await.map_err(|e| e.to_string())?;
+    println!("{}", kcp.path.display());
     Ok(())
 }
 
