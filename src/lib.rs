@@ -94,6 +94,7 @@
 //! | `provider-cluster-api` | `providers::cluster_api` | the workload clusters of a Cluster API management cluster |
 //! | `provider-cluster-inventory` | `providers::cluster_inventory` | the `ClusterProfile`s of a Cluster Inventory API hub |
 //! | `provider-file` | `providers::file` | the contexts of kubeconfig files, watched for changes |
+//! | `provider-kcp` | `providers::kcp` | the kcp logical clusters (workspaces) that bind an APIExport |
 //! | `provider-kind` | `providers::kind` | the kind clusters on this machine |
 //! | `provider-multi` | `providers::multi` | several providers under name prefixes |
 //! | `provider-namespace` | `providers::namespace` | each namespace of one cluster as a cluster |
@@ -146,6 +147,9 @@ pub mod providers {
     #[cfg(feature = "provider-file")]
     #[doc(inline)]
     pub use kube_fleet_provider_file as file;
+    #[cfg(feature = "provider-kcp")]
+    #[doc(inline)]
+    pub use kube_fleet_provider_kcp as kcp;
     #[cfg(feature = "provider-kind")]
     #[doc(inline)]
     pub use kube_fleet_provider_kind as kind;

@@ -4,10 +4,7 @@
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
-use kube_fleet_envtest::Kcp;
-
-const EXPORT: &str = include_str!("../kcp/export.yaml");
-const BINDING: &str = include_str!("../kcp/binding.yaml");
+use kube_fleet_envtest::{KCP_EXAMPLE_EXPORT, Kcp};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_export_bound_in_two_workspaces_is_listed_across_both() {
@@ -15,9 +12,18 @@ async fn an_export_bound_in_two_workspaces_is_listed_across_both() {
     kcp.create_workspace("provider").await.unwrap();
     let a = kcp.create_workspace("consumer-a").await.unwrap();
     let b = kcp.create_workspace("consumer-b").await.unwrap();
-    kcp.apply("root:provider", EXPORT).await.unwrap();
+    kcp.apply("root:provider", KCP_EXAMPLE_EXPORT)
+        .await
+        .unwrap();
     for consumer in ["root:consumer-a", "root:consumer-b"] {
-        kcp.apply(consumer, BINDING).await.unwrap();
+        kcp.bind(
+            consumer,
+            "root:provider",
+            "example.io",
+            &[("configmaps", true)],
+        )
+        .await
+        .unwrap();
     }
     let urls = kcp.endpoints("root:provider", "example.io").await.unwrap();
     assert_eq!(urls.len(), 1, "{urls:?}");

@@ -148,21 +148,7 @@ pub async fn all_lists_served(client: &Client, resource: &str) -> u64 {
 async fn api_server_count(client: &Client, metric: &str, resource: &str, verb: &str) -> u64 {
     let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
     let metrics = client.request_text(request).await.expect("GET /metrics");
-    let (series, resource, verb) = (
-        format!("{metric}{{"),
-        format!("resource=\"{resource}\""),
-        if verb.is_empty() {
-            String::new()
-        } else {
-            format!("verb=\"{verb}\"")
-        },
-    );
-    metrics
-        .lines()
-        .filter(|line| line.starts_with(&series))
-        .filter(|line| line.contains(&resource) && line.contains(&verb))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    kube_fleet::envtest::metric_sum(&metrics, metric, resource, verb)
 }
 
 /// Waits until `status` shows the cluster `name` failing, and returns it.

@@ -23,6 +23,11 @@ use crate::{
     process::{Process, free_port},
 };
 
+/// An APIExport `example.io` of a namespaced `Widget`
+/// (`widgets.example.io`, any fields) with its APIResourceSchema, claiming
+/// ConfigMaps: what tests bind ([`Kcp::apply`] it, then [`Kcp::bind`]).
+pub const KCP_EXAMPLE_EXPORT: &str = include_str!("../../kcp/export.yaml");
+
 /// How long kcp may take to start and to bootstrap its root workspace.
 pub const KCP_START_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -153,8 +158,40 @@ impl Kcp {
     /// An admin client of any URL kcp serves, such as an APIExport's
     /// virtual workspace.
     pub async fn client_at(&self, url: &str) -> Result<Client> {
+        let config = self.config_at(url).await?;
+        Client::try_from(config).map_err(|e| Error::kube(format!("a client of {url}"), e))
+    }
+
+    /// The admin `kube::Config` of the workspace at `path` (`root:tenant-a`).
+    pub async fn config(&self, path: &str) -> Result<kube::Config> {
+        self.config_at(&format!("{}/clusters/{path}", self.base))
+            .await
+    }
+
+    /// The admin `kube::Config` of any URL kcp serves.
+    pub async fn config_at(&self, url: &str) -> Result<kube::Config> {
+        self.config_as("base", url).await
+    }
+
+    /// The server's own metrics (`GET /metrics`, as the shard's
+    /// `system:admin`, which may read them): how many watches it serves,
+    /// say (`apiserver_longrunning_requests`).
+    pub async fn metrics(&self) -> Result<String> {
+        let config = self.config_as("system:admin", &self.base).await?;
+        let client =
+            Client::try_from(config).map_err(|e| Error::kube("a client of kcp's metrics", e))?;
+        let request = http::Request::get("/metrics")
+            .body(Vec::new())
+            .map_err(|e| Error::io("a request of kcp's metrics", std::io::Error::other(e)))?;
+        client
+            .request_text(request)
+            .await
+            .map_err(|e| Error::kube("reading kcp's metrics", e))
+    }
+
+    async fn config_as(&self, context: &str, url: &str) -> Result<kube::Config> {
         let options = KubeConfigOptions {
-            context: Some("base".into()),
+            context: Some(context.into()),
             ..KubeConfigOptions::default()
         };
         let mut config = kube::Config::from_custom_kubeconfig(self.kubeconfig.clone(), &options)
@@ -169,7 +206,7 @@ impl Kcp {
                 std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
             )
         })?;
-        Client::try_from(config).map_err(|e| Error::kube(format!("a client of {url}"), e))
+        Ok(config)
     }
 
     /// Creates the workspace `name` under `root` (an organization), waits
@@ -293,6 +330,63 @@ impl Kcp {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// How many watches of `resource` kcp serves now, by its own
+    /// `apiserver_longrunning_requests` ([`metrics`](Self::metrics)). A
+    /// watch through an APIExport's virtual workspace counts twice: as the
+    /// virtual workspace serves it, and as the watch it opens on the shard.
+    pub async fn watches_served(&self, resource: &str) -> Result<u64> {
+        Ok(crate::metrics::watches_served(
+            &self.metrics().await?,
+            resource,
+        ))
+    }
+
+    /// Binds the APIExport `export` of the workspace at `export_path` in the
+    /// workspace at `path` (an `APIBinding` named after the export),
+    /// accepting (`true`) or rejecting (`false`) each of its permission
+    /// claims, named `resource` for the core group or `resource.group`.
+    ///
+    /// ```no_run
+    /// # async fn example(kcp: kube_fleet_envtest::Kcp) -> kube_fleet_envtest::Result<()> {
+    /// kcp.create_workspace("provider").await?;
+    /// kcp.create_workspace("tenant-a").await?;
+    /// kcp.apply("root:provider", kube_fleet_envtest::KCP_EXAMPLE_EXPORT).await?;
+    /// kcp.bind("root:tenant-a", "root:provider", "example.io", &[("configmaps", true)]).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn bind(
+        &self,
+        path: &str,
+        export_path: &str,
+        export: &str,
+        claims: &[(&str, bool)],
+    ) -> Result<()> {
+        let claims: Vec<serde_json::Value> = claims
+            .iter()
+            .map(|(claim, accepted)| {
+                let (resource, group) = claim.split_once('.').unwrap_or((claim, ""));
+                serde_json::json!({
+                    "group": group,
+                    "resource": resource,
+                    "verbs": ["*"],
+                    "selector": {"matchAll": true},
+                    "state": if *accepted { "Accepted" } else { "Rejected" },
+                })
+            })
+            .collect();
+        let binding = serde_json::json!({
+            "apiVersion": "apis.kcp.io/v1alpha2",
+            "kind": "APIBinding",
+            "metadata": {"name": export},
+            "spec": {
+                "reference": {"export": {"path": export_path, "name": export}},
+                "permissionClaims": claims,
+            },
+        });
+        self.apply(path, &binding.to_string()).await
     }
 
     /// kcp's directory (its data and log).

@@ -50,12 +50,7 @@ async fn config_map(client: &Client, namespace: &str, name: &str) {
 async fn config_map_watches(client: &Client) -> u64 {
     let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
     let metrics = client.request_text(request).await.expect("GET /metrics");
-    metrics
-        .lines()
-        .filter(|line| line.starts_with("apiserver_longrunning_requests{"))
-        .filter(|line| line.contains("resource=\"configmaps\"") && line.contains("verb=\"WATCH\""))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    kube_fleet_envtest::watches_served(&metrics, "configmaps")
 }
 
 fn run(provider: NamespaceProvider) -> (Fleet, mpsc::UnboundedReceiver<McRequest>) {

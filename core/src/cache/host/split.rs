@@ -494,4 +494,52 @@ mod tests {
         assert_eq!(b.store().len(), 0);
         assert_eq!(a.store().len(), 2);
     }
+
+    fn written(cluster: &str, version: u64) -> crate::client::Written {
+        crate::client::Written {
+            id: crate::client::ObjectId {
+                group: String::new(),
+                resource: "configmaps".into(),
+                namespace: Some("x".into()),
+                name: "one".into(),
+            },
+            version,
+            uid: None,
+            gone: false,
+            labels: Default::default(),
+            writer: "parents".into(),
+            cluster: cluster.into(),
+            at: tokio::time::Instant::now(),
+        }
+    }
+
+    #[tokio::test]
+    async fn split_by_annotation_an_event_is_told_to_its_own_parts_writes_only() {
+        let (split, events) = split_by(SplitBy::annotation(CLUSTER));
+        let (a_writes, b_writes) = (Arc::<Writes>::default(), Arc::<Writes>::default());
+        let _a = split.clone().part("a", &a_writes);
+        let _b = split.clone().part("b", &b_writes);
+        events.send(Ok(Event::Init)).unwrap();
+        events.send(Ok(Event::InitDone)).unwrap();
+        settle().await;
+        // The same namespace and name, written in both clusters.
+        a_writes.record(written("a", 5));
+        b_writes.record(written("b", 5));
+        let mut a_shown = std::pin::pin!(a_writes.shown_next());
+        let mut b_shown = std::pin::pin!(b_writes.shown_next());
+        a_shown.as_mut().enable();
+        b_shown.as_mut().enable();
+        let mut object = in_cluster(config_map("x", "one"), "a");
+        object.metadata.resource_version = Some("5".into());
+        events.send(Ok(Event::Apply(object))).unwrap();
+        settle().await;
+        assert!(
+            futures::FutureExt::now_or_never(a_shown).is_some(),
+            "a's write is shown"
+        );
+        assert!(
+            futures::FutureExt::now_or_never(b_shown).is_none(),
+            "b's write is not: the object was a's"
+        );
+    }
 }
