@@ -126,29 +126,38 @@ impl Cluster {
     /// the host's shared watches are counted under no view. Call it inside a
     /// tokio runtime.
     pub fn of_view(name: impl Into<ClusterName>, view: &HostView) -> Self {
-        Self::viewing(name, view, RequestBudget::DEFAULT)
+        Self::viewing(
+            name,
+            view,
+            RequestBudget::DEFAULT,
+            InitialLists::unbounded(),
+        )
     }
 
-    /// [`of_view`](Self::of_view), its requests within `budget`.
+    /// [`of_view`](Self::of_view), its requests within `budget` unless its
+    /// client has its own, and its own watches' lists under `permits`.
     pub(crate) fn viewing(
         name: impl Into<ClusterName>,
         view: &HostView,
         budget: RequestBudget,
+        permits: InitialLists,
     ) -> Self {
         let name = name.into();
         let requests = Arc::<RequestStats>::default();
         // The host's, shared with its other parts: a view that leaves
         // does not end it.
         let reachability = view.host().reachability().clone();
+        let given = view.cluster_client().clone();
+        let budget = Budget::new(given.budget().unwrap_or(budget)).map(Arc::new);
         let client = counting(
             name.clone(),
-            view.client().into(),
+            given,
             requests.clone(),
             reachability.clone(),
-            Budget::new(budget).map(Arc::new),
+            budget,
             view.writes().clone(),
         );
-        let cache = ClusterCache::of_view(name.clone(), view);
+        let cache = ClusterCache::of_view(name.clone(), view, client.clone(), permits);
         let mut cluster = Self::with_cache(name, client, cache, requests, reachability);
         Arc::get_mut(&mut cluster.inner)
             .expect("not shared yet")

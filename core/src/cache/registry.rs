@@ -119,17 +119,19 @@ impl ClusterCache {
         }
     }
 
-    /// The cache of the cluster that is `view`'s part of its host. Its
-    /// watches are the host's, under the host's bound on lists.
-    pub(crate) fn of_view(cluster: ClusterName, view: &HostView) -> Self {
+    /// The cache of the cluster that is `view`'s part of its host, whose
+    /// client is `client`. Its watches are the host's, under the host's
+    /// bound on lists; its own (of one namespace, split by annotation) go
+    /// through `client` under `permits`.
+    pub(crate) fn of_view(
+        cluster: ClusterName,
+        view: &HostView,
+        client: Client,
+        permits: InitialLists,
+    ) -> Self {
         Self {
             view: Some((view.host().clone(), view.part().to_owned())),
-            ..Self::new(
-                cluster,
-                view.client(),
-                InitialLists::unbounded(),
-                view.writes().clone(),
-            )
+            ..Self::new(cluster, client, permits, view.writes().clone())
         }
     }
 

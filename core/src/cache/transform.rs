@@ -23,7 +23,10 @@ use kube::{Resource, api::ObjectMeta};
 /// included; it must leave the name, namespace, UID and resource version,
 /// which the cache keys and compares on, and the owner references where the
 /// watch serves [`Controller::owns`](crate::Controller::owns), which maps
-/// by them. A transform that panics does not stop the watch: the panic is
+/// by them. In a host split by annotation
+/// ([`SplitBy::Annotation`](crate::cache::SplitBy::Annotation), kcp's
+/// `kcp.io/cluster`), that annotation is put back if the transform takes
+/// it away: it tells which cluster the object is in. A transform that panics does not stop the watch: the panic is
 /// logged with the cluster, kind and object (the first one of a watch as an
 /// error, later ones at debug level), and the object is cached as the
 /// transform left it, so what it would have saved is not saved. A program
@@ -153,6 +156,9 @@ impl fmt::Debug for Transform {
 pub(crate) struct Shape {
     pub(crate) keep_managed_fields: bool,
     pub(crate) transform: Option<Transform>,
+    /// An annotation the transform may not take away: what tells the parts
+    /// of a host split by annotation apart.
+    pub(crate) keep_annotation: Option<std::sync::Arc<str>>,
 }
 
 impl Shape {
@@ -161,7 +167,19 @@ impl Shape {
             object.meta_mut().managed_fields = None;
         }
         if let Some(transform) = &self.transform {
+            let kept = self.keep_annotation.as_deref().and_then(|key| {
+                let value = object.meta().annotations.as_ref()?.get(key)?.clone();
+                Some((key, value))
+            });
             transform.apply(object);
+            if let Some((key, value)) = kept {
+                object
+                    .meta_mut()
+                    .annotations
+                    .get_or_insert_default()
+                    .entry(key.to_owned())
+                    .or_insert(value);
+            }
         }
     }
 
@@ -216,10 +234,33 @@ mod tests {
                 let saw = saw_managed_fields.clone();
                 move |meta| *saw.lock().unwrap() = Some(meta.managed_fields.is_some())
             })),
+            keep_annotation: None,
         };
         let mut cm = ConfigMap::default();
         cm.metadata.managed_fields = Some(Vec::new());
         shape.apply(&mut cm);
         assert_eq!(*saw_managed_fields.lock().unwrap(), Some(false));
+    }
+
+    #[test]
+    fn the_annotation_a_host_splits_by_outlives_a_transform() {
+        let shape = Shape {
+            transform: Some(Transform::metadata(|meta| meta.annotations = None)),
+            keep_annotation: Some("kcp.io/cluster".into()),
+            ..Shape::default()
+        };
+        let mut cm = ConfigMap::default();
+        cm.metadata.annotations = Some(
+            [
+                ("kcp.io/cluster".to_owned(), "a".to_owned()),
+                ("other".to_owned(), "x".to_owned()),
+            ]
+            .into(),
+        );
+        shape.apply(&mut cm);
+        assert_eq!(
+            cm.metadata.annotations,
+            Some([("kcp.io/cluster".to_owned(), "a".to_owned())].into())
+        );
     }
 }

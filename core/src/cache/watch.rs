@@ -438,6 +438,16 @@ impl Crossing {
         }
     }
 
+    /// Whether it tells `writes`.
+    pub(super) fn tells(&self, writes: &Arc<Writes>) -> bool {
+        Arc::ptr_eq(&self.writes, writes)
+    }
+
+    /// Whether it tells the same writes as `other`.
+    pub(super) fn same(&self, other: &Crossing) -> bool {
+        Arc::ptr_eq(&self.writes, &other.writes)
+    }
+
     /// What `event` shows, if any write waits to be shown.
     pub(super) fn before<K: Resource>(&self, event: &Event<K>) -> Option<Seen> {
         if !self.writes.is_tracking() {

@@ -116,6 +116,96 @@ impl ClusterClient {
         self
     }
 
+    /// A client of the same server and connection whose requests' paths
+    /// are put under `prefix`: a path of its own for each of many clusters
+    /// one server serves (kcp's `/clusters/<logical cluster>`), or a
+    /// proxy's route. `prefix` is a path (`/clusters/root`): it starts with
+    /// `/`, and has no query, fragment or trailing `/`. Clients of one
+    /// stack made this way share its connection, and add no request queue
+    /// or task of their own.
+    ///
+    /// ```
+    /// # async fn example(config: kube::Config) -> Result<(), Box<dyn std::error::Error>> {
+    /// use kube_fleet::client::cluster_client;
+    ///
+    /// let server = cluster_client(config)?;
+    /// let tenant = server.clone().under_path("/clusters/2x5qrt7c")?;
+    /// assert!(server.under_path("clusters").is_err());
+    /// # let _ = tenant;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn under_path(self, prefix: &str) -> Result<Self, InvalidPathPrefix> {
+        let valid = prefix.starts_with('/')
+            && !prefix.ends_with('/')
+            && prefix
+                .parse::<http::uri::PathAndQuery>()
+                .is_ok_and(|p| p.query().is_none())
+            && !prefix.contains('#');
+        if !valid {
+            return Err(InvalidPathPrefix(prefix.to_owned()));
+        }
+        let prefix: std::sync::Arc<str> = prefix.into();
+        let budget = self.budget;
+        let namespace = self.default_namespace().to_owned();
+        let below = self.into_stack();
+        let service = below.map_request(move |mut request: Request<Body>| {
+            let path = request
+                .uri()
+                .path_and_query()
+                .map_or("/", |path| path.as_str());
+            // A valid path under a valid prefix is a valid path.
+            if let Ok(path) = format!("{prefix}{path}").parse::<http::uri::PathAndQuery>() {
+                let mut parts = request.uri().clone().into_parts();
+                parts.path_and_query = Some(path);
+                if let Ok(uri) = http::Uri::from_parts(parts) {
+                    *request.uri_mut() = uri;
+                }
+            }
+            request
+        });
+        Ok(Self {
+            repr: Repr::Stack {
+                service: BoxCloneSyncService::new(service),
+                namespace,
+            },
+            budget,
+        })
+    }
+
+    /// The same client, its requests defaulting to `namespace`
+    /// (`Api::default_namespaced`). It shares the connection, and adds no
+    /// request queue or task of its own.
+    pub fn with_default_namespace(self, namespace: impl Into<String>) -> Self {
+        let budget = self.budget;
+        Self {
+            repr: Repr::Stack {
+                service: self.into_stack(),
+                namespace: namespace.into(),
+            },
+            budget,
+        }
+    }
+
+    /// Its stack: this crate's, or one that sends through the finished
+    /// client.
+    fn into_stack(self) -> Stack {
+        match self.repr {
+            Repr::Stack { service, .. } => service,
+            Repr::Client(client) => {
+                BoxCloneSyncService::new(tower::service_fn(move |request: Request<Body>| {
+                    let client = client.clone();
+                    async move {
+                        let response = client.send(request).await.map_err(BoxError::from)?;
+                        Ok::<_, BoxError>(
+                            response.map(|body| body.map_err(BoxError::from).boxed_unsync()),
+                        )
+                    }
+                }))
+            }
+        }
+    }
+
     /// Its own budget, if it was given one.
     pub fn budget(&self) -> Option<RequestBudget> {
         self.budget
@@ -180,6 +270,15 @@ fn as_kube_error(error: BoxError) -> kube::Error {
         })
         .unwrap_or_else(kube::Error::Service)
 }
+
+/// A path prefix that [`ClusterClient::under_path`] cannot put requests
+/// under: not a path starting with `/`, or with a query, fragment or
+/// trailing `/`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{0:?} is not a path prefix: give a path such as /clusters/root (a leading /, no query, fragment or trailing /)"
+)]
+pub struct InvalidPathPrefix(pub String);
 
 impl From<Client> for ClusterClient {
     fn from(client: Client) -> Self {

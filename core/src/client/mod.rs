@@ -69,7 +69,7 @@ mod writes;
 
 pub(crate) use budget::Budget;
 pub use budget::RequestBudget;
-pub use cluster_client::ClusterClient;
+pub use cluster_client::{ClusterClient, InvalidPathPrefix};
 
 pub use error::error_chain;
 pub(crate) use error::is_unanswered;

@@ -199,8 +199,10 @@ fn unreachable_owner(
 ) -> bool {
     // Namespaces of one host share its reachability. Clusters of their own
     // are taken for different servers, even one engaged under two names:
-    // an address does not tell (one proxy can front many clusters).
-    if !Arc::ptr_eq(owner_reachability, reachability) {
+    // an address does not tell (one proxy can front many clusters). The
+    // logical clusters of a host split by annotation share it too, but
+    // each has a garbage collector of its own.
+    if !Arc::ptr_eq(owner_reachability, reachability) || reachability.is_collected_apart() {
         return true;
     }
     match owner.namespace() {
@@ -478,5 +480,24 @@ mod tests {
                 .await
         });
         assert!(other.await.is_err(), "another namespace");
+    }
+
+    #[tokio::test]
+    async fn logical_clusters_of_one_host_are_refused_even_in_the_same_namespace() {
+        let child = json!({"metadata": {"name": "child", "ownerReferences": [owner()]}});
+        // Two logical clusters of a host split by annotation (kcp's): one
+        // reachability, a garbage collector each.
+        let shared = Arc::new(Reachability::new("shard".into(), client()).collected_apart(true));
+        let (a, b) = (Side::sharing("a", &shared), Side::sharing("b", &shared));
+        for namespace in [None, Some("default")] {
+            let written = reconciling(parent_in(&a, namespace), async {
+                b.write(Method::POST, CONFIGMAPS, &child).await
+            });
+            assert!(written.await.is_err(), "owner in {namespace:?}");
+        }
+        let own = reconciling(parent_in(&a, Some("default")), async {
+            a.write(Method::POST, CONFIGMAPS, &child).await
+        });
+        assert!(own.await.is_ok(), "its own cluster");
     }
 }

@@ -73,6 +73,10 @@ pub(crate) struct Reachability {
     outage: Mutex<Outage>,
     /// How many times the cluster answered again after it did not.
     recoveries: watch::Sender<u64>,
+    /// The clusters that share it are each collected apart (the logical
+    /// clusters of a host split by annotation): no object of one is found
+    /// by the garbage collector of another.
+    apart: bool,
     /// The engagement has ended: no more probes.
     closed: AtomicBool,
     /// Where probes run: the runtime the cluster was engaged in.
@@ -99,6 +103,18 @@ impl std::fmt::Debug for Reachability {
 impl Reachability {
     /// For the cluster `cluster`, probed through `client` (its own, not
     /// one that reports here).
+    /// The same, for clusters that share it but are each collected apart
+    /// (`apart`), or not.
+    pub(crate) fn collected_apart(mut self, apart: bool) -> Self {
+        self.apart = apart;
+        self
+    }
+
+    /// Whether the clusters that share it are each collected apart.
+    pub(crate) fn is_collected_apart(&self) -> bool {
+        self.apart
+    }
+
     pub(crate) fn new(cluster: ClusterName, client: ClusterClient) -> Self {
         Self {
             client,
@@ -111,6 +127,7 @@ impl Reachability {
             runtime: Handle::try_current().ok(),
             born: Instant::now(),
             heard: AtomicU64::new(0),
+            apart: false,
         }
     }
 

@@ -300,6 +300,7 @@ impl<T: Watchable> Resolved<T> {
             shape: Shape {
                 keep_managed_fields,
                 transform,
+                keep_annotation: None,
             },
         })
     }

@@ -372,14 +372,17 @@ impl Fleet {
         cluster
     }
 
-    /// Engages (or replaces) the cluster `name` that is a namespace of a
-    /// host: see [`HostCache`](crate::cache::HostCache). Call it inside a
-    /// tokio runtime. Namespaces of one host are one cluster's, by design:
-    /// they are not checked for [duplicates](Self::with_duplicates).
+    /// Engages (or replaces) the cluster `name` that is a part of a host
+    /// (a namespace, or a logical cluster of a host split by annotation):
+    /// see [`HostCache`](crate::cache::HostCache). Call it inside a tokio
+    /// runtime. The parts of one host are one server's, by design: they
+    /// are not checked for [duplicates](Self::with_duplicates). Its own
+    /// watches' lists (of one namespace, split by annotation) count against
+    /// the fleet's [initial lists](Self::with_initial_lists).
     pub fn engage_view(&self, name: impl Into<ClusterName>, view: HostView) -> Cluster {
         let name = name.into();
         let budget = self.request_budget();
-        let cluster = Cluster::viewing(name.clone(), &view, budget);
+        let cluster = Cluster::viewing(name.clone(), &view, budget, self.initial_lists());
         let mut state = self.state();
         self.offered(&mut state, &name);
         // A namespace of a host is not one of a cluster's names.
@@ -561,13 +564,14 @@ pub enum ClusterEvent {
         /// [`cluster_client`](crate::client::cluster_client).
         client: ClusterClient,
     },
-    /// Engage the cluster `name` that is one namespace of a host, read
-    /// through the host's shared watches (see
-    /// [`HostCache`](crate::cache::HostCache)). Replaces as `Engage` does.
+    /// Engage the cluster `name` that is one part of a host (a namespace,
+    /// or a kcp logical cluster), read through the host's shared watches
+    /// (see [`HostCache`](crate::cache::HostCache)). Replaces as `Engage`
+    /// does.
     EngageView {
         /// The cluster's name in the fleet.
         name: ClusterName,
-        /// The namespace and its host.
+        /// The part and its host.
         view: HostView,
     },
     /// The cluster `name` has left: stop its watches and forget its work.

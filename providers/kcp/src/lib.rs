@@ -74,11 +74,7 @@ use std::{
 };
 
 use futures::{Stream, StreamExt, stream::BoxStream};
-use kube::{
-    Api, Client, Config,
-    api::DynamicObject,
-    runtime::{WatchStreamExt, watcher},
-};
+use kube::{Client, Config};
 use kube_fleet::{
     cache::{HostCache, SplitBy},
     provider::{ClusterEvent, Problems},
@@ -169,9 +165,11 @@ impl Shards {
             .clone()
     }
 
-    /// The watches all the shards serve for the provider's clusters now:
-    /// one per type and watch configuration per shard, however many
-    /// logical clusters read them.
+    /// The watches the shards serve for the provider's clusters' caches
+    /// now: one per type and watch configuration per shard, however many
+    /// logical clusters read them. Not counted: the provider's own watch
+    /// of APIBindings (one per shard), and a logical cluster's own watch of
+    /// one namespace.
     pub fn watch_count(&self) -> usize {
         self.caches().iter().map(HostCache::watch_count).sum()
     }
@@ -183,18 +181,14 @@ impl Stream for KcpProvider {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<ClusterEvent>> {
         let this = &mut *self;
         let stream = this.stream.get_or_insert_with(|| {
-            let api =
-                Api::<DynamicObject>::all_with(this.workspace.clone(), &binding::endpoint_slices());
-            let config =
-                watcher::Config::default().fields(&format!("metadata.name={}", this.slice));
-            let slices = watcher(api, config).default_backoff().boxed();
             State::new(
                 this.config.clone(),
                 this.slice.clone(),
+                this.workspace.clone(),
                 this.problems.clone(),
                 this.shards.clone(),
             )
-            .events(slices)
+            .events()
         });
         stream.poll_next_unpin(cx)
     }

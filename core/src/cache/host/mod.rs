@@ -81,6 +81,8 @@ pub struct HostCache {
 }
 
 struct HostInner {
+    /// The client it was given: what its parts' requests go through.
+    raw: ClusterClient,
     /// The host's own cache: its client, its list mode, and the watches of
     /// cluster-scoped types (split by namespace).
     cache: ClusterCache,
@@ -175,11 +177,16 @@ impl HostCache {
     ) -> Self {
         let host = host.into();
         let client = client.into();
-        let reachability = Arc::new(Reachability::new(host.clone(), client.clone()));
+        // Split by annotation, each part is a cluster of its own to the
+        // garbage collector.
+        let apart = by != SplitBy::Namespace;
+        let reachability =
+            Arc::new(Reachability::new(host.clone(), client.clone()).collected_apart(apart));
         // The host's own requests (its shared watches) are counted under no
         // cluster; each part's count in its own engagement.
         // Its watches only: no budget to hold them back.
         let writes = Arc::<Writes>::default();
+        let raw = client.clone();
         let client = counting(
             host.clone(),
             client,
@@ -190,6 +197,7 @@ impl HostCache {
         );
         Self {
             inner: Arc::new(HostInner {
+                raw,
                 cache: ClusterCache::new(host, client, InitialLists::unbounded(), writes),
                 by,
                 reachability,
@@ -226,10 +234,13 @@ impl HostCache {
     /// The part `part` of the host, to be engaged as a cluster whose
     /// requests go through `client`: for a split by annotation, the client
     /// of that part's own cluster (kcp: `…/clusters/<logical cluster>` of
-    /// the host's virtual workspace), which can share the host's
-    /// connection. Its watches are still the host's, split.
-    pub fn view_with(&self, part: impl Into<String>, client: Client) -> HostView {
-        HostView::with_client(self.clone(), part.into(), client)
+    /// the host's virtual workspace), best made from the host's own with
+    /// [`ClusterClient::under_path`] so that it shares the host's
+    /// connection and adds no request queue. Its watches of all namespaces
+    /// are the host's, split; split by annotation, a watch of one namespace
+    /// is its own, through `client`.
+    pub fn view_with(&self, part: impl Into<String>, client: impl Into<ClusterClient>) -> HostView {
+        HostView::with_client(self.clone(), part.into(), client.into())
     }
 
     /// The host's name, as given.
@@ -243,7 +254,8 @@ impl HostCache {
     }
 
     /// How many watches of the host run now, split or not: what the API
-    /// server serves, whatever the number of parts.
+    /// server serves for the host, whatever the number of parts (not
+    /// counting a part's own watches of one namespace, split by annotation).
     pub fn watch_count(&self) -> usize {
         let split = self
             .split()
@@ -286,6 +298,14 @@ impl HostCache {
                 Some(split) => split,
                 None => {
                     watches.retain(|_, w| w.strong_count() > 0);
+                    // What tells the parts apart outlives a transform.
+                    let shape = match &self.inner.by {
+                        SplitBy::Annotation(key) => &Shape {
+                            keep_annotation: Some(key.as_str().into()),
+                            ..shape.clone()
+                        },
+                        SplitBy::Namespace => shape,
+                    };
                     let events =
                         self.inner
                             .cache

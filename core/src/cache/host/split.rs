@@ -47,17 +47,20 @@ struct Parts<K: Resource<DynamicType: TypeInfo> + Clone + 'static> {
     /// Whether a list has completed.
     listed: bool,
     health: Health,
-    /// Whether each part tells its events to writes of its own.
+    /// Whether each part tells its events to the writes of the clusters
+    /// that read it, rather than all to the host's.
     own_writes: bool,
 }
 
 struct Part<K: Resource<DynamicType: TypeInfo> + Clone + 'static> {
     writer: Writer<K>,
     hub: Arc<Hub<K>>,
-    /// Where its events are told to its cluster's writes, when each part
-    /// has writes of its own (a split by annotation): those of its last
-    /// reader, while one reads it.
-    crossing: Option<Crossing>,
+    /// How many watches read it now.
+    readers: usize,
+    /// Where its events are told, when each part has writes of its own
+    /// (a split by annotation): the writes of each cluster that reads it,
+    /// with how many of its readers are that cluster's.
+    crossings: Vec<(Crossing, usize)>,
 }
 
 impl<K: Resource<DynamicType: TypeInfo> + Clone + 'static> Parts<K> {
@@ -65,17 +68,21 @@ impl<K: Resource<DynamicType: TypeInfo> + Clone + 'static> Parts<K> {
     fn part(&mut self, part: &str) -> &mut Part<K> {
         if !self.by_part.contains_key(part) {
             let mut writer = Writer::new(self.dyntype.clone());
-            if self.listing {
-                // It takes part in the list under way.
+            let hub = if self.listing {
+                // It takes part in the list under way, and is synced when
+                // that list is done.
                 writer.apply_watcher_event(&Event::Init);
-            }
-            let hub = Arc::new(Hub::new(self.health.clone(), self.listed));
+                Hub::new(Health::syncing(), false)
+            } else {
+                Hub::new(self.health.clone(), self.listed)
+            };
             self.by_part.insert(
                 part.to_owned(),
                 Part {
                     writer,
-                    hub,
-                    crossing: None,
+                    hub: Arc::new(hub),
+                    readers: 0,
+                    crossings: Vec::new(),
                 },
             );
         }
@@ -91,26 +98,21 @@ impl<K: Resource<DynamicType: TypeInfo> + Clone + 'static> Parts<K> {
 
     /// Forgets the parts that hold nothing and that no watch reads.
     fn forget_unread(&mut self) {
-        self.by_part.retain(|_, part| {
-            Arc::strong_count(&part.hub) > 1 || !part.writer.as_reader().is_empty()
-        });
+        self.by_part
+            .retain(|_, part| part.readers > 0 || !part.writer.as_reader().is_empty());
     }
 
-    /// The crossings an event is told to, each part having its own: the
-    /// crossing of its object's part, or every part's for a list.
+    /// The crossings an event is told to, each part having its own: those
+    /// of its object's part, or every part's for a list.
     fn crossings(&self, event: &Event<K>, by: &SplitBy) -> Vec<Crossing> {
+        let told = |part: &Part<K>| part.crossings.iter().map(|(c, _)| c.clone()).collect();
         match event {
             Event::Apply(object) | Event::InitApply(object) | Event::Delete(object) => by
                 .part_of(object.meta())
                 .and_then(|part| self.by_part.get(part))
-                .and_then(|part| part.crossing.clone())
-                .into_iter()
-                .collect(),
-            Event::Init | Event::InitDone => self
-                .by_part
-                .values()
-                .filter_map(|part| part.crossing.clone())
-                .collect(),
+                .map(told)
+                .unwrap_or_default(),
+            Event::Init | Event::InitDone => self.by_part.values().flat_map(told).collect(),
         }
     }
 }
@@ -154,19 +156,27 @@ where
 
     /// The watch of one part, read by a cluster whose writes are `writes`.
     pub(super) fn part(self: Arc<Self>, part: &str, writes: &Arc<Writes>) -> SharedWatch<K> {
-        let (store, hub, dyntype) = {
+        let (store, hub, dyntype, told) = {
             let mut parts = self.lock();
             let dyntype = parts.dyntype.clone();
             let own_writes = parts.own_writes;
             let own = parts.part(part);
-            if own_writes {
-                own.crossing = Some(Crossing::new::<K>(writes.clone(), &dyntype));
+            own.readers += 1;
+            let told = own_writes.then(|| writes.clone());
+            if let Some(writes) = &told {
+                match own.crossings.iter_mut().find(|(c, _)| c.tells(writes)) {
+                    Some((_, readers)) => *readers += 1,
+                    None => own
+                        .crossings
+                        .push((Crossing::new::<K>(writes.clone(), &dyntype), 1)),
+                }
             }
-            (own.writer.as_reader(), own.hub.clone(), dyntype)
+            (own.writer.as_reader(), own.hub.clone(), dyntype, told)
         };
         let reader = Arc::new(Reader {
             split: self,
             part: part.to_owned(),
+            told,
         });
         SharedWatch::part(store, hub, dyntype, reader)
     }
@@ -178,28 +188,34 @@ struct Reader<K: Resource<DynamicType: TypeInfo> + Clone + 'static> {
     // Keeps the watch running.
     split: Arc<Split<K>>,
     part: String,
+    /// The writes its part's events are told to for this reader, if the
+    /// part has writes of its own.
+    told: Option<Arc<Writes>>,
 }
 
 impl<K: Resource<DynamicType: TypeInfo> + Clone> Drop for Reader<K> {
     fn drop(&mut self) {
-        // The reader's watch has let go of the part's hub by now (a
-        // watch's fields drop in order, this last).
         let mut parts = lock(&self.split.parts);
         let listing = parts.listing;
         let Some(part) = parts.by_part.get_mut(&self.part) else {
             return;
         };
-        let unread = Arc::strong_count(&part.hub) == 1;
-        if unread {
-            // Its cluster's writes are no longer told.
-            part.crossing = None;
+        part.readers = part.readers.saturating_sub(1);
+        if let Some(writes) = &self.told
+            && let Some(at) = part.crossings.iter().position(|(c, _)| c.tells(writes))
+        {
+            part.crossings[at].1 -= 1;
+            if part.crossings[at].1 == 0 {
+                // Its cluster's writes are no longer told.
+                part.crossings.swap_remove(at);
+            }
         }
         if listing {
             // Its store looks empty while the list is held back until it
             // is complete; the end of the list forgets what is unread.
             return;
         }
-        if unread && part.writer.as_reader().is_empty() {
+        if part.readers == 0 && part.writer.as_reader().is_empty() {
             parts.by_part.remove(&self.part);
         }
     }
@@ -256,6 +272,9 @@ async fn feed<K, S>(
         };
         let shown_to_all = crossing.as_ref().map(|c| c.before(&event));
         let shown: Vec<_> = crossings.iter().map(|c| c.before(&event)).collect();
+        // The crossings of the event's part as it is applied: a reader that
+        // came between the two looks is woken to look at its store.
+        let mut came: Vec<Crossing> = Vec::new();
         // What to tell each part's subscribers, told once the lock is let go.
         let mut told: Vec<Told<K>> = Vec::new();
         let mut parts = lock(&parts);
@@ -287,9 +306,16 @@ async fn feed<K, S>(
                 };
                 if let Some(own) = by.part_of(object.meta()).map(str::to_owned) {
                     let part = parts.part(&own);
+                    came.extend(
+                        part.crossings
+                            .iter()
+                            .map(|(c, _)| c)
+                            .filter(|c| !crossings.iter().any(|seen| seen.same(c)))
+                            .cloned(),
+                    );
                     let reader = part.writer.as_reader();
                     let notes = apply(&mut part.writer, &reader, event, &dyntype);
-                    if Arc::strong_count(&part.hub) == 1 && reader.is_empty() {
+                    if part.readers == 0 && reader.is_empty() {
                         // Its part's last object is gone, and nobody reads it.
                         parts.by_part.remove(&own);
                     } else {
@@ -300,7 +326,8 @@ async fn feed<K, S>(
         }
         if healthy {
             failures.recovered();
-            if parts.health.heard(listed) {
+            if parts.health.heard(listed) || listed {
+                // After a list, also the parts made while it ran.
                 parts.tell_health();
             }
         }
@@ -313,6 +340,9 @@ async fn feed<K, S>(
         }
         for (crossing, shown) in crossings.iter().zip(shown) {
             crossing.after(shown);
+        }
+        for crossing in came {
+            crossing.after(None);
         }
         for (hub, notes) in told {
             hub.notify(&notes, listed);
@@ -541,5 +571,85 @@ mod tests {
             futures::FutureExt::now_or_never(b_shown).is_none(),
             "b's write is not: the object was a's"
         );
+    }
+
+    /// Records a write of `x/one` at version 5 by `cluster` in `writes`.
+    fn waiting(writes: &Arc<Writes>, cluster: &str) {
+        writes.record(written(cluster, 5));
+    }
+
+    fn apply_in(events: &Events, cluster: &str, version: &str) {
+        let mut object = in_cluster(config_map("x", "one"), cluster);
+        object.metadata.resource_version = Some(version.into());
+        events.send(Ok(Event::Apply(object))).unwrap();
+    }
+
+    #[tokio::test]
+    async fn split_by_annotation_two_clusters_reading_one_part_are_both_told_until_each_leaves() {
+        let (split, events) = split_by(SplitBy::annotation(CLUSTER));
+        let (first, second) = (Arc::<Writes>::default(), Arc::<Writes>::default());
+        let one = split.clone().part("a", &first);
+        let two = split.clone().part("a", &second);
+        events.send(Ok(Event::Init)).unwrap();
+        events.send(Ok(Event::InitDone)).unwrap();
+        settle().await;
+        for writes in [&first, &second] {
+            waiting(writes, "a");
+        }
+        {
+            let mut told = [
+                std::pin::pin!(first.shown_next()),
+                std::pin::pin!(second.shown_next()),
+            ];
+            for t in &mut told {
+                t.as_mut().enable();
+            }
+            apply_in(&events, "a", "5");
+            settle().await;
+            for t in told {
+                assert!(futures::FutureExt::now_or_never(t).is_some(), "both told");
+            }
+        }
+        // The first leaves; the second is still told.
+        drop(one);
+        waiting(&second, "a");
+        let mut told = std::pin::pin!(second.shown_next());
+        told.as_mut().enable();
+        apply_in(&events, "a", "6");
+        settle().await;
+        assert!(
+            futures::FutureExt::now_or_never(told).is_some(),
+            "still told"
+        );
+        // Once none reads it, no writes are kept for it.
+        drop(two);
+        let parts = split.lock();
+        let part = parts.by_part.get("a").expect("it holds an object");
+        assert_eq!((part.readers, part.crossings.len()), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_part_made_during_a_list_is_synced_when_the_list_is_done() {
+        let (split, events) = split();
+        let early = split.clone().part("a", &Arc::default());
+        events.send(Ok(Event::Init)).unwrap();
+        events.send(Ok(Event::InitDone)).unwrap();
+        early.synced().await;
+        // A second list; a part made while it runs.
+        events.send(Ok(Event::Init)).unwrap();
+        events
+            .send(Ok(Event::InitApply(config_map("b", "x"))))
+            .unwrap();
+        settle().await;
+        let late = split.clone().part("b", &Arc::default());
+        assert!(
+            !late.has_synced(),
+            "its store is empty until the list is done"
+        );
+        events.send(Ok(Event::InitDone)).unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(5), late.synced())
+            .await
+            .expect("synced");
+        assert_eq!(late.store().len(), 1);
     }
 }

@@ -2,12 +2,10 @@
 
 use std::{fmt, sync::Arc};
 
-use http::Request;
-use kube::{Client, client::Body};
-use tower::BoxError;
+use kube::Client;
 
 use super::HostCache;
-use crate::client::Writes;
+use crate::client::{ClusterClient, Writes};
 
 /// One part of a [`HostCache`] (a namespace, or a logical cluster for a
 /// host split by annotation), to be engaged as a cluster of its own
@@ -17,7 +15,7 @@ use crate::client::Writes;
 pub struct HostView {
     host: HostCache,
     part: String,
-    client: Client,
+    client: ClusterClient,
     /// What reconciles wrote through its client and the host's watches
     /// have not shown yet: the host's, split by namespace (a write's
     /// namespace tells its part); its own otherwise.
@@ -37,17 +35,12 @@ impl HostView {
     /// A view whose client is the host's, with `part` as its default
     /// namespace.
     pub(super) fn through_host(host: HostCache, part: String) -> Self {
-        let through = host.inner.cache.client.clone();
-        let send = tower::service_fn(move |request: Request<Body>| {
-            let through = through.clone();
-            async move { through.send(request).await.map_err(BoxError::from) }
-        });
-        let client = Client::new(send, part.clone());
+        let client = host.inner.raw.clone().with_default_namespace(part.clone());
         Self::with_client(host, part, client)
     }
 
     /// A view whose requests go through `client`.
-    pub(super) fn with_client(host: HostCache, part: String, client: Client) -> Self {
+    pub(super) fn with_client(host: HostCache, part: String, client: ClusterClient) -> Self {
         let writes = if host.by_namespace() {
             host.cache().writes().clone()
         } else {
@@ -73,12 +66,18 @@ impl HostView {
         &self.part
     }
 
-    /// The client its cluster's requests go through: split by namespace,
-    /// a client of the host whose default namespace is this one, which
-    /// sends its requests through the host's client (one connection for
-    /// all).
+    /// A client of its own that sends what its cluster's requests send:
+    /// split by namespace, through the host's connection with this
+    /// namespace as its default. Each call makes a client with a request
+    /// queue of its own; the engaged cluster's is
+    /// [`Cluster::client`](crate::Cluster::client).
     pub fn client(&self) -> Client {
-        self.client.clone()
+        self.client.clone().into_client()
+    }
+
+    /// What its cluster's client sends its requests through.
+    pub(crate) fn cluster_client(&self) -> &ClusterClient {
+        &self.client
     }
 
     pub(crate) fn host(&self) -> &HostCache {

@@ -226,7 +226,8 @@ pub struct WriteWaits {
 
 /// The writes of one API server's reconciles that its watches have not
 /// shown yet. Shared by the namespaces of one host, whose watches are the
-/// host's; each write names the namespace's cluster that made it.
+/// host's; each write names the namespace's cluster that made it. Each
+/// logical cluster of a host split by annotation has its own.
 #[derive(Debug, Default)]
 pub(crate) struct Writes {
     ledger: Mutex<Ledger>,

@@ -4,12 +4,13 @@
 use std::{
     collections::{HashMap, HashSet, VecDeque},
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use futures::{StreamExt, stream::BoxStream};
 use kube::{
     Api, Config, ResourceExt,
-    api::DynamicObject,
+    api::{DynamicObject, ListParams},
     runtime::{WatchStreamExt, watcher},
 };
 use kube_fleet::{
@@ -20,69 +21,120 @@ use kube_fleet::{
 };
 use tokio_stream::StreamMap;
 
-use crate::binding::{api_bindings, claims_not_accepted, endpoint_urls, logical_cluster};
+use crate::binding::{
+    api_bindings, claims_not_accepted, endpoint_slices, endpoint_urls, logical_cluster,
+};
 use crate::shard::Shard;
+
+/// How often what failed is looked at again: a shard whose watch failed is
+/// asked whether it answers (its watch resumes without a word), a slice
+/// whose watch failed is read, and a shard no client could be made for is
+/// tried again.
+pub(crate) const RECHECK: Duration = Duration::from_secs(10);
 
 /// A watch's events, boxed.
 pub(crate) type Events = BoxStream<'static, Result<watcher::Event<DynamicObject>, watcher::Error>>;
 
-/// Where an event comes from: the endpoint slice, or a shard's bindings.
+/// Where an input comes from: the endpoint slice, a shard's bindings, or
+/// the clock.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Source {
     Slice,
     Shard(Arc<str>),
+    Recheck,
 }
 
 pub(crate) struct State {
     config: Config,
     slice: String,
+    /// A client of the workspace that holds the slice.
+    workspace: kube::Client,
     problems: Problems,
-    /// The shards' caches, for [`KcpProvider::shards`](crate::KcpProvider::shards).
+    /// The shards' caches, for [`Shards`](crate::Shards).
     published: Arc<Mutex<Vec<HostCache>>>,
+    /// The URLs the slice lists now.
+    listed: Vec<String>,
     /// The shards followed, by URL.
     shards: HashMap<Arc<str>, Shard>,
     /// The logical clusters engaged, and the shard each was engaged from.
     engaged: HashMap<String, Arc<str>>,
     /// Whether the slice was seen since its watch last listed.
     slice_seen: bool,
+    /// Whether the slice's watch has failed since it last told anything.
+    slice_failing: bool,
+    /// The shards whose watch of bindings has failed since it last told
+    /// anything.
+    failing: HashSet<Arc<str>>,
     inputs: StreamMap<Source, Events>,
     ready: VecDeque<ClusterEvent>,
+    /// The watch of a shard's bindings (a fake one in tests).
+    watch_bindings: fn(&Shard) -> Events,
+}
+
+/// The shard's watch of APIBindings, through its wildcard endpoint.
+fn watch_bindings(shard: &Shard) -> Events {
+    let api = Api::<DynamicObject>::all_with(shard.host.client(), &api_bindings());
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed()
 }
 
 impl State {
     pub(crate) fn new(
         config: Config,
         slice: String,
+        workspace: kube::Client,
         problems: Problems,
         published: Arc<Mutex<Vec<HostCache>>>,
     ) -> Self {
         Self {
             config,
             slice,
+            workspace,
             problems,
             published,
+            listed: Vec::new(),
             shards: HashMap::new(),
             engaged: HashMap::new(),
             slice_seen: false,
+            slice_failing: false,
+            failing: HashSet::new(),
             inputs: StreamMap::new(),
             ready: VecDeque::new(),
+            watch_bindings,
         }
     }
 
-    /// The cluster events, from the slice's watch and the shards' watches
-    /// of bindings.
-    pub(crate) fn events(mut self, slices: Events) -> BoxStream<'static, ClusterEvent> {
+    /// The cluster events, from the slice's watch, the shards' watches of
+    /// bindings, and a look again at what failed every [`RECHECK`].
+    pub(crate) fn events(self) -> BoxStream<'static, ClusterEvent> {
+        let api = Api::<DynamicObject>::all_with(self.workspace.clone(), &endpoint_slices());
+        let config = watcher::Config::default().fields(&format!("metadata.name={}", self.slice));
+        let slices = watcher(api, config).default_backoff().boxed();
+        self.events_from(slices)
+    }
+
+    /// The cluster events, from the slice's events `slices`.
+    fn events_from(mut self, slices: Events) -> BoxStream<'static, ClusterEvent> {
         self.inputs.insert(Source::Slice, slices);
+        let ticks = futures::stream::unfold((), |()| async {
+            tokio::time::sleep(RECHECK).await;
+            // The item is not read: the source says it is the clock.
+            Some((Ok(watcher::Event::InitDone), ()))
+        });
+        self.inputs.insert(Source::Recheck, ticks.boxed());
         futures::stream::unfold(self, |mut state| async move {
             loop {
                 if let Some(event) = state.ready.pop_front() {
                     return Some((event, state));
                 }
-                // The slice's watch never ends, so neither do the inputs.
+                // The slice's watch and the clock never end, so neither do
+                // the inputs.
                 let (source, event) = state.inputs.next().await?;
                 match source {
                     Source::Slice => state.slice_event(event),
                     Source::Shard(url) => state.shard_event(&url, event),
+                    Source::Recheck => state.recheck().await,
                 }
             }
         })
@@ -97,6 +149,7 @@ impl State {
         let event = match event {
             Ok(event) => event,
             Err(error) => {
+                self.slice_failing = true;
                 self.problems.report(
                     self.slice_source(),
                     format!(
@@ -108,41 +161,62 @@ impl State {
             }
         };
         match event {
+            // Also before each retry of a failing list: it tells nothing.
             watcher::Event::Init => self.slice_seen = false,
             watcher::Event::InitApply(slice) | watcher::Event::Apply(slice) => {
                 self.slice_seen = true;
-                let urls = endpoint_urls(&slice);
-                if urls.is_empty() {
-                    self.problems.report(
-                        self.slice_source(),
-                        "lists no endpoint: no workspace binds the export yet, or no shard serves it",
-                    );
-                } else {
-                    self.problems.clear(&self.slice_source());
-                }
-                self.follow(&urls);
+                self.slice_is(Some(&slice));
             }
             watcher::Event::InitDone => {
                 if !self.slice_seen {
-                    self.problems.report(
-                        self.slice_source(),
-                        "not found in the workspace the provider's config reaches (kcp makes one named after each APIExport)",
-                    );
-                    self.follow(&[]);
+                    self.slice_is(None);
+                } else {
+                    self.slice_heard();
                 }
             }
             watcher::Event::Delete(_) => {
+                self.slice_heard();
                 self.problems.report(
                     self.slice_source(),
                     "deleted: its logical clusters are disengaged",
                 );
-                self.follow(&[]);
+                self.follow(Vec::new());
             }
         }
     }
 
+    /// The slice's watch told something: it no longer fails.
+    fn slice_heard(&mut self) {
+        if std::mem::take(&mut self.slice_failing) {
+            self.problems.clear(&self.slice_source());
+        }
+    }
+
+    /// The slice is `slice` now, or not there.
+    fn slice_is(&mut self, slice: Option<&DynamicObject>) {
+        self.slice_failing = false;
+        let Some(slice) = slice else {
+            self.problems.report(
+                self.slice_source(),
+                "not found in the workspace the provider's config reaches (kcp makes one named after each APIExport)",
+            );
+            self.follow(Vec::new());
+            return;
+        };
+        let urls = endpoint_urls(slice);
+        if urls.is_empty() {
+            self.problems.report(
+                self.slice_source(),
+                "lists no endpoint: no workspace binds the export yet, or no shard serves it",
+            );
+        } else {
+            self.problems.clear(&self.slice_source());
+        }
+        self.follow(urls);
+    }
+
     /// Follows the shards at `urls`, and no others.
-    fn follow(&mut self, urls: &[String]) {
+    fn follow(&mut self, urls: Vec<String>) {
         let gone: Vec<Arc<str>> = self
             .shards
             .keys()
@@ -156,10 +230,20 @@ impl State {
         let listed: HashSet<String> = urls.iter().map(|url| shard_source(url)).collect();
         self.problems
             .retain(|source| !source.starts_with("kcp shard ") || listed.contains(source));
-        for url in urls {
-            if !self.shards.contains_key(url.as_str()) {
-                self.add_shard(url);
-            }
+        self.listed = urls;
+        self.add_missing();
+    }
+
+    /// Follows the shards listed that are not followed yet.
+    fn add_missing(&mut self) {
+        let missing: Vec<String> = self
+            .listed
+            .iter()
+            .filter(|url| !self.shards.contains_key(url.as_str()))
+            .cloned()
+            .collect();
+        for url in missing {
+            self.add_shard(&url);
         }
         *self.published.lock().unwrap_or_else(|e| e.into_inner()) = self
             .shards
@@ -172,15 +256,16 @@ impl State {
         let shard = match Shard::new(url, &self.config) {
             Ok(shard) => shard,
             Err(error) => {
-                self.problems.report(shard_source(url), error);
+                self.problems.report(
+                    shard_source(url),
+                    format!("not followed, tried again every {RECHECK:?}: {error}"),
+                );
                 return;
             }
         };
+        self.problems.clear(&shard_source(url));
         tracing::info!(shard = url, slice = %self.slice, "following a shard of the export's virtual workspace");
-        let api = Api::<DynamicObject>::all_with(shard.host.client(), &api_bindings());
-        let bindings = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
+        let bindings = (self.watch_bindings)(&shard);
         let url: Arc<str> = url.into();
         self.inputs.insert(Source::Shard(url.clone()), bindings);
         self.shards.insert(url, shard);
@@ -189,6 +274,7 @@ impl State {
     fn drop_shard(&mut self, url: &Arc<str>) {
         tracing::info!(shard = %url, slice = %self.slice, "no longer following a shard");
         self.inputs.remove(&Source::Shard(url.clone()));
+        self.failing.remove(url);
         let Some(shard) = self.shards.remove(url) else {
             return;
         };
@@ -197,8 +283,33 @@ impl State {
             for name in names {
                 self.problems.clear(&binding_source(&name, &cluster));
             }
-            self.disengage(&cluster, url);
+            self.settle(&cluster);
         }
+    }
+
+    /// Looks again at what failed: shards whose watch failed are asked
+    /// whether they answer, the slice is read if its watch failed, and
+    /// shards listed but not followed are tried again.
+    async fn recheck(&mut self) {
+        let failing: Vec<Arc<str>> = self.failing.iter().cloned().collect();
+        for url in failing {
+            let Some(shard) = self.shards.get(&url) else {
+                continue;
+            };
+            let api = Api::<DynamicObject>::all_with(shard.host.client(), &api_bindings());
+            let one = ListParams::default().limit(1);
+            if let Ok(Ok(_)) = tokio::time::timeout(RECHECK, api.list(&one)).await {
+                self.failing.remove(&url);
+                self.problems.clear(&shard_source(&url));
+            }
+        }
+        if self.slice_failing {
+            let api = Api::<DynamicObject>::all_with(self.workspace.clone(), &endpoint_slices());
+            if let Ok(Ok(slice)) = tokio::time::timeout(RECHECK, api.get_opt(&self.slice)).await {
+                self.slice_is(slice.as_ref());
+            }
+        }
+        self.add_missing();
     }
 
     fn shard_event(
@@ -207,11 +318,21 @@ impl State {
         event: Result<watcher::Event<DynamicObject>, watcher::Error>,
     ) {
         let event = match event {
+            Ok(watcher::Event::Init) => {
+                // Also before each retry of a failing list: it tells nothing.
+                if let Some(shard) = self.shards.get_mut(url) {
+                    shard.relisted = Some(HashMap::new());
+                }
+                return;
+            }
             Ok(event) => {
-                self.problems.clear(&shard_source(url));
+                if self.failing.remove(url) {
+                    self.problems.clear(&shard_source(url));
+                }
                 event
             }
             Err(error) => {
+                self.failing.insert(url.clone());
                 self.problems.report(
                     shard_source(url),
                     format!(
@@ -222,14 +343,12 @@ impl State {
                 return;
             }
         };
-        let Some(shard) = self.shards.get_mut(url) else {
-            return;
-        };
         match event {
-            watcher::Event::Init => shard.relisted = Some(HashMap::new()),
+            watcher::Event::Init => {}
             watcher::Event::InitApply(binding) => {
-                if let (Some(relisted), Some(cluster)) =
-                    (shard.relisted.as_mut(), logical_cluster(&binding))
+                if let Some(shard) = self.shards.get_mut(url)
+                    && let (Some(relisted), Some(cluster)) =
+                        (shard.relisted.as_mut(), logical_cluster(&binding))
                 {
                     relisted
                         .entry(cluster.to_owned())
@@ -240,6 +359,9 @@ impl State {
             }
             watcher::Event::Apply(binding) => self.apply(url, &binding),
             watcher::Event::InitDone => {
+                let Some(shard) = self.shards.get_mut(url) else {
+                    return;
+                };
                 let relisted = shard.relisted.take().unwrap_or_default();
                 let gone: Vec<(String, String)> = shard
                     .bindings
@@ -266,11 +388,11 @@ impl State {
 
     /// A binding of the export seen in a logical cluster of the shard.
     fn apply(&mut self, url: &Arc<str>, binding: &DynamicObject) {
+        let name = binding.name_any();
         let Some(cluster) = logical_cluster(binding) else {
-            tracing::debug!(shard = %url, binding = %binding.name_any(), "an APIBinding without its logical cluster");
+            tracing::warn!(shard = %url, binding = %name, "an APIBinding without its kcp.io/cluster annotation: no logical cluster to engage");
             return;
         };
-        let name = binding.name_any();
         if binding.metadata.deletion_timestamp.is_some() {
             // Going, with its workspace or alone.
             self.remove(url, cluster, &name);
@@ -297,14 +419,7 @@ impl State {
                 ),
             );
         }
-        if !self.engaged.contains_key(cluster) {
-            tracing::info!(cluster, shard = %url, "engaging a logical cluster that binds the export");
-            self.engaged.insert(cluster.to_owned(), url.clone());
-            self.ready.push_back(ClusterEvent::EngageView {
-                name: ClusterName::new(cluster),
-                view: shard.view(cluster),
-            });
-        }
+        self.settle(cluster);
     }
 
     /// The binding `name` of `cluster` is gone from the shard.
@@ -319,18 +434,51 @@ impl State {
         names.remove(name);
         if names.is_empty() {
             shard.bindings.remove(cluster);
-            self.disengage(cluster, url);
         }
+        self.settle(cluster);
     }
 
-    /// Disengages `cluster` if `url`'s shard engaged it.
-    fn disengage(&mut self, cluster: &str, url: &Arc<str>) {
-        if self.engaged.get(cluster) == Some(url) {
-            tracing::info!(cluster, shard = %url, "disengaging a logical cluster: it no longer binds the export");
-            self.engaged.remove(cluster);
-            self.ready.push_back(ClusterEvent::Disengage {
-                name: ClusterName::new(cluster),
-            });
+    /// Engages `cluster` if a shard followed has a binding of it and it is
+    /// not engaged, from that shard; disengages it if none has one, or
+    /// moves it to one that has if the shard it was engaged from has not.
+    fn settle(&mut self, cluster: &str) {
+        let bound_on = |url: &Arc<str>| {
+            self.shards
+                .get(url)
+                .is_some_and(|shard| shard.bindings.contains_key(cluster))
+        };
+        if self.engaged.get(cluster).is_some_and(bound_on) {
+            return;
+        }
+        let mut from: Vec<&Arc<str>> = self.shards.keys().filter(|url| bound_on(url)).collect();
+        from.sort();
+        match from.first().map(|url| (*url).clone()) {
+            Some(url) => {
+                let view = match self.shards[&url].view(cluster) {
+                    Ok(view) => view,
+                    Err(error) => {
+                        tracing::warn!(cluster, shard = %url, %error, "a logical cluster that cannot be engaged");
+                        return;
+                    }
+                };
+                tracing::info!(cluster, shard = %url, "engaging a logical cluster that binds the export");
+                self.engaged.insert(cluster.to_owned(), url);
+                self.ready.push_back(ClusterEvent::EngageView {
+                    name: ClusterName::new(cluster),
+                    view,
+                });
+            }
+            None => {
+                if self.engaged.remove(cluster).is_some() {
+                    tracing::info!(
+                        cluster,
+                        "disengaging a logical cluster: it no longer binds the export"
+                    );
+                    self.ready.push_back(ClusterEvent::Disengage {
+                        name: ClusterName::new(cluster),
+                    });
+                }
+            }
         }
     }
 }
@@ -342,3 +490,6 @@ fn shard_source(url: &str) -> String {
 fn binding_source(name: &str, cluster: &str) -> String {
     format!("APIBinding {name} in {cluster}")
 }
+
+#[cfg(test)]
+mod tests;
