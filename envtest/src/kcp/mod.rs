@@ -54,7 +54,8 @@ pub struct Kcp {
 
 impl Kcp {
     /// Builds kcp if needed ([`KcpBinary::find`]), starts it, and waits
-    /// until its root workspace takes new workspaces.
+    /// until its root workspace takes new workspaces (its `root` and
+    /// `universal` WorkspaceTypes are there).
     pub async fn start() -> Result<Self> {
         let binary = KcpBinary::find().await?;
         let dir = tempfile::Builder::new()
@@ -115,10 +116,18 @@ impl Kcp {
         );
         let mut last_error: Option<String>;
         loop {
-            match types.get_opt("root").await {
-                Ok(Some(_)) => break,
-                Ok(None) => last_error = Some("the root WorkspaceType is not there yet".to_owned()),
-                Err(error) => last_error = Some(error.to_string()),
+            // Workspaces under root are of the type universal by default.
+            let (root, universal) = (
+                types.get_opt("root").await,
+                types.get_opt("universal").await,
+            );
+            match (root, universal) {
+                (Ok(Some(_)), Ok(Some(_))) => break,
+                (Err(error), _) | (_, Err(error)) => last_error = Some(error.to_string()),
+                _ => {
+                    last_error =
+                        Some("the root and universal WorkspaceTypes are not there yet".to_owned());
+                }
             }
             if started.elapsed() > KCP_START_TIMEOUT {
                 return Err(Error::Timeout {

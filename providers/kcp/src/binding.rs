@@ -9,6 +9,19 @@ use serde_json::Value;
 /// The annotation kcp marks every object with: the logical cluster it is in.
 pub const CLUSTER_ANNOTATION: &str = "kcp.io/cluster";
 
+/// The annotation kcp marks a `LogicalCluster` with: its workspace's path
+/// (`root:org:team`).
+pub const PATH_ANNOTATION: &str = "kcp.io/path";
+
+/// kcp's LogicalClusters (one, `cluster`, in each logical cluster), as an
+/// export that claims them serves them.
+pub(crate) fn logical_clusters() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("core.kcp.io", "v1alpha1", "LogicalCluster"),
+        "logicalclusters",
+    )
+}
+
 /// kcp's APIBindings, as an export's virtual workspace serves them.
 pub(crate) fn api_bindings() -> ApiResource {
     ApiResource::from_gvk_with_plural(

@@ -1,5 +1,5 @@
 //! A cluster provider for kcp: every logical cluster (workspace) that binds
-//! an APIExport is a cluster, named after its logical cluster, all of them
+//! an APIExport is a cluster, named after its logical cluster (or its workspace path), all of them
 //! served through the export's virtual workspace.
 //!
 //! The provider follows the export's `APIExportEndpointSlice`: each URL it
@@ -38,6 +38,10 @@
 //!   unreachable, say; retried with backoff), or no client can be built for
 //!   its URL. Its logical clusters stay engaged meanwhile; their health
 //!   shows the shard unreachable.
+//! - `logical cluster <name>`: named by path
+//!   ([`KcpProvider::named_by_path`]), it binds the export but its path is
+//!   not known (the export's claim on `logicalclusters` not accepted); it is
+//!   not engaged until it is.
 //! - `APIBinding <name> in <logical cluster>`: the binding does not accept
 //!   a permission claim of the export (the claimed resources are then not
 //!   served there). The logical cluster is engaged all the same, for the
@@ -64,7 +68,7 @@ mod binding;
 mod shard;
 mod state;
 
-pub use binding::CLUSTER_ANNOTATION;
+pub use binding::{CLUSTER_ANNOTATION, PATH_ANNOTATION};
 
 use std::{
     fmt,
@@ -93,6 +97,7 @@ pub struct KcpProvider {
     workspace: Client,
     problems: Problems,
     shards: Arc<Mutex<Vec<HostCache>>>,
+    by_path: bool,
     stream: Option<BoxStream<'static, ClusterEvent>>,
 }
 
@@ -124,8 +129,32 @@ impl KcpProvider {
             workspace,
             problems: Problems::new(),
             shards: Arc::default(),
+            by_path: false,
             stream: None,
         })
+    }
+
+    /// Names each cluster by its workspace's path (`root:org:team`)
+    /// rather than its logical cluster's name, as the shard's
+    /// `LogicalCluster` object says it ([`PATH_ANNOTATION`]). The export
+    /// must claim `logicalclusters` of `core.kcp.io` (verbs `get`, `list`,
+    /// `watch`) and each binding accept that claim: a logical cluster whose
+    /// path is not known is not engaged, and is reported under the source
+    /// `logical cluster <name>`. The cluster's part of the shard's watches
+    /// and its requests are still its logical cluster's.
+    ///
+    /// ```no_run
+    /// # fn example(config: kube::Config) -> Result<(), kube::Error> {
+    /// use kube_fleet_provider_kcp::KcpProvider;
+    ///
+    /// let provider = KcpProvider::new(config, "widgets.example.io")?.named_by_path();
+    /// # let _ = provider;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn named_by_path(mut self) -> Self {
+        self.by_path = true;
+        self
     }
 
     /// What goes wrong, by source: see the [crate docs](crate#problems).
@@ -181,14 +210,14 @@ impl Stream for KcpProvider {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<ClusterEvent>> {
         let this = &mut *self;
         let stream = this.stream.get_or_insert_with(|| {
-            State::new(
+            let state = State::new(
                 this.config.clone(),
                 this.slice.clone(),
                 this.workspace.clone(),
                 this.problems.clone(),
                 this.shards.clone(),
-            )
-            .events()
+            );
+            if this.by_path { state.by_path() } else { state }.events()
         });
         stream.poll_next_unpin(cx)
     }

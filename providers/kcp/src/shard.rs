@@ -24,6 +24,13 @@ pub(crate) struct Shard {
     pub(crate) bindings: HashMap<String, BTreeSet<String>>,
     /// The bindings seen since a relist began.
     pub(crate) relisted: Option<HashMap<String, BTreeSet<String>>>,
+    /// The workspace path of each logical cluster, when clusters are named
+    /// by path.
+    pub(crate) paths: HashMap<String, String>,
+    /// The paths seen since a relist began.
+    pub(crate) paths_relisted: Option<HashMap<String, String>>,
+    /// Whether the paths have been listed once.
+    pub(crate) paths_listed: bool,
 }
 
 impl Shard {
@@ -44,6 +51,9 @@ impl Shard {
             through,
             bindings: HashMap::new(),
             relisted: None,
+            paths: HashMap::new(),
+            paths_relisted: None,
+            paths_listed: false,
         })
     }
 

@@ -374,3 +374,66 @@ fn reported(problems: &Problems, source: &str, says: &str) -> bool {
         .get(source)
         .is_some_and(|message| message.contains(says))
 }
+
+/// An export that claims ConfigMaps and the LogicalClusters that hold each
+/// workspace's path.
+const PATHS: &str = r#"
+apiVersion: apis.kcp.io/v1alpha2
+kind: APIExport
+metadata: {name: paths.io}
+spec:
+  permissionClaims:
+  - {group: "", resource: configmaps, verbs: ["*"]}
+  - {group: core.kcp.io, resource: logicalclusters, verbs: ["get", "list", "watch"]}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_by_path_each_workspace_is_engaged_under_its_path() {
+    let kcp = Kcp::start().await.expect("kcp starts");
+    kcp.create_workspace("provider").await.unwrap();
+    kcp.apply("root:provider", PATHS).await.unwrap();
+    let mut clusters = Vec::new();
+    for (workspace, paths_accepted) in [("team-a", true), ("team-b", false)] {
+        clusters.push(kcp.create_workspace(workspace).await.unwrap());
+        let claims = [
+            ("configmaps", true),
+            ("logicalclusters.core.kcp.io", paths_accepted),
+        ];
+        kcp.bind(
+            &format!("root:{workspace}"),
+            "root:provider",
+            "paths.io",
+            &claims,
+        )
+        .await
+        .unwrap();
+    }
+    let provider = KcpProvider::new(kcp.config("root:provider").await.unwrap(), "paths.io")
+        .unwrap()
+        .named_by_path();
+    let problems = provider.problems();
+    let fleet = Fleet::new();
+    let _runs = run(&fleet, provider);
+    until("team-a engaged under its path", async || {
+        fleet.get("root:team-a").is_some()
+    })
+    .await;
+    let in_a = kcp.client("root:team-a").await.unwrap();
+    parent(&in_a, "parent").await;
+    until("reconciled under its path", async || {
+        seen_by(&in_a, "parent").await.as_deref() == Some("root:team-a")
+    })
+    .await;
+    // team-b did not accept the claim on its path: reported, not engaged.
+    let source = format!("logical cluster {}", clusters[1]);
+    until("team-b's unknown path reported", async || {
+        reported(&problems, &source, "path is not known")
+    })
+    .await;
+    let names: Vec<String> = fleet
+        .clusters()
+        .iter()
+        .map(|c| c.name().to_string())
+        .collect();
+    assert_eq!(names, ["root:team-a"]);
+}

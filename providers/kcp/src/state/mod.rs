@@ -22,7 +22,8 @@ use kube_fleet::{
 use tokio_stream::StreamMap;
 
 use crate::binding::{
-    api_bindings, claims_not_accepted, endpoint_slices, endpoint_urls, logical_cluster,
+    PATH_ANNOTATION, api_bindings, claims_not_accepted, endpoint_slices, endpoint_urls,
+    logical_cluster, logical_clusters,
 };
 use crate::shard::Shard;
 
@@ -41,6 +42,8 @@ pub(crate) type Events = BoxStream<'static, Result<watcher::Event<DynamicObject>
 enum Source {
     Slice,
     Shard(Arc<str>),
+    /// A shard's LogicalClusters, for their paths.
+    Paths(Arc<str>),
     Recheck,
 }
 
@@ -56,8 +59,11 @@ pub(crate) struct State {
     listed: Vec<String>,
     /// The shards followed, by URL.
     shards: HashMap<Arc<str>, Shard>,
-    /// The logical clusters engaged, and the shard each was engaged from.
-    engaged: HashMap<String, Arc<str>>,
+    /// The logical clusters engaged: the shard each was engaged from, and
+    /// its name in the fleet.
+    engaged: HashMap<String, (Arc<str>, ClusterName)>,
+    /// Whether clusters are named by their workspace's path.
+    by_path: bool,
     /// Whether the slice was seen since its watch last listed.
     slice_seen: bool,
     /// Whether the slice's watch has failed since it last told anything.
@@ -69,6 +75,16 @@ pub(crate) struct State {
     ready: VecDeque<ClusterEvent>,
     /// The watch of a shard's bindings (a fake one in tests).
     watch_bindings: fn(&Shard) -> Events,
+    /// The watch of a shard's LogicalClusters (a fake one in tests).
+    watch_paths: fn(&Shard) -> Events,
+}
+
+/// The shard's watch of LogicalClusters, through its wildcard endpoint.
+fn watch_paths(shard: &Shard) -> Events {
+    let api = Api::<DynamicObject>::all_with(shard.host.client(), &logical_clusters());
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed()
 }
 
 /// The shard's watch of APIBindings, through its wildcard endpoint.
@@ -96,13 +112,21 @@ impl State {
             listed: Vec::new(),
             shards: HashMap::new(),
             engaged: HashMap::new(),
+            by_path: false,
             slice_seen: false,
             slice_failing: false,
             failing: HashSet::new(),
             inputs: StreamMap::new(),
             ready: VecDeque::new(),
             watch_bindings,
+            watch_paths,
         }
+    }
+
+    /// Clusters named by their workspace's path.
+    pub(crate) fn by_path(mut self) -> Self {
+        self.by_path = true;
+        self
     }
 
     /// The cluster events, from the slice's watch, the shards' watches of
@@ -134,6 +158,7 @@ impl State {
                 match source {
                     Source::Slice => state.slice_event(event),
                     Source::Shard(url) => state.shard_event(&url, event),
+                    Source::Paths(url) => state.paths_event(&url, event),
                     Source::Recheck => state.recheck().await,
                 }
             }
@@ -267,6 +292,10 @@ impl State {
         tracing::info!(shard = url, slice = %self.slice, "following a shard of the export's virtual workspace");
         let bindings = (self.watch_bindings)(&shard);
         let url: Arc<str> = url.into();
+        if self.by_path {
+            self.inputs
+                .insert(Source::Paths(url.clone()), (self.watch_paths)(&shard));
+        }
         self.inputs.insert(Source::Shard(url.clone()), bindings);
         self.shards.insert(url, shard);
     }
@@ -274,6 +303,7 @@ impl State {
     fn drop_shard(&mut self, url: &Arc<str>) {
         tracing::info!(shard = %url, slice = %self.slice, "no longer following a shard");
         self.inputs.remove(&Source::Shard(url.clone()));
+        self.inputs.remove(&Source::Paths(url.clone()));
         self.failing.remove(url);
         let Some(shard) = self.shards.remove(url) else {
             return;
@@ -284,6 +314,9 @@ impl State {
                 self.problems.clear(&binding_source(&name, &cluster));
             }
             self.settle(&cluster);
+        }
+        for cluster in shard.paths.keys() {
+            self.settle(cluster);
         }
     }
 
@@ -298,7 +331,15 @@ impl State {
             };
             let api = Api::<DynamicObject>::all_with(shard.host.client(), &api_bindings());
             let one = ListParams::default().limit(1);
-            if let Ok(Ok(_)) = tokio::time::timeout(RECHECK, api.list(&one)).await {
+            let paths = Api::<DynamicObject>::all_with(shard.host.client(), &logical_clusters());
+            let asked = async {
+                api.list(&one).await?;
+                if self.by_path {
+                    paths.list(&one).await?;
+                }
+                Ok::<_, kube::Error>(())
+            };
+            if let Ok(Ok(())) = tokio::time::timeout(RECHECK, asked).await {
                 self.failing.remove(&url);
                 self.problems.clear(&shard_source(&url));
             }
@@ -438,48 +479,151 @@ impl State {
         self.settle(cluster);
     }
 
-    /// Engages `cluster` if a shard followed has a binding of it and it is
-    /// not engaged, from that shard; disengages it if none has one, or
-    /// moves it to one that has if the shard it was engaged from has not.
-    fn settle(&mut self, cluster: &str) {
-        let bound_on = |url: &Arc<str>| {
-            self.shards
-                .get(url)
-                .is_some_and(|shard| shard.bindings.contains_key(cluster))
-        };
-        if self.engaged.get(cluster).is_some_and(bound_on) {
-            return;
-        }
-        let mut from: Vec<&Arc<str>> = self.shards.keys().filter(|url| bound_on(url)).collect();
-        from.sort();
-        match from.first().map(|url| (*url).clone()) {
-            Some(url) => {
-                let view = match self.shards[&url].view(cluster) {
-                    Ok(view) => view,
-                    Err(error) => {
-                        tracing::warn!(cluster, shard = %url, %error, "a logical cluster that cannot be engaged");
-                        return;
-                    }
-                };
-                tracing::info!(cluster, shard = %url, "engaging a logical cluster that binds the export");
-                self.engaged.insert(cluster.to_owned(), url);
-                self.ready.push_back(ClusterEvent::EngageView {
-                    name: ClusterName::new(cluster),
-                    view,
-                });
+    /// A shard's LogicalClusters changed: their paths, when clusters are
+    /// named by them.
+    fn paths_event(
+        &mut self,
+        url: &Arc<str>,
+        event: Result<watcher::Event<DynamicObject>, watcher::Error>,
+    ) {
+        let event = match event {
+            Ok(watcher::Event::Init) => {
+                if let Some(shard) = self.shards.get_mut(url) {
+                    shard.paths_relisted = Some(HashMap::new());
+                }
+                return;
             }
-            None => {
-                if self.engaged.remove(cluster).is_some() {
-                    tracing::info!(
-                        cluster,
-                        "disengaging a logical cluster: it no longer binds the export"
-                    );
-                    self.ready.push_back(ClusterEvent::Disengage {
-                        name: ClusterName::new(cluster),
-                    });
+            Ok(event) => {
+                if self.failing.remove(url) {
+                    self.problems.clear(&shard_source(url));
+                }
+                event
+            }
+            Err(error) => {
+                self.failing.insert(url.clone());
+                self.problems.report(
+                    shard_source(url),
+                    format!(
+                        "the watch of LogicalClusters (their paths) fails, and is retried: {}",
+                        error_chain(&error)
+                    ),
+                );
+                return;
+            }
+        };
+        let Some(shard) = self.shards.get_mut(url) else {
+            return;
+        };
+        let path_of = |object: &DynamicObject| {
+            let cluster = logical_cluster(object)?.to_owned();
+            let path = object.annotations().get(PATH_ANNOTATION)?.clone();
+            Some((cluster, path))
+        };
+        let changed: Vec<String> = match event {
+            watcher::Event::Init => Vec::new(),
+            watcher::Event::InitApply(object) | watcher::Event::Apply(object) => {
+                match path_of(&object) {
+                    Some((cluster, path)) => {
+                        if let Some(relisted) = &mut shard.paths_relisted {
+                            relisted.insert(cluster.clone(), path.clone());
+                        }
+                        shard.paths.insert(cluster.clone(), path);
+                        vec![cluster]
+                    }
+                    None => Vec::new(),
                 }
             }
+            watcher::Event::Delete(object) => logical_cluster(&object)
+                .and_then(|cluster| shard.paths.remove_entry(cluster))
+                .map(|(cluster, _)| vec![cluster])
+                .unwrap_or_default(),
+            watcher::Event::InitDone => {
+                let relisted = shard.paths_relisted.take().unwrap_or_default();
+                shard.paths_listed = true;
+                let mut changed: Vec<String> = shard
+                    .paths
+                    .keys()
+                    .filter(|cluster| !relisted.contains_key(*cluster))
+                    .cloned()
+                    .collect();
+                shard
+                    .paths
+                    .retain(|cluster, _| relisted.contains_key(cluster));
+                // Those bound whose path is still not known are told.
+                changed.extend(shard.bindings.keys().cloned());
+                changed
+            }
+        };
+        for cluster in changed {
+            self.settle(&cluster);
         }
+    }
+
+    /// Engages `cluster` if a shard followed has a binding of it (and,
+    /// named by path, knows its path) and it is not engaged so, from the
+    /// first such shard; disengages it if none has.
+    fn settle(&mut self, cluster: &str) {
+        let mut from: Vec<&Arc<str>> = self
+            .shards
+            .iter()
+            .filter(|(_, shard)| shard.bindings.contains_key(cluster))
+            .map(|(url, _)| url)
+            .collect();
+        from.sort();
+        let named = |url: &Arc<str>| -> Option<ClusterName> {
+            if !self.by_path {
+                return Some(ClusterName::new(cluster));
+            }
+            self.shards[url]
+                .paths
+                .get(cluster)
+                .map(|path| ClusterName::new(path.as_str()))
+        };
+        let wanted = from
+            .iter()
+            .find_map(|url| named(url).map(|name| ((*url).clone(), name)));
+        let path_source = format!("logical cluster {cluster}");
+        let unnamed = self.by_path
+            && wanted.is_none()
+            && from.iter().any(|url| self.shards[*url].paths_listed);
+        if unnamed {
+            self.problems.report(
+                path_source,
+                "binds the export, but its workspace's path is not known: the export must claim logicalclusters of core.kcp.io and its binding accept the claim",
+            );
+        } else {
+            self.problems.clear(&path_source);
+        }
+        let now = self.engaged.get(cluster).cloned();
+        if now == wanted
+            || now.as_ref().is_some_and(|(url, name)| {
+                wanted.as_ref().is_some_and(|(_, wanted)| wanted == name) && from.contains(&url)
+            })
+        {
+            return;
+        }
+        if let Some((_, name)) = &now
+            && wanted.as_ref().is_none_or(|(_, wanted)| wanted != name)
+        {
+            tracing::info!(cluster, name = %name, "disengaging a logical cluster: it no longer binds the export");
+            self.engaged.remove(cluster);
+            self.ready
+                .push_back(ClusterEvent::Disengage { name: name.clone() });
+        }
+        let Some((url, name)) = wanted else {
+            return;
+        };
+        let view = match self.shards[&url].view(cluster) {
+            Ok(view) => view,
+            Err(error) => {
+                tracing::warn!(cluster, shard = %url, %error, "a logical cluster that cannot be engaged");
+                return;
+            }
+        };
+        tracing::info!(cluster, name = %name, shard = %url, "engaging a logical cluster that binds the export");
+        self.engaged.insert(cluster.to_owned(), (url, name.clone()));
+        self.ready
+            .push_back(ClusterEvent::EngageView { name, view });
     }
 }
 

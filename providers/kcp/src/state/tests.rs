@@ -22,6 +22,36 @@ fn fake_bindings(shard: &Shard) -> Events {
         .unwrap_or_else(|| futures::stream::pending().boxed())
 }
 
+/// The fake watches of LogicalClusters, by shard URL.
+static FAKE_PATHS: Mutex<Option<HashMap<String, Events>>> = Mutex::new(None);
+
+fn fake_paths(shard: &Shard) -> Events {
+    let url = shard.host.name().to_string();
+    let mut fakes = FAKE_PATHS.lock().unwrap();
+    fakes
+        .get_or_insert_default()
+        .remove(&url)
+        .unwrap_or_else(|| futures::stream::pending().boxed())
+}
+
+/// A fake watch of LogicalClusters for the shard at `url`.
+fn paths(url: &str) -> Sender {
+    let (tx, rx) = mpsc::unbounded();
+    FAKE_PATHS
+        .lock()
+        .unwrap()
+        .get_or_insert_default()
+        .insert(url.to_owned(), rx.boxed());
+    tx
+}
+
+fn logical_cluster(cluster: &str, path: &str) -> DynamicObject {
+    object(serde_json::json!({
+        "apiVersion": "core.kcp.io/v1alpha1", "kind": "LogicalCluster",
+        "metadata": {"name": "cluster", "annotations": {"kcp.io/cluster": cluster, "kcp.io/path": path}},
+    }))
+}
+
 /// A fake watch of bindings for the shard at `url`.
 fn shard(url: &str) -> Sender {
     let (tx, rx) = mpsc::unbounded();
@@ -71,6 +101,11 @@ fn send(tx: &Sender, event: watcher::Event<DynamicObject>) {
 
 /// A provider's state on a fake slice; its events and problems.
 fn started() -> (Sender, BoxStream<'static, ClusterEvent>, Problems) {
+    started_with(|state| state)
+}
+
+/// [`started`], the state first changed by `with`.
+fn started_with(with: fn(State) -> State) -> (Sender, BoxStream<'static, ClusterEvent>, Problems) {
     let config = Config::new("https://kcp.invalid/clusters/root".parse().unwrap());
     let workspace = kube_fleet::client::client(config.clone()).unwrap();
     let problems = Problems::new();
@@ -82,6 +117,8 @@ fn started() -> (Sender, BoxStream<'static, ClusterEvent>, Problems) {
         Arc::default(),
     );
     state.watch_bindings = fake_bindings;
+    state.watch_paths = fake_paths;
+    let state = with(state);
     let (tx, rx) = mpsc::unbounded();
     (tx, state.events_from(rx.boxed()), problems)
 }
@@ -213,4 +250,31 @@ async fn problems_are_told_by_source_and_go_when_they_end() {
         problems.get("APIBinding example.io in c1").is_none(),
         "accepted now"
     );
+}
+
+#[tokio::test]
+async fn named_by_path_a_cluster_waits_for_its_path_and_goes_with_it() {
+    let url = "https://a.invalid/paths/example.io";
+    let (a, a_paths) = (shard(url), paths(url));
+    let (slices, mut events, problems) = started_with(State::by_path);
+    listed(&slices, vec![slice(&[url])]);
+    listed(&a, vec![binding("example.io", "c1")]);
+    quiet(&mut events).await;
+    // Listed without c1's path: reported, not engaged.
+    listed(&a_paths, vec![logical_cluster("c2", "root:other")]);
+    quiet(&mut events).await;
+    let unknown = problems.get("logical cluster c1").expect("reported");
+    assert!(unknown.contains("logicalclusters"), "{unknown}");
+    send(
+        &a_paths,
+        watcher::Event::Apply(logical_cluster("c1", "root:team-a")),
+    );
+    assert_eq!(next(&mut events).await, "+root:team-a");
+    assert_eq!(problems.get("logical cluster c1"), None);
+    // Its LogicalCluster goes (the workspace is deleted): so does it.
+    send(
+        &a_paths,
+        watcher::Event::Delete(logical_cluster("c1", "root:team-a")),
+    );
+    assert_eq!(next(&mut events).await, "-root:team-a");
 }
