@@ -5,6 +5,7 @@
 //! ```text
 //! cargo bench --bench kcp_scale              # 1,000 workspaces
 //! cargo bench --bench kcp_scale -- 200       # another count
+//! cargo bench --bench kcp_scale -- 200 --idle  # stop once the idle clusters are measured
 //! ```
 //!
 //! A kcp started by the harness (built once, cached) gets N workspaces,
@@ -148,6 +149,14 @@ async fn main() -> Result<(), BoxError> {
     let tasks = tokio::runtime::Handle::current()
         .metrics()
         .num_alive_tasks();
+
+    if std::env::args().any(|a| a == "--idle") {
+        println!(
+            "kcp {n} idle workspaces: {:.1} KiB per logical cluster, {tasks} tokio tasks",
+            all.saturating_sub(one) as f64 / (n - 1) as f64 / 1024.0
+        );
+        return Ok(());
+    }
 
     // One ConfigMap in each, each reconciled in its own logical cluster.
     let started = Instant::now();

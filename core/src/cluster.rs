@@ -19,8 +19,8 @@ use tokio::sync::{Notify, OnceCell};
 use crate::{
     cache::{ClusterCache, HostView, InitialLists, Watchable},
     client::{
-        Budget, ClusterClient, Reachability, RequestBudget, RequestStats, WriteWaits, Writes,
-        counting,
+        Budget, ClusterClient, LazyClient, Reachability, RequestBudget, RequestStats, WriteWaits,
+        Writes, counting, counting_lazily,
     },
     cluster_name::ClusterName,
     health::ClusterHealth,
@@ -53,7 +53,9 @@ pub struct Cluster {
 
 struct Inner {
     name: ClusterName,
-    client: Client,
+    /// Made on first use: a view's cluster that sends nothing holds no
+    /// request queue.
+    client: LazyClient,
     cache: ClusterCache,
     requests: Arc<RequestStats>,
     reachability: Arc<Reachability>,
@@ -114,6 +116,7 @@ impl Cluster {
             budget,
             writes.clone(),
         );
+        let client = LazyClient::from(client);
         let cache = ClusterCache::new(name.clone(), client.clone(), permits, writes);
         Self::with_cache(name, client, cache, requests, reachability)
     }
@@ -149,7 +152,7 @@ impl Cluster {
         let reachability = view.host().reachability().clone();
         let given = view.cluster_client().clone();
         let budget = Budget::new(given.budget().unwrap_or(budget)).map(Arc::new);
-        let client = counting(
+        let client = counting_lazily(
             name.clone(),
             given,
             requests.clone(),
@@ -167,7 +170,7 @@ impl Cluster {
 
     fn with_cache(
         name: ClusterName,
-        client: Client,
+        client: LazyClient,
         cache: ClusterCache,
         requests: Arc<RequestStats>,
         reachability: Arc<Reachability>,
@@ -193,9 +196,11 @@ impl Cluster {
         &self.inner.name
     }
 
-    /// A client for this cluster.
+    /// A client for this cluster. Call it inside a Tokio runtime: the
+    /// client of a cluster that is a part of a host is made on first use,
+    /// and its request queue runs a task there.
     pub fn client(&self) -> Client {
-        self.inner.client.clone()
+        self.inner.client.get()
     }
 
     /// The API requests made through this cluster's [`client`](Self::client)
@@ -304,7 +309,7 @@ impl Cluster {
         let inner = &self.inner;
         inner
             .identity
-            .get_or_try_init(|| identity::read(&inner.name, inner.client.clone()))
+            .get_or_try_init(|| identity::read(&inner.name, inner.client.get()))
             .await
             .cloned()
     }

@@ -10,7 +10,7 @@ use std::{
 
 use futures::StreamExt;
 use kube::{
-    Client, Resource,
+    Resource,
     core::PartialObjectMeta,
     runtime::{reflector::Store, watcher},
 };
@@ -30,7 +30,7 @@ use super::{
     scope,
 };
 use crate::{
-    client::{Writes, Written},
+    client::{LazyClient, Writes, Written},
     cluster_name::ClusterName,
 };
 
@@ -78,7 +78,7 @@ impl Held {
 /// and the next caller starts a fresh one.
 pub struct ClusterCache {
     pub(super) cluster: ClusterName,
-    pub(super) client: Client,
+    pub(super) client: LazyClient,
     pub(super) watches: Mutex<Watches>,
     pub(super) lists: Arc<initial_list::ListMode>,
     /// The fleet's bound on lists in flight.
@@ -104,13 +104,13 @@ impl ClusterCache {
     /// The cache of `cluster`, its lists bounded by `permits`.
     pub(crate) fn new(
         cluster: ClusterName,
-        client: Client,
+        client: impl Into<LazyClient>,
         permits: InitialLists,
         writes: Arc<Writes>,
     ) -> Self {
         Self {
             cluster,
-            client,
+            client: client.into(),
             watches: Mutex::new(HashMap::new()),
             lists: Arc::default(),
             permits,
@@ -126,7 +126,7 @@ impl ClusterCache {
     pub(crate) fn of_view(
         cluster: ClusterName,
         view: &HostView,
-        client: Client,
+        client: LazyClient,
         permits: InitialLists,
     ) -> Self {
         Self {

@@ -23,7 +23,7 @@ impl ClusterCache {
         config: &watcher::Config,
         queued: Arc<AtomicBool>,
     ) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static {
-        let (client, config) = (self.client.clone(), config.clone());
+        let (client, config) = (self.client.get(), config.clone());
         let (lists, cluster) = (self.lists.clone(), self.cluster.clone());
         let permits = self.permits.clone();
         let namespace = namespace.map(str::to_owned);
@@ -72,7 +72,7 @@ impl ClusterCache {
         use super::Sealed;
         match dyntype.to_discover() {
             Some((group, kind, namespaced)) => discovery::discovered(
-                self.client.clone(),
+                self.client.get(),
                 (group.to_owned(), kind.to_owned(), namespaced),
                 events,
             ),

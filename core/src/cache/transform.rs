@@ -173,12 +173,12 @@ impl Shape {
             });
             transform.apply(object);
             if let Some((key, value)) = kept {
+                // As it was, whatever the transform made of it.
                 object
                     .meta_mut()
                     .annotations
                     .get_or_insert_default()
-                    .entry(key.to_owned())
-                    .or_insert(value);
+                    .insert(key.to_owned(), value);
             }
         }
     }
@@ -249,6 +249,14 @@ mod tests {
             keep_annotation: Some("kcp.io/cluster".into()),
             ..Shape::default()
         };
+        let rewriting = Shape {
+            transform: Some(Transform::metadata(|meta| {
+                for value in meta.annotations.get_or_insert_default().values_mut() {
+                    value.clear();
+                }
+            })),
+            ..shape.clone()
+        };
         let mut cm = ConfigMap::default();
         cm.metadata.annotations = Some(
             [
@@ -257,10 +265,23 @@ mod tests {
             ]
             .into(),
         );
+        let mut rewritten = cm.clone();
         shape.apply(&mut cm);
         assert_eq!(
             cm.metadata.annotations,
             Some([("kcp.io/cluster".to_owned(), "a".to_owned())].into())
+        );
+        rewriting.apply(&mut rewritten);
+        assert_eq!(
+            rewritten.metadata.annotations,
+            Some(
+                [
+                    ("kcp.io/cluster".to_owned(), "a".to_owned()),
+                    ("other".to_owned(), String::new()),
+                ]
+                .into()
+            ),
+            "its value as it was"
         );
     }
 }

@@ -122,7 +122,9 @@ impl ClusterClient {
     /// proxy's route. `prefix` is a path (`/clusters/root`): it starts with
     /// `/`, and has no query, fragment or trailing `/`. Clients of one
     /// stack made this way share its connection, and add no request queue
-    /// or task of their own.
+    /// or task of their own. The client has no [budget](Self::with_budget)
+    /// of its own, whatever this one had: each cluster engaged with one
+    /// gets its fleet's, unless given one.
     ///
     /// ```
     /// # async fn example(config: kube::Config) -> Result<(), Box<dyn std::error::Error>> {
@@ -146,44 +148,49 @@ impl ClusterClient {
             return Err(InvalidPathPrefix(prefix.to_owned()));
         }
         let prefix: std::sync::Arc<str> = prefix.into();
-        let budget = self.budget;
         let namespace = self.default_namespace().to_owned();
         let below = self.into_stack();
-        let service = below.map_request(move |mut request: Request<Body>| {
+        let service = tower::service_fn(move |mut request: Request<Body>| {
+            let below = below.clone();
             let path = request
                 .uri()
                 .path_and_query()
                 .map_or("/", |path| path.as_str());
-            // A valid path under a valid prefix is a valid path.
-            if let Ok(path) = format!("{prefix}{path}").parse::<http::uri::PathAndQuery>() {
-                let mut parts = request.uri().clone().into_parts();
-                parts.path_and_query = Some(path);
-                if let Ok(uri) = http::Uri::from_parts(parts) {
-                    *request.uri_mut() = uri;
-                }
+            let under = format!("{prefix}{path}")
+                .parse::<http::uri::PathAndQuery>()
+                .map_err(BoxError::from)
+                .and_then(|path| {
+                    let mut parts = request.uri().clone().into_parts();
+                    parts.path_and_query = Some(path);
+                    http::Uri::from_parts(parts).map_err(BoxError::from)
+                });
+            async move {
+                // Never sent where it was not meant to go.
+                *request.uri_mut() = under?;
+                below.oneshot(request).await
             }
-            request
         });
         Ok(Self {
             repr: Repr::Stack {
                 service: BoxCloneSyncService::new(service),
                 namespace,
             },
-            budget,
+            budget: None,
         })
     }
 
     /// The same client, its requests defaulting to `namespace`
     /// (`Api::default_namespaced`). It shares the connection, and adds no
-    /// request queue or task of its own.
+    /// request queue or task of its own. Like
+    /// [`under_path`](Self::under_path), it has no budget of its own: each
+    /// cluster engaged with one gets its fleet's.
     pub fn with_default_namespace(self, namespace: impl Into<String>) -> Self {
-        let budget = self.budget;
         Self {
             repr: Repr::Stack {
                 service: self.into_stack(),
                 namespace: namespace.into(),
             },
-            budget,
+            budget: None,
         }
     }
 

@@ -77,8 +77,8 @@ pub(crate) use exec::{ExecToken, PLUGIN_TIMEOUT, resolve as resolve_exec};
 pub use owners::OwnerReferenceAcross;
 pub(crate) use owners::{Reconciling, reconciling};
 pub(crate) use reachability::Reachability;
-pub(crate) use requests::counting;
 pub use requests::{LATENCY_BUCKETS, RequestCount, RequestLatency, RequestStats};
+pub(crate) use requests::{LazyClient, counting, counting_lazily};
 #[cfg(test)]
 pub(crate) use writes::ObjectId;
 pub use writes::WriteWaits;

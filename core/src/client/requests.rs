@@ -279,6 +279,19 @@ pub(crate) fn counting(
     budget: Option<Arc<Budget>>,
     writes: Arc<Writes>,
 ) -> Client {
+    counting_lazily(cluster, client, stats, reachability, budget, writes).get()
+}
+
+/// [`counting`], its client made when first asked for: until then it
+/// holds no request queue and no task.
+pub(crate) fn counting_lazily(
+    cluster: ClusterName,
+    client: ClusterClient,
+    stats: Arc<RequestStats>,
+    reachability: Arc<Reachability>,
+    budget: Option<Arc<Budget>>,
+    writes: Arc<Writes>,
+) -> LazyClient {
     let below = client.into_repr();
     let (namespace, valid_until) = match &below {
         Repr::Client(client) => (client.default_namespace().to_owned(), *client.valid_until()),
@@ -292,7 +305,59 @@ pub(crate) fn counting(
         reachability,
         writes,
     };
-    Client::new(outer, namespace).with_valid_until(valid_until)
+    LazyClient(Arc::new(Lazy {
+        made: std::sync::OnceLock::new(),
+        parts: std::sync::Mutex::new(Some((outer, namespace, valid_until))),
+    }))
+}
+
+/// A cluster's counted client, made on first use: a `kube::Client` always
+/// has a request queue (about 10 KiB) and a task, which a cluster that
+/// sends nothing need not hold. Cheap to clone; clones share the client.
+#[derive(Clone)]
+pub(crate) struct LazyClient(Arc<Lazy>);
+
+struct Lazy {
+    made: std::sync::OnceLock<Client>,
+    parts: std::sync::Mutex<Option<(Outer, String, Option<k8s_openapi::jiff::Timestamp>)>>,
+}
+
+impl LazyClient {
+    /// The client, made now if it was not yet. Call it inside a Tokio
+    /// runtime the first time: the client's queue runs a task there.
+    pub(crate) fn get(&self) -> Client {
+        self.0
+            .made
+            .get_or_init(|| {
+                let parts = self
+                    .0
+                    .parts
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take();
+                let (outer, namespace, valid_until) = parts.expect("made once");
+                Client::new(outer, namespace).with_valid_until(valid_until)
+            })
+            .clone()
+    }
+}
+
+impl From<Client> for LazyClient {
+    /// A client made already.
+    fn from(client: Client) -> Self {
+        Self(Arc::new(Lazy {
+            made: std::sync::OnceLock::from(client),
+            parts: std::sync::Mutex::new(None),
+        }))
+    }
+}
+
+impl std::fmt::Debug for LazyClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LazyClient")
+            .field("made", &self.0.made.get().is_some())
+            .finish()
+    }
 }
 
 /// The cluster's side: marks each request for counting, and counts it

@@ -8,6 +8,7 @@ pub use binary::{KCP_ENV, KCP_VERSION, KcpBinary};
 
 use std::{
     path::PathBuf,
+    sync::OnceLock,
     time::{Duration, Instant},
 };
 
@@ -42,14 +43,26 @@ pub const KCP_START_TIMEOUT: Duration = Duration::from_secs(120);
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug)]
 pub struct Kcp {
+    /// An admin client of the server's base URL, whose connection every
+    /// workspace's client shares.
+    admin: OnceLock<Client>,
     // Dropped first: the server, then its directory.
     process: Process,
     base: String,
     kubeconfig: Kubeconfig,
     kubeconfig_path: PathBuf,
     dir: TempDir,
+}
+
+impl std::fmt::Debug for Kcp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kcp")
+            .field("base", &self.base)
+            .field("pid", &self.process.pid())
+            .field("dir", &self.dir.path())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Kcp {
@@ -97,6 +110,7 @@ impl Kcp {
             tokio::time::sleep(Duration::from_millis(200)).await;
         };
         let kcp = Self {
+            admin: OnceLock::new(),
             process,
             base: format!("https://127.0.0.1:{port}"),
             kubeconfig,
@@ -160,8 +174,28 @@ impl Kcp {
     /// An admin client of the workspace at `path` (`root`, `root:tenant-a`)
     /// or of a logical cluster by name.
     pub async fn client(&self, path: &str) -> Result<Client> {
-        self.client_at(&format!("{}/clusters/{path}", self.base))
-            .await
+        let admin = match self.admin.get() {
+            Some(admin) => admin.clone(),
+            None => {
+                let admin = self.client_at(&self.base).await?;
+                self.admin.get_or_init(|| admin).clone()
+            }
+        };
+        // Its requests' paths under the workspace's, over the admin's
+        // connection.
+        let prefix = format!("/clusters/{path}");
+        let send = tower::service_fn(move |mut request: http::Request<kube::client::Body>| {
+            let (admin, prefix) = (admin.clone(), prefix.clone());
+            async move {
+                let path = request
+                    .uri()
+                    .path_and_query()
+                    .map_or("/", |path| path.as_str());
+                *request.uri_mut() = format!("{prefix}{path}").parse::<http::Uri>()?;
+                admin.send(request).await.map_err(tower::BoxError::from)
+            }
+        });
+        Ok(Client::new(send, "default"))
     }
 
     /// An admin client of any URL kcp serves, such as an APIExport's

@@ -34,14 +34,22 @@
 //! - `APIExportEndpointSlice <name>`: the slice is not found, lists no
 //!   endpoint (no workspace binds the export yet, or no shard serves it), or
 //!   its watch fails (retried with backoff; the shards followed stay).
-//! - `kcp shard <url>`: the shard's watch of bindings fails (the shard is
-//!   unreachable, say; retried with backoff), or no client can be built for
-//!   its URL. Its logical clusters stay engaged meanwhile; their health
-//!   shows the shard unreachable.
+//! - `kcp shard <url>`: the shard's watch of bindings (or, named by path,
+//!   of LogicalClusters) fails (the shard is unreachable, say; retried with
+//!   backoff), or no client can be built for its URL. Its logical clusters
+//!   stay engaged meanwhile; their health shows the shard unreachable.
 //! - `logical cluster <name>`: named by path
 //!   ([`KcpProvider::named_by_path`]), it binds the export but its path is
-//!   not known (the export's claim on `logicalclusters` not accepted); it is
-//!   not engaged until it is.
+//!   not known (the export's claim on `logicalclusters` not accepted), or
+//!   its path is the name another logical cluster is engaged under (a
+//!   workspace made again before the old one is gone); it is not engaged
+//!   until that changes.
+//!
+//! A watch told something again clears its problem; what failed is also
+//! looked at again every ten seconds, beside the watches (a failing shard is
+//! asked whether it answers, a slice whose watch failed is read, a shard no
+//! client could be made for is tried again), since a watch that resumes
+//! may tell nothing.
 //! - `APIBinding <name> in <logical cluster>`: the binding does not accept
 //!   a permission claim of the export (the claimed resources are then not
 //!   served there). The logical cluster is engaged all the same, for the

@@ -222,11 +222,11 @@ impl HostCache {
     }
 
     /// The part `part` of the host (a namespace, for a split by namespace),
-    /// to be engaged as a cluster, its client the host's with `part` as its
-    /// default namespace. Call it inside a Tokio runtime: its client starts
-    /// a task there. For a split by annotation, give the part a client of
-    /// its own with [`view_with`](Self::view_with): this one sends its
-    /// requests where the host's go.
+    /// to be engaged as a cluster, its requests sent through the client the
+    /// host was made with, with `part` as their default namespace. For a
+    /// split by annotation, give the part a client of its own with
+    /// [`view_with`](Self::view_with): this one sends its requests where
+    /// the host's go.
     pub fn view(&self, part: impl Into<String>) -> HostView {
         HostView::through_host(self.clone(), part.into())
     }
@@ -234,9 +234,11 @@ impl HostCache {
     /// The part `part` of the host, to be engaged as a cluster whose
     /// requests go through `client`: for a split by annotation, the client
     /// of that part's own cluster (kcp: `…/clusters/<logical cluster>` of
-    /// the host's virtual workspace), best made from the host's own with
-    /// [`ClusterClient::under_path`] so that it shares the host's
-    /// connection and adds no request queue. Its watches of all namespaces
+    /// the host's virtual workspace), best made with
+    /// [`ClusterClient::under_path`] from the client of the server the host
+    /// is under (kcp: the virtual workspace's, before the host's own
+    /// `/clusters/*`), so that it shares the host's connection and adds no
+    /// request queue. Its watches of all namespaces
     /// are the host's, split; split by annotation, a watch of one namespace
     /// is its own, through `client`.
     pub fn view_with(&self, part: impl Into<String>, client: impl Into<ClusterClient>) -> HostView {
@@ -250,7 +252,7 @@ impl HostCache {
 
     /// A client of the host, in its kubeconfig's default namespace.
     pub fn client(&self) -> Client {
-        self.inner.cache.client.clone()
+        self.inner.cache.client.get()
     }
 
     /// How many watches of the host run now, split or not: what the API

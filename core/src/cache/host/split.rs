@@ -256,9 +256,9 @@ async fn feed<K, S>(
                 let unanswered = is_unanswered(&error);
                 failures.failed(&host, &kind, &reason, unanswered);
                 let mut parts = lock(&parts);
-                if parts.health.fail(&reason, unanswered) {
-                    parts.tell_health();
-                }
+                parts.health.fail(&reason, unanswered);
+                // Every time: a part made since the last change is told too.
+                parts.tell_health();
                 continue;
             }
         };
@@ -294,6 +294,15 @@ async fn feed<K, S>(
             Event::InitDone => {
                 parts.listing = false;
                 parts.listed = true;
+                for part in parts.by_part.values() {
+                    came.extend(
+                        part.crossings
+                            .iter()
+                            .map(|(c, _)| c)
+                            .filter(|c| !crossings.iter().any(|seen| seen.same(c)))
+                            .cloned(),
+                    );
+                }
                 for part in parts.by_part.values_mut() {
                     let reader = part.writer.as_reader();
                     let notes = apply(&mut part.writer, &reader, Event::InitDone, &dyntype);

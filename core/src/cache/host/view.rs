@@ -66,11 +66,13 @@ impl HostView {
         &self.part
     }
 
-    /// A client of its own that sends what its cluster's requests send:
-    /// split by namespace, through the host's connection with this
-    /// namespace as its default. Each call makes a client with a request
-    /// queue of its own; the engaged cluster's is
-    /// [`Cluster::client`](crate::Cluster::client).
+    /// A client to where its cluster's requests go (split by namespace,
+    /// the host's server with this namespace as its default), over the same
+    /// connection. Its requests are not its cluster's: not counted, not
+    /// budgeted, not checked, not read back; the engaged cluster's client
+    /// is [`Cluster::client`](crate::Cluster::client). Each call makes a
+    /// client with a request queue of its own: call it inside a Tokio
+    /// runtime, where that queue runs a task.
     pub fn client(&self) -> Client {
         self.client.clone().into_client()
     }

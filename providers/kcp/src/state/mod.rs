@@ -45,6 +45,10 @@ enum Source {
     /// A shard's LogicalClusters, for their paths.
     Paths(Arc<str>),
     Recheck,
+    /// A shard whose watch failed, asked whether it answers.
+    Probe(Arc<str>),
+    /// The slice, read because its watch failed.
+    SliceProbe,
 }
 
 pub(crate) struct State {
@@ -62,15 +66,17 @@ pub(crate) struct State {
     /// The logical clusters engaged: the shard each was engaged from, and
     /// its name in the fleet.
     engaged: HashMap<String, (Arc<str>, ClusterName)>,
+    /// The logical cluster engaged under each name.
+    named: HashMap<ClusterName, String>,
     /// Whether clusters are named by their workspace's path.
     by_path: bool,
     /// Whether the slice was seen since its watch last listed.
     slice_seen: bool,
     /// Whether the slice's watch has failed since it last told anything.
     slice_failing: bool,
-    /// The shards whose watch of bindings has failed since it last told
-    /// anything.
-    failing: HashSet<Arc<str>>,
+    /// The shards' watches (of bindings, of paths) that have failed since
+    /// they last told anything.
+    failing: HashSet<Source>,
     inputs: StreamMap<Source, Events>,
     ready: VecDeque<ClusterEvent>,
     /// The watch of a shard's bindings (a fake one in tests).
@@ -112,6 +118,7 @@ impl State {
             listed: Vec::new(),
             shards: HashMap::new(),
             engaged: HashMap::new(),
+            named: HashMap::new(),
             by_path: false,
             slice_seen: false,
             slice_failing: false,
@@ -159,7 +166,18 @@ impl State {
                     Source::Slice => state.slice_event(event),
                     Source::Shard(url) => state.shard_event(&url, event),
                     Source::Paths(url) => state.paths_event(&url, event),
-                    Source::Recheck => state.recheck().await,
+                    Source::Recheck => state.recheck(),
+                    Source::Probe(url) => {
+                        if event.is_ok() {
+                            state.shard_heard(&Source::Shard(url.clone()));
+                            state.shard_heard(&Source::Paths(url));
+                        }
+                    }
+                    Source::SliceProbe => match event {
+                        Ok(watcher::Event::Apply(slice)) => state.slice_is(Some(&slice)),
+                        Ok(_) => state.slice_is(None),
+                        Err(_) => {}
+                    },
                 }
             }
         })
@@ -302,9 +320,14 @@ impl State {
 
     fn drop_shard(&mut self, url: &Arc<str>) {
         tracing::info!(shard = %url, slice = %self.slice, "no longer following a shard");
-        self.inputs.remove(&Source::Shard(url.clone()));
-        self.inputs.remove(&Source::Paths(url.clone()));
-        self.failing.remove(url);
+        for source in [
+            Source::Shard(url.clone()),
+            Source::Paths(url.clone()),
+            Source::Probe(url.clone()),
+        ] {
+            self.inputs.remove(&source);
+            self.failing.remove(&source);
+        }
         let Some(shard) = self.shards.remove(url) else {
             return;
         };
@@ -322,35 +345,88 @@ impl State {
 
     /// Looks again at what failed: shards whose watch failed are asked
     /// whether they answer, the slice is read if its watch failed, and
-    /// shards listed but not followed are tried again.
-    async fn recheck(&mut self) {
-        let failing: Vec<Arc<str>> = self.failing.iter().cloned().collect();
+    /// shards listed but not followed are tried again. The questions run
+    /// beside the watches, each bounded by [`RECHECK`].
+    fn recheck(&mut self) {
+        let failing: HashSet<Arc<str>> = self
+            .failing
+            .iter()
+            .filter_map(|source| match source {
+                Source::Shard(url) | Source::Paths(url) => Some(url.clone()),
+                _ => None,
+            })
+            .collect();
         for url in failing {
+            let probe = Source::Probe(url.clone());
             let Some(shard) = self.shards.get(&url) else {
                 continue;
             };
-            let api = Api::<DynamicObject>::all_with(shard.host.client(), &api_bindings());
-            let one = ListParams::default().limit(1);
-            let paths = Api::<DynamicObject>::all_with(shard.host.client(), &logical_clusters());
-            let asked = async {
-                api.list(&one).await?;
-                if self.by_path {
+            if self.inputs.contains_key(&probe) {
+                continue;
+            }
+            let bindings = Api::<DynamicObject>::all_with(shard.host.client(), &api_bindings());
+            let paths = self
+                .by_path
+                .then(|| Api::<DynamicObject>::all_with(shard.host.client(), &logical_clusters()));
+            let asked = async move {
+                let one = ListParams::default().limit(1);
+                bindings.list(&one).await?;
+                if let Some(paths) = paths {
                     paths.list(&one).await?;
                 }
                 Ok::<_, kube::Error>(())
             };
-            if let Ok(Ok(())) = tokio::time::timeout(RECHECK, asked).await {
-                self.failing.remove(&url);
-                self.problems.clear(&shard_source(&url));
-            }
+            let answer = async move {
+                match tokio::time::timeout(RECHECK, asked).await {
+                    Ok(Ok(())) => Some(Ok(watcher::Event::InitDone)),
+                    _ => None,
+                }
+            };
+            let answer = futures::stream::once(answer).filter_map(std::future::ready);
+            self.inputs.insert(probe, answer.boxed());
         }
-        if self.slice_failing {
+        if self.slice_failing && !self.inputs.contains_key(&Source::SliceProbe) {
             let api = Api::<DynamicObject>::all_with(self.workspace.clone(), &endpoint_slices());
-            if let Ok(Ok(slice)) = tokio::time::timeout(RECHECK, api.get_opt(&self.slice)).await {
-                self.slice_is(slice.as_ref());
-            }
+            let name = self.slice.clone();
+            let answer = async move {
+                match tokio::time::timeout(RECHECK, api.get_opt(&name)).await {
+                    Ok(Ok(Some(slice))) => Some(Ok(watcher::Event::Apply(slice))),
+                    Ok(Ok(None)) => Some(Ok(watcher::Event::InitDone)),
+                    _ => None,
+                }
+            };
+            let answer = futures::stream::once(answer).filter_map(std::future::ready);
+            self.inputs.insert(Source::SliceProbe, answer.boxed());
         }
         self.add_missing();
+    }
+
+    /// `source`, a watch of a shard, failed with `error`.
+    fn shard_failed(&mut self, source: Source, what: &str, error: &watcher::Error) {
+        let (Source::Shard(url) | Source::Paths(url)) = &source else {
+            return;
+        };
+        self.problems.report(
+            shard_source(url),
+            format!(
+                "the watch of {what} fails, and is retried (its logical clusters stay engaged): {}",
+                error_chain(error)
+            ),
+        );
+        self.failing.insert(source);
+    }
+
+    /// `source`, a watch of a shard, told something: it no longer fails.
+    fn shard_heard(&mut self, source: &Source) {
+        let (Source::Shard(url) | Source::Paths(url)) = source else {
+            return;
+        };
+        if self.failing.remove(source)
+            && !self.failing.contains(&Source::Shard(url.clone()))
+            && !self.failing.contains(&Source::Paths(url.clone()))
+        {
+            self.problems.clear(&shard_source(url));
+        }
     }
 
     fn shard_event(
@@ -367,20 +443,11 @@ impl State {
                 return;
             }
             Ok(event) => {
-                if self.failing.remove(url) {
-                    self.problems.clear(&shard_source(url));
-                }
+                self.shard_heard(&Source::Shard(url.clone()));
                 event
             }
             Err(error) => {
-                self.failing.insert(url.clone());
-                self.problems.report(
-                    shard_source(url),
-                    format!(
-                        "the watch of APIBindings fails, and is retried (its logical clusters stay engaged): {}",
-                        error_chain(&error)
-                    ),
-                );
+                self.shard_failed(Source::Shard(url.clone()), "APIBindings", &error);
                 return;
             }
         };
@@ -494,19 +561,14 @@ impl State {
                 return;
             }
             Ok(event) => {
-                if self.failing.remove(url) {
-                    self.problems.clear(&shard_source(url));
-                }
+                self.shard_heard(&Source::Paths(url.clone()));
                 event
             }
             Err(error) => {
-                self.failing.insert(url.clone());
-                self.problems.report(
-                    shard_source(url),
-                    format!(
-                        "the watch of LogicalClusters (their paths) fails, and is retried: {}",
-                        error_chain(&error)
-                    ),
+                self.shard_failed(
+                    Source::Paths(url.clone()),
+                    "LogicalClusters (their paths)",
+                    &error,
                 );
                 return;
             }
@@ -517,7 +579,7 @@ impl State {
         let path_of = |object: &DynamicObject| {
             let cluster = logical_cluster(object)?.to_owned();
             let path = object.annotations().get(PATH_ANNOTATION)?.clone();
-            Some((cluster, path))
+            (!path.is_empty()).then_some((cluster, path))
         };
         let changed: Vec<String> = match event {
             watcher::Event::Init => Vec::new(),
@@ -583,10 +645,26 @@ impl State {
             .iter()
             .find_map(|url| named(url).map(|name| ((*url).clone(), name)));
         let path_source = format!("logical cluster {cluster}");
+        // A name another logical cluster is engaged under is not taken from it.
+        let taken = wanted.as_ref().and_then(|(_, name)| {
+            self.named
+                .get(name)
+                .filter(|owner| owner.as_str() != cluster)
+                .map(|owner| (name.clone(), owner.clone()))
+        });
+        let wanted = if taken.is_some() { None } else { wanted };
         let unnamed = self.by_path
             && wanted.is_none()
+            && taken.is_none()
             && from.iter().any(|url| self.shards[*url].paths_listed);
-        if unnamed {
+        if let Some((name, owner)) = &taken {
+            self.problems.report(
+                path_source,
+                format!(
+                    "its workspace's path {name} is the name logical cluster {owner} is engaged under: not engaged while that one is"
+                ),
+            );
+        } else if unnamed {
             self.problems.report(
                 path_source,
                 "binds the export, but its workspace's path is not known: the export must claim logicalclusters of core.kcp.io and its binding accept the claim",
@@ -607,8 +685,20 @@ impl State {
         {
             tracing::info!(cluster, name = %name, "disengaging a logical cluster: it no longer binds the export");
             self.engaged.remove(cluster);
+            self.named.remove(name);
             self.ready
                 .push_back(ClusterEvent::Disengage { name: name.clone() });
+            // Another logical cluster may have waited for the name.
+            let waiting: Vec<String> = self
+                .shards
+                .values()
+                .flat_map(|shard| shard.paths.iter())
+                .filter(|(other, path)| other.as_str() != cluster && path.as_str() == name.as_str())
+                .map(|(other, _)| other.clone())
+                .collect();
+            for other in waiting {
+                self.settle(&other);
+            }
         }
         let Some((url, name)) = wanted else {
             return;
@@ -622,6 +712,7 @@ impl State {
         };
         tracing::info!(cluster, name = %name, shard = %url, "engaging a logical cluster that binds the export");
         self.engaged.insert(cluster.to_owned(), (url, name.clone()));
+        self.named.insert(name.clone(), cluster.to_owned());
         self.ready
             .push_back(ClusterEvent::EngageView { name, view });
     }

@@ -278,3 +278,40 @@ async fn named_by_path_a_cluster_waits_for_its_path_and_goes_with_it() {
     );
     assert_eq!(next(&mut events).await, "-root:team-a");
 }
+
+#[tokio::test]
+async fn named_by_path_one_path_names_one_cluster_at_a_time() {
+    let url = "https://a.invalid/same-path/example.io";
+    let (a, a_paths) = (shard(url), paths(url));
+    let (slices, mut events, problems) = started_with(State::by_path);
+    listed(&slices, vec![slice(&[url])]);
+    listed(&a_paths, vec![logical_cluster("old", "root:team")]);
+    listed(&a, vec![binding("example.io", "old")]);
+    assert_eq!(next(&mut events).await, "+root:team");
+    // The workspace made again: a new logical cluster with the same path,
+    // seen before the old one goes.
+    send(
+        &a_paths,
+        watcher::Event::Apply(logical_cluster("new", "root:team")),
+    );
+    send(&a, watcher::Event::Apply(binding("example.io", "new")));
+    quiet(&mut events).await;
+    let taken = problems.get("logical cluster new").expect("reported");
+    assert!(taken.contains("logical cluster old"), "{taken}");
+    // The old one goes: the name is the new one's.
+    send(
+        &a_paths,
+        watcher::Event::Delete(logical_cluster("old", "root:team")),
+    );
+    assert_eq!(next(&mut events).await, "-root:team");
+    assert_eq!(next(&mut events).await, "+root:team");
+    quiet(&mut events).await;
+    assert_eq!(problems.get("logical cluster new"), None);
+    // An empty path names nothing.
+    send(
+        &a_paths,
+        watcher::Event::Apply(logical_cluster("blank", "")),
+    );
+    send(&a, watcher::Event::Apply(binding("example.io", "blank")));
+    quiet(&mut events).await;
+}
