@@ -63,6 +63,19 @@ struct Part<K: Resource<DynamicType: TypeInfo> + Clone + 'static> {
     crossings: Vec<(Crossing, usize)>,
 }
 
+impl<K: Resource<DynamicType: TypeInfo> + Clone + 'static> Part<K> {
+    /// Its crossings that are not among `seen`: those of readers that came
+    /// since `seen` was looked at.
+    fn crossings_besides(&self, seen: &[Crossing]) -> Vec<Crossing> {
+        self.crossings
+            .iter()
+            .map(|(c, _)| c)
+            .filter(|c| !seen.iter().any(|seen| seen.same(c)))
+            .cloned()
+            .collect()
+    }
+}
+
 impl<K: Resource<DynamicType: TypeInfo> + Clone + 'static> Parts<K> {
     /// The part `part`, made empty now if there is none.
     fn part(&mut self, part: &str) -> &mut Part<K> {
@@ -295,13 +308,7 @@ async fn feed<K, S>(
                 parts.listing = false;
                 parts.listed = true;
                 for part in parts.by_part.values() {
-                    came.extend(
-                        part.crossings
-                            .iter()
-                            .map(|(c, _)| c)
-                            .filter(|c| !crossings.iter().any(|seen| seen.same(c)))
-                            .cloned(),
-                    );
+                    came.extend(part.crossings_besides(&crossings));
                 }
                 for part in parts.by_part.values_mut() {
                     let reader = part.writer.as_reader();
@@ -315,13 +322,7 @@ async fn feed<K, S>(
                 };
                 if let Some(own) = by.part_of(object.meta()).map(str::to_owned) {
                     let part = parts.part(&own);
-                    came.extend(
-                        part.crossings
-                            .iter()
-                            .map(|(c, _)| c)
-                            .filter(|c| !crossings.iter().any(|seen| seen.same(c)))
-                            .cloned(),
-                    );
+                    came.extend(part.crossings_besides(&crossings));
                     let reader = part.writer.as_reader();
                     let notes = apply(&mut part.writer, &reader, event, &dyntype);
                     if part.readers == 0 && reader.is_empty() {
