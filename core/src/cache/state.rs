@@ -67,6 +67,20 @@ impl Health {
         }
     }
 
+    /// The same, for a reader that has not seen a list complete yet: not
+    /// synced, though the watch may be (its failure, if it fails, stays).
+    pub(crate) fn unsynced(&self) -> Self {
+        let state = match &self.state {
+            WatchState::Synced => WatchState::Syncing,
+            other => other.clone(),
+        };
+        Self {
+            state,
+            has_synced: false,
+            ..self.clone()
+        }
+    }
+
     /// The watch failed for `reason`, for want of an answer if
     /// `unanswered`. Returns whether that changed its state.
     pub(crate) fn fail(&mut self, reason: &str, unanswered: bool) -> bool {

@@ -308,6 +308,7 @@ pub(crate) fn counting_lazily(
     LazyClient(Arc::new(Lazy {
         made: std::sync::OnceLock::new(),
         parts: std::sync::Mutex::new(Some((outer, namespace, valid_until))),
+        runtime: tokio::runtime::Handle::try_current().ok(),
     }))
 }
 
@@ -319,24 +320,29 @@ pub(crate) struct LazyClient(Arc<Lazy>);
 
 struct Lazy {
     made: std::sync::OnceLock<Client>,
+    /// What it is made of, until it is made.
     parts: std::sync::Mutex<Option<(Outer, String, Option<k8s_openapi::jiff::Timestamp>)>>,
+    /// The runtime it was set up in, where its queue's task runs whoever
+    /// first asks for it.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl LazyClient {
-    /// The client, made now if it was not yet. Call it inside a Tokio
-    /// runtime the first time: the client's queue runs a task there.
+    /// The client, made now if it was not yet, its queue's task in the
+    /// runtime the cluster was engaged in (else the caller's, which a
+    /// cluster engaged outside any runtime needs the first time).
     pub(crate) fn get(&self) -> Client {
         self.0
             .made
             .get_or_init(|| {
-                let parts = self
-                    .0
-                    .parts
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .take();
-                let (outer, namespace, valid_until) = parts.expect("made once");
-                Client::new(outer, namespace).with_valid_until(valid_until)
+                let mut parts = self.0.parts.lock().unwrap_or_else(|e| e.into_inner());
+                let (outer, namespace, valid_until) = parts.clone().expect("kept until made");
+                let _entered = self.0.runtime.as_ref().map(tokio::runtime::Handle::enter);
+                let client = Client::new(outer, namespace).with_valid_until(valid_until);
+                // Kept until here: a first call that panics (no runtime)
+                // leaves them for the next.
+                *parts = None;
+                client
             })
             .clone()
     }
@@ -348,6 +354,7 @@ impl From<Client> for LazyClient {
         Self(Arc::new(Lazy {
             made: std::sync::OnceLock::from(client),
             parts: std::sync::Mutex::new(None),
+            runtime: None,
         }))
     }
 }

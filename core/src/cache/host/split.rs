@@ -55,6 +55,9 @@ struct Parts<K: Resource<DynamicType: TypeInfo> + Clone + 'static> {
 struct Part<K: Resource<DynamicType: TypeInfo> + Clone + 'static> {
     writer: Writer<K>,
     hub: Arc<Hub<K>>,
+    /// Whether a list has completed since it was made: one made during a
+    /// list holds nothing until that list is done.
+    synced: bool,
     /// How many watches read it now.
     readers: usize,
     /// Where its events are told, when each part has writes of its own
@@ -81,11 +84,12 @@ impl<K: Resource<DynamicType: TypeInfo> + Clone + 'static> Parts<K> {
     fn part(&mut self, part: &str) -> &mut Part<K> {
         if !self.by_part.contains_key(part) {
             let mut writer = Writer::new(self.dyntype.clone());
+            let synced = !self.listing && self.listed;
             let hub = if self.listing {
                 // It takes part in the list under way, and is synced when
                 // that list is done.
                 writer.apply_watcher_event(&Event::Init);
-                Hub::new(Health::syncing(), false)
+                Hub::new(self.health.unsynced(), false)
             } else {
                 Hub::new(self.health.clone(), self.listed)
             };
@@ -94,6 +98,7 @@ impl<K: Resource<DynamicType: TypeInfo> + Clone + 'static> Parts<K> {
                 Part {
                     writer,
                     hub: Arc::new(hub),
+                    synced,
                     readers: 0,
                     crossings: Vec::new(),
                 },
@@ -102,10 +107,13 @@ impl<K: Resource<DynamicType: TypeInfo> + Clone + 'static> Parts<K> {
         self.by_part.get_mut(part).expect("inserted above")
     }
 
-    /// Tells every part where the host's watch stands.
+    /// Tells every part where the host's watch stands: a part that has not
+    /// seen a list complete is not synced yet.
     fn tell_health(&self) {
+        let unsynced = self.health.unsynced();
         for part in self.by_part.values() {
-            part.hub.set_health(&self.health);
+            let health = if part.synced { &self.health } else { &unsynced };
+            part.hub.set_health(health);
         }
     }
 
@@ -307,7 +315,8 @@ async fn feed<K, S>(
             Event::InitDone => {
                 parts.listing = false;
                 parts.listed = true;
-                for part in parts.by_part.values() {
+                for part in parts.by_part.values_mut() {
+                    part.synced = true;
                     came.extend(part.crossings_besides(&crossings));
                 }
                 for part in parts.by_part.values_mut() {
@@ -639,7 +648,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_part_made_during_a_list_is_synced_when_the_list_is_done() {
+    async fn a_part_made_during_a_list_is_synced_when_that_list_is_done_and_not_before() {
         let (split, events) = split();
         let early = split.clone().part("a", &Arc::default());
         events.send(Ok(Event::Init)).unwrap();
@@ -656,8 +665,17 @@ mod tests {
             !late.has_synced(),
             "its store is empty until the list is done"
         );
+        // Nor does a failure meanwhile make it synced.
+        events.send(Err(watcher::Error::NoResourceVersion)).unwrap();
+        settle().await;
+        assert!(!late.has_synced(), "its list is not done");
+        assert!(early.has_synced(), "it listed before");
+        events.send(Ok(Event::Init)).unwrap();
+        events
+            .send(Ok(Event::InitApply(config_map("b", "x"))))
+            .unwrap();
         events.send(Ok(Event::InitDone)).unwrap();
-        tokio::time::timeout(std::time::Duration::from_secs(5), late.synced())
+        tokio::time::timeout(std::time::Duration::from_secs(60), late.synced())
             .await
             .expect("synced");
         assert_eq!(late.store().len(), 1);

@@ -36,6 +36,18 @@ pub(crate) const RECHECK: Duration = Duration::from_secs(10);
 /// A watch's events, boxed.
 pub(crate) type Events = BoxStream<'static, Result<watcher::Event<DynamicObject>, watcher::Error>>;
 
+/// What comes in: a watch's event, the clock, or an answer to a question
+/// asked because a watch failed.
+enum Input {
+    Watch(Result<watcher::Event<DynamicObject>, watcher::Error>),
+    Tick,
+    /// A shard answered, asked after this many failures of the shards'
+    /// watches.
+    Answered(u64),
+    /// The slice as read: there or not.
+    Read(Option<DynamicObject>),
+}
+
 /// Where an input comes from: the endpoint slice, a shard's bindings, or
 /// the clock.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -75,9 +87,11 @@ pub(crate) struct State {
     /// Whether the slice's watch has failed since it last told anything.
     slice_failing: bool,
     /// The shards' watches (of bindings, of paths) that have failed since
-    /// they last told anything.
-    failing: HashSet<Source>,
-    inputs: StreamMap<Source, Events>,
+    /// they last told anything: when (a count of failures) and why.
+    failing: HashMap<Source, (u64, String)>,
+    /// Failures of the shards' watches so far.
+    failures: u64,
+    inputs: StreamMap<Source, BoxStream<'static, Input>>,
     ready: VecDeque<ClusterEvent>,
     /// The watch of a shard's bindings (a fake one in tests).
     watch_bindings: fn(&Shard) -> Events,
@@ -122,7 +136,8 @@ impl State {
             by_path: false,
             slice_seen: false,
             slice_failing: false,
-            failing: HashSet::new(),
+            failing: HashMap::new(),
+            failures: 0,
             inputs: StreamMap::new(),
             ready: VecDeque::new(),
             watch_bindings,
@@ -147,11 +162,11 @@ impl State {
 
     /// The cluster events, from the slice's events `slices`.
     fn events_from(mut self, slices: Events) -> BoxStream<'static, ClusterEvent> {
-        self.inputs.insert(Source::Slice, slices);
+        self.inputs
+            .insert(Source::Slice, slices.map(Input::Watch).boxed());
         let ticks = futures::stream::unfold((), |()| async {
             tokio::time::sleep(RECHECK).await;
-            // The item is not read: the source says it is the clock.
-            Some((Ok(watcher::Event::InitDone), ()))
+            Some((Input::Tick, ()))
         });
         self.inputs.insert(Source::Recheck, ticks.boxed());
         futures::stream::unfold(self, |mut state| async move {
@@ -161,23 +176,30 @@ impl State {
                 }
                 // The slice's watch and the clock never end, so neither do
                 // the inputs.
-                let (source, event) = state.inputs.next().await?;
-                match source {
-                    Source::Slice => state.slice_event(event),
-                    Source::Shard(url) => state.shard_event(&url, event),
-                    Source::Paths(url) => state.paths_event(&url, event),
-                    Source::Recheck => state.recheck(),
-                    Source::Probe(url) => {
-                        if event.is_ok() {
-                            state.shard_heard(&Source::Shard(url.clone()));
-                            state.shard_heard(&Source::Paths(url));
+                let (source, input) = state.inputs.next().await?;
+                match (source, input) {
+                    (Source::Slice, Input::Watch(event)) => state.slice_event(event),
+                    (Source::Shard(url), Input::Watch(event)) => state.shard_event(&url, event),
+                    (Source::Paths(url), Input::Watch(event)) => state.paths_event(&url, event),
+                    (_, Input::Tick) => state.recheck(),
+                    // It answered: the failures before it was asked are
+                    // over, not those since.
+                    (Source::Probe(url), Input::Answered(asked)) => {
+                        for source in [Source::Shard(url.clone()), Source::Paths(url)] {
+                            if state
+                                .failing
+                                .get(&source)
+                                .is_some_and(|(at, _)| *at <= asked)
+                            {
+                                state.shard_heard(&source);
+                            }
                         }
                     }
-                    Source::SliceProbe => match event {
-                        Ok(watcher::Event::Apply(slice)) => state.slice_is(Some(&slice)),
-                        Ok(_) => state.slice_is(None),
-                        Err(_) => {}
-                    },
+                    // Only while the watch has told nothing newer.
+                    (Source::SliceProbe, Input::Read(slice)) if state.slice_failing => {
+                        state.slice_is(slice.as_ref());
+                    }
+                    _ => {}
                 }
             }
         })
@@ -203,6 +225,10 @@ impl State {
                 return;
             }
         };
+        if !matches!(event, watcher::Event::Init) {
+            // The watch tells again: a read of the slice under way is older.
+            self.inputs.remove(&Source::SliceProbe);
+        }
         match event {
             // Also before each retry of a failing list: it tells nothing.
             watcher::Event::Init => self.slice_seen = false,
@@ -311,10 +337,13 @@ impl State {
         let bindings = (self.watch_bindings)(&shard);
         let url: Arc<str> = url.into();
         if self.by_path {
-            self.inputs
-                .insert(Source::Paths(url.clone()), (self.watch_paths)(&shard));
+            let paths = (self.watch_paths)(&shard).map(Input::Watch).boxed();
+            self.inputs.insert(Source::Paths(url.clone()), paths);
         }
-        self.inputs.insert(Source::Shard(url.clone()), bindings);
+        self.inputs.insert(
+            Source::Shard(url.clone()),
+            bindings.map(Input::Watch).boxed(),
+        );
         self.shards.insert(url, shard);
     }
 
@@ -350,7 +379,7 @@ impl State {
     fn recheck(&mut self) {
         let failing: HashSet<Arc<str>> = self
             .failing
-            .iter()
+            .keys()
             .filter_map(|source| match source {
                 Source::Shard(url) | Source::Paths(url) => Some(url.clone()),
                 _ => None,
@@ -376,9 +405,11 @@ impl State {
                 }
                 Ok::<_, kube::Error>(())
             };
+            // The answer names the failures it was asked after.
+            let since = self.failures;
             let answer = async move {
                 match tokio::time::timeout(RECHECK, asked).await {
-                    Ok(Ok(())) => Some(Ok(watcher::Event::InitDone)),
+                    Ok(Ok(())) => Some(Input::Answered(since)),
                     _ => None,
                 }
             };
@@ -390,8 +421,7 @@ impl State {
             let name = self.slice.clone();
             let answer = async move {
                 match tokio::time::timeout(RECHECK, api.get_opt(&name)).await {
-                    Ok(Ok(Some(slice))) => Some(Ok(watcher::Event::Apply(slice))),
-                    Ok(Ok(None)) => Some(Ok(watcher::Event::InitDone)),
+                    Ok(Ok(slice)) => Some(Input::Read(slice)),
                     _ => None,
                 }
             };
@@ -406,14 +436,13 @@ impl State {
         let (Source::Shard(url) | Source::Paths(url)) = &source else {
             return;
         };
-        self.problems.report(
-            shard_source(url),
-            format!(
-                "the watch of {what} fails, and is retried (its logical clusters stay engaged): {}",
-                error_chain(error)
-            ),
+        let message = format!(
+            "the watch of {what} fails, and is retried (its logical clusters stay engaged): {}",
+            error_chain(error)
         );
-        self.failing.insert(source);
+        self.problems.report(shard_source(url), &message);
+        self.failures += 1;
+        self.failing.insert(source, (self.failures, message));
     }
 
     /// `source`, a watch of a shard, told something: it no longer fails.
@@ -421,11 +450,16 @@ impl State {
         let (Source::Shard(url) | Source::Paths(url)) = source else {
             return;
         };
-        if self.failing.remove(source)
-            && !self.failing.contains(&Source::Shard(url.clone()))
-            && !self.failing.contains(&Source::Paths(url.clone()))
-        {
-            self.problems.clear(&shard_source(url));
+        if self.failing.remove(source).is_none() {
+            return;
+        }
+        // The shard's other watch may still fail: it is what is reported.
+        let other = [Source::Shard(url.clone()), Source::Paths(url.clone())]
+            .into_iter()
+            .find_map(|other| self.failing.get(&other).map(|(_, message)| message.clone()));
+        match other {
+            Some(message) => self.problems.report(shard_source(url), message),
+            None => self.problems.clear(&shard_source(url)),
         }
     }
 
@@ -592,7 +626,11 @@ impl State {
                         shard.paths.insert(cluster.clone(), path);
                         vec![cluster]
                     }
-                    None => Vec::new(),
+                    // Its path taken away, or made empty: it names nothing.
+                    None => logical_cluster(&object)
+                        .and_then(|cluster| shard.paths.remove_entry(cluster))
+                        .map(|(cluster, _)| vec![cluster])
+                        .unwrap_or_default(),
                 }
             }
             watcher::Event::Delete(object) => logical_cluster(&object)
@@ -683,7 +721,7 @@ impl State {
         if let Some((_, name)) = &now
             && wanted.as_ref().is_none_or(|(_, wanted)| wanted != name)
         {
-            tracing::info!(cluster, name = %name, "disengaging a logical cluster: it no longer binds the export");
+            tracing::info!(cluster, name = %name, "disengaging a logical cluster: it no longer binds the export, or no longer under this name");
             self.engaged.remove(cluster);
             self.named.remove(name);
             self.ready
