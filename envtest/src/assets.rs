@@ -57,13 +57,7 @@ impl Binaries {
     /// build only once between them and the others wait for it.
     pub async fn find() -> Result<Self> {
         static FOUND: OnceLock<Binaries> = OnceLock::new();
-        if let Some(found) = FOUND.get() {
-            return Ok(found.clone());
-        }
-        let found = tokio::task::spawn_blocking(Self::find_blocking)
-            .await
-            .map_err(|e| Error::io("the binary lookup task failed", std::io::Error::other(e)))??;
-        Ok(FOUND.get_or_init(|| found).clone())
+        found_once(&FOUND, "the binary lookup task failed", Self::find_blocking).await
     }
 
     /// The binaries in a directory, such as the one `KUBEBUILDER_ASSETS` names.
@@ -128,19 +122,7 @@ fn missing_binaries(dir: &Path, why: &str) -> Error {
 /// Builds both binaries into `dir`, unless another process did so while this
 /// one waited for the lock.
 fn build(dir: &Path) -> Result<()> {
-    fs::create_dir_all(dir)
-        .map_err(|e| Error::io(format!("creating cache directory {}", dir.display()), e))?;
-    let lock_path = dir.join(".lock");
-    let lock = fs::File::create(&lock_path)
-        .map_err(|e| Error::io(format!("creating lock file {}", lock_path.display()), e))?;
-    if lock.try_lock().is_err() {
-        progress(format_args!(
-            "another process is building kube-apiserver and etcd; waiting for it ({})",
-            lock_path.display()
-        ));
-        lock.lock()
-            .map_err(|e| Error::io(format!("locking {}", lock_path.display()), e))?;
-    }
+    let _lock = lock_cache_dir(dir, "kube-apiserver and etcd")?;
     if Binaries::in_dir(dir).is_ok() {
         return Ok(());
     }
@@ -212,6 +194,43 @@ fn build(dir: &Path) -> Result<()> {
         dir.display()
     ));
     Ok(())
+}
+
+/// What `find` found, remembered in `found` for the rest of the process:
+/// found once, on a blocking thread (a build takes minutes), and cloned
+/// after.
+pub(crate) async fn found_once<T: Clone + Send + Sync + 'static>(
+    found: &'static OnceLock<T>,
+    what_failed: &'static str,
+    find: fn() -> Result<T>,
+) -> Result<T> {
+    if let Some(found) = found.get() {
+        return Ok(found.clone());
+    }
+    let first = tokio::task::spawn_blocking(find)
+        .await
+        .map_err(|e| Error::io(what_failed, std::io::Error::other(e)))??;
+    Ok(found.get_or_init(|| first).clone())
+}
+
+/// Makes the cache directory `dir` and locks it for a build of `what`,
+/// waiting (and saying so) while another process builds there: the lock
+/// holds until the file it returns is dropped.
+pub(crate) fn lock_cache_dir(dir: &Path, what: &str) -> Result<fs::File> {
+    fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("creating cache directory {}", dir.display()), e))?;
+    let lock_path = dir.join(".lock");
+    let lock = fs::File::create(&lock_path)
+        .map_err(|e| Error::io(format!("creating lock file {}", lock_path.display()), e))?;
+    if lock.try_lock().is_err() {
+        progress(format_args!(
+            "another process is building {what}; waiting for it ({})",
+            lock_path.display()
+        ));
+        lock.lock()
+            .map_err(|e| Error::io(format!("locking {}", lock_path.display()), e))?;
+    }
+    Ok(lock)
 }
 
 /// Runs one `go` step of building the API servers; see [`run_go_for`].

@@ -112,34 +112,47 @@ impl Health {
 }
 
 /// Logs a watch's failures once per cause, not once per retry.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct FailureLog {
+    cluster: crate::cluster_name::ClusterName,
+    kind: String,
+    api_version: String,
     last: Option<String>,
 }
 
 impl FailureLog {
-    /// Logs that the watch of `kind` in `cluster` failed for `reason`: as a
-    /// warning if the cause is new, at debug level if it is the last one
-    /// or if the cluster gave no answer (`unanswered`): that the cluster
-    /// stops and starts answering is told once for all its requests, by
-    /// its client (`client::reachability`).
-    pub(crate) fn failed(
-        &mut self,
-        cluster: &crate::cluster_name::ClusterName,
-        kind: &str,
-        reason: &str,
-        unanswered: bool,
-    ) {
+    /// The log of the watch of `kind` (`api_version`) in `cluster`.
+    pub(crate) fn new(
+        cluster: crate::cluster_name::ClusterName,
+        kind: String,
+        api_version: String,
+    ) -> Self {
+        Self {
+            cluster,
+            kind,
+            api_version,
+            last: None,
+        }
+    }
+
+    /// Logs that the watch failed with `error`, and says why and whether
+    /// for want of an answer: as a warning if the cause is new, at debug
+    /// level if it is the last one or if the cluster gave no answer: that
+    /// the cluster stops and starts answering is told once for all its
+    /// requests, by its client (`client::reachability`).
+    pub(crate) fn failed(&mut self, error: &kube::runtime::watcher::Error) -> (String, bool) {
+        let reason = super::discovery::failure_reason(error, &self.kind, &self.api_version);
+        let unanswered = crate::client::is_unanswered(error);
+        let (cluster, kind) = (&self.cluster, &self.kind);
         if unanswered {
             tracing::debug!(%cluster, %kind, %reason, "watch failed: the cluster gives no answer; retrying with backoff");
-            return;
-        }
-        if self.last.as_deref() == Some(reason) {
+        } else if self.last.as_deref() == Some(reason.as_str()) {
             tracing::debug!(%cluster, %kind, %reason, "watch failed again");
         } else {
             tracing::warn!(%cluster, %kind, %reason, "watch failed; retrying with backoff");
-            self.last = Some(reason.to_owned());
+            self.last = Some(reason.clone());
         }
+        (reason, unanswered)
     }
 
     /// The watch works again: its next failure is news.

@@ -24,7 +24,7 @@ use super::{
     subscription::{Inbox, Note, Subscription, key_of},
 };
 use crate::{
-    client::{Shown, Writes, Written, is_unanswered},
+    client::{Shown, Writes, Written},
     cluster_name::ClusterName,
     request::McRequest,
 };
@@ -380,16 +380,13 @@ async fn run<K, S>(
 {
     // Without a backoff the watcher retries an unreachable cluster in a hot loop.
     let mut events = std::pin::pin!(events.default_backoff());
-    let mut failures = FailureLog::default();
     let kind = K::kind(&dyntype).into_owned();
-    let api_version = K::api_version(&dyntype).into_owned();
+    let mut failures = FailureLog::new(cluster, kind, K::api_version(&dyntype).into_owned());
     while let Some(event) = events.next().await {
         let event = match event {
             Ok(event) => event,
             Err(error) => {
-                let reason = super::discovery::failure_reason(&error, &kind, &api_version);
-                let unanswered = is_unanswered(&error);
-                failures.failed(&cluster, &kind, &reason, unanswered);
+                let (reason, unanswered) = failures.failed(&error);
                 hub.health
                     .send_if_modified(|health| health.fail(&reason, unanswered));
                 continue;
@@ -445,7 +442,7 @@ impl Crossing {
 
     /// Whether it tells the same writes as `other`.
     pub(super) fn same(&self, other: &Crossing) -> bool {
-        Arc::ptr_eq(&self.writes, &other.writes)
+        self.tells(&other.writes)
     }
 
     /// What `event` shows, if any write waits to be shown.

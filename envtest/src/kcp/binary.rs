@@ -10,7 +10,7 @@ use std::{
 
 use crate::{
     Binaries, Error, Result,
-    assets::{elapsed, progress, run_go_for},
+    assets::{elapsed, found_once, lock_cache_dir, progress, run_go_for},
 };
 
 /// The kcp release the harness builds.
@@ -35,13 +35,7 @@ impl KcpBinary {
     /// of the process, and built once between processes that start at once.
     pub async fn find() -> Result<Self> {
         static FOUND: OnceLock<KcpBinary> = OnceLock::new();
-        if let Some(found) = FOUND.get() {
-            return Ok(found.clone());
-        }
-        let found = tokio::task::spawn_blocking(Self::find_blocking)
-            .await
-            .map_err(|e| Error::io("the kcp lookup task failed", std::io::Error::other(e)))??;
-        Ok(FOUND.get_or_init(|| found).clone())
+        found_once(&FOUND, "the kcp lookup task failed", Self::find_blocking).await
     }
 
     /// The directory the built binary is cached in.
@@ -72,19 +66,7 @@ impl KcpBinary {
 }
 
 fn build(dir: &Path) -> Result<()> {
-    fs::create_dir_all(dir)
-        .map_err(|e| Error::io(format!("creating cache directory {}", dir.display()), e))?;
-    let lock_path = dir.join(".lock");
-    let lock = fs::File::create(&lock_path)
-        .map_err(|e| Error::io(format!("creating lock file {}", lock_path.display()), e))?;
-    if lock.try_lock().is_err() {
-        progress(format_args!(
-            "another process is building kcp; waiting for it ({})",
-            lock_path.display()
-        ));
-        lock.lock()
-            .map_err(|e| Error::io(format!("locking {}", lock_path.display()), e))?;
-    }
+    let _lock = lock_cache_dir(dir, "kcp")?;
     if dir.join("kcp").is_file() {
         return Ok(());
     }

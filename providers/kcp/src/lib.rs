@@ -10,7 +10,7 @@
 //! binding deleted, or its workspace deleted) or is being deleted.
 //!
 //! All the logical clusters of a shard read one [`HostCache`] split by the
-//! `kcp.io/cluster` annotation ([`SplitBy::Annotation`]): each type a
+//! `kcp.io/cluster` annotation ([`SplitBy::Annotation`](kube_fleet::cache::SplitBy::Annotation)): each type a
 //! controller watches is watched once per shard at `…/clusters/*`, across
 //! every logical cluster, and each object is cached once, in its logical
 //! cluster's part. A thousand workspaces cost one watch per type and shard,
@@ -88,7 +88,7 @@ use std::{
 use futures::{Stream, StreamExt, stream::BoxStream};
 use kube::{Client, Config};
 use kube_fleet::{
-    cache::{HostCache, SplitBy},
+    cache::HostCache,
     provider::{ClusterEvent, Problems},
 };
 
@@ -176,12 +176,6 @@ impl KcpProvider {
         Shards {
             caches: self.shards.clone(),
         }
-    }
-
-    /// How the logical clusters' objects are told apart: by
-    /// [`CLUSTER_ANNOTATION`].
-    pub fn split() -> SplitBy {
-        SplitBy::annotation(CLUSTER_ANNOTATION)
     }
 }
 

@@ -22,10 +22,7 @@ use crate::cache::{
     state::{FailureLog, Health},
     watch::{Crossing, Hub, apply},
 };
-use crate::{
-    client::{Writes, is_unanswered},
-    cluster_name::ClusterName,
-};
+use crate::{client::Writes, cluster_name::ClusterName};
 
 /// One watch of the host, split by part.
 pub(super) struct Split<K: Resource<DynamicType: TypeInfo> + Clone + 'static> {
@@ -266,16 +263,13 @@ async fn feed<K, S>(
     S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
 {
     let mut events = std::pin::pin!(events.default_backoff());
-    let mut failures = FailureLog::default();
     let kind = K::kind(&dyntype).into_owned();
-    let api_version = K::api_version(&dyntype).into_owned();
+    let mut failures = FailureLog::new(host, kind, K::api_version(&dyntype).into_owned());
     while let Some(event) = events.next().await {
         let event = match event {
             Ok(event) => event,
             Err(error) => {
-                let reason = crate::cache::discovery::failure_reason(&error, &kind, &api_version);
-                let unanswered = is_unanswered(&error);
-                failures.failed(&host, &kind, &reason, unanswered);
+                let (reason, unanswered) = failures.failed(&error);
                 let mut parts = lock(&parts);
                 parts.health.fail(&reason, unanswered);
                 // Every time: a part made since the last change is told too.

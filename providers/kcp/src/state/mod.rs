@@ -431,6 +431,29 @@ impl State {
         self.add_missing();
     }
 
+    /// The event `source`, a watch of a shard's `what`, told; `None` if it
+    /// failed, which is reported. Anything but an `Init` (which also comes
+    /// before each retry of a failing list) shows it works again.
+    fn told(
+        &mut self,
+        source: Source,
+        what: &str,
+        event: Result<watcher::Event<DynamicObject>, watcher::Error>,
+    ) -> Option<watcher::Event<DynamicObject>> {
+        match event {
+            Ok(event) => {
+                if !matches!(event, watcher::Event::Init) {
+                    self.shard_heard(&source);
+                }
+                Some(event)
+            }
+            Err(error) => {
+                self.shard_failed(source, what, &error);
+                None
+            }
+        }
+    }
+
     /// `source`, a watch of a shard, failed with `error`.
     fn shard_failed(&mut self, source: Source, what: &str, error: &watcher::Error) {
         let (Source::Shard(url) | Source::Paths(url)) = &source else {
@@ -468,25 +491,15 @@ impl State {
         url: &Arc<str>,
         event: Result<watcher::Event<DynamicObject>, watcher::Error>,
     ) {
-        let event = match event {
-            Ok(watcher::Event::Init) => {
-                // Also before each retry of a failing list: it tells nothing.
+        let Some(event) = self.told(Source::Shard(url.clone()), "APIBindings", event) else {
+            return;
+        };
+        match event {
+            watcher::Event::Init => {
                 if let Some(shard) = self.shards.get_mut(url) {
                     shard.relisted = Some(HashMap::new());
                 }
-                return;
             }
-            Ok(event) => {
-                self.shard_heard(&Source::Shard(url.clone()));
-                event
-            }
-            Err(error) => {
-                self.shard_failed(Source::Shard(url.clone()), "APIBindings", &error);
-                return;
-            }
-        };
-        match event {
-            watcher::Event::Init => {}
             watcher::Event::InitApply(binding) => {
                 if let Some(shard) = self.shards.get_mut(url)
                     && let (Some(relisted), Some(cluster)) =
@@ -587,25 +600,9 @@ impl State {
         url: &Arc<str>,
         event: Result<watcher::Event<DynamicObject>, watcher::Error>,
     ) {
-        let event = match event {
-            Ok(watcher::Event::Init) => {
-                if let Some(shard) = self.shards.get_mut(url) {
-                    shard.paths_relisted = Some(HashMap::new());
-                }
-                return;
-            }
-            Ok(event) => {
-                self.shard_heard(&Source::Paths(url.clone()));
-                event
-            }
-            Err(error) => {
-                self.shard_failed(
-                    Source::Paths(url.clone()),
-                    "LogicalClusters (their paths)",
-                    &error,
-                );
-                return;
-            }
+        let what = "LogicalClusters (their paths)";
+        let Some(event) = self.told(Source::Paths(url.clone()), what, event) else {
+            return;
         };
         let Some(shard) = self.shards.get_mut(url) else {
             return;
@@ -615,28 +612,28 @@ impl State {
             let path = object.annotations().get(PATH_ANNOTATION)?.clone();
             (!path.is_empty()).then_some((cluster, path))
         };
+        let deleted = matches!(event, watcher::Event::Delete(_));
         let changed: Vec<String> = match event {
-            watcher::Event::Init => Vec::new(),
-            watcher::Event::InitApply(object) | watcher::Event::Apply(object) => {
-                match path_of(&object) {
-                    Some((cluster, path)) => {
-                        if let Some(relisted) = &mut shard.paths_relisted {
-                            relisted.insert(cluster.clone(), path.clone());
-                        }
-                        shard.paths.insert(cluster.clone(), path);
-                        vec![cluster]
-                    }
-                    // Its path taken away, or made empty: it names nothing.
-                    None => logical_cluster(&object)
-                        .and_then(|cluster| shard.paths.remove_entry(cluster))
-                        .map(|(cluster, _)| vec![cluster])
-                        .unwrap_or_default(),
-                }
+            watcher::Event::Init => {
+                shard.paths_relisted = Some(HashMap::new());
+                Vec::new()
             }
-            watcher::Event::Delete(object) => logical_cluster(&object)
-                .and_then(|cluster| shard.paths.remove_entry(cluster))
-                .map(|(cluster, _)| vec![cluster])
-                .unwrap_or_default(),
+            watcher::Event::InitApply(object)
+            | watcher::Event::Apply(object)
+            | watcher::Event::Delete(object) => match path_of(&object).filter(|_| !deleted) {
+                Some((cluster, path)) => {
+                    if let Some(relisted) = &mut shard.paths_relisted {
+                        relisted.insert(cluster.clone(), path.clone());
+                    }
+                    shard.paths.insert(cluster.clone(), path);
+                    vec![cluster]
+                }
+                // Gone, or its path taken away or made empty: it names nothing.
+                None => logical_cluster(&object)
+                    .and_then(|cluster| shard.paths.remove_entry(cluster))
+                    .map(|(cluster, _)| vec![cluster])
+                    .unwrap_or_default(),
+            },
             watcher::Event::InitDone => {
                 let relisted = shard.paths_relisted.take().unwrap_or_default();
                 shard.paths_listed = true;
