@@ -66,14 +66,14 @@ async fn too_many(servers: &[Client]) -> Result<f64, BoxError> {
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let (mut clusters, mut servers, mut lists) = (10_000usize, 4usize, None);
-    let (mut idle_for, mut idle_probe) = (20u64, None);
+    let (mut idle_for, mut keep_alive) = (20u64, None);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--servers" => servers = args.next().and_then(|n| n.parse().ok()).unwrap_or(servers),
             "--lists" => lists = args.next().and_then(|n| n.parse().ok()),
             "--idle" => idle_for = args.next().and_then(|n| n.parse().ok()).unwrap_or(idle_for),
-            "--idle-probe" => idle_probe = args.next().and_then(|n| n.parse::<u64>().ok()),
+            "--keep-alive" => keep_alive = args.next().and_then(|n| n.parse::<u64>().ok()),
             "--bench" => {}
             other => clusters = other.parse().unwrap_or(clusters),
         }
@@ -85,9 +85,12 @@ async fn main() -> Result<(), BoxError> {
     };
     // Every cluster is a name for one of a few API servers, on purpose.
     let fleet = fleet.with_duplicates(kube_fleet::Duplicates::Ignore);
-    let fleet = match idle_probe {
-        Some(0) => fleet.with_idle_probe(None),
-        Some(seconds) => fleet.with_idle_probe(Some(Duration::from_secs(seconds))),
+    let fleet = match keep_alive {
+        Some(0) => fleet.with_keep_alive(None),
+        Some(seconds) => fleet.with_keep_alive(Some(kube_fleet::client::KeepAlive::new(
+            Duration::from_secs(seconds),
+            kube_fleet::client::KeepAlive::DEFAULT.timeout(),
+        ))),
         None => fleet,
     };
     let bound = fleet.initial_lists().limit();
@@ -219,8 +222,8 @@ async fn main() -> Result<(), BoxError> {
         "CPU in the storm: controller {storm_cpu:.1} s, API servers and etcd {storm_servers:.1} s"
     );
     println!(
-        "idle ({idle_for} s, probe after {:?}): controller {:.1} % of one core, API servers and etcd {:.1} %",
-        fleet.idle_probe(),
+        "idle ({idle_for} s, keep-alive {:?}): controller {:.1} % of one core, API servers and etcd {:.1} %",
+        fleet.keep_alive(),
         idle * 100.0,
         servers_idle * 100.0
     );

@@ -59,7 +59,9 @@ const CLUSTER_LABEL: &str = "kube-fleet.dev/cluster";
 /// logged here.
 async fn reconcile(request: ObjectRequest<ConfigMap>) -> Result<Action, BoxError> {
     let (cluster, request, object) = (request.cluster, request.request, request.object);
-    tracing::info!(exists = object.is_some(), "reconcile");
+    // The controller's own watch there, read by type: every marked ConfigMap.
+    let marked = cluster.store::<ConfigMap>().map_or(0, |store| store.len());
+    tracing::info!(exists = object.is_some(), marked, "reconcile");
     let Some(config_map) = object else {
         return Ok(Action::await_change()); // deleted or unmarked: nothing to clean up
     };

@@ -478,3 +478,47 @@ async fn reconcile_all_on_runs_every_known_object_again() {
     let again = expect_all(&mut rx, everything).await;
     assert_eq!(again.len(), 4, "each once: {again:?}");
 }
+
+#[tokio::test]
+async fn a_clusters_store_is_its_controllers_watch_whatever_its_selector() {
+    let env = Envtest::start(1).await.unwrap();
+    let client = env.clusters()[0].client();
+    let mut marked = support::config_map("marked");
+    marked.metadata.labels = Some([("app".to_owned(), "on".to_owned())].into());
+    kube::Api::<ConfigMap>::default_namespaced(client.clone())
+        .create(&Default::default(), &marked)
+        .await
+        .unwrap();
+    create_config_map(client.clone(), "unmarked").await;
+    let mut running = Running::new();
+    let (service, mut rx) = support::recorder::<ObjectRequest<ConfigMap>>();
+    let selected = watcher::Config::default().labels("app=on");
+    running.spawn(
+        kube_fleet::Controller::<ConfigMap>::new(&running.fleet, selected.clone()),
+        service,
+    );
+    running.provider.engage("east", client);
+    expect_all(&mut rx, [request("east", "marked")]).await;
+    let east = running.fleet.get("east").unwrap();
+    let store = east
+        .store::<ConfigMap>()
+        .expect("the controller's one watch");
+    let names: Vec<String> = store
+        .state()
+        .iter()
+        .filter_map(|c| c.metadata.name.clone())
+        .collect();
+    assert_eq!(names, ["marked"]);
+
+    // A second watch of the type: which one is meant must be said.
+    let other = east.cache().watch::<ConfigMap>(&watcher::Config::default());
+    other.synced().await;
+    assert!(
+        east.store::<ConfigMap>().is_none(),
+        "two watches of ConfigMaps"
+    );
+    let found = east.cache().find::<ConfigMap>(&selected).unwrap();
+    assert_eq!(found.store().state().len(), 1);
+    drop(other);
+    assert!(east.store::<ConfigMap>().is_some(), "one again");
+}

@@ -14,7 +14,11 @@ use kube::{
 };
 use kube_fleet::envtest::Envtest;
 use kube_fleet::layers::metrics::FleetCollector;
-use kube_fleet::{Cluster, Fleet, client::ClientOptions, health::ClusterHealth};
+use kube_fleet::{
+    Cluster, Fleet,
+    client::{ClientOptions, KeepAlive},
+    health::ClusterHealth,
+};
 use prometheus_client::{encoding::text::encode, registry::Registry};
 use support::eventually;
 
@@ -126,20 +130,35 @@ async fn client_through(
             .unwrap();
     config.connect_timeout = Some(Duration::from_secs(2));
     ClientOptions::default()
-        .keep_alive(Duration::from_secs(1), Duration::from_secs(1))
+        .keep_alive(KeepAlive::new(
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        ))
         .cluster_client(config)
         .unwrap()
 }
 
+/// A client through `link` as the providers build them: the default
+/// keep-alive, kube's connect timeout.
+async fn default_client_through(
+    link: &kube_fleet::envtest::FaultyLink,
+) -> kube_fleet::client::ClusterClient {
+    let config =
+        kube::Config::from_custom_kubeconfig(link.kubeconfig().clone(), &Default::default())
+            .await
+            .unwrap();
+    kube_fleet::client::cluster_client(config).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_quiet_cluster_that_is_gone_is_found_by_the_idle_probe() {
+async fn a_quiet_cluster_that_is_gone_is_found_by_its_keep_alive() {
     let env = Envtest::start(1).await.unwrap();
     let link = env.clusters()[0].link().unwrap();
     let fleet = Fleet::new()
-        .with_idle_probe(None)
+        .with_keep_alive(None)
         .with_duplicates(kube_fleet::Duplicates::Ignore);
     // Nothing asks it anything: no watch, no request, no identity read.
-    let east = fleet.engage("east", client_through(&link).await);
+    let east = fleet.engage("east", default_client_through(&link).await);
     link.cut_off();
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
@@ -148,13 +167,174 @@ async fn a_quiet_cluster_that_is_gone_is_found_by_the_idle_probe() {
         "nothing has asked the cluster anything"
     );
 
-    fleet.clone().with_idle_probe(Some(Duration::from_secs(1)));
-    becomes(&east, "unreachable, found by the idle probe", |health| {
+    let quick = KeepAlive::new(Duration::from_secs(1), Duration::from_secs(1));
+    fleet.clone().with_keep_alive(Some(quick));
+    becomes(&east, "unreachable, found by the keep-alive", |health| {
         matches!(health, ClusterHealth::Unreachable { .. })
     })
     .await;
     link.restore();
     becomes(&east, "healthy once restored", ClusterHealth::is_healthy).await;
+
+    // A cluster's own terms hold whatever the fleet's are.
+    let fleet = Fleet::new()
+        .with_keep_alive(None)
+        .with_duplicates(kube_fleet::Duplicates::Ignore);
+    let west = fleet.engage(
+        "west",
+        default_client_through(&link).await.with_keep_alive(quick),
+    );
+    link.cut_off();
+    becomes(
+        &west,
+        "unreachable, found by its own keep-alive",
+        |health| matches!(health, ClusterHealth::Unreachable { .. }),
+    )
+    .await;
+    link.restore();
+}
+
+/// How many clusters the outage tests run at once: each is one run, with
+/// a connection, a client and a health of its own.
+const RUNS: usize = 10;
+
+/// `RUNS` clusters, each one API server's through a link of its own, with a
+/// ConfigMap controller served in each.
+async fn served_through_links(
+    env: &Envtest,
+) -> (
+    support::Running,
+    tokio::sync::mpsc::UnboundedReceiver<kube_fleet::McRequest>,
+    Vec<kube_fleet::envtest::FaultyLink>,
+) {
+    let mut running = support::Running::new();
+    let reconciled = running.config_maps();
+    let mut links = Vec::new();
+    for run in 0..RUNS {
+        let link = env.clusters()[0].link().unwrap();
+        running
+            .provider
+            .engage(format!("run-{run}"), default_client_through(&link).await);
+        links.push(link);
+    }
+    for run in 0..RUNS {
+        running.wait_served(&format!("run-{run}")).await;
+    }
+    (running, reconciled, links)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_back_from_a_long_outage_resumes_its_watches_at_once() {
+    // Long enough for every watch's backoff to have grown to its cap
+    // (0.8 s doubling to 30 s): without a resume, an object made after the
+    // outage waits for the next retry, up to 30 s.
+    const OUTAGE: Duration = Duration::from_secs(75);
+    const BOUND: Duration = Duration::from_secs(2);
+    let env = Envtest::start(1).await.unwrap();
+    let (running, mut reconciled, links) = served_through_links(&env).await;
+    let fleet = running.fleet.clone();
+    for link in &links {
+        link.cut_off();
+    }
+    eventually("every run is unreachable", || async {
+        fleet
+            .health()
+            .iter()
+            .all(|(_, health)| matches!(health, ClusterHealth::Unreachable { .. }))
+    })
+    .await;
+    tokio::time::sleep(OUTAGE).await;
+    for link in &links {
+        link.restore();
+    }
+    // Made at once, straight to the API server: each run's watch sees it
+    // only once it runs again.
+    let api = kube::Api::<ConfigMap>::default_namespaced(env.clusters()[0].client());
+    let made = tokio::time::Instant::now();
+    api.create(
+        &Default::default(),
+        &support::config_map("after-the-outage"),
+    )
+    .await
+    .unwrap();
+    let mut late = Vec::new();
+    let wanted: Vec<_> = (0..RUNS)
+        .map(|run| support::request(&format!("run-{run}"), "after-the-outage"))
+        .collect();
+    let mut missing: std::collections::HashSet<_> = wanted.into_iter().collect();
+    while !missing.is_empty() {
+        let Ok(Some(request)) =
+            tokio::time::timeout(Duration::from_secs(60), reconciled.recv()).await
+        else {
+            panic!("not reconciled within a minute: {missing:?}");
+        };
+        if missing.remove(&request) {
+            late.push((request.cluster.to_string(), made.elapsed()));
+        }
+    }
+    println!("reconciled after the outage: {late:?}");
+    let slow: Vec<_> = late.iter().filter(|(_, took)| *took > BOUND).collect();
+    assert!(
+        slow.is_empty(),
+        "reconciled later than {BOUND:?} after the outage: {slow:?} (all: {late:?})"
+    );
+    // Healthy means every watch runs again.
+    eventually("every run is healthy", || async {
+        fleet.health().iter().all(|(_, health)| health.is_healthy())
+    })
+    .await;
+    for status in &running.statuses {
+        for cluster in status.clusters() {
+            assert!(cluster.failing().next().is_none(), "{cluster}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_cluster_is_unreachable_within_its_keep_alive_bound() {
+    let bound = KeepAlive::DEFAULT.bound();
+    assert!(bound <= Duration::from_secs(20), "{bound:?}");
+    let env = Envtest::start(1).await.unwrap();
+    let (running, _reconciled, links) = served_through_links(&env).await;
+    let fleet = running.fleet.clone();
+    // Quiet for a while first: the watches hear nothing, and the clusters
+    // are asked only because they are silent.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    for link in &links {
+        link.hang();
+    }
+    let hung = tokio::time::Instant::now();
+    let mut found = std::collections::BTreeMap::new();
+    while found.len() < RUNS && hung.elapsed() < bound + Duration::from_secs(30) {
+        for (name, health) in fleet.health() {
+            if let ClusterHealth::Unreachable { down_for, .. } = health {
+                found
+                    .entry(name.to_string())
+                    .or_insert((hung.elapsed(), down_for));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("found unreachable (after the hang, down for): {found:?}");
+    assert_eq!(found.len(), RUNS, "not all found unreachable: {found:?}");
+    for (name, (after, down_for)) in &found {
+        assert!(
+            *after <= bound,
+            "{name} found unreachable {after:?} after it hung, past {bound:?}: {found:?}"
+        );
+        // Down since it was last heard from, which was before it hung.
+        assert!(
+            *down_for + Duration::from_millis(200) >= *after,
+            "{name} said to be down for {down_for:?}, {after:?} after it hung"
+        );
+    }
+    for link in &links {
+        link.restore();
+    }
+    eventually("every run is healthy again", || async {
+        fleet.health().iter().all(|(_, health)| health.is_healthy())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,7 +15,7 @@ use kube::{
 use kube_fleet::envtest::{Envtest, FaultyLink};
 use kube_fleet::{
     Action, Controller, McRequest, ObjectRequest,
-    client::{self, ClientOptions},
+    client::{self, ClientOptions, KeepAlive},
 };
 use support::{PATIENCE, Running, create_config_map, expect_all, request};
 use tokio::sync::mpsc;
@@ -151,8 +151,10 @@ async fn a_connection_that_stops_answering_is_found_by_ping_and_replaced() {
     let link = cluster.link().unwrap();
     let mut running = Running::new();
     let mut reconciled = labelling(&mut running);
-    let options =
-        ClientOptions::default().keep_alive(Duration::from_secs(1), Duration::from_secs(1));
+    let options = ClientOptions::default().keep_alive(KeepAlive::new(
+        Duration::from_secs(1),
+        Duration::from_secs(1),
+    ));
     running
         .provider
         .engage("cluster", options.client(config(&link)).unwrap());

@@ -536,3 +536,55 @@ async fn a_write_that_takes_the_last_finalizer_off_is_shown_by_the_objects_delet
     assert_eq!(waits.writes, 5, "{waits:?}");
     assert_eq!(waits.timeouts, 0, "{waits:?}");
 }
+
+#[tokio::test]
+async fn a_write_no_watch_can_show_is_told_once_per_controller_cluster_and_resource() {
+    let (logs, _guard) = support::capture_logs(tracing::Level::INFO);
+    let env = Envtest::start(1).await.unwrap();
+    let server = &env.clusters()[0];
+    parents(server.client(), "uncovered").await;
+    let fleet = Fleet::new();
+    // Its children are Secrets, which it does not watch.
+    let controller =
+        Controller::<ConfigMap>::new(&fleet, watcher::Config::default().labels("mode=uncovered"))
+            .named("uncovered");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let reconcile = move |request: ObjectRequest<ConfigMap>| {
+        let tx = tx.clone();
+        async move {
+            let child = Secret {
+                metadata: ObjectMeta {
+                    generate_name: Some(format!("{}-", request.request.name)),
+                    ..ObjectMeta::default()
+                },
+                ..Secret::default()
+            };
+            Api::<Secret>::default_namespaced(request.cluster.client())
+                .create(&PostParams::default(), &child)
+                .await?;
+            let _ = tx.send(request.request.name.clone());
+            Ok::<_, BoxError>(Action::await_change())
+        }
+    };
+    tokio::spawn(controller.run(tower::service_fn(reconcile)));
+    fleet.engage("east", support::cluster_client(server));
+    for _ in 0..PARENTS {
+        tokio::time::timeout(support::PATIENCE, rx.recv())
+            .await
+            .expect("every parent reconciled")
+            .unwrap();
+    }
+    // The last write is looked at by the next dispatch: give it one.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let told = support::lines_with(
+        &logs,
+        &[
+            "read-your-writes cannot cover",
+            "secrets",
+            "uncovered",
+            "east",
+        ],
+    );
+    assert_eq!(told.len(), 1, "{told:#?}");
+    assert!(told[0].contains("INFO"), "{}", told[0]);
+}

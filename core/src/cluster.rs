@@ -117,7 +117,7 @@ impl Cluster {
             writes.clone(),
         );
         let client = LazyClient::from(client);
-        let cache = ClusterCache::new(name.clone(), client.clone(), permits, writes);
+        let cache = ClusterCache::new(name.clone(), client.clone(), permits, writes, &reachability);
         Self::with_cache(name, client, cache, requests, reachability)
     }
 
@@ -225,8 +225,20 @@ impl Cluster {
         &self.inner.cache
     }
 
-    /// The store of `K` objects, if a controller watches `K` here with the
-    /// default watch configuration.
+    /// The store of `K` objects, if one watch of `K` runs here (a
+    /// controller's, whatever its selector or namespace); `None` if none
+    /// does, and if several do: see [`ClusterCache::store`], and
+    /// [`ClusterCache::find`] to name one by its configuration.
+    ///
+    /// ```no_run
+    /// # fn example(cluster: kube_fleet::Cluster) {
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    ///
+    /// if let Some(store) = cluster.store::<ConfigMap>() {
+    ///     println!("{} ConfigMaps cached in {}", store.state().len(), cluster.name());
+    /// }
+    /// # }
+    /// ```
     pub fn store<K: Watchable<DynamicType = ()>>(&self) -> Option<Store<K>> {
         self.inner.cache.store::<K>()
     }
@@ -382,12 +394,11 @@ impl Cluster {
         if let Some((down_for, cause)) = reachability.down() {
             return ClusterHealth::Unreachable { down_for, cause };
         }
-        let recovered_at = reachability.recovered_at();
         let cache = &self.inner.cache;
-        let mut failing = cache.failing(recovered_at);
+        let mut failing = cache.failing();
         if cache.view_namespace().is_some() {
             // Its cluster-scoped kinds are watched by its host.
-            failing.extend(cache.whole().failing(recovered_at));
+            failing.extend(cache.whole().failing());
         }
         if failing.is_empty() {
             return ClusterHealth::Healthy;

@@ -10,13 +10,18 @@ use std::{fmt, time::Duration};
 ///
 /// It is read from what the cluster's client and cache see: a cluster whose
 /// requests get no answer (its connection refused, reset or timed out, a
-/// gateway's `502`-`504` with its readiness check failing too) is
-/// [`Unreachable`](Self::Unreachable), and is asked whether it is ready
-/// (`GET /readyz`) until it answers again; one that answers but where a
-/// watch fails (a type it does not serve, a right missing) is
-/// [`Degraded`](Self::Degraded). A watch that has not failed again for two
-/// minutes, or that failed for want of an answer before the cluster
-/// answered again, counts as resumed.
+/// watch broken off, a gateway's `502`-`504` with its readiness check
+/// failing too), or that has been silent for its
+/// [`KeepAlive`](crate::client::KeepAlive)'s interval and does not answer
+/// within its timeout, is [`Unreachable`](Self::Unreachable), and is asked
+/// whether it is ready (`GET /readyz`) until it answers again. A cluster
+/// that hangs is unreachable within
+/// [`KeepAlive::bound`](crate::client::KeepAlive::bound) of the last thing
+/// heard from it: 16 s by default. One that answers but where a watch fails
+/// (a type it does not serve, a right missing, or a watch whose retry has
+/// not been answered yet) is [`Degraded`](Self::Degraded): when a cluster
+/// answers again after an outage, its watches retry at once, and it is
+/// `Healthy` again once each of them runs.
 ///
 /// ```no_run
 /// # fn example(fleet: kube_fleet::Fleet) {
@@ -37,7 +42,7 @@ use std::{fmt, time::Duration};
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ClusterHealth {
-    /// It answers, and its cache's watches run.
+    /// It answers, and each of its cache's watches runs.
     Healthy,
     /// It answers, but something fails there.
     Degraded {
@@ -46,7 +51,8 @@ pub enum ClusterHealth {
     },
     /// Its API server gives no answer.
     Unreachable {
-        /// For how long.
+        /// For how long: since the last thing heard from it (an answer,
+        /// data on a watch), not since that was noticed.
         down_for: Duration,
         /// What the request that found it found.
         cause: String,
@@ -81,19 +87,3 @@ impl fmt::Display for ClusterHealth {
         }
     }
 }
-
-/// After how long without hearing anything from a cluster the fleet asks
-/// it whether it is ready (`GET /readyz`), by default
-/// ([`Fleet::with_idle_probe`](crate::Fleet::with_idle_probe)).
-///
-/// Every answer to a request of the cluster's client counts as hearing
-/// from it (a watch's events do not; its restarts, every few minutes, do),
-/// so a cluster with work in hand is not asked; an idle one is asked about
-/// once a minute. A probe that gets no answer within 35 s (5 s, and the
-/// time a credential plugin may take to renew its token first) marks the
-/// cluster down. A hung connection is found sooner by its HTTP/2 PINGs
-/// ([`ClientOptions::keep_alive`](crate::client::ClientOptions::keep_alive));
-/// the probe finds what they cannot: an API server that holds its
-/// connections but is not ready (its etcd gone, say), and clients without
-/// PINGs (HTTP/1.1).
-pub const IDLE_PROBE_AFTER: Duration = Duration::from_secs(60);

@@ -197,6 +197,52 @@ impl ElectionStatus {
         *self.role.borrow()
     }
 
+    /// Waits until the replica's role is `role` (at once if it is now). A
+    /// failover test or a readiness hook awaits `Role::Leading` on a
+    /// standby instead of polling [`role`](Self::role).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use kube_fleet_manager::{LeaderElection, Role};
+    ///
+    /// let status = LeaderElection::new("my-operator").status();
+    /// // A standby before its manager runs.
+    /// status.became(Role::Standby).await;
+    /// # }
+    /// ```
+    pub async fn became(&self, role: Role) {
+        let mut changes = self.role.subscribe();
+        // The sender lives in `self`, so the channel cannot close here.
+        let _ = changes.wait_for(|now| *now == role).await;
+    }
+
+    /// Every change of the replica's role from now on, as a stream (its
+    /// first item is the role now). Roles that change faster than they are
+    /// read are merged: the stream yields the latest.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use futures::StreamExt;
+    /// use kube_fleet_manager::{LeaderElection, Role};
+    ///
+    /// let status = LeaderElection::new("my-operator").status();
+    /// let mut roles = std::pin::pin!(status.changes());
+    /// assert_eq!(roles.next().await, Some(Role::Standby));
+    /// # }
+    /// ```
+    pub fn changes(&self) -> impl futures::Stream<Item = Role> + Send + 'static {
+        let changes = self.role.subscribe();
+        futures::stream::unfold((changes, true), |(mut changes, first)| async move {
+            if !first && changes.changed().await.is_err() {
+                return None;
+            }
+            let role = *changes.borrow_and_update();
+            Some((role, (changes, false)))
+        })
+    }
+
     pub(crate) fn sender(&self) -> watch::Sender<Role> {
         self.role.clone()
     }

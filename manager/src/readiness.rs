@@ -94,9 +94,15 @@ impl Readiness {
             let clusters = controller.status.clusters();
             let mut serving = 0;
             for cluster in &clusters {
-                if cluster.serving {
+                let failing = cluster.failing().next().is_some();
+                if cluster.serving && !failing {
                     serving += 1;
-                } else if cluster.failing().next().is_some() {
+                } else if cluster.serving {
+                    // Served, but a watch there has not run again yet (the
+                    // cluster answers again after an outage, say): told,
+                    // and not counted as serving until it does.
+                    let _ = writeln!(lines, "controller {name}: behind in {cluster}");
+                } else if failing {
                     // Reported by name; unready only if asked.
                     ready &= !self.strict;
                     let _ = writeln!(lines, "controller {name}: cannot sync: {cluster}");

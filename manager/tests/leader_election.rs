@@ -12,6 +12,7 @@ mod support;
 
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::{
     api::{coordination::v1::Lease, core::v1::ConfigMap},
     apimachinery::pkg::apis::meta::v1::OwnerReference,
@@ -182,6 +183,9 @@ async fn one_replica_reconciles_and_a_graceful_stop_hands_over_at_once() {
     assert!(records.of("b").is_empty(), "b reconciled while a led");
     assert!(records.of("a").len() > 10);
 
+    // B's role changes are awaited, not polled.
+    let mut b_roles = Box::pin(b.status.changes());
+    assert_eq!(b_roles.next().await, Some(Role::Standby));
     let stopping = Instant::now();
     let _ = a.stop.take().expect("a runs").send(());
     let stopped = tokio::time::timeout(PATIENCE, &mut a.run)
@@ -190,6 +194,10 @@ async fn one_replica_reconciles_and_a_graceful_stop_hands_over_at_once() {
         .expect("a's task");
     assert!(stopped.is_ok(), "a graceful stop ends well: {stopped:?}");
     let released = Instant::now();
+    tokio::time::timeout(PATIENCE, b.status.became(Role::Leading))
+        .await
+        .expect("b leads");
+    assert_eq!(b_roles.next().await, Some(Role::Leading));
     let b_first = records.first_after("b", stopping).await;
     let handover = b_first - stopping;
     println!(

@@ -297,6 +297,17 @@ pub fn capture_warnings() -> (
     std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
     tracing::subscriber::DefaultGuard,
 ) {
+    capture_logs(tracing::Level::WARN)
+}
+
+/// What is logged at `level` and above on this thread (the test's runtime
+/// has one), until the guard goes.
+pub fn capture_logs(
+    level: tracing::Level,
+) -> (
+    std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    tracing::subscriber::DefaultGuard,
+) {
     #[derive(Clone)]
     struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
     impl std::io::Write for Buffer {
@@ -311,7 +322,7 @@ pub fn capture_warnings() -> (
     let buffer = Buffer(std::sync::Arc::default());
     let logs = buffer.0.clone();
     let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
+        .with_max_level(level)
         .with_ansi(false)
         .with_writer(move || buffer.clone())
         .finish();

@@ -69,6 +69,7 @@ mod host;
 mod initial_list;
 mod permits;
 mod registry;
+mod retry;
 pub(crate) mod scoped;
 mod selects;
 mod source;

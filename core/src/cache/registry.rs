@@ -14,23 +14,18 @@ use kube::{
     core::PartialObjectMeta,
     runtime::{reflector::Store, watcher},
 };
-use tokio::time::Instant;
 
 use super::permits::InitialLists;
 use super::selects::Scope;
 use super::state::WatchStatus;
 use super::watch::WatchProbe;
 
-/// How long after its last failure a failing watch counts as resumed
-/// though it has heard nothing: its retries come at most about half a
-/// minute apart, each after a request that takes at most its timeout.
-pub(crate) const RESUMED_AFTER: std::time::Duration = std::time::Duration::from_secs(120);
 use super::{
     HostCache, HostView, Shape, SharedWatch, TypeInfo, Watchable, initial_list, is_namespaced,
     scope,
 };
 use crate::{
-    client::{LazyClient, Writes, Written},
+    client::{LazyClient, Reachability, Writes, Written},
     cluster_name::ClusterName,
 };
 
@@ -89,6 +84,9 @@ pub struct ClusterCache {
     /// What reconciles wrote through the cluster's client and its watches
     /// have not shown yet: the host's, for a namespace of a host.
     pub(super) writes: Arc<Writes>,
+    /// Changes each time the cluster answers again after it did not: its
+    /// failing watches then retry at once.
+    pub(super) recoveries: Option<tokio::sync::watch::Receiver<u64>>,
 }
 
 impl fmt::Debug for ClusterCache {
@@ -101,12 +99,15 @@ impl fmt::Debug for ClusterCache {
 }
 
 impl ClusterCache {
-    /// The cache of `cluster`, its lists bounded by `permits`.
+    /// The cache of `cluster`, its lists bounded by `permits`, whose
+    /// failing watches retry at once when `reachability` says the cluster
+    /// answers again.
     pub(crate) fn new(
         cluster: ClusterName,
         client: impl Into<LazyClient>,
         permits: InitialLists,
         writes: Arc<Writes>,
+        reachability: &Reachability,
     ) -> Self {
         Self {
             cluster,
@@ -116,6 +117,7 @@ impl ClusterCache {
             permits,
             view: None,
             writes,
+            recoveries: Some(reachability.recoveries()),
         }
     }
 
@@ -131,7 +133,13 @@ impl ClusterCache {
     ) -> Self {
         Self {
             view: Some((view.host().clone(), view.part().to_owned())),
-            ..Self::new(cluster, client, permits, view.writes().clone())
+            ..Self::new(
+                cluster,
+                client,
+                permits,
+                view.writes().clone(),
+                view.host().reachability(),
+            )
         }
     }
 
@@ -256,6 +264,7 @@ impl ClusterCache {
                     self.events::<K>(dyntype, namespace, shape, config, queued.clone()),
                     queued,
                     self.writes.clone(),
+                    self.recoveries.clone(),
                 )
             });
         };
@@ -278,6 +287,7 @@ impl ClusterCache {
                         nothing,
                         Arc::default(),
                         Arc::default(),
+                        None,
                     )
                 })
             }
@@ -370,12 +380,45 @@ impl ClusterCache {
         watch.downcast::<SharedWatch<K>>().ok()
     }
 
-    /// The store of `K` objects watched with the default configuration, if a
-    /// controller watches them in this cluster (with neither a [`Transform`](crate::cache::Transform)
-    /// nor `managedFields` kept, as [`find`](Self::find) says).
+    /// The store of the one watch of `K` objects that runs in this cluster,
+    /// whatever its configuration (a label selector, a namespace, a
+    /// transform): a controller's watch of its own type, say. `None` if no
+    /// watch of `K` runs here, and if several do (two controllers watch
+    /// `K` with different selectors, say): then name the one you mean with
+    /// [`find`](Self::find) or [`find_in`](Self::find_in) and its
+    /// configuration. A watch of `K`'s metadata only is another type
+    /// (`PartialObjectMeta<K>`), not counted here.
+    ///
+    /// ```no_run
+    /// # fn example(cluster: kube_fleet::Cluster) {
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube::runtime::watcher;
+    ///
+    /// // The only watch of ConfigMaps here: a controller's, with its selector.
+    /// let marked = cluster.cache().store::<ConfigMap>();
+    /// // With several, each by its configuration.
+    /// let selected = watcher::Config::default().labels("kube-fleet.dev/quickstart=true");
+    /// let marked = cluster.cache().find::<ConfigMap>(&selected).map(|watch| watch.store());
+    /// # }
+    /// ```
     pub fn store<K: Watchable<DynamicType = ()>>(&self) -> Option<Store<K>> {
-        self.find::<K>(&watcher::Config::default())
-            .map(|w| w.store())
+        let type_id = TypeId::of::<K>();
+        let cache = match self.namespace_of() {
+            // A namespace of a host: its cluster-scoped kinds are the host's.
+            Some((host, _)) if !is_namespaced::<K>() => host.cache(),
+            _ => self,
+        };
+        let mut found = cache
+            .watches()
+            .iter()
+            .filter(|(key, held)| key.type_id == type_id && held.scope.is_some())
+            .filter_map(|(_, held)| held.watch.upgrade())
+            .collect::<Vec<_>>()
+            .into_iter();
+        match (found.next(), found.next()) {
+            (Some(only), None) => only.downcast::<SharedWatch<K>>().ok().map(|w| w.store()),
+            _ => None,
+        }
     }
 
     /// How many watches run in this cluster now.
@@ -461,13 +504,25 @@ impl ClusterCache {
             .is_some_and(|(host, _)| host.cache().awaits(written))
     }
 
-    /// The watches started here that fail now, for health: not those that
-    /// failed for want of an answer before the cluster last answered again
-    /// (`recovered_at`), nor those that have not failed again for
-    /// [`RESUMED_AFTER`] (their retries come far more often), which have
-    /// resumed whether or not a quiet watch has heard anything since.
-    pub(crate) fn failing(&self, recovered_at: Option<Instant>) -> Vec<WatchStatus> {
-        let now = Instant::now();
+    /// Whether a synced watch of this cluster holds objects of the
+    /// resource `written` wrote, in any namespace: else read-your-writes
+    /// cannot wait for its writes of that resource here.
+    pub(crate) fn holds_resource(&self, written: &Written) -> bool {
+        let probes: Vec<_> = self
+            .watches()
+            .values()
+            .filter(|held| held.scope.as_ref().is_some_and(|s| s.of_resource(written)))
+            .filter_map(|held| held.probe.upgrade())
+            .collect();
+        probes.iter().any(|probe| probe.has_synced())
+            || self
+                .namespace_of()
+                .is_some_and(|(host, _)| host.cache().holds_resource(written))
+    }
+
+    /// The watches started here that fail now, for health: each fails
+    /// until it hears something again or its retry's request is answered.
+    pub(crate) fn failing(&self) -> Vec<WatchStatus> {
         // Read out of the lock: a watch let go meanwhile ends here.
         let probes: Vec<_> = self
             .watches()
@@ -477,26 +532,9 @@ impl ClusterCache {
         probes
             .iter()
             .filter_map(|probe| probe.failure())
-            .filter(|failure| still_failing(failure.at, failure.unanswered, recovered_at, now))
             .map(|failure| failure.status)
             .collect()
     }
-}
-
-/// Whether a watch that last failed `at` (for want of an answer if
-/// `unanswered`) still counts as failing `now`, its cluster having last
-/// answered again after an outage at `recovered_at`.
-fn still_failing(
-    at: Option<Instant>,
-    unanswered: bool,
-    recovered_at: Option<Instant>,
-    now: Instant,
-) -> bool {
-    let Some(at) = at else {
-        return true;
-    };
-    let outage_over = unanswered && recovered_at.is_some_and(|recovered| at <= recovered);
-    !outage_over && now.saturating_duration_since(at) < RESUMED_AFTER
 }
 
 pub(super) fn watch_key<T: Resource<DynamicType: TypeInfo> + 'static>(
@@ -523,34 +561,5 @@ pub(super) fn watch_key<T: Resource<DynamicType: TypeInfo> + 'static>(
                 ..config.clone()
             }
         ),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-
-    #[test]
-    fn a_failure_counts_until_its_outage_ends_or_it_has_not_failed_again_for_a_while() {
-        let at = Instant::now();
-        let soon = at + Duration::from_secs(5);
-        // A watch refused by the cluster (forbidden, say) fails again and again.
-        assert!(still_failing(Some(at), false, None, soon));
-        assert!(
-            still_failing(Some(at), false, Some(soon), soon),
-            "no outage of its own"
-        );
-        // For want of an answer: over once the cluster answered again.
-        assert!(still_failing(Some(at), true, None, soon));
-        assert!(!still_failing(Some(at), true, Some(soon), soon));
-        assert!(
-            still_failing(Some(soon), true, Some(at), soon),
-            "failed again after the cluster answered"
-        );
-        // Not failed again for two minutes: resumed, though it heard nothing.
-        assert!(!still_failing(Some(at), false, None, at + RESUMED_AFTER));
-        assert!(still_failing(None, false, None, soon));
     }
 }

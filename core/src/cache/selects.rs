@@ -34,6 +34,12 @@ impl Scope {
         }
     }
 
+    /// Whether the object `written` wrote is of this watch's resource, in
+    /// any namespace.
+    pub(super) fn of_resource(&self, written: &Written) -> bool {
+        written.id.group == self.group && written.id.resource == self.resource
+    }
+
     /// Whether the object `written` wrote is of this watch's resource and
     /// in its namespace.
     pub(super) fn covers(&self, written: &Written) -> bool {

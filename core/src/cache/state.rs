@@ -18,8 +18,9 @@ pub enum WatchState {
     Synced,
     /// The last attempt failed for `reason` (the type is not served, access
     /// is forbidden, the cluster does not answer...); the watch keeps
-    /// retrying with backoff. It stays failing until it next lists or
-    /// delivers a change.
+    /// retrying with backoff, and at once when its cluster answers again
+    /// after an outage. It stays failing until a retry's request is
+    /// answered, or it next lists or delivers a change.
     Failing {
         /// What went wrong, with its causes.
         reason: String,
@@ -48,12 +49,6 @@ impl fmt::Display for WatchState {
 pub(crate) struct Health {
     pub(crate) state: WatchState,
     pub(crate) has_synced: bool,
-    /// It fails because the cluster gave no answer: the cluster's own
-    /// reachability tells when that ends, before the watch next hears
-    /// something (a quiet watch that resumed may hear nothing for long).
-    pub(crate) unanswered: bool,
-    /// When it last failed, while it is failing.
-    pub(crate) failed_at: Option<tokio::time::Instant>,
 }
 
 impl Health {
@@ -62,8 +57,6 @@ impl Health {
         Self {
             state: WatchState::Syncing,
             has_synced: false,
-            unanswered: false,
-            failed_at: None,
         }
     }
 
@@ -81,21 +74,20 @@ impl Health {
         }
     }
 
-    /// The watch failed for `reason`, for want of an answer if
-    /// `unanswered`. Returns whether that changed its state.
-    pub(crate) fn fail(&mut self, reason: &str, unanswered: bool) -> bool {
+    /// The watch failed for `reason`. Returns whether that changed its
+    /// state.
+    pub(crate) fn fail(&mut self, reason: &str) -> bool {
         let failing = WatchState::Failing {
             reason: reason.to_owned(),
         };
         let changed = self.state != failing;
         self.state = failing;
-        self.unanswered = unanswered;
-        self.failed_at = Some(tokio::time::Instant::now());
         changed
     }
 
-    /// The watch received an event (`listed` if it completed a list).
-    /// Returns whether that is news: its state changed, or a list completed.
+    /// The watch received an event (`listed` if it completed a list), or
+    /// its request was answered (`listed` false). Returns whether that is
+    /// news: its state changed, or a list completed.
     pub(crate) fn heard(&mut self, listed: bool) -> bool {
         self.has_synced |= listed;
         let state = if self.has_synced {
@@ -105,8 +97,6 @@ impl Health {
         };
         let changed = self.state != state || listed;
         self.state = state;
-        self.unanswered = false;
-        self.failed_at = None;
         changed
     }
 }
@@ -135,12 +125,12 @@ impl FailureLog {
         }
     }
 
-    /// Logs that the watch failed with `error`, and says why and whether
-    /// for want of an answer: as a warning if the cause is new, at debug
-    /// level if it is the last one or if the cluster gave no answer: that
-    /// the cluster stops and starts answering is told once for all its
-    /// requests, by its client (`client::reachability`).
-    pub(crate) fn failed(&mut self, error: &kube::runtime::watcher::Error) -> (String, bool) {
+    /// Logs that the watch failed with `error`, and says why: as a warning
+    /// if the cause is new, at debug level if it is the last one or if the
+    /// cluster gave no answer: that the cluster stops and starts answering
+    /// is told once for all its requests, by its client
+    /// (`client::reachability`).
+    pub(crate) fn failed(&mut self, error: &kube::runtime::watcher::Error) -> String {
         let reason = super::discovery::failure_reason(error, &self.kind, &self.api_version);
         let unanswered = crate::client::is_unanswered(error);
         let (cluster, kind) = (&self.cluster, &self.kind);
@@ -152,7 +142,7 @@ impl FailureLog {
             tracing::warn!(%cluster, %kind, %reason, "watch failed; retrying with backoff");
             self.last = Some(reason.clone());
         }
-        (reason, unanswered)
+        reason
     }
 
     /// The watch works again: its next failure is news.

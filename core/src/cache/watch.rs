@@ -11,7 +11,6 @@ use futures::{FutureExt, Stream, StreamExt, future::BoxFuture};
 use kube::{
     Resource,
     runtime::{
-        WatchStreamExt,
         reflector::{ObjectRef, Store, store::Writer},
         watcher::{self, Event},
     },
@@ -20,6 +19,7 @@ use tokio::{sync::watch, task::AbortHandle};
 
 use super::{
     TypeInfo,
+    retry::Retries,
     state::{FailureLog, Health, WatchState, WatchStatus},
     subscription::{Inbox, Note, Subscription, key_of},
 };
@@ -155,13 +155,15 @@ where
     K: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
 {
     /// A watch of `events`, run by its own task; `queued` is true while it
-    /// waits for a permit to list.
+    /// waits for a permit to list. After a failure it retries with backoff,
+    /// or at once when `recoveries` (if any) says the cluster answers again.
     pub(super) fn start<S>(
         cluster: ClusterName,
         dyntype: K::DynamicType,
         events: S,
         queued: Arc<AtomicBool>,
         writes: Arc<Writes>,
+        recoveries: Option<watch::Receiver<u64>>,
     ) -> Self
     where
         S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
@@ -169,13 +171,25 @@ where
         let writer = Writer::new(dyntype.clone());
         let store = writer.as_reader();
         let hub = Arc::new(Hub::new(Health::syncing(), false));
-        let task = tokio::spawn(run(
+        let run = run(
             cluster,
             events,
             (writer, store.clone()),
             hub.clone(),
             dyntype.clone(),
             Crossing::new::<K>(writes, &dyntype),
+            Retries::new(recoveries),
+        );
+        // A watch that resumes where it was tells nothing until something
+        // changes: its request's answer says it runs again.
+        let started = Arc::downgrade(&hub);
+        let task = tokio::spawn(crate::client::telling(
+            move || {
+                if let Some(hub) = started.upgrade() {
+                    hub.health.send_if_modified(|health| health.heard(false));
+                }
+            },
+            run,
         ));
         Self {
             store,
@@ -283,10 +297,6 @@ impl<K: Resource<DynamicType: TypeInfo>> SharedWatch<K> {
 /// How a watch fails.
 pub(crate) struct Failure {
     pub(crate) status: WatchStatus,
-    /// For want of an answer from the cluster.
-    pub(crate) unanswered: bool,
-    /// When it last failed.
-    pub(crate) at: Option<tokio::time::Instant>,
 }
 
 /// A watch's health, whatever its type: what a controller reports and waits on.
@@ -339,8 +349,6 @@ where
                 metadata_only: K::metadata_api(),
                 state: health.state.clone(),
             },
-            unanswered: health.unanswered,
-            at: health.failed_at,
         })
     }
 
@@ -374,24 +382,27 @@ async fn run<K, S>(
     hub: Arc<Hub<K>>,
     dyntype: K::DynamicType,
     crossing: Crossing,
+    mut retries: Retries,
 ) where
     K: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
     S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
 {
-    // Without a backoff the watcher retries an unreachable cluster in a hot loop.
-    let mut events = std::pin::pin!(events.default_backoff());
+    let mut events = std::pin::pin!(events);
     let kind = K::kind(&dyntype).into_owned();
     let mut failures = FailureLog::new(cluster, kind, K::api_version(&dyntype).into_owned());
     while let Some(event) = events.next().await {
         let event = match event {
             Ok(event) => event,
             Err(error) => {
-                let (reason, unanswered) = failures.failed(&error);
-                hub.health
-                    .send_if_modified(|health| health.fail(&reason, unanswered));
+                let reason = failures.failed(&error);
+                hub.health.send_if_modified(|health| health.fail(&reason));
+                // Without a wait the watcher retries a failing cluster in a
+                // hot loop.
+                retries.failed().await;
                 continue;
             }
         };
+        retries.worked();
         let listed = matches!(event, Event::InitDone);
         let healthy = !matches!(event, Event::Init);
         let shown = crossing.before(&event);
@@ -587,6 +598,7 @@ mod tests {
             UnboundedReceiverStream::new(rx),
             Arc::default(),
             Arc::default(),
+            None,
         );
         (Arc::new(watch), tx)
     }

@@ -11,7 +11,7 @@ use hyper::body::Bytes;
 use kube::{Client, client::Body};
 use tower::{BoxError, ServiceExt, util::BoxCloneSyncService};
 
-use super::budget::RequestBudget;
+use super::{budget::RequestBudget, keep_alive::KeepAlive};
 
 /// A response body of any kind, as the stack below a cluster's client
 /// gives it.
@@ -60,6 +60,8 @@ pub struct ClusterClient {
     repr: Repr,
     /// Its own budget, if it was given one.
     budget: Option<RequestBudget>,
+    /// Its own terms for finding it silent, if it was given some.
+    keep_alive: Option<KeepAlive>,
 }
 
 #[derive(Clone)]
@@ -92,6 +94,7 @@ impl ClusterClient {
                 namespace,
             },
             budget: None,
+            keep_alive: None,
         }
     }
 
@@ -114,6 +117,35 @@ impl ClusterClient {
     pub fn with_budget(mut self, budget: RequestBudget) -> Self {
         self.budget = Some(budget);
         self
+    }
+
+    /// The cluster engaged with it is asked whether it is there after
+    /// `keep_alive`'s interval of silence, and called unreachable without
+    /// an answer within its timeout, whatever its fleet's
+    /// [`keep_alive`](crate::Fleet::with_keep_alive) is. (Its connection's
+    /// HTTP/2 `PING`s are set where it is built:
+    /// [`ClientOptions::keep_alive`](super::ClientOptions::keep_alive),
+    /// which sets this too.)
+    ///
+    /// ```
+    /// # async fn example(config: kube::Config) -> Result<(), kube::Error> {
+    /// use std::time::Duration;
+    /// use kube_fleet::client::{KeepAlive, cluster_client};
+    ///
+    /// let far = KeepAlive::new(Duration::from_secs(30), Duration::from_secs(15));
+    /// let client = cluster_client(config)?.with_keep_alive(far);
+    /// assert_eq!(client.keep_alive(), Some(far));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_keep_alive(mut self, keep_alive: KeepAlive) -> Self {
+        self.keep_alive = Some(keep_alive);
+        self
+    }
+
+    /// Its own terms for finding it silent, if it was given some.
+    pub fn keep_alive(&self) -> Option<KeepAlive> {
+        self.keep_alive
     }
 
     /// A client of the same server and connection whose requests' paths
@@ -176,6 +208,7 @@ impl ClusterClient {
                 namespace,
             },
             budget: None,
+            keep_alive: None,
         })
     }
 
@@ -191,6 +224,7 @@ impl ClusterClient {
                 namespace: namespace.into(),
             },
             budget: None,
+            keep_alive: None,
         }
     }
 
@@ -292,6 +326,7 @@ impl From<Client> for ClusterClient {
         Self {
             repr: Repr::Client(client),
             budget: None,
+            keep_alive: None,
         }
     }
 }

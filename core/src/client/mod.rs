@@ -11,7 +11,8 @@
 //! - requests made together wait for that one connection rather than each
 //!   dialing its own, also after it was replaced;
 //! - HTTP/2 `PING`s find a connection that has silently died, so that its
-//!   watches restart on a new one ([`ClientOptions::keep_alive`]);
+//!   watches restart on a new one ([`ClientOptions::keep_alive`], on the
+//!   terms of [`KeepAlive::DEFAULT`]);
 //! - a request the server refused unprocessed as it closed the connection
 //!   (`GOAWAY`, as API servers behind a load balancer do with
 //!   `--goaway-chance`) is sent again;
@@ -52,14 +53,14 @@
 //! request as an `ERROR`, where this one leaves a cluster that does not
 //! answer to be told once, as it stops and as it starts answering again.
 
-use std::time::Duration;
-
 use kube::{Client, Config};
 
+mod asked;
 mod budget;
 mod cluster_client;
 mod error;
 mod exec;
+mod keep_alive;
 mod owners;
 mod reachability;
 mod requests;
@@ -67,6 +68,7 @@ mod requests;
 mod route;
 mod writes;
 
+pub(crate) use asked::telling;
 pub(crate) use budget::Budget;
 pub use budget::RequestBudget;
 pub use cluster_client::{ClusterClient, InvalidPathPrefix};
@@ -74,6 +76,8 @@ pub use cluster_client::{ClusterClient, InvalidPathPrefix};
 pub use error::error_chain;
 pub(crate) use error::is_unanswered;
 pub(crate) use exec::{ExecToken, PLUGIN_TIMEOUT, resolve as resolve_exec};
+pub use keep_alive::KeepAlive;
+pub(crate) use keep_alive::LOOK_EVERY;
 pub use owners::OwnerReferenceAcross;
 pub(crate) use owners::{Reconciling, reconciling};
 pub(crate) use reachability::Reachability;
@@ -92,15 +96,6 @@ pub(crate) use writes::{Shown, Writer, Writes, Written};
 /// watches, which hold theirs for as long as they run, could keep it waiting
 /// for ever.
 pub const DEFAULT_MAX_STREAMS: usize = 90;
-
-/// How often an idle HTTP/2 connection is pinged: when nothing has been read
-/// from it for this long (client-go's `ReadIdleTimeout`).
-pub const DEFAULT_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
-
-/// How long a `PING` may go unanswered before the connection is closed and
-/// every watch and request on it fails over to a new one (client-go's
-/// `PingTimeout`).
-pub const DEFAULT_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// A client for one cluster from its `config`, with the default
 /// [`ClientOptions`]: HTTP/2 where the server offers it.
@@ -132,16 +127,17 @@ pub fn cluster_client(config: Config) -> Result<ClusterClient, kube::Error> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use kube_fleet::client::ClientOptions;
+/// use kube_fleet::client::{ClientOptions, KeepAlive};
 ///
-/// let options = ClientOptions::default().keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+/// let options = ClientOptions::default()
+///     .keep_alive(KeepAlive::new(Duration::from_secs(5), Duration::from_secs(3)));
 /// ```
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
     http2: bool,
     max_streams: usize,
-    keep_alive_interval: Duration,
-    keep_alive_timeout: Duration,
+    /// Given: also what the fleet asks its clusters on.
+    keep_alive: Option<KeepAlive>,
 }
 
 impl Default for ClientOptions {
@@ -149,26 +145,21 @@ impl Default for ClientOptions {
         Self {
             http2: true,
             max_streams: DEFAULT_MAX_STREAMS,
-            keep_alive_interval: DEFAULT_KEEP_ALIVE_INTERVAL,
-            keep_alive_timeout: DEFAULT_KEEP_ALIVE_TIMEOUT,
+            keep_alive: None,
         }
     }
 }
 
 impl ClientOptions {
     /// Pings an HTTP/2 connection from which nothing has been read for
-    /// `interval`, and closes it when the answer takes longer than `timeout`
-    /// (defaults [`DEFAULT_KEEP_ALIVE_INTERVAL`] and
-    /// [`DEFAULT_KEEP_ALIVE_TIMEOUT`]). A closed connection fails the watches
-    /// and requests on it, and they go on over a new one.
-    ///
-    /// # Panics
-    ///
-    /// If `interval` is zero.
-    pub fn keep_alive(mut self, interval: Duration, timeout: Duration) -> Self {
-        assert!(!interval.is_zero(), "a keep-alive interval of zero");
-        self.keep_alive_interval = interval;
-        self.keep_alive_timeout = timeout;
+    /// `keep_alive`'s interval, and closes it when the answer takes longer
+    /// than its timeout (default [`KeepAlive::DEFAULT`]). A closed
+    /// connection fails the watches and requests on it, which tells the
+    /// cluster's health at once, and they go on over a new one. The client
+    /// it builds also carries `keep_alive` for the fleet's own asking of a
+    /// silent cluster ([`ClusterClient::with_keep_alive`]).
+    pub fn keep_alive(mut self, keep_alive: KeepAlive) -> Self {
+        self.keep_alive = Some(keep_alive);
         self
     }
 
@@ -215,6 +206,18 @@ impl ClientOptions {
     /// A client for one cluster from its `config`, whose requests carry
     /// `token` (renewed as it expires), if given.
     pub(crate) fn client_with(
+        &self,
+        config: Config,
+        token: Option<ExecToken>,
+    ) -> Result<ClusterClient, kube::Error> {
+        let client = self.built(config, token)?;
+        Ok(match self.keep_alive {
+            Some(keep_alive) => client.with_keep_alive(keep_alive),
+            None => client,
+        })
+    }
+
+    fn built(
         &self,
         config: Config,
         token: Option<ExecToken>,
@@ -305,12 +308,13 @@ impl ClientOptions {
         // handshake, which `RequireHttp2` then turns into an error that
         // sends the request over HTTP/1.1.
         let http2 = https().enable_all_versions().wrap_connector(tcp);
+        let keep_alive = self.keep_alive.unwrap_or_default();
         let http2 = legacy::Client::builder(TokioExecutor::new())
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
             .http2_only(true)
-            .http2_keep_alive_interval(self.keep_alive_interval)
-            .http2_keep_alive_timeout(self.keep_alive_timeout)
+            .http2_keep_alive_interval(keep_alive.interval())
+            .http2_keep_alive_timeout(keep_alive.timeout())
             .http2_keep_alive_while_idle(true)
             .build::<_, Body>(route::RequireHttp2(timeouts(&config, http2)));
         stack(

@@ -123,8 +123,11 @@ pub(crate) fn writer() -> Option<(Arc<Writer>, ClusterName)> {
 pub struct OwnerReferenceAcross {
     /// The cluster the write was for.
     pub cluster: ClusterName,
-    /// The path of the request (the object, or its collection for a
-    /// create).
+    /// The path of the object written: the request's, or for a create,
+    /// its collection's with the name from the body put after it
+    /// (`/api/v1/namespaces/default/configmaps/child`), or, where the body
+    /// has only a `generateName`, that prefix followed by `*`
+    /// (`.../configmaps/child-*`).
     pub path: String,
     /// The cluster of the owner.
     pub owner_cluster: ClusterName,
@@ -164,6 +167,7 @@ pub(super) fn checked(
     let body = request.body().try_clone()?;
     let cluster = to.cluster.clone();
     let path = request.uri().path().to_owned();
+    let created = request.method() == Method::POST;
     let reachability = to.reachability.clone();
     Some(async move {
         let Ok(bytes) = body.collect_bytes().await else {
@@ -177,6 +181,11 @@ pub(super) fn checked(
         {
             return Ok(());
         }
+        let path = if created {
+            created_path(&path, &bytes)
+        } else {
+            path
+        };
         Err(OwnerReferenceAcross {
             cluster,
             path,
@@ -225,6 +234,25 @@ fn namespace_of(path: &str) -> Option<&str> {
     match (segments.get(at), segments.get(at + 1), segments.get(at + 2)) {
         (Some(&"namespaces"), Some(namespace), Some(_)) => Some(namespace),
         _ => None,
+    }
+}
+
+/// The path of the object a create to the collection at `collection`
+/// with the body `bytes` would make: the collection's, with the body's
+/// name (or its `generateName` and `*`) after it; the collection's alone
+/// if the body has neither.
+fn created_path(collection: &str, bytes: &[u8]) -> String {
+    let body = serde_json::from_slice::<Value>(bytes).unwrap_or_default();
+    let field = |name: &str| {
+        body.pointer(&format!("/metadata/{name}"))
+            .and_then(Value::as_str)
+            .filter(|value| !value.is_empty())
+    };
+    let collection = collection.trim_end_matches('/');
+    match (field("name"), field("generateName")) {
+        (Some(name), _) => format!("{collection}/{name}"),
+        (None, Some(prefix)) => format!("{collection}/{prefix}*"),
+        (None, None) => collection.to_owned(),
     }
 }
 
@@ -456,6 +484,34 @@ mod tests {
         assert_eq!(refused.owner, "default/parent");
         let text = refused.to_string();
         assert!(text.contains("owns_across") && text.contains(UID), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_refused_create_names_the_object_it_would_have_made() {
+        let (hub, member) = (Side::new("hub"), Side::new("member"));
+        let named = json!({"metadata": {"name": "child", "ownerReferences": [owner()]}});
+        let generated =
+            json!({"metadata": {"generateName": "child-", "ownerReferences": [owner()]}});
+        let refused = |body: Value| {
+            let (hub, member) = (&hub, &member);
+            async move {
+                reconciling(parent_in(hub, Some("default")), async {
+                    member.write(Method::POST, CONFIGMAPS, &body).await
+                })
+                .await
+                .expect_err("refused")
+            }
+        };
+        let by_name = refused(named).await;
+        assert_eq!(by_name.path, format!("{CONFIGMAPS}/child"));
+        assert!(
+            by_name
+                .to_string()
+                .contains("configmaps/child to cluster member"),
+            "{by_name}"
+        );
+        let by_prefix = refused(generated).await;
+        assert_eq!(by_prefix.path, format!("{CONFIGMAPS}/child-*"));
     }
 
     #[tokio::test]

@@ -1,16 +1,21 @@
 //! Whether a cluster answers: what its client's requests find, told once
 //! per change rather than once per request.
 //!
-//! A cluster that stops answering (its API server is down or cut off) is a
-//! normal condition in a fleet. Its client's requests all fail until it is
-//! back; each engaged cluster's [`Reachability`] turns those failures into
-//! two transitions, logged once each at `WARN` with the cause: the cluster
-//! stops answering, and it answers again. While it is down, one request at
-//! a time asks it whether it is ready (`GET /readyz`), every
-//! [`PROBE_INTERVAL`] for the first [`PROBE_FAST_FOR`] and every
+//! A cluster that stops answering (its API server is down, cut off or
+//! hung) is a normal condition in a fleet. Its client's requests all fail
+//! until it is back; each engaged cluster's [`Reachability`] turns those
+//! failures into two transitions, logged once each at `WARN` with the
+//! cause: the cluster stops answering, and it answers again. While it is
+//! down, one request at a time asks it whether it is ready (`GET /readyz`),
+//! every [`PROBE_INTERVAL`] for the first [`PROBE_FAST_FOR`] and every
 //! [`PROBE_SLOW_INTERVAL`] after, so that its return is noticed even where
-//! nothing else asks (watches and keys waiting out their backoff):
-//! controllers then run at once the keys that failed for want of an answer.
+//! nothing else asks (watches and keys waiting out their backoff): watches
+//! retry and controllers run the keys that failed for want of an answer as
+//! soon as it answers ([`recoveries`](Reachability::recoveries)).
+//!
+//! What is heard from the cluster (an answer, data on a watch) is noted;
+//! a cluster silent for its [`KeepAlive`]'s interval is asked too, and one
+//! that does not answer that is down since it was last heard from.
 //!
 //! A gateway's `502`-`504` may be one API's trouble (an aggregated API that
 //! is down) rather than the cluster's: it marks the cluster down only if the
@@ -31,6 +36,7 @@ use tokio::{runtime::Handle, sync::watch, time::Instant};
 use super::{
     cluster_client::ClusterClient,
     error::{error_chain, is_gateway_failure},
+    keep_alive::KeepAlive,
 };
 use crate::cluster_name::ClusterName;
 
@@ -41,23 +47,20 @@ pub(crate) const PROBE_INTERVAL: Duration = Duration::from_millis(250);
 /// How long a cluster is asked every [`PROBE_INTERVAL`].
 pub(crate) const PROBE_FAST_FOR: Duration = Duration::from_secs(30);
 
-/// How often a cluster that has not answered for longer is asked.
-pub(crate) const PROBE_SLOW_INTERVAL: Duration = Duration::from_secs(5);
+/// How often a cluster that has not answered for longer is asked: a
+/// cluster back from a long outage is noticed, and its watches resumed,
+/// within about this long.
+pub(crate) const PROBE_SLOW_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How long one probe may wait for its answer (a hung server gives none).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long a probe of a quiet cluster may wait for its answer: as long,
-/// plus the time a credential plugin may take to renew the token first.
-const IDLE_PROBE_TIMEOUT: Duration = PROBE_TIMEOUT.saturating_add(super::PLUGIN_TIMEOUT);
-
 /// A cluster's outages, as its reachability knows them.
 #[derive(Debug, Default)]
 struct Outage {
-    /// Since when and why it does not answer, while it does not.
+    /// Since when (the last thing heard from it) and why it does not
+    /// answer, while it does not.
     current: Option<(Instant, String)>,
-    /// When it last answered again after it did not.
-    recovered_at: Option<Instant>,
 }
 
 /// Whether one engaged cluster answers, as its client's requests find it.
@@ -84,11 +87,16 @@ pub(crate) struct Reachability {
     /// What probes ask through: the cluster's client below the counting
     /// (which holds this), so that no probe keeps this alive.
     client: ClusterClient,
-    /// When this was made: what `heard` counts from.
+    /// When this was made: what `heard` and `asked` count from.
     born: Instant,
-    /// When the cluster last answered anything, in milliseconds after
-    /// `born`: on every answer, so an atomic.
+    /// When the cluster last answered anything or sent data on a watch, in
+    /// milliseconds after `born`: on every answer, so an atomic.
     heard: AtomicU64,
+    /// When it was last asked because it was silent, in milliseconds after
+    /// `born`.
+    asked: AtomicU64,
+    /// Its own terms for finding it silent, over the fleet's.
+    keep_alive: Option<KeepAlive>,
 }
 
 impl std::fmt::Debug for Reachability {
@@ -117,6 +125,7 @@ impl Reachability {
 
     pub(crate) fn new(cluster: ClusterName, client: ClusterClient) -> Self {
         Self {
+            keep_alive: client.keep_alive(),
             client,
             cluster,
             down: AtomicBool::new(false),
@@ -127,6 +136,7 @@ impl Reachability {
             runtime: Handle::try_current().ok(),
             born: Instant::now(),
             heard: AtomicU64::new(0),
+            asked: AtomicU64::new(0),
             apart: false,
         }
     }
@@ -137,38 +147,53 @@ impl Reachability {
         &self.client
     }
 
-    /// The cluster answered something now.
-    fn heard(&self) {
-        let millis = self.born.elapsed().as_millis();
-        self.heard
-            .store(u64::try_from(millis).unwrap_or(u64::MAX), Ordering::Relaxed);
+    /// Milliseconds after `born`, now.
+    fn stamp(&self) -> u64 {
+        u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The cluster answered something, or sent data on a watch, now.
+    pub(crate) fn heard(&self) {
+        self.heard.store(self.stamp(), Ordering::Relaxed);
+    }
+
+    /// When something was last heard from the cluster (when this was made,
+    /// if nothing ever was).
+    fn last_heard(&self) -> Instant {
+        self.born + Duration::from_millis(self.heard.load(Ordering::Relaxed))
     }
 
     /// For how long, at `now`, nothing has been heard from the cluster (or
     /// since this was made, if nothing ever was).
     pub(crate) fn silent_for(&self, now: Instant) -> Duration {
-        let heard = self.born + Duration::from_millis(self.heard.load(Ordering::Relaxed));
-        now.saturating_duration_since(heard)
+        now.saturating_duration_since(self.last_heard())
     }
 
     /// Asks the cluster whether it is ready if it answers (as far as is
-    /// known) but nothing has been heard from it for `after`: the light
-    /// probe that finds a cluster gone quiet where nothing else asks it
-    /// (no request, and watches that hear nothing). An answer counts as
-    /// heard; none marks the cluster down, and the probe then goes on as
-    /// for any outage.
-    pub(crate) fn probe_if_silent(self: &Arc<Self>, after: Duration, now: Instant) {
+    /// known) but nothing has been heard from it for `keep_alive`'s
+    /// interval (its own terms, else the fleet's `keep_alive`; `None`:
+    /// never): the light probe that finds a cluster gone silent where
+    /// nothing else asks it (no request, and watches that hear nothing),
+    /// or that hangs. An answer counts as heard; none within the timeout
+    /// marks the cluster down since it was last heard from, and the probe
+    /// then goes on as for any outage.
+    pub(crate) fn probe_if_silent(self: &Arc<Self>, keep_alive: Option<KeepAlive>, now: Instant) {
+        let Some(keep_alive) = self.keep_alive.or(keep_alive) else {
+            return;
+        };
+        let asked = self.born + Duration::from_millis(self.asked.load(Ordering::Relaxed));
         if self.is_answering()
             && !self.is_closed()
-            && self.silent_for(now) >= after
+            && self.silent_for(now) >= keep_alive.interval()
+            // A probe that learns nothing (no credentials to ask with) is
+            // not made again before the interval.
+            && now.saturating_duration_since(asked) >= keep_alive.interval()
             && !self.probing.load(Ordering::SeqCst)
         {
-            // Asked counts as heard: a probe that learns nothing (no
-            // credentials to ask with) is not made again before `after`.
-            self.heard();
-            // At once; no answer in the idle probe's time marks it down (it
-            // is quiet: the wait cannot be for a request of its own).
-            self.start_probe(true, true);
+            self.asked.store(self.stamp(), Ordering::Relaxed);
+            // At once; no answer in the keep-alive's time marks it down (it
+            // is silent: the wait cannot be for a request of its own).
+            self.start_probe(true, Some(keep_alive.timeout()));
         }
     }
 
@@ -191,11 +216,6 @@ impl Reachability {
         let outage = self.outage();
         let (since, cause) = outage.current.as_ref()?;
         Some((since.elapsed(), cause.clone()))
-    }
-
-    /// When the cluster last answered again after it did not.
-    pub(crate) fn recovered_at(&self) -> Option<Instant> {
-        self.outage().recovered_at
     }
 
     /// Changes each time the cluster answers again after it did not.
@@ -225,10 +245,23 @@ impl Reachability {
         }
     }
 
+    /// Data came on a watch: the cluster answers.
+    pub(crate) fn sent_data(&self) {
+        self.heard();
+        self.answered();
+    }
+
     /// A request got no answer, for `error` (the connection failed, was
     /// refused or reset, or timed out): a probe asks until it answers.
     pub(crate) fn unanswered(self: &Arc<Self>, error: &(dyn std::error::Error + 'static)) {
         if self.went_down(|| error_chain(error)) {
+            self.probe(false);
+        }
+    }
+
+    /// A response's body broke off for `error`: its connection failed.
+    pub(crate) fn broke_off(self: &Arc<Self>, error: &(dyn std::error::Error + 'static)) {
+        if self.went_down(|| format!("a watch broke off: {}", error_chain(error))) {
             self.probe(false);
         }
     }
@@ -242,14 +275,13 @@ impl Reachability {
             if !self.down.swap(false, Ordering::SeqCst) {
                 return;
             }
-            outage.recovered_at = Some(Instant::now());
             outage.current.take().map(|(since, _)| since)
         };
         if self.is_closed() {
             return;
         }
         let after = since.map(|since| since.elapsed()).unwrap_or_default();
-        tracing::warn!(cluster = %self.cluster, down_for = ?after, "the cluster answers again");
+        tracing::warn!(cluster = %self.cluster, silent_for = ?after, "the cluster answers again");
         self.recoveries.send_modify(|n| *n += 1);
     }
 
@@ -268,19 +300,24 @@ impl Reachability {
             if self.down.swap(true, Ordering::SeqCst) {
                 return false;
             }
-            outage.current = Some((Instant::now(), cause.clone()));
+            // Down since it was last heard from, not since that was noticed.
+            outage.current = Some((self.last_heard(), cause.clone()));
         }
-        tracing::warn!(cluster = %self.cluster, cause = %cause, "the cluster does not answer; its requests fail until it is back");
+        let silent_for = self.silent_for(Instant::now());
+        tracing::warn!(cluster = %self.cluster, cause = %cause, ?silent_for, "the cluster does not answer; its requests fail until it is back");
         true
     }
 
     /// Starts the probe, unless one runs: asking at once if `now`, else
     /// after the interval.
     fn probe(self: &Arc<Self>, now: bool) {
-        self.start_probe(now, false);
+        self.start_probe(now, None);
     }
 
-    fn start_probe(self: &Arc<Self>, now: bool, idle: bool) {
+    /// Starts the probe (see [`probe`](Self::probe)); one of a silent
+    /// cluster waits `silent` for its first answer, and marks the cluster
+    /// down without one.
+    fn start_probe(self: &Arc<Self>, now: bool, silent: Option<Duration>) {
         if self.is_closed() || self.probing.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -288,7 +325,7 @@ impl Reachability {
             reachability: Arc::downgrade(self),
             finished: false,
         };
-        let probe = probe(probing, self.client.clone(), now, idle);
+        let probe = probe(probing, self.client.clone(), now, silent);
         match &self.runtime {
             Some(runtime) => drop(runtime.spawn(probe)),
             None => drop(tokio::spawn(probe)),
@@ -341,11 +378,11 @@ impl Drop for Probing {
 }
 
 /// Asks the cluster whether it is ready: once, at once, if `now` (to
-/// confirm a gateway's failure); while it does not answer, again after each
-/// interval, until it does, its engagement ends, or no one holds it any
-/// more.
-async fn probe(mut probing: Probing, client: ClusterClient, now: bool, idle: bool) {
-    asking(&probing.reachability, &client, now, idle).await;
+/// confirm a gateway's failure, or ask a silent cluster, within `silent`);
+/// while it does not answer, again after each interval, until it does, its
+/// engagement ends, or no one holds it any more.
+async fn probe(mut probing: Probing, client: ClusterClient, now: bool, silent: Option<Duration>) {
+    asking(&probing.reachability, &client, now, silent).await;
     probing.finished = true;
 }
 
@@ -353,7 +390,7 @@ async fn asking(
     reachability: &Weak<Reachability>,
     client: &ClusterClient,
     mut now: bool,
-    mut idle: bool,
+    mut silent: Option<Duration>,
 ) {
     loop {
         if !now {
@@ -369,11 +406,7 @@ async fn asking(
         if reachability.is_closed() {
             return;
         }
-        let timeout = if idle {
-            IDLE_PROBE_TIMEOUT
-        } else {
-            PROBE_TIMEOUT
-        };
+        let timeout = silent.unwrap_or(PROBE_TIMEOUT);
         match ask(client, timeout).await {
             Probed::Answered => {
                 reachability.heard();
@@ -384,8 +417,8 @@ async fn asking(
             }
             // A cluster that answers is not marked down for a probe that
             // waited too long: the wait may have been for its credentials,
-            // unless the probe asks a quiet cluster.
-            Probed::TimedOut(_) if reachability.is_answering() && !idle => {}
+            // unless the probe asks a silent cluster.
+            Probed::TimedOut(_) if reachability.is_answering() && silent.is_none() => {}
             Probed::TimedOut(cause) => {
                 reachability.went_down(|| cause);
             }
@@ -394,7 +427,7 @@ async fn asking(
         if reachability.is_answering() {
             return;
         }
-        idle = false;
+        silent = None;
     }
 }
 
@@ -416,5 +449,50 @@ async fn ask(client: &ClusterClient, timeout: Duration) -> Probed {
         // cluster is there.
         Ok(Err(_)) => Probed::Answered,
         Err(_) => Probed::TimedOut(format!("its readiness check gave no answer in {timeout:?}")),
+    }
+}
+
+/// A watch's response body, whose data tells the cluster's reachability
+/// that the cluster answers, and whose failure (its connection closed,
+/// reset, or found dead by its `PING`s) that it does not: a watch broken
+/// off finds the cluster down at once, not when its retry's connection
+/// times out.
+pub(crate) struct Watched<B> {
+    body: B,
+    reachability: Arc<Reachability>,
+}
+
+impl<B> Watched<B> {
+    pub(crate) fn new(body: B, reachability: Arc<Reachability>) -> Self {
+        Self { body, reachability }
+    }
+}
+
+impl<B> http_body::Body for Watched<B>
+where
+    B: http_body::Body<Error = tower::BoxError> + Unpin,
+{
+    type Data = B::Data;
+    type Error = tower::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.body).poll_frame(cx);
+        match &polled {
+            std::task::Poll::Ready(Some(Ok(_))) => self.reachability.sent_data(),
+            std::task::Poll::Ready(Some(Err(error))) => self.reachability.broke_off(&**error),
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }

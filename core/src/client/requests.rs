@@ -11,16 +11,18 @@ use std::{
 
 use futures::future::BoxFuture;
 use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
 use kube::{Client, client::Body};
 use tokio::time::Instant;
 use tower::{BoxError, Service};
 
 use super::{
+    asked,
     budget::Budget,
     cluster_client::{AnyBody, ClusterClient, Repr},
     error::is_unanswered,
     owners::{Destination, checked as owners_checked},
-    reachability::Reachability,
+    reachability::{Reachability, Watched},
     writes::{self, Writes},
 };
 use crate::cluster_name::ClusterName;
@@ -435,6 +437,7 @@ impl Service<Request<Body>> for Outer {
                 None => None,
             };
             let method = request.method().clone();
+            let watch = asked::is_watch(&request);
             let mut pending =
                 counted.map(|counted| Pending::new(counted, method.clone(), None, false));
             let result = below.send(request).await.map_err(BoxError::from);
@@ -450,6 +453,16 @@ impl Service<Request<Body>> for Outer {
                 // Answered, with an error of the server's or the client's own.
                 Err(_) => {}
             }
+            // A watch under way: its data is heard from the cluster, and its
+            // failure is the cluster's; the task that asked knows it runs.
+            let result = match result {
+                Ok(response) if watch && response.status().is_success() => {
+                    asked::watch_started();
+                    let reachability = reachability.clone();
+                    Ok(response.map(|body| Watched::new(body, reachability).boxed_unsync()))
+                }
+                result => result,
+            };
             match (write, result) {
                 (Some(write), Ok(response)) => {
                     let answered = write.answered(response, &writes).await;

@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use crate::client::{ClusterClient, RequestBudget};
+use crate::client::{ClusterClient, KeepAlive, RequestBudget};
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 
@@ -207,30 +207,36 @@ impl Fleet {
     }
 
     /// This fleet, which asks a cluster it has heard nothing from for
-    /// `after` whether it is ready (`GET /readyz`); `None` never asks.
-    /// Default [`IDLE_PROBE_AFTER`](crate::health::IDLE_PROBE_AFTER) (a
-    /// minute): a quiet cluster that is gone, or not ready, is then found
-    /// within about that long, and is [unreachable](ClusterHealth) until
-    /// it answers. Every answer a cluster's client gets counts as hearing
+    /// `keep_alive`'s interval whether it is ready (`GET /readyz`), and
+    /// calls it [unreachable](ClusterHealth::Unreachable) without an
+    /// answer within its timeout; `None` never asks (but a cluster whose
+    /// client has [terms of its own](crate::client::ClusterClient::with_keep_alive)).
+    /// Default [`KeepAlive::DEFAULT`](crate::client::KeepAlive::DEFAULT):
+    /// a cluster that hangs, or is gone where nothing else asks it, is
+    /// unreachable within [`KeepAlive::bound`](crate::client::KeepAlive::bound)
+    /// (16 s) of the last thing heard from it. Every answer a cluster's
+    /// client gets, and every bit of data on its watches, counts as hearing
     /// from it, so a busy cluster is never asked. It holds for every clone
     /// of the fleet.
     ///
     /// ```
     /// use std::time::Duration;
-    /// use kube_fleet::Fleet;
+    /// use kube_fleet::{Fleet, client::KeepAlive};
     ///
-    /// let fleet = Fleet::new().with_idle_probe(Some(Duration::from_secs(20)));
-    /// assert_eq!(fleet.idle_probe(), Some(Duration::from_secs(20)));
+    /// let patient = KeepAlive::new(Duration::from_secs(30), Duration::from_secs(15));
+    /// let fleet = Fleet::new().with_keep_alive(Some(patient));
+    /// assert_eq!(fleet.keep_alive(), Some(patient));
+    /// assert_eq!(Fleet::new().keep_alive(), Some(KeepAlive::DEFAULT));
     /// ```
-    pub fn with_idle_probe(self, after: Option<Duration>) -> Self {
-        self.state().vigil.idle_probe_after = after;
+    pub fn with_keep_alive(self, keep_alive: Option<KeepAlive>) -> Self {
+        self.state().vigil.keep_alive = keep_alive;
         self
     }
 
-    /// After how long without a word a cluster is asked whether it is
-    /// ready, if it is.
-    pub fn idle_probe(&self) -> Option<Duration> {
-        self.state().vigil.idle_probe_after
+    /// When a silent cluster is asked whether it is there, and how long it
+    /// has to answer, if it is asked.
+    pub fn keep_alive(&self) -> Option<KeepAlive> {
+        self.state().vigil.keep_alive
     }
 
     /// This fleet, which sets aside a cluster that has not answered for

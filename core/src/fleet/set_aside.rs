@@ -1,5 +1,6 @@
 //! What the fleet does on its own about its clusters' answers, once a
-//! second: asks a cluster gone quiet whether it is ready, sets aside a
+//! second: asks a cluster gone silent whether it is ready (its
+//! [`KeepAlive`]), sets aside a
 //! cluster that has not answered for too long, and engages again one set
 //! aside that answers.
 
@@ -13,19 +14,17 @@ use tokio::time::Instant;
 
 use super::{FleetEvent, State};
 use crate::{
-    client::{ClusterClient, Reachability},
+    client::{ClusterClient, KeepAlive, LOOK_EVERY, Reachability},
     cluster::Cluster,
     cluster_name::ClusterName,
-    health::{ClusterHealth, IDLE_PROBE_AFTER},
+    health::ClusterHealth,
 };
-
-/// How often the fleet looks over its clusters.
-const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// The fleet's watch over its clusters' answers.
 pub(super) struct Vigil {
-    /// Ask a cluster silent for this long whether it is ready.
-    pub(super) idle_probe_after: Option<Duration>,
+    /// Ask a cluster silent for this long whether it is ready, and how long
+    /// to wait for its answer.
+    pub(super) keep_alive: Option<KeepAlive>,
     /// Set aside a cluster that has not answered for this long.
     pub(super) set_aside_after: Option<Duration>,
     /// The clusters set aside, by name.
@@ -38,7 +37,7 @@ pub(super) struct Vigil {
 impl Default for Vigil {
     fn default() -> Self {
         Self {
-            idle_probe_after: Some(IDLE_PROBE_AFTER),
+            keep_alive: Some(KeepAlive::DEFAULT),
             set_aside_after: None,
             set_aside: HashMap::new(),
             sweeping: None,
@@ -95,7 +94,7 @@ pub(super) fn start(inner: &Arc<Mutex<State>>, state: &mut State) {
 }
 
 async fn sweeping(fleet: Weak<Mutex<State>>) {
-    let mut every = tokio::time::interval(SWEEP_EVERY);
+    let mut every = tokio::time::interval(LOOK_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
@@ -109,10 +108,11 @@ async fn sweeping(fleet: Weak<Mutex<State>>) {
 
 /// One look over the fleet in `inner` at `now`.
 fn sweep(inner: &Arc<Mutex<State>>, state: &mut State, now: Instant) {
-    if let Some(after) = state.vigil.idle_probe_after {
-        for cluster in state.clusters.values() {
-            cluster.shared_reachability().probe_if_silent(after, now);
-        }
+    // Also where the fleet asks nothing: a cluster's client may.
+    for cluster in state.clusters.values() {
+        cluster
+            .shared_reachability()
+            .probe_if_silent(state.vigil.keep_alive, now);
     }
     if let Some(after) = state.vigil.set_aside_after {
         let due: Vec<ClusterName> = state

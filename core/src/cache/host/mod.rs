@@ -198,7 +198,13 @@ impl HostCache {
         Self {
             inner: Arc::new(HostInner {
                 raw,
-                cache: ClusterCache::new(host, client, InitialLists::unbounded(), writes),
+                cache: ClusterCache::new(
+                    host,
+                    client,
+                    InitialLists::unbounded(),
+                    writes,
+                    &reachability,
+                ),
                 by,
                 reachability,
                 split: Mutex::new(HashMap::new()),
@@ -323,6 +329,7 @@ impl HostCache {
                         dyntype.clone(),
                         events,
                         writes,
+                        Some(self.inner.reachability.recoveries()),
                     ));
                     let weak: Weak<dyn Any + Send + Sync> = Arc::downgrade(&split) as _;
                     watches.insert(key, weak);

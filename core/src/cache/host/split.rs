@@ -9,7 +9,6 @@ use futures::{Stream, StreamExt};
 use kube::{
     Resource,
     runtime::{
-        WatchStreamExt,
         reflector::store::Writer,
         watcher::{self, Event},
     },
@@ -19,6 +18,7 @@ use tokio::task::AbortHandle;
 use super::SplitBy;
 use crate::cache::{
     SharedWatch, TypeInfo,
+    retry::Retries,
     state::{FailureLog, Health},
     watch::{Crossing, Hub, apply},
 };
@@ -141,13 +141,16 @@ where
 {
     /// Starts feeding `events` to the parts `by` tells apart. With
     /// `writes`, every part's events are told to those (a split by
-    /// namespace); without, each part's to its readers' own.
+    /// namespace); without, each part's to its readers' own. After a
+    /// failure the watch retries with backoff, or at once when
+    /// `recoveries` (if any) says the host answers again.
     pub(super) fn start<S>(
         host: ClusterName,
         by: SplitBy,
         dyntype: K::DynamicType,
         events: S,
         writes: Option<Arc<Writes>>,
+        recoveries: Option<tokio::sync::watch::Receiver<u64>>,
     ) -> Self
     where
         S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
@@ -161,7 +164,29 @@ where
             own_writes: writes.is_none(),
         }));
         let crossing = writes.map(|writes| Crossing::new::<K>(writes, &dyntype));
-        let task = tokio::spawn(feed(host, by, events, parts.clone(), dyntype, crossing));
+        let feed = feed(
+            host,
+            by,
+            events,
+            parts.clone(),
+            dyntype,
+            crossing,
+            Retries::new(recoveries),
+        );
+        // A watch that resumes where it was tells nothing until something
+        // changes: its request's answer says it runs again.
+        let started = Arc::downgrade(&parts);
+        let task = tokio::spawn(crate::client::telling(
+            move || {
+                if let Some(parts) = started.upgrade() {
+                    let mut parts = lock(&parts);
+                    if parts.health.heard(false) {
+                        parts.tell_health();
+                    }
+                }
+            },
+            feed,
+        ));
         Self {
             parts,
             task: task.abort_handle(),
@@ -258,25 +283,32 @@ async fn feed<K, S>(
     parts: Arc<Mutex<Parts<K>>>,
     dyntype: K::DynamicType,
     crossing: Option<Crossing>,
+    mut retries: Retries,
 ) where
     K: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
     S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
 {
-    let mut events = std::pin::pin!(events.default_backoff());
+    let mut events = std::pin::pin!(events);
     let kind = K::kind(&dyntype).into_owned();
     let mut failures = FailureLog::new(host, kind, K::api_version(&dyntype).into_owned());
     while let Some(event) = events.next().await {
         let event = match event {
             Ok(event) => event,
             Err(error) => {
-                let (reason, unanswered) = failures.failed(&error);
-                let mut parts = lock(&parts);
-                parts.health.fail(&reason, unanswered);
-                // Every time: a part made since the last change is told too.
-                parts.tell_health();
+                let reason = failures.failed(&error);
+                {
+                    let mut parts = lock(&parts);
+                    parts.health.fail(&reason);
+                    // Every time: a part made since the last change is told too.
+                    parts.tell_health();
+                }
+                // Without a wait the watcher retries a failing host in a hot
+                // loop.
+                retries.failed().await;
                 continue;
             }
         };
+        retries.worked();
         let listed = matches!(event, Event::InitDone);
         let healthy = !matches!(event, Event::Init);
         // Told before and after the event is applied, out of the parts'
@@ -400,6 +432,7 @@ mod tests {
             (),
             UnboundedReceiverStream::new(rx),
             writes,
+            None,
         );
         (Arc::new(split), tx)
     }

@@ -30,6 +30,9 @@ pub(crate) struct Writer {
     origins: AtomicUsize,
     /// Where a wait for the watches ran out lately, and when.
     timed_out: Mutex<HashMap<ClusterName, Instant>>,
+    /// The resources (group, plural) of each cluster whose writes no watch
+    /// there could show, told once.
+    uncovered: Mutex<HashSet<(ClusterName, String, String)>>,
 }
 
 impl Writer {
@@ -39,6 +42,7 @@ impl Writer {
             away: Mutex::default(),
             origins: AtomicUsize::new(0),
             timed_out: Mutex::default(),
+            uncovered: Mutex::default(),
         }
     }
 
@@ -103,9 +107,44 @@ impl Writer {
             .is_some_and(|at| at.elapsed() < COOLING)
     }
 
+    /// A write of this controller to `cluster` was of `written`'s
+    /// resource, which no synced watch there holds: logged at `INFO` the
+    /// first time for each cluster and resource, as read-your-writes does
+    /// not cover it.
+    pub(crate) fn uncovered(&self, cluster: &ClusterName, written: &super::Written) {
+        let id = &written.id;
+        let key = (cluster.clone(), id.group.clone(), id.resource.clone());
+        let first = self
+            .uncovered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key);
+        if first {
+            let resource = if id.group.is_empty() {
+                id.resource.clone()
+            } else {
+                format!("{}.{}", id.resource, id.group)
+            };
+            tracing::info!(
+                controller = %self.name,
+                %cluster,
+                resource,
+                "read-your-writes cannot cover this controller's writes of {resource} in this \
+                 cluster: no synced watch there holds them, so its next reconcile may not see \
+                 them in a cache. Watch the type there to cover them (`Controller::owns`, \
+                 `watches` or `owns_across`), or read such objects through the API. \
+                 Told once per controller, cluster and resource."
+            );
+        }
+    }
+
     /// Forgets `cluster`, which left: as an origin and as a target.
     pub(crate) fn forget(&self, cluster: &ClusterName) {
         self.timed_out().remove(cluster);
+        self.uncovered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(told, _, _)| told != cluster);
         let mut away = self.away();
         away.remove(cluster);
         away.retain(|_, targets| {

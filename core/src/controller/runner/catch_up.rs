@@ -183,12 +183,12 @@ pub(super) fn awaiting(
         return Vec::new();
     };
     let mut awaiting = Vec::new();
-    if !unshown(own, &writer.name).is_empty() && !writer.is_cooling(name) {
+    if !unshown(own, writer).is_empty() && !writer.is_cooling(name) {
         awaiting.push(own.clone());
     }
     for target in writer.away_from(name) {
         match engaged.get(&target) {
-            Some(cluster) if !unshown(cluster, &writer.name).is_empty() => {
+            Some(cluster) if !unshown(cluster, writer).is_empty() => {
                 if !writer.is_cooling(&target) {
                     awaiting.push(cluster.clone());
                 }
@@ -200,11 +200,11 @@ pub(super) fn awaiting(
 }
 
 /// The writes of `writer` through `cluster`'s client that a synced watch
-/// there holds and has yet to show; forgets the others. None once the
-/// cluster has left.
-fn unshown(cluster: &Cluster, writer: &str) -> Vec<Arc<Written>> {
+/// there holds and has yet to show; forgets the others, and tells (once)
+/// of those no watch there could show. None once the cluster has left.
+fn unshown(cluster: &Cluster, writer: &Writer) -> Vec<Arc<Written>> {
     let writes = cluster.cache().writes();
-    let mut unshown = writes.unshown(writer, cluster.name());
+    let mut unshown = writes.unshown(&writer.name, cluster.name());
     if unshown.is_empty() {
         return unshown;
     }
@@ -216,6 +216,11 @@ fn unshown(cluster: &Cluster, writer: &str) -> Vec<Arc<Written>> {
     let (waiting, done): (Vec<_>, Vec<_>) = unshown
         .drain(..)
         .partition(|written| cluster.cache().awaits(written));
+    for written in &done {
+        if !cluster.cache().holds_resource(written) {
+            writer.uncovered(cluster.name(), written);
+        }
+    }
     writes.settle(&done);
     waiting
 }
@@ -264,7 +269,7 @@ fn wait<K: Watchable>(
                     .chain([&paused])
                     .map(|c| Box::pin(c.disengaged()) as BoxFuture<'_, ()>),
             );
-            if targets.iter().all(|c| unshown(c, &writer.name).is_empty()) {
+            if targets.iter().all(|c| unshown(c, &writer).is_empty()) {
                 break false;
             }
             let any = futures::future::select_all(woken);
@@ -295,7 +300,7 @@ async fn give_up<K: Watchable>(
     let reads_until = Instant::now() + bound;
     let mut read = Vec::new();
     for cluster in targets {
-        let given_up = unshown(cluster, &writer.name);
+        let given_up = unshown(cluster, &writer);
         if given_up.is_empty() {
             continue;
         }
