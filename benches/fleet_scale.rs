@@ -9,7 +9,7 @@
 //! cargo bench --bench fleet_scale -- --lists 16      # at most 16 initial lists at once
 //! cargo bench --bench fleet_scale -- --lists 0       # no bound on initial lists
 //! cargo bench --bench fleet_scale -- --idle 120      # idle CPU over 120 s (default 20)
-//! cargo bench --bench fleet_scale -- --idle-probe 0  # no idle probe (default: after 60 s)
+//! cargo bench --bench fleet_scale -- --keep-alive 0  # never ask a silent cluster (default: after 10 s)
 //! ```
 //!
 //! Real API servers (envtest), each with 20 ConfigMaps in its `default`

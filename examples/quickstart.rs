@@ -87,10 +87,12 @@ async fn reconcile(request: ObjectRequest<ConfigMap>) -> Result<Action, BoxError
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
+    // Coloured on a terminal only: a file or a pipe gets plain text.
     tracing_subscriber::fmt()
         .with_env_filter(
             std::env::var("RUST_LOG").unwrap_or_else(|_| "kube_fleet=info,quickstart=info".into()),
         )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
     let args = Args::parse()?;
 

@@ -300,17 +300,20 @@ async fn a_hung_cluster_is_unreachable_within_its_keep_alive_bound() {
     // Quiet for a while first: the watches hear nothing, and the clusters
     // are asked only because they are silent.
     tokio::time::sleep(Duration::from_secs(12)).await;
-    for link in &links {
+    // Each hangs at another moment: another phase of its pings and asks.
+    let mut hung = std::collections::BTreeMap::new();
+    for (run, link) in links.iter().enumerate() {
         link.hang();
+        hung.insert(format!("run-{run}"), tokio::time::Instant::now());
+        tokio::time::sleep(Duration::from_millis(1300)).await;
     }
-    let hung = tokio::time::Instant::now();
+    let began = tokio::time::Instant::now();
     let mut found = std::collections::BTreeMap::new();
-    while found.len() < RUNS && hung.elapsed() < bound + Duration::from_secs(30) {
+    while found.len() < RUNS && began.elapsed() < bound + Duration::from_secs(30) {
         for (name, health) in fleet.health() {
             if let ClusterHealth::Unreachable { down_for, .. } = health {
-                found
-                    .entry(name.to_string())
-                    .or_insert((hung.elapsed(), down_for));
+                let after = hung[name.as_str()].elapsed();
+                found.entry(name.to_string()).or_insert((after, down_for));
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -574,8 +574,25 @@ async fn a_write_no_watch_can_show_is_told_once_per_controller_cluster_and_resou
             .expect("every parent reconciled")
             .unwrap();
     }
-    // The last write is looked at by the next dispatch: give it one.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A write is looked at by the cluster's next dispatch: give it more,
+    // each of which writes again.
+    parents(server.client(), "uncovered-later").await;
+    let later = Api::<ConfigMap>::default_namespaced(server.client());
+    for i in 0..3 {
+        let name = format!("uncovered-later-{i}");
+        let mut parent = later.get(&name).await.unwrap();
+        parent
+            .labels_mut()
+            .insert("mode".into(), "uncovered".into());
+        later
+            .replace(&name, &PostParams::default(), &parent)
+            .await
+            .unwrap();
+        tokio::time::timeout(support::PATIENCE, rx.recv())
+            .await
+            .expect("a later parent reconciled")
+            .unwrap();
+    }
     let told = support::lines_with(
         &logs,
         &[

@@ -15,10 +15,15 @@ use kube_fleet::{Action, Controller, Fleet, ObjectRequest};
 use tower::{BoxError, service_fn};
 
 /// Logs to stderr, `info` for the examples and kube-fleet unless `RUST_LOG`
-/// says otherwise.
+/// says otherwise; coloured on a terminal only, so that a file or a pipe
+/// gets plain text.
 pub fn logging() {
+    use std::io::IsTerminal;
+
     tracing_subscriber::fmt()
         .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 }
 
