@@ -70,7 +70,6 @@ impl Health {
         Self {
             state,
             has_synced: false,
-            ..self.clone()
         }
     }
 

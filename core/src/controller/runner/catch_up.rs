@@ -300,7 +300,7 @@ async fn give_up<K: Watchable>(
     let reads_until = Instant::now() + bound;
     let mut read = Vec::new();
     for cluster in targets {
-        let given_up = unshown(cluster, &writer);
+        let given_up = unshown(cluster, writer);
         if given_up.is_empty() {
             continue;
         }
