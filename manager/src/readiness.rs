@@ -98,9 +98,11 @@ impl Readiness {
                 if cluster.serving && !failing {
                     serving += 1;
                 } else if cluster.serving {
-                    // Served, but a watch there has not run again yet (the
-                    // cluster answers again after an outage, say): told,
-                    // and not counted as serving until it does.
+                    // Served, but a watch there does not run (its cluster
+                    // is down, or back and its watches not yet resumed, or
+                    // a right was taken away): told, not counted as
+                    // serving until it runs, and unready only if asked.
+                    ready &= !self.strict;
                     let _ = writeln!(lines, "controller {name}: behind in {cluster}");
                 } else if failing {
                     // Reported by name; unready only if asked.

@@ -504,20 +504,15 @@ impl ClusterCache {
             .is_some_and(|(host, _)| host.cache().awaits(written))
     }
 
-    /// Whether a synced watch of this cluster holds objects of the
-    /// resource `written` wrote, in any namespace: else read-your-writes
-    /// cannot wait for its writes of that resource here.
+    /// Whether a watch of this cluster (synced or not yet) holds objects
+    /// of the resource `written` wrote, in any namespace: else
+    /// read-your-writes cannot wait for its writes of that resource here.
     pub(crate) fn holds_resource(&self, written: &Written) -> bool {
-        let probes: Vec<_> = self
-            .watches()
-            .values()
-            .filter(|held| held.scope.as_ref().is_some_and(|s| s.of_resource(written)))
-            .filter_map(|held| held.probe.upgrade())
-            .collect();
-        probes.iter().any(|probe| probe.has_synced())
-            || self
-                .namespace_of()
-                .is_some_and(|(host, _)| host.cache().holds_resource(written))
+        self.watches().values().any(|held| {
+            held.is_live() && held.scope.as_ref().is_some_and(|s| s.of_resource(written))
+        }) || self
+            .namespace_of()
+            .is_some_and(|(host, _)| host.cache().holds_resource(written))
     }
 
     /// The watches started here that fail now, for health: each fails

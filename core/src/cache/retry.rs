@@ -2,70 +2,87 @@
 //! to 30 s, with jitter), or at once when its cluster answers again after
 //! an outage, whatever it was waiting out.
 
+use std::time::Duration;
+
 use kube::runtime::{utils::Backoff, watcher::DefaultBackoff};
-use tokio::sync::watch;
+use tokio::{sync::watch, time::Instant};
+
+/// How often, at most, a cluster answering again cuts a watch's wait
+/// short: a cluster that answers and fails by turns (a load balancer with
+/// one dead backend) leaves its watches to their backoff in between.
+const AT_ONCE_AT_MOST_EVERY: Duration = Duration::from_secs(30);
 
 /// The retries of one watch.
 pub(super) struct Retries {
     backoff: DefaultBackoff,
     /// Changes each time the cluster answers again after it did not.
     recoveries: Option<watch::Receiver<u64>>,
+    /// When a recovery last cut a wait short.
+    at_once: Option<Instant>,
 }
 
 impl Retries {
     /// For a watch of the cluster whose recoveries `recoveries` tells, if
-    /// any is told.
-    pub(super) fn new(recoveries: Option<watch::Receiver<u64>>) -> Self {
+    /// any is told; those before now are not waited for.
+    pub(super) fn new(mut recoveries: Option<watch::Receiver<u64>>) -> Self {
+        if let Some(recoveries) = &mut recoveries {
+            recoveries.borrow_and_update();
+        }
         Self {
             backoff: DefaultBackoff::default(),
             recoveries,
+            at_once: None,
         }
     }
 
-    /// The watch works: its next failure starts the backoff over, and a
-    /// recovery from before now is not waited for.
+    /// The watch delivered an event: its next failure starts the backoff
+    /// over. (kube's watcher's `Init`, which comes before each list is
+    /// asked for, tells nothing yet: not for it.)
     pub(super) fn worked(&mut self) {
         self.backoff.reset();
-        if let Some(recoveries) = &mut self.recoveries {
-            recoveries.borrow_and_update();
-        }
     }
 
     /// Waits until the watch may try again after a failure: its backoff,
-    /// cut short when the cluster answers again (then the backoff starts
-    /// over), or when it has answered again since the watch last worked.
+    /// cut short when the cluster answers again after an outage (at most
+    /// once every [`AT_ONCE_AT_MOST_EVERY`]). A recovery counts if it came
+    /// after the attempt that failed began.
     pub(super) async fn failed(&mut self) {
         let Some(delay) = self.backoff.next() else {
             // kube's default backoff never gives up.
             return;
         };
         let sleep = tokio::time::sleep(delay);
-        let Some(recoveries) = &mut self.recoveries else {
-            return sleep.await;
-        };
-        tokio::select! {
-            () = sleep => {}
-            changed = recoveries.changed() => match changed {
-                Ok(()) => {
-                    tracing::debug!(backoff = ?delay, "the cluster answers again: the watch retries at once");
-                    self.backoff.reset();
+        let may_cut = self
+            .at_once
+            .is_none_or(|at| at.elapsed() >= AT_ONCE_AT_MOST_EVERY);
+        match &mut self.recoveries {
+            Some(recoveries) if may_cut => {
+                tokio::select! {
+                    () = sleep => {}
+                    changed = recoveries.changed() => match changed {
+                        Ok(()) => {
+                            tracing::debug!(backoff = ?delay, "the cluster answers again: the watch retries at once");
+                            self.at_once = Some(Instant::now());
+                        }
+                        // No more recoveries: the backoff alone.
+                        Err(_) => {
+                            self.recoveries = None;
+                            tokio::time::sleep(delay).await;
+                        }
+                    },
                 }
-                // No more recoveries: the backoff alone.
-                Err(_) => {
-                    self.recoveries = None;
-                    tokio::time::sleep(delay).await;
-                }
-            },
+            }
+            _ => sleep.await,
+        }
+        // The next attempt begins: only a recovery after it counts.
+        if let Some(recoveries) = &mut self.recoveries {
+            recoveries.borrow_and_update();
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
-    use tokio::time::Instant;
-
     use super::*;
 
     #[tokio::test(start_paused = true)]
@@ -91,22 +108,25 @@ mod tests {
             began.elapsed()
         );
 
-        // And it starts over: the next wait is the first backoff's.
-        let began = Instant::now();
-        retries.failed().await;
-        assert!(
-            began.elapsed() <= Duration::from_secs(2),
-            "{:?}",
+        // The backoff goes on growing, and a cluster that answers and
+        // fails by turns does not cut the next waits short.
+        let waiting = tokio::spawn(async move {
+            let began = Instant::now();
+            retries.failed().await;
             began.elapsed()
-        );
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        tell.send_modify(|n| *n += 1);
+        let waited = waiting.await.unwrap();
+        assert!(waited >= Duration::from_secs(25), "{waited:?}");
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_recovery_before_the_watch_last_worked_is_not_waited_for() {
+    async fn a_recovery_before_the_attempt_began_is_not_waited_for() {
         let (tell, recoveries) = watch::channel(0_u64);
-        let mut retries = Retries::new(Some(recoveries));
+        // Before the watch began.
         tell.send_modify(|n| *n += 1);
-        retries.worked();
+        let mut retries = Retries::new(Some(recoveries));
         for _ in 0..5 {
             retries.failed().await;
         }
@@ -114,6 +134,22 @@ mod tests {
         retries.failed().await;
         assert!(
             began.elapsed() >= Duration::from_secs(10),
+            "{:?}",
+            began.elapsed()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_event_starts_the_backoff_over() {
+        let mut retries = Retries::new(None);
+        for _ in 0..5 {
+            retries.failed().await;
+        }
+        retries.worked();
+        let began = Instant::now();
+        retries.failed().await;
+        assert!(
+            began.elapsed() <= Duration::from_secs(2),
             "{:?}",
             began.elapsed()
         );

@@ -44,11 +44,20 @@ impl fmt::Display for WatchState {
     }
 }
 
+/// How long a failing watch's retry must run, once its request was
+/// answered, to count as running again: an answer followed at once by an
+/// error in the stream (a `410 Gone` for a version the server no longer
+/// has) is a failure, not a resumed watch.
+pub(crate) const RESUMED_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A watch's state and whether it has ever completed a list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Health {
     pub(crate) state: WatchState,
     pub(crate) has_synced: bool,
+    /// While it fails: when a retry's watch request was answered since,
+    /// after which it resumed where it was (it may hear nothing for long).
+    pub(crate) answered: Option<tokio::time::Instant>,
 }
 
 impl Health {
@@ -57,6 +66,7 @@ impl Health {
         Self {
             state: WatchState::Syncing,
             has_synced: false,
+            answered: None,
         }
     }
 
@@ -70,6 +80,7 @@ impl Health {
         Self {
             state,
             has_synced: false,
+            answered: self.answered,
         }
     }
 
@@ -79,23 +90,55 @@ impl Health {
         let failing = WatchState::Failing {
             reason: reason.to_owned(),
         };
-        let changed = self.state != failing;
+        let changed = self.state != failing || self.answered.is_some();
         self.state = failing;
+        self.answered = None;
         changed
     }
 
-    /// The watch received an event (`listed` if it completed a list), or
-    /// its request was answered (`listed` false). Returns whether that is
-    /// news: its state changed, or a list completed.
-    pub(crate) fn heard(&mut self, listed: bool) -> bool {
-        self.has_synced |= listed;
-        let state = if self.has_synced {
+    /// A retry's watch request was answered: while it fails, it runs again
+    /// once it has not failed for [`RESUMED_AFTER`] since. Returns whether
+    /// that is news.
+    pub(crate) fn answered(&mut self) -> bool {
+        if !matches!(self.state, WatchState::Failing { .. }) || self.answered.is_some() {
+            return false;
+        }
+        self.answered = Some(tokio::time::Instant::now());
+        true
+    }
+
+    /// Whether it fails but its retry has run for [`RESUMED_AFTER`].
+    pub(crate) fn resumed(&self) -> bool {
+        self.answered
+            .is_some_and(|answered| answered.elapsed() >= RESUMED_AFTER)
+    }
+
+    /// Where it stands now: failing until a retry has run for
+    /// [`RESUMED_AFTER`], or until it hears something.
+    pub(crate) fn current(&self) -> WatchState {
+        match &self.state {
+            WatchState::Failing { .. } if self.resumed() => self.unfailed(),
+            state => state.clone(),
+        }
+    }
+
+    fn unfailed(&self) -> WatchState {
+        if self.has_synced {
             WatchState::Synced
         } else {
             WatchState::Syncing
-        };
+        }
+    }
+
+    /// The watch received an event (`listed` if it completed a list).
+    /// Returns whether that is news: its state changed, or a list
+    /// completed.
+    pub(crate) fn heard(&mut self, listed: bool) -> bool {
+        self.has_synced |= listed;
+        let state = self.unfailed();
         let changed = self.state != state || listed;
         self.state = state;
+        self.answered = None;
         changed
     }
 }

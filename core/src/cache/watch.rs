@@ -137,7 +137,7 @@ impl<K: Resource<DynamicType: TypeInfo> + Clone> fmt::Debug for SharedWatch<K> {
             .field("kind", &K::kind(&self.dyntype))
             .field("metadata_only", &K::metadata_api())
             .field("objects", &self.store.len())
-            .field("state", &self.hub.health.borrow().state)
+            .field("state", &self.hub.health.borrow().current())
             .finish_non_exhaustive()
     }
 }
@@ -186,7 +186,7 @@ where
         let task = tokio::spawn(crate::client::telling(
             move || {
                 if let Some(hub) = started.upgrade() {
-                    hub.health.send_if_modified(|health| health.heard(false));
+                    hub.health.send_if_modified(Health::answered);
                 }
             },
             run,
@@ -253,7 +253,7 @@ where
 
     /// Where the watch stands now.
     pub fn state(&self) -> WatchState {
-        self.hub.health.borrow().state.clone()
+        self.hub.health.borrow().current()
     }
 
     /// Whether the first list has completed (the watch may be failing since).
@@ -338,8 +338,8 @@ where
     }
 
     fn failure(&self) -> Option<Failure> {
-        let health = self.hub.health.borrow();
-        let WatchState::Failing { .. } = &health.state else {
+        let state = self.hub.health.borrow().current();
+        let WatchState::Failing { .. } = &state else {
             return None;
         };
         Some(Failure {
@@ -347,7 +347,7 @@ where
                 kind: K::kind(&self.dyntype).into_owned(),
                 api_version: K::api_version(&self.dyntype).into_owned(),
                 metadata_only: K::metadata_api(),
-                state: health.state.clone(),
+                state,
             },
         })
     }
@@ -394,6 +394,10 @@ async fn run<K, S>(
         let event = match event {
             Ok(event) => event,
             Err(error) => {
+                if hub.health.borrow().resumed() {
+                    // It ran again since its last failure: this one is news.
+                    failures.recovered();
+                }
                 let reason = failures.failed(&error);
                 hub.health.send_if_modified(|health| health.fail(&reason));
                 // Without a wait the watcher retries a failing cluster in a
@@ -402,7 +406,9 @@ async fn run<K, S>(
                 continue;
             }
         };
-        retries.worked();
+        if !matches!(event, Event::Init) {
+            retries.worked();
+        }
         let listed = matches!(event, Event::InitDone);
         let healthy = !matches!(event, Event::Init);
         let shown = crossing.before(&event);

@@ -181,6 +181,7 @@ impl ClusterClient {
         }
         let prefix: std::sync::Arc<str> = prefix.into();
         let namespace = self.default_namespace().to_owned();
+        let keep_alive = self.keep_alive;
         let below = self.into_stack();
         let service = tower::service_fn(move |mut request: Request<Body>| {
             let below = below.clone();
@@ -208,7 +209,7 @@ impl ClusterClient {
                 namespace,
             },
             budget: None,
-            keep_alive: None,
+            keep_alive,
         })
     }
 
@@ -218,13 +219,14 @@ impl ClusterClient {
     /// [`under_path`](Self::under_path), it has no budget of its own: each
     /// cluster engaged with one gets its fleet's.
     pub fn with_default_namespace(self, namespace: impl Into<String>) -> Self {
+        let keep_alive = self.keep_alive;
         Self {
             repr: Repr::Stack {
                 service: self.into_stack(),
                 namespace: namespace.into(),
             },
             budget: None,
-            keep_alive: None,
+            keep_alive,
         }
     }
 

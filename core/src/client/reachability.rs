@@ -58,9 +58,19 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// A cluster's outages, as its reachability knows them.
 #[derive(Debug, Default)]
 struct Outage {
-    /// Since when (the last thing heard from it) and why it does not
-    /// answer, while it does not.
-    current: Option<(Instant, String)>,
+    /// While it does not answer: since when (the last thing heard from
+    /// it), why, and when that was noticed.
+    current: Option<Down>,
+}
+
+/// An outage under way.
+#[derive(Debug)]
+struct Down {
+    /// The last thing heard from the cluster before it.
+    since: Instant,
+    cause: String,
+    /// When it was noticed.
+    noticed: Instant,
 }
 
 /// Whether one engaged cluster answers, as its client's requests find it.
@@ -214,8 +224,19 @@ impl Reachability {
             return None;
         }
         let outage = self.outage();
-        let (since, cause) = outage.current.as_ref()?;
-        Some((since.elapsed(), cause.clone()))
+        let down = outage.current.as_ref()?;
+        Some((down.since.elapsed(), down.cause.clone()))
+    }
+
+    /// For how long the cluster has been known not to answer: since the
+    /// outage was noticed, not since it was last heard from (what setting
+    /// a cluster aside waits out). `None` while it answers.
+    pub(crate) fn known_down_for(&self) -> Option<Duration> {
+        if self.is_answering() {
+            return None;
+        }
+        let outage = self.outage();
+        Some(outage.current.as_ref()?.noticed.elapsed())
     }
 
     /// Changes each time the cluster answers again after it did not.
@@ -259,10 +280,14 @@ impl Reachability {
         }
     }
 
-    /// A response's body broke off for `error`: its connection failed.
+    /// A response's body broke off for `error`: its connection failed, or
+    /// only that stream did (one API server of several behind a load
+    /// balancer restarted, say). The cluster is asked at once, and is down
+    /// if it does not answer that within [`PROBE_TIMEOUT`] either.
     pub(crate) fn broke_off(self: &Arc<Self>, error: &(dyn std::error::Error + 'static)) {
-        if self.went_down(|| format!("a watch broke off: {}", error_chain(error))) {
-            self.probe(false);
+        if self.is_answering() {
+            tracing::debug!(cluster = %self.cluster, error = %error_chain(error), "a watch broke off; asking the cluster whether it answers");
+            self.start_probe(true, Some(PROBE_TIMEOUT));
         }
     }
 
@@ -275,7 +300,7 @@ impl Reachability {
             if !self.down.swap(false, Ordering::SeqCst) {
                 return;
             }
-            outage.current.take().map(|(since, _)| since)
+            outage.current.take().map(|down| down.since)
         };
         if self.is_closed() {
             return;
@@ -301,7 +326,11 @@ impl Reachability {
                 return false;
             }
             // Down since it was last heard from, not since that was noticed.
-            outage.current = Some((self.last_heard(), cause.clone()));
+            outage.current = Some(Down {
+                since: self.last_heard(),
+                cause: cause.clone(),
+                noticed: Instant::now(),
+            });
         }
         let silent_for = self.silent_for(Instant::now());
         tracing::warn!(cluster = %self.cluster, cause = %cause, ?silent_for, "the cluster does not answer; its requests fail until it is back");
@@ -334,9 +363,9 @@ impl Reachability {
 
     /// How long the probe waits before it asks again.
     fn interval(&self) -> Duration {
-        let since = self.outage().current.as_ref().map(|(since, _)| *since);
-        match since {
-            Some(since) if since.elapsed() >= PROBE_FAST_FOR => PROBE_SLOW_INTERVAL,
+        let noticed = self.outage().current.as_ref().map(|down| down.noticed);
+        match noticed {
+            Some(noticed) if noticed.elapsed() >= PROBE_FAST_FOR => PROBE_SLOW_INTERVAL,
             _ => PROBE_INTERVAL,
         }
     }

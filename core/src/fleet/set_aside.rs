@@ -123,8 +123,8 @@ fn sweep(inner: &Arc<Mutex<State>>, state: &mut State, now: Instant) {
                     && !cluster.reachability().is_answering()
                     && cluster
                         .reachability()
-                        .down()
-                        .is_some_and(|(down_for, _)| down_for >= after)
+                        .known_down_for()
+                        .is_some_and(|down_for| down_for >= after)
             })
             .map(|(name, _)| name.clone())
             .collect();

@@ -180,7 +180,7 @@ where
             move || {
                 if let Some(parts) = started.upgrade() {
                     let mut parts = lock(&parts);
-                    if parts.health.heard(false) {
+                    if parts.health.answered() {
                         parts.tell_health();
                     }
                 }
@@ -295,6 +295,10 @@ async fn feed<K, S>(
         let event = match event {
             Ok(event) => event,
             Err(error) => {
+                if lock(&parts).health.resumed() {
+                    // It ran again since its last failure: this one is news.
+                    failures.recovered();
+                }
                 let reason = failures.failed(&error);
                 {
                     let mut parts = lock(&parts);
@@ -308,7 +312,9 @@ async fn feed<K, S>(
                 continue;
             }
         };
-        retries.worked();
+        if !matches!(event, Event::Init) {
+            retries.worked();
+        }
         let listed = matches!(event, Event::InitDone);
         let healthy = !matches!(event, Event::Init);
         // Told before and after the event is applied, out of the parts'
