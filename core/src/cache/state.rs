@@ -220,3 +220,47 @@ impl fmt::Display for WatchStatus {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failing() -> Health {
+        let mut health = Health::syncing();
+        health.heard(true);
+        health.fail("the cluster gives no answer");
+        health
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_answered_runs_again_once_it_has_not_failed_for_a_second() {
+        let mut health = failing();
+        assert!(health.answered(), "news");
+        assert!(!health.answered(), "told once");
+        assert!(matches!(health.current(), WatchState::Failing { .. }));
+        tokio::time::sleep(RESUMED_AFTER).await;
+        assert_eq!(health.current(), WatchState::Synced);
+        assert!(health.resumed());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_followed_by_an_error_in_the_stream_is_still_a_failure() {
+        let mut health = failing();
+        health.answered();
+        // `410 Gone` in the stream, right after the answer.
+        health.fail("too old resource version");
+        tokio::time::sleep(RESUMED_AFTER * 2).await;
+        assert!(
+            matches!(health.current(), WatchState::Failing { reason } if reason.contains("too old"))
+        );
+    }
+
+    #[test]
+    fn an_answer_tells_nothing_of_a_watch_that_does_not_fail() {
+        let mut health = Health::syncing();
+        assert!(!health.answered());
+        health.heard(true);
+        assert!(!health.answered());
+        assert_eq!(health.current(), WatchState::Synced);
+    }
+}
