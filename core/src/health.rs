@@ -10,7 +10,7 @@ use std::{fmt, time::Duration};
 ///
 /// It is read from what the cluster's client and cache see: a cluster whose
 /// requests get no answer (its connection refused, reset or timed out, a
-/// watch broken off, a gateway's `502`-`504` with its readiness check
+/// gateway's `502`-`504` or a watch broken off, with its readiness check
 /// failing too), or that has been silent for its
 /// [`KeepAlive`](crate::client::KeepAlive)'s interval and does not answer
 /// within its timeout, is [`Unreachable`](Self::Unreachable), and is asked
@@ -19,9 +19,10 @@ use std::{fmt, time::Duration};
 /// [`KeepAlive::bound`](crate::client::KeepAlive::bound) of the last thing
 /// heard from it: 16 s by default. One that answers but where a watch fails
 /// (a type it does not serve, a right missing, or a watch whose retry has
-/// not been answered yet) is [`Degraded`](Self::Degraded): when a cluster
+/// not run again yet) is [`Degraded`](Self::Degraded): when a cluster
 /// answers again after an outage, its watches retry at once, and it is
-/// `Healthy` again once each of them runs.
+/// `Healthy` again once each of them runs (its retry answered, and
+/// running for a second).
 ///
 /// ```no_run
 /// # fn example(fleet: kube_fleet::Fleet) {

@@ -100,9 +100,9 @@ impl Readiness {
                 } else if cluster.serving {
                     // Served, but a watch there does not run (its cluster
                     // is down, or back and its watches not yet resumed, or
-                    // a right was taken away): told, not counted as
-                    // serving until it runs, and unready only if asked.
-                    ready &= !self.strict;
+                    // a right was taken away): told, and not counted as
+                    // serving until it runs; never unready for, as a
+                    // cluster's health is not.
                     let _ = writeln!(lines, "controller {name}: behind in {cluster}");
                 } else if failing {
                     // Reported by name; unready only if asked.

@@ -516,7 +516,8 @@ impl ClusterCache {
     }
 
     /// The watches started here that fail now, for health: each fails
-    /// until it hears something again or its retry's request is answered.
+    /// until it hears something again, or its retry's request was answered
+    /// and it ran a second without failing.
     pub(crate) fn failing(&self) -> Vec<WatchStatus> {
         // Read out of the lock: a watch let go meanwhile ends here.
         let probes: Vec<_> = self

@@ -8,8 +8,10 @@ use kube::runtime::{utils::Backoff, watcher::DefaultBackoff};
 use tokio::{sync::watch, time::Instant};
 
 /// How often, at most, a cluster answering again cuts a watch's wait
-/// short: a cluster that answers and fails by turns (a load balancer with
-/// one dead backend) leaves its watches to their backoff in between.
+/// short and starts its backoff over: a cluster that answers and fails by
+/// turns (a load balancer with one dead backend) leaves its watches to
+/// their backoff in between, and a recovery that comes sooner is acted on
+/// when this time is up (or the backoff ends, if that is sooner).
 const AT_ONCE_AT_MOST_EVERY: Duration = Duration::from_secs(30);
 
 /// The retries of one watch.
@@ -35,44 +37,58 @@ impl Retries {
         }
     }
 
-    /// The watch delivered an event: its next failure starts the backoff
-    /// over. (kube's watcher's `Init`, which comes before each list is
-    /// asked for, tells nothing yet: not for it.)
+    /// The watch worked: it delivered an event, or its retry ran a while.
+    /// Its next failure starts the backoff over, and a recovery from
+    /// before now is not waited for. (kube's watcher's `Init`, which comes
+    /// before each list is asked for, tells nothing yet: not for it.)
     pub(super) fn worked(&mut self) {
         self.backoff.reset();
+        if let Some(recoveries) = &mut self.recoveries {
+            recoveries.borrow_and_update();
+        }
     }
 
     /// Waits until the watch may try again after a failure: its backoff,
-    /// cut short when the cluster answers again after an outage (at most
-    /// once every [`AT_ONCE_AT_MOST_EVERY`]). A recovery counts if it came
-    /// after the attempt that failed began.
+    /// cut short when the cluster answers again after an outage (then the
+    /// backoff starts over), at most once every [`AT_ONCE_AT_MOST_EVERY`].
+    /// A recovery counts if it came after the attempt that failed began.
     pub(super) async fn failed(&mut self) {
         let Some(delay) = self.backoff.next() else {
             // kube's default backoff never gives up.
             return;
         };
-        let sleep = tokio::time::sleep(delay);
-        let may_cut = self
-            .at_once
-            .is_none_or(|at| at.elapsed() >= AT_ONCE_AT_MOST_EVERY);
-        match &mut self.recoveries {
-            Some(recoveries) if may_cut => {
-                tokio::select! {
-                    () = sleep => {}
-                    changed = recoveries.changed() => match changed {
-                        Ok(()) => {
-                            tracing::debug!(backoff = ?delay, "the cluster answers again: the watch retries at once");
-                            self.at_once = Some(Instant::now());
-                        }
-                        // No more recoveries: the backoff alone.
-                        Err(_) => {
-                            self.recoveries = None;
-                            tokio::time::sleep(delay).await;
-                        }
-                    },
-                }
+        let deadline = Instant::now() + delay;
+        let recovered = match &mut self.recoveries {
+            None => {
+                tokio::time::sleep_until(deadline).await;
+                false
             }
-            _ => sleep.await,
+            Some(recoveries) => tokio::select! {
+                () = tokio::time::sleep_until(deadline) => false,
+                changed = recoveries.changed() => match changed {
+                    Ok(()) => true,
+                    // No more recoveries: the backoff alone.
+                    Err(_) => {
+                        self.recoveries = None;
+                        tokio::time::sleep_until(deadline).await;
+                        false
+                    }
+                },
+            },
+        };
+        if recovered {
+            let allowed = self
+                .at_once
+                .map_or_else(Instant::now, |at| at + AT_ONCE_AT_MOST_EVERY);
+            if allowed < deadline {
+                // Cut short: now, or once the last cut is far enough back.
+                tokio::time::sleep_until(allowed).await;
+                tracing::debug!(backoff = ?delay, "the cluster answers again: the watch retries now");
+                self.at_once = Some(Instant::now());
+                self.backoff.reset();
+            } else {
+                tokio::time::sleep_until(deadline).await;
+            }
         }
         // The next attempt begins: only a recovery after it counts.
         if let Some(recoveries) = &mut self.recoveries {
@@ -85,40 +101,88 @@ impl Retries {
 mod tests {
     use super::*;
 
+    /// Fails `retries` `times` times, each wait waited out.
+    async fn fail(retries: &mut Retries, times: usize) {
+        for _ in 0..times {
+            retries.failed().await;
+        }
+    }
+
+    /// How long `retries`' next wait lasts when the cluster answers again
+    /// `after` into it.
+    async fn wait_with_recovery(
+        retries: Retries,
+        tell: &watch::Sender<u64>,
+        after: Duration,
+    ) -> (Duration, Retries) {
+        let began = Instant::now();
+        let waiting = tokio::spawn(async move {
+            let mut retries = retries;
+            retries.failed().await;
+            (began.elapsed(), retries)
+        });
+        tokio::time::sleep(after).await;
+        tell.send_modify(|n| *n += 1);
+        waiting.await.unwrap()
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_retry_waits_out_its_backoff_until_the_cluster_answers_again() {
         let (tell, recoveries) = watch::channel(0_u64);
         let mut retries = Retries::new(Some(recoveries));
         // Backoffs grow: the sixth is at least 0.8 s × 2⁵ less jitter.
-        for _ in 0..5 {
-            retries.failed().await;
-        }
+        fail(&mut retries, 5).await;
+        let (waited, mut retries) =
+            wait_with_recovery(retries, &tell, Duration::from_millis(100)).await;
+        assert!(waited < Duration::from_millis(200), "{waited:?}");
+
+        // And it starts over: the next wait is the first backoff's (an
+        // answer followed by `410 Gone` relists soon).
         let began = Instant::now();
-        let waiting = tokio::spawn(async move {
-            retries.failed().await;
-            retries
-        });
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(!waiting.is_finished(), "still backing off");
-        tell.send_modify(|n| *n += 1);
-        let mut retries = waiting.await.unwrap();
+        retries.failed().await;
         assert!(
-            began.elapsed() < Duration::from_millis(200),
+            began.elapsed() <= Duration::from_secs(2),
             "{:?}",
             began.elapsed()
         );
+    }
 
-        // The backoff goes on growing, and a cluster that answers and
-        // fails by turns does not cut the next waits short.
-        let waiting = tokio::spawn(async move {
-            let began = Instant::now();
-            retries.failed().await;
-            began.elapsed()
-        });
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    #[tokio::test(start_paused = true)]
+    async fn a_cluster_that_answers_and_fails_by_turns_cuts_a_wait_short_once_in_thirty_seconds() {
+        let (tell, recoveries) = watch::channel(0_u64);
+        let mut retries = Retries::new(Some(recoveries));
+        fail(&mut retries, 5).await;
+        let (_, retries) = wait_with_recovery(retries, &tell, Duration::from_millis(100)).await;
+        let began = Instant::now();
+        let (mut retries, mut waits) = (retries, Vec::new());
+        // It fails again and again, answering again each time.
+        while began.elapsed() < Duration::from_secs(29) {
+            let (waited, back) =
+                wait_with_recovery(retries, &tell, Duration::from_millis(10)).await;
+            waits.push(waited);
+            retries = back;
+        }
+        // Its backoff, not the recoveries: a handful of retries.
+        assert!(waits.len() <= 6, "{waits:?}");
+        // Then the next recovery cuts the wait short again.
+        let (waited, _) = wait_with_recovery(retries, &tell, Duration::from_millis(10)).await;
+        assert!(waited <= Duration::from_secs(30), "{waited:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_recovery_while_the_watch_worked_is_not_waited_for() {
+        let (tell, recoveries) = watch::channel(0_u64);
+        let mut retries = Retries::new(Some(recoveries));
         tell.send_modify(|n| *n += 1);
-        let waited = waiting.await.unwrap();
-        assert!(waited >= Duration::from_secs(25), "{waited:?}");
+        retries.worked();
+        fail(&mut retries, 5).await;
+        let began = Instant::now();
+        retries.failed().await;
+        assert!(
+            began.elapsed() >= Duration::from_secs(10),
+            "{:?}",
+            began.elapsed()
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -19,8 +19,9 @@ pub enum WatchState {
     /// The last attempt failed for `reason` (the type is not served, access
     /// is forbidden, the cluster does not answer...); the watch keeps
     /// retrying with backoff, and at once when its cluster answers again
-    /// after an outage. It stays failing until a retry's request is
-    /// answered, or it next lists or delivers a change.
+    /// after an outage. It stays failing until a retry's request was
+    /// answered and it ran a second without failing, or until it next
+    /// lists or delivers a change.
     Failing {
         /// What went wrong, with its causes.
         reason: String,

@@ -395,8 +395,10 @@ async fn run<K, S>(
             Ok(event) => event,
             Err(error) => {
                 if hub.health.borrow().resumed() {
-                    // It ran again since its last failure: this one is news.
+                    // It ran again since its last failure: this one is news,
+                    // and its backoff starts over.
                     failures.recovered();
+                    retries.worked();
                 }
                 let reason = failures.failed(&error);
                 hub.health.send_if_modified(|health| health.fail(&reason));

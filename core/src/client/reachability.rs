@@ -283,11 +283,15 @@ impl Reachability {
     /// A response's body broke off for `error`: its connection failed, or
     /// only that stream did (one API server of several behind a load
     /// balancer restarted, say). The cluster is asked at once, and is down
-    /// if it does not answer that within [`PROBE_TIMEOUT`] either.
+    /// if it does not answer that within its own keep-alive timeout, if it
+    /// has one, or [`PROBE_TIMEOUT`], either.
     pub(crate) fn broke_off(self: &Arc<Self>, error: &(dyn std::error::Error + 'static)) {
         if self.is_answering() {
             tracing::debug!(cluster = %self.cluster, error = %error_chain(error), "a watch broke off; asking the cluster whether it answers");
-            self.start_probe(true, Some(PROBE_TIMEOUT));
+            let timeout = self.keep_alive.map_or(PROBE_TIMEOUT, |keep_alive| {
+                keep_alive.timeout().min(PROBE_TIMEOUT)
+            });
+            self.start_probe(true, Some(timeout));
         }
     }
 

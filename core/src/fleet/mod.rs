@@ -209,8 +209,9 @@ impl Fleet {
     /// This fleet, which asks a cluster it has heard nothing from for
     /// `keep_alive`'s interval whether it is ready (`GET /readyz`), and
     /// calls it [unreachable](ClusterHealth::Unreachable) without an
-    /// answer within its timeout; `None` never asks (but a cluster whose
-    /// client has [terms of its own](crate::client::ClusterClient::with_keep_alive)).
+    /// answer within its timeout; `None` never asks a cluster for being
+    /// silent (but one whose client has
+    /// [terms of its own](crate::client::ClusterClient::with_keep_alive)).
     /// Default [`KeepAlive::DEFAULT`](crate::client::KeepAlive::DEFAULT):
     /// a cluster that hangs, or is gone where nothing else asks it, is
     /// unreachable within [`KeepAlive::bound`](crate::client::KeepAlive::bound)

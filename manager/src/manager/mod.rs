@@ -272,10 +272,9 @@ impl Manager {
         self
     }
 
-    /// Makes `/readyz` answer 503 while any cluster cannot sync, or a
-    /// cluster served has a watch that does not run. By default such a
-    /// cluster is named in the body but the process stays ready, so that
-    /// one broken cluster does not take the operator out of service.
+    /// Makes `/readyz` answer 503 while any cluster cannot sync. By default
+    /// such a cluster is named in the body but the process stays ready, so
+    /// that one broken cluster does not take the operator out of service.
     pub fn strict_readiness(mut self) -> Self {
         self.strict = true;
         self

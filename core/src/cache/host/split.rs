@@ -296,8 +296,10 @@ async fn feed<K, S>(
             Ok(event) => event,
             Err(error) => {
                 if lock(&parts).health.resumed() {
-                    // It ran again since its last failure: this one is news.
+                    // It ran again since its last failure: this one is news,
+                    // and its backoff starts over.
                     failures.recovered();
+                    retries.worked();
                 }
                 let reason = failures.failed(&error);
                 {
