@@ -108,6 +108,13 @@ mod tests {
         }
     }
 
+    /// How long `retries`' next wait lasts, with no recovery during it.
+    async fn next_wait(retries: &mut Retries) -> Duration {
+        let began = Instant::now();
+        retries.failed().await;
+        began.elapsed()
+    }
+
     /// How long `retries`' next wait lasts when the cluster answers again
     /// `after` into it.
     async fn wait_with_recovery(
@@ -138,13 +145,8 @@ mod tests {
 
         // And it starts over: the next wait is the first backoff's (an
         // answer followed by `410 Gone` relists soon).
-        let began = Instant::now();
-        retries.failed().await;
-        assert!(
-            began.elapsed() <= Duration::from_secs(2),
-            "{:?}",
-            began.elapsed()
-        );
+        let waited = next_wait(&mut retries).await;
+        assert!(waited <= Duration::from_secs(2), "{waited:?}");
     }
 
     #[tokio::test(start_paused = true)]
@@ -176,13 +178,8 @@ mod tests {
         tell.send_modify(|n| *n += 1);
         retries.worked();
         fail(&mut retries, 5).await;
-        let began = Instant::now();
-        retries.failed().await;
-        assert!(
-            began.elapsed() >= Duration::from_secs(10),
-            "{:?}",
-            began.elapsed()
-        );
+        let waited = next_wait(&mut retries).await;
+        assert!(waited >= Duration::from_secs(10), "{waited:?}");
     }
 
     #[tokio::test(start_paused = true)]
@@ -191,32 +188,18 @@ mod tests {
         // Before the watch began.
         tell.send_modify(|n| *n += 1);
         let mut retries = Retries::new(Some(recoveries));
-        for _ in 0..5 {
-            retries.failed().await;
-        }
-        let began = Instant::now();
-        retries.failed().await;
-        assert!(
-            began.elapsed() >= Duration::from_secs(10),
-            "{:?}",
-            began.elapsed()
-        );
+        fail(&mut retries, 5).await;
+        let waited = next_wait(&mut retries).await;
+        assert!(waited >= Duration::from_secs(10), "{waited:?}");
     }
 
     #[tokio::test(start_paused = true)]
     async fn an_event_starts_the_backoff_over() {
         let mut retries = Retries::new(None);
-        for _ in 0..5 {
-            retries.failed().await;
-        }
+        fail(&mut retries, 5).await;
         retries.worked();
-        let began = Instant::now();
-        retries.failed().await;
-        assert!(
-            began.elapsed() <= Duration::from_secs(2),
-            "{:?}",
-            began.elapsed()
-        );
+        let waited = next_wait(&mut retries).await;
+        assert!(waited <= Duration::from_secs(2), "{waited:?}");
     }
 
     #[tokio::test(start_paused = true)]
@@ -224,19 +207,12 @@ mod tests {
         let (tell, recoveries) = watch::channel(0_u64);
         let mut retries = Retries::new(Some(recoveries));
         drop(tell);
-        let began = Instant::now();
-        retries.failed().await;
+        let waited = next_wait(&mut retries).await;
+        assert!(waited >= Duration::from_millis(400), "{waited:?}");
+        let waited = next_wait(&mut retries).await;
         assert!(
-            began.elapsed() >= Duration::from_millis(400),
-            "{:?}",
-            began.elapsed()
-        );
-        let began = Instant::now();
-        retries.failed().await;
-        assert!(
-            began.elapsed() >= Duration::from_millis(800),
-            "no hot loop: {:?}",
-            began.elapsed()
+            waited >= Duration::from_millis(800),
+            "no hot loop: {waited:?}"
         );
     }
 }
