@@ -14,9 +14,11 @@ use std::time::Duration;
 /// request, no data on a watch) is asked `GET /readyz`, and one that gives
 /// no answer within `timeout`, or answers `5xx`, is
 /// [`Unreachable`](crate::health::ClusterHealth::Unreachable). The fleet
-/// looks once a second, so a cluster that hangs is found within
-/// [`bound`](Self::bound) of the last thing heard from it: by default
-/// 10 s + 5 s + 1 s = 16 s. A client's HTTP/2 connection pings on the same
+/// looks once a second and asks at its last look before the interval is
+/// up, so a cluster that hangs is found within `interval` + `timeout` of
+/// the last thing heard from it, and within [`bound`](Self::bound) (a
+/// second more, for the looks and the timers) whatever the load: by
+/// default 10 s + 5 s + 1 s = 16 s. A client's HTTP/2 connection pings on the same
 /// terms ([`ClientOptions::keep_alive`](super::ClientOptions::keep_alive)),
 /// so that its watches move to a new connection when it dies.
 ///
@@ -70,7 +72,7 @@ impl KeepAlive {
 
     /// How long after the last thing heard from a cluster that hangs the
     /// fleet calls it unreachable, at most: `interval`, then `timeout`,
-    /// and the second between two looks of the fleet.
+    /// and a second's margin for the fleet's looks and its timers.
     pub const fn bound(&self) -> Duration {
         self.interval
             .saturating_add(self.timeout)

@@ -192,12 +192,19 @@ impl Reachability {
             return;
         };
         let asked = self.born + Duration::from_millis(self.asked.load(Ordering::Relaxed));
+        // Asked at the fleet's last look before the interval is up, so
+        // that the look's second does not add to how late a hung cluster
+        // is found: it stays a margin in `KeepAlive::bound`.
+        let due = keep_alive
+            .interval()
+            .saturating_sub(super::LOOK_EVERY)
+            .max(super::LOOK_EVERY.min(keep_alive.interval()));
         if self.is_answering()
             && !self.is_closed()
-            && self.silent_for(now) >= keep_alive.interval()
+            && self.silent_for(now) >= due
             // A probe that learns nothing (no credentials to ask with) is
             // not made again before the interval.
-            && now.saturating_duration_since(asked) >= keep_alive.interval()
+            && now.saturating_duration_since(asked) >= due
             && !self.probing.load(Ordering::SeqCst)
         {
             self.asked.store(self.stamp(), Ordering::Relaxed);
