@@ -1,11 +1,21 @@
-//! When a failing watch tries again: after kube's backoff (0.8 s doubling
-//! to 30 s, with jitter), or at once when its cluster answers again after
-//! an outage, whatever it was waiting out.
+//! A watch's failures: how each is logged, and when the watch tries again:
+//! after kube's backoff (0.8 s doubling to 30 s, with jitter), or at once
+//! when its cluster answers again after an outage, whatever it was waiting
+//! out.
 
 use std::time::Duration;
 
-use kube::runtime::{utils::Backoff, watcher::DefaultBackoff};
+use kube::{
+    Resource,
+    runtime::{
+        utils::Backoff,
+        watcher::{self, DefaultBackoff, Event},
+    },
+};
 use tokio::{sync::watch, time::Instant};
+
+use super::state::FailureLog;
+use crate::cluster_name::ClusterName;
 
 /// How often, at most, a cluster answering again cuts a watch's wait
 /// short and starts its backoff over: a cluster that answers and fails by
@@ -14,19 +24,32 @@ use tokio::{sync::watch, time::Instant};
 /// when this time is up (or the backoff ends, if that is sooner).
 const AT_ONCE_AT_MOST_EVERY: Duration = Duration::from_secs(30);
 
-/// The retries of one watch.
+/// The failures and retries of one watch.
 pub(super) struct Retries {
     backoff: DefaultBackoff,
     /// Changes each time the cluster answers again after it did not.
     recoveries: Option<watch::Receiver<u64>>,
     /// When a recovery last cut a wait short.
     at_once: Option<Instant>,
+    /// How its failures are logged.
+    log: FailureLog,
 }
 
 impl Retries {
-    /// For a watch of the cluster whose recoveries `recoveries` tells, if
-    /// any is told; those before now are not waited for.
-    pub(super) fn new(mut recoveries: Option<watch::Receiver<u64>>) -> Self {
+    /// For a watch of `K` (described by `dyntype`) in `cluster`, whose
+    /// recoveries `recoveries` tells, if any is told; those before now are
+    /// not waited for.
+    pub(super) fn of<K: Resource>(
+        cluster: ClusterName,
+        dyntype: &K::DynamicType,
+        recoveries: Option<watch::Receiver<u64>>,
+    ) -> Self {
+        let kind = K::kind(dyntype).into_owned();
+        let log = FailureLog::new(cluster, kind, K::api_version(dyntype).into_owned());
+        Self::new(log, recoveries)
+    }
+
+    fn new(log: FailureLog, mut recoveries: Option<watch::Receiver<u64>>) -> Self {
         if let Some(recoveries) = &mut recoveries {
             recoveries.borrow_and_update();
         }
@@ -34,25 +57,49 @@ impl Retries {
             backoff: DefaultBackoff::default(),
             recoveries,
             at_once: None,
+            log,
         }
     }
 
+    /// The watch delivered `event`; whether that says it works (kube's
+    /// watcher's `Init` comes before each list is asked for, and tells
+    /// nothing yet).
+    pub(super) fn heard<K>(&mut self, event: &Event<K>) -> bool {
+        let works = !matches!(event, Event::Init);
+        if works {
+            self.worked();
+        }
+        works
+    }
+
     /// The watch worked: it delivered an event, or its retry ran a while.
-    /// Its next failure starts the backoff over, and a recovery from
-    /// before now is not waited for. (kube's watcher's `Init`, which comes
-    /// before each list is asked for, tells nothing yet: not for it.)
-    pub(super) fn worked(&mut self) {
+    /// Its next failure is news, starts the backoff over, and waits for no
+    /// recovery from before now.
+    fn worked(&mut self) {
+        self.log.recovered();
         self.backoff.reset();
         if let Some(recoveries) = &mut self.recoveries {
             recoveries.borrow_and_update();
         }
     }
 
+    /// The watch failed with `error`, after its retry had run a while if
+    /// `resumed`: logs it (see [`FailureLog::failed`]) and says why. Then
+    /// [`wait`](Self::wait) before it tries again.
+    pub(super) fn failure(&mut self, error: &watcher::Error, resumed: bool) -> String {
+        if resumed {
+            self.worked();
+        }
+        self.log.failed(error)
+    }
+
     /// Waits until the watch may try again after a failure: its backoff,
     /// cut short when the cluster answers again after an outage (then the
     /// backoff starts over), at most once every [`AT_ONCE_AT_MOST_EVERY`].
     /// A recovery counts if it came after the attempt that failed began.
-    pub(super) async fn failed(&mut self) {
+    /// (Without a wait kube's watcher retries a failing cluster in a hot
+    /// loop.)
+    pub(super) async fn wait(&mut self) {
         let Some(delay) = self.backoff.next() else {
             // kube's default backoff never gives up.
             return;
@@ -101,17 +148,22 @@ impl Retries {
 mod tests {
     use super::*;
 
+    fn retries(recoveries: Option<watch::Receiver<u64>>) -> Retries {
+        let log = FailureLog::new("east".into(), "ConfigMap".into(), "v1".into());
+        Retries::new(log, recoveries)
+    }
+
     /// Fails `retries` `times` times, each wait waited out.
     async fn fail(retries: &mut Retries, times: usize) {
         for _ in 0..times {
-            retries.failed().await;
+            retries.wait().await;
         }
     }
 
     /// How long `retries`' next wait lasts, with no recovery during it.
     async fn next_wait(retries: &mut Retries) -> Duration {
         let began = Instant::now();
-        retries.failed().await;
+        retries.wait().await;
         began.elapsed()
     }
 
@@ -125,7 +177,7 @@ mod tests {
         let began = Instant::now();
         let waiting = tokio::spawn(async move {
             let mut retries = retries;
-            retries.failed().await;
+            retries.wait().await;
             (began.elapsed(), retries)
         });
         tokio::time::sleep(after).await;
@@ -136,7 +188,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_retry_waits_out_its_backoff_until_the_cluster_answers_again() {
         let (tell, recoveries) = watch::channel(0_u64);
-        let mut retries = Retries::new(Some(recoveries));
+        let mut retries = retries(Some(recoveries));
         // Backoffs grow: the sixth is at least 0.8 s × 2⁵ less jitter.
         fail(&mut retries, 5).await;
         let (waited, mut retries) =
@@ -152,7 +204,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_cluster_that_answers_and_fails_by_turns_cuts_a_wait_short_once_in_thirty_seconds() {
         let (tell, recoveries) = watch::channel(0_u64);
-        let mut retries = Retries::new(Some(recoveries));
+        let mut retries = retries(Some(recoveries));
         fail(&mut retries, 5).await;
         let (_, retries) = wait_with_recovery(retries, &tell, Duration::from_millis(100)).await;
         let began = Instant::now();
@@ -174,7 +226,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_recovery_while_the_watch_worked_is_not_waited_for() {
         let (tell, recoveries) = watch::channel(0_u64);
-        let mut retries = Retries::new(Some(recoveries));
+        let mut retries = retries(Some(recoveries));
         tell.send_modify(|n| *n += 1);
         retries.worked();
         fail(&mut retries, 5).await;
@@ -187,7 +239,7 @@ mod tests {
         let (tell, recoveries) = watch::channel(0_u64);
         // Before the watch began.
         tell.send_modify(|n| *n += 1);
-        let mut retries = Retries::new(Some(recoveries));
+        let mut retries = retries(Some(recoveries));
         fail(&mut retries, 5).await;
         let waited = next_wait(&mut retries).await;
         assert!(waited >= Duration::from_secs(10), "{waited:?}");
@@ -195,7 +247,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_event_starts_the_backoff_over() {
-        let mut retries = Retries::new(None);
+        let mut retries = retries(None);
         fail(&mut retries, 5).await;
         retries.worked();
         let waited = next_wait(&mut retries).await;
@@ -205,7 +257,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_cluster_gone_leaves_the_backoff_alone() {
         let (tell, recoveries) = watch::channel(0_u64);
-        let mut retries = Retries::new(Some(recoveries));
+        let mut retries = retries(Some(recoveries));
         drop(tell);
         let waited = next_wait(&mut retries).await;
         assert!(waited >= Duration::from_millis(400), "{waited:?}");

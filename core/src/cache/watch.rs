@@ -20,7 +20,7 @@ use tokio::{sync::watch, task::AbortHandle};
 use super::{
     TypeInfo,
     retry::Retries,
-    state::{FailureLog, Health, WatchState, WatchStatus},
+    state::{Health, WatchState, WatchStatus},
     subscription::{Inbox, Note, Subscription, key_of},
 };
 use crate::{
@@ -172,13 +172,12 @@ where
         let store = writer.as_reader();
         let hub = Arc::new(Hub::new(Health::syncing(), false));
         let run = run(
-            cluster,
             events,
             (writer, store.clone()),
             hub.clone(),
             dyntype.clone(),
             Crossing::new::<K>(writes, &dyntype),
-            Retries::new(recoveries),
+            Retries::of::<K>(cluster, &dyntype, recoveries),
         );
         // A watch that resumes where it was tells nothing until something
         // changes: its request's answer says it runs again.
@@ -376,7 +375,6 @@ where
 }
 
 async fn run<K, S>(
-    cluster: ClusterName,
     events: S,
     (mut writer, reader): (Writer<K>, Store<K>),
     hub: Arc<Hub<K>>,
@@ -388,39 +386,25 @@ async fn run<K, S>(
     S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
 {
     let mut events = std::pin::pin!(events);
-    let kind = K::kind(&dyntype).into_owned();
-    let mut failures = FailureLog::new(cluster, kind, K::api_version(&dyntype).into_owned());
     while let Some(event) = events.next().await {
         let event = match event {
             Ok(event) => event,
             Err(error) => {
-                if hub.health.borrow().resumed() {
-                    // It ran again since its last failure: this one is news,
-                    // and its backoff starts over.
-                    failures.recovered();
-                    retries.worked();
-                }
-                let reason = failures.failed(&error);
+                let reason = retries.failure(&error, hub.health.borrow().resumed());
                 hub.health.send_if_modified(|health| health.fail(&reason));
-                // Without a wait the watcher retries a failing cluster in a
-                // hot loop.
-                retries.failed().await;
+                retries.wait().await;
                 continue;
             }
         };
-        if !matches!(event, Event::Init) {
-            retries.worked();
-        }
         let listed = matches!(event, Event::InitDone);
-        let healthy = !matches!(event, Event::Init);
+        // `Init` comes before the list request, so it tells nothing of health.
+        let healthy = retries.heard(&event);
         let shown = crossing.before(&event);
         // The store first, so that whoever learns the watch synced finds it
         // full, and a reconcile that waited for a write finds it there.
         let notes = apply(&mut writer, &reader, event, &dyntype);
         crossing.after(shown);
-        // `Init` comes before the list request, so it tells nothing of health.
         if healthy {
-            failures.recovered();
             hub.health.send_if_modified(|health| health.heard(listed));
         }
         hub.notify(&notes, listed);

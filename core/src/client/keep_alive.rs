@@ -18,9 +18,10 @@ use std::time::Duration;
 /// up, so a cluster that hangs is found within `interval` + `timeout` of
 /// the last thing heard from it, and within [`bound`](Self::bound) (a
 /// second more, for the looks and the timers) whatever the load: by
-/// default 10 s + 5 s + 1 s = 16 s. A client's HTTP/2 connection pings on the same
-/// terms ([`ClientOptions::keep_alive`](super::ClientOptions::keep_alive)),
-/// so that its watches move to a new connection when it dies.
+/// default 10 s + 5 s + 1 s = 16 s. A client's HTTP/2 connection pings on
+/// the same terms
+/// ([`ClientOptions::keep_alive`](super::ClientOptions::keep_alive)), so
+/// that its watches move to a new connection when it dies.
 ///
 /// ```
 /// use std::time::Duration;
@@ -70,6 +71,17 @@ impl KeepAlive {
         self.timeout
     }
 
+    /// After how long a silent cluster is asked, as the fleet looks once a
+    /// [`LOOK_EVERY`]: at its last look before the interval is up, so that
+    /// the time between looks does not add to how late a hung cluster is
+    /// found (it stays a margin in [`bound`](Self::bound)); never before a
+    /// look's time, nor the interval if that is shorter.
+    pub(crate) fn asked_after(&self) -> Duration {
+        self.interval
+            .saturating_sub(LOOK_EVERY)
+            .max(LOOK_EVERY.min(self.interval))
+    }
+
     /// How long after the last thing heard from a cluster that hangs the
     /// fleet calls it unreachable, at most: `interval`, then `timeout`,
     /// and a second's margin for the fleet's looks and its timers.
@@ -83,5 +95,20 @@ impl KeepAlive {
 impl Default for KeepAlive {
     fn default() -> Self {
         Self::DEFAULT
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_silent_cluster_is_asked_at_the_last_look_before_its_interval_is_up() {
+        let secs = Duration::from_secs;
+        assert_eq!(KeepAlive::DEFAULT.asked_after(), secs(9));
+        // Never before a look's time, nor after the interval.
+        assert_eq!(KeepAlive::new(secs(1), secs(1)).asked_after(), secs(1));
+        let short = Duration::from_millis(300);
+        assert_eq!(KeepAlive::new(short, secs(1)).asked_after(), short);
     }
 }

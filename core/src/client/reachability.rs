@@ -163,7 +163,7 @@ impl Reachability {
     }
 
     /// The cluster answered something, or sent data on a watch, now.
-    pub(crate) fn heard(&self) {
+    fn heard(&self) {
         self.heard.store(self.stamp(), Ordering::Relaxed);
     }
 
@@ -192,13 +192,7 @@ impl Reachability {
             return;
         };
         let asked = self.born + Duration::from_millis(self.asked.load(Ordering::Relaxed));
-        // Asked at the fleet's last look before the interval is up, so
-        // that the look's second does not add to how late a hung cluster
-        // is found: it stays a margin in `KeepAlive::bound`.
-        let due = keep_alive
-            .interval()
-            .saturating_sub(super::LOOK_EVERY)
-            .max(super::LOOK_EVERY.min(keep_alive.interval()));
+        let due = keep_alive.asked_after();
         if self.is_answering()
             && !self.is_closed()
             && self.silent_for(now) >= due
@@ -494,9 +488,10 @@ async fn ask(client: &ClusterClient, timeout: Duration) -> Probed {
 
 /// A watch's response body, whose data tells the cluster's reachability
 /// that the cluster answers, and whose failure (its connection closed,
-/// reset, or found dead by its `PING`s) that it does not: a watch broken
-/// off finds the cluster down at once, not when its retry's connection
-/// times out.
+/// reset, or found dead by its `PING`s) has the cluster asked at once
+/// whether it answers ([`Reachability::broke_off`]): a watch broken off
+/// finds the cluster down within a probe's time, not when its retry's
+/// connection times out.
 pub(crate) struct Watched<B> {
     body: B,
     reachability: Arc<Reachability>,

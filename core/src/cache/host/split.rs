@@ -19,7 +19,7 @@ use super::SplitBy;
 use crate::cache::{
     SharedWatch, TypeInfo,
     retry::Retries,
-    state::{FailureLog, Health},
+    state::Health,
     watch::{Crossing, Hub, apply},
 };
 use crate::{client::Writes, cluster_name::ClusterName};
@@ -164,15 +164,8 @@ where
             own_writes: writes.is_none(),
         }));
         let crossing = writes.map(|writes| Crossing::new::<K>(writes, &dyntype));
-        let feed = feed(
-            host,
-            by,
-            events,
-            parts.clone(),
-            dyntype,
-            crossing,
-            Retries::new(recoveries),
-        );
+        let retries = Retries::of::<K>(host, &dyntype, recoveries);
+        let feed = feed(by, events, parts.clone(), dyntype, crossing, retries);
         // A watch that resumes where it was tells nothing until something
         // changes: its request's answer says it runs again.
         let started = Arc::downgrade(&parts);
@@ -277,7 +270,6 @@ type Told<K> = (Arc<Hub<K>>, Vec<crate::cache::subscription::Note<K>>);
 /// (by `by`): the list's start and end to every part. Each event is told
 /// to `crossing`, the writes of every part, or else to its part's own.
 async fn feed<K, S>(
-    host: ClusterName,
     by: SplitBy,
     events: S,
     parts: Arc<Mutex<Parts<K>>>,
@@ -289,36 +281,24 @@ async fn feed<K, S>(
     S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
 {
     let mut events = std::pin::pin!(events);
-    let kind = K::kind(&dyntype).into_owned();
-    let mut failures = FailureLog::new(host, kind, K::api_version(&dyntype).into_owned());
     while let Some(event) = events.next().await {
         let event = match event {
             Ok(event) => event,
             Err(error) => {
-                if lock(&parts).health.resumed() {
-                    // It ran again since its last failure: this one is news,
-                    // and its backoff starts over.
-                    failures.recovered();
-                    retries.worked();
-                }
-                let reason = failures.failed(&error);
+                let resumed = lock(&parts).health.resumed();
+                let reason = retries.failure(&error, resumed);
                 {
                     let mut parts = lock(&parts);
                     parts.health.fail(&reason);
                     // Every time: a part made since the last change is told too.
                     parts.tell_health();
                 }
-                // Without a wait the watcher retries a failing host in a hot
-                // loop.
-                retries.failed().await;
+                retries.wait().await;
                 continue;
             }
         };
-        if !matches!(event, Event::Init) {
-            retries.worked();
-        }
         let listed = matches!(event, Event::InitDone);
-        let healthy = !matches!(event, Event::Init);
+        let healthy = retries.heard(&event);
         // Told before and after the event is applied, out of the parts'
         // lock: the writes' lock is never taken inside it.
         let crossings = match &crossing {
@@ -377,12 +357,9 @@ async fn feed<K, S>(
                 }
             }
         }
-        if healthy {
-            failures.recovered();
-            if parts.health.heard(listed) || listed {
-                // After a list, also the parts made while it ran.
-                parts.tell_health();
-            }
+        // After a list, also the parts made while it ran.
+        if healthy && (parts.health.heard(listed) || listed) {
+            parts.tell_health();
         }
         if listed {
             parts.forget_unread();

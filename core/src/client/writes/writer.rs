@@ -108,7 +108,7 @@ impl Writer {
     }
 
     /// A write of this controller to `cluster` was of `written`'s
-    /// resource, which no synced watch there holds: logged at `INFO` the
+    /// resource, which no watch there holds: logged at `INFO` the
     /// first time for each cluster and resource, as read-your-writes does
     /// not cover it.
     pub(crate) fn uncovered(&self, cluster: &ClusterName, written: &super::Written) {
@@ -130,7 +130,7 @@ impl Writer {
                 %cluster,
                 resource,
                 "read-your-writes cannot cover this controller's writes of {resource} in this \
-                 cluster: no synced watch there holds them, so its next reconcile may not see \
+                 cluster: no watch there holds them, so its next reconcile may not see \
                  them in a cache. Watch the type there to cover them (`Controller::owns`, \
                  `watches` or `owns_across`), or read such objects through the API. \
                  Told once per controller, cluster and resource."
