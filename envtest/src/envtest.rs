@@ -200,7 +200,13 @@ impl EnvtestBuilder {
     }
 
     /// Starts etcd, then every API server at once, and waits until all are ready.
+    ///
+    /// On Unix the process's soft limit on open files is first raised to its
+    /// hard limit: the fault proxy in front of each API server runs in this
+    /// process, and a parallel test binary can need more descriptors than a
+    /// shell's default soft limit allows.
     pub async fn start(self) -> Result<Envtest> {
+        crate::open_files::raise_limit();
         for (i, name) in self.names.iter().enumerate() {
             if name.is_empty() || self.names[..i].contains(name) {
                 return Err(Error::ClusterName(name.clone()));

@@ -136,7 +136,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Self::Io {
-            context: context.into(),
+            context: context.into() + &crate::open_files::explain(&source),
             source,
         }
     }

@@ -111,6 +111,7 @@ mod kcp;
 mod kubeconfig;
 mod link;
 mod metrics;
+mod open_files;
 mod pki;
 mod process;
 mod serving;
