@@ -347,12 +347,6 @@ impl Cluster {
         }
     }
 
-    /// Renamed [`disengaged`](Self::disengaged).
-    #[deprecated(since = "0.1.0", note = "renamed `disengaged`")]
-    pub async fn left(&self) {
-        self.disengaged().await;
-    }
-
     /// An API for objects of the static type `K` in `namespace` (all
     /// namespaces, or a cluster-scoped type, for `None`), through this
     /// cluster's client: written for any scope, where kube's typed `Api`

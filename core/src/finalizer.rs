@@ -289,7 +289,3 @@ where
         run(patch, name, object, wanted, reconcile).await
     }
 }
-
-/// Renamed [`Error`].
-#[deprecated(since = "0.1.0", note = "renamed `kube_fleet::finalizer::Error`")]
-pub type FinalizerError = Error;

@@ -40,33 +40,3 @@ pub use fleet::{Duplicate, Duplicates, Fleet, FleetEvent, FleetSubscription};
 pub use object_request::ObjectRequest;
 pub use reason::ReconcileReason;
 pub use request::{McRequest, ObjectKey};
-
-/// Moved to [`queue::Backoff`].
-#[deprecated(since = "0.1.0", note = "moved to `kube_fleet::queue::Backoff`")]
-pub type Backoff = queue::Backoff;
-
-/// Moved to [`queue::TokenBucket`].
-#[deprecated(since = "0.1.0", note = "moved to `kube_fleet::queue::TokenBucket`")]
-pub type TokenBucket = queue::TokenBucket;
-
-/// Moved to [`queue::QueueDepth`].
-#[deprecated(since = "0.1.0", note = "moved to `kube_fleet::queue::QueueDepth`")]
-pub type QueueDepth = queue::QueueDepth;
-
-/// Moved to [`identity::ClusterIdentity`].
-#[deprecated(
-    since = "0.1.0",
-    note = "moved to `kube_fleet::identity::ClusterIdentity`"
-)]
-pub type ClusterIdentity = identity::ClusterIdentity;
-
-/// Moved to [`identity::IdSource`].
-#[deprecated(since = "0.1.0", note = "moved to `kube_fleet::identity::IdSource`")]
-pub type IdSource = identity::IdSource;
-
-/// Moved to [`identity::IdentityError`].
-#[deprecated(
-    since = "0.1.0",
-    note = "moved to `kube_fleet::identity::IdentityError`"
-)]
-pub type IdentityError = identity::IdentityError;

@@ -71,36 +71,6 @@ pub enum ReconcileReason {
     Unknown,
 }
 
-/// The variants' earlier names, for code written before they took
-/// kube-runtime's (they match in patterns too).
-#[allow(non_upper_case_globals)]
-impl ReconcileReason {
-    /// Renamed [`ObjectUpdated`](Self::ObjectUpdated).
-    #[deprecated(
-        since = "0.1.0",
-        note = "renamed `ObjectUpdated`, as kube-runtime names it"
-    )]
-    pub const ObjectChanged: Self = Self::ObjectUpdated;
-    /// Renamed [`BulkReconcile`](Self::BulkReconcile).
-    #[deprecated(
-        since = "0.1.0",
-        note = "renamed `BulkReconcile`, as kube-runtime names it"
-    )]
-    pub const ReconcileAll: Self = Self::BulkReconcile;
-    /// Renamed [`ReconcilerRequestedRetry`](Self::ReconcilerRequestedRetry).
-    #[deprecated(
-        since = "0.1.0",
-        note = "renamed `ReconcilerRequestedRetry`, as kube-runtime names it"
-    )]
-    pub const Requeued: Self = Self::ReconcilerRequestedRetry;
-    /// Renamed [`ErrorPolicyRequestedRetry`](Self::ErrorPolicyRequestedRetry).
-    #[deprecated(
-        since = "0.1.0",
-        note = "renamed `ErrorPolicyRequestedRetry`, as kube-runtime names it"
-    )]
-    pub const ErrorRetry: Self = Self::ErrorPolicyRequestedRetry;
-}
-
 impl fmt::Display for ReconcileReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -115,30 +85,5 @@ impl fmt::Display for ReconcileReason {
             Self::ClusterReplaced => f.write_str("cluster replaced"),
             Self::Unknown => f.write_str("unknown"),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ReconcileReason;
-
-    #[test]
-    #[allow(deprecated)]
-    fn the_earlier_names_still_match_their_variants() {
-        let matched = |reason: ReconcileReason| match reason {
-            ReconcileReason::ObjectChanged => "changed",
-            ReconcileReason::ReconcileAll => "all",
-            ReconcileReason::Requeued => "requeued",
-            ReconcileReason::ErrorRetry => "error",
-            _ => "other",
-        };
-        assert_eq!(matched(ReconcileReason::ObjectUpdated), "changed");
-        assert_eq!(matched(ReconcileReason::BulkReconcile), "all");
-        assert_eq!(
-            matched(ReconcileReason::ReconcilerRequestedRetry),
-            "requeued"
-        );
-        assert_eq!(matched(ReconcileReason::ErrorPolicyRequestedRetry), "error");
-        assert_eq!(matched(ReconcileReason::Listed), "other");
     }
 }

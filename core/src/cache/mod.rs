@@ -81,12 +81,6 @@ mod watch;
 
 pub use host::{HostCache, HostView, SplitBy};
 
-/// The name [`HostView`] had when hosts were split by namespace only.
-#[deprecated(
-    since = "0.2.0",
-    note = "renamed HostView: a part of a host, a namespace or another split"
-)]
-pub type NamespaceView = HostView;
 pub use permits::InitialLists;
 pub use registry::ClusterCache;
 pub use state::{WatchState, WatchStatus};

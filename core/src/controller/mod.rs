@@ -390,25 +390,6 @@ impl<K: Watchable> Controller<K> {
         self
     }
 
-    /// Runs a service of plain keys: `run` with the service behind
-    /// `map_request`, keeping only each request's key. Kept for a release
-    /// for code written against the raw path, which is gone.
-    #[deprecated(
-        since = "0.1.0",
-        note = "use `run(service.map_request(|request: ObjectRequest<K>| request.request))`"
-    )]
-    pub fn run_raw<S>(self, service: S) -> impl Future<Output = Result<(), Error>> + Send
-    where
-        S: Service<McRequest, Response = Action> + Send + 'static,
-        S::Future: Send + 'static,
-        S::Error: Into<BoxError>,
-    {
-        self.run(tower::ServiceExt::map_request(
-            service,
-            |request: ObjectRequest<K>| request.request,
-        ))
-    }
-
     /// Runs `service` for every request until a graceful shutdown completes:
     /// each request an [`ObjectRequest<K>`] carrying the cluster, the object
     /// read from this controller's own watch of `K` there (an `Arc` shared
@@ -495,11 +476,3 @@ impl<K: Watchable> Controller<K> {
         futures::future::Either::Right(runner.run(service))
     }
 }
-
-/// Renamed [`ClusterSelector`].
-#[deprecated(since = "0.1.0", note = "renamed `ClusterSelector`")]
-pub type Clusters = ClusterSelector;
-
-/// Moved to [`queue::QueueDepth`].
-#[deprecated(since = "0.1.0", note = "moved to `kube_fleet::queue::QueueDepth`")]
-pub type QueueDepth = queue::QueueDepth;

@@ -346,12 +346,6 @@ impl Fleet {
         })
     }
 
-    /// Renamed [`engagements`](Self::engagements).
-    #[deprecated(since = "0.1.0", note = "renamed `engagements`")]
-    pub fn joins(&self) -> impl Stream<Item = Cluster> + Send + 'static {
-        self.engagements()
-    }
-
     /// Engages `name` through `client`; the cluster is visible at once
     /// (with [`Duplicates::EngageOnce`], once its identity is read and no
     /// other name serves the same cluster; until then the returned

@@ -22,9 +22,3 @@ pub use local::LocalProvider;
 pub use programmatic::{ProgrammaticHandle, ProgrammaticProvider};
 pub use request_budget::with_request_budget;
 pub use seen::{Change, Seen};
-
-/// Renamed [`client::error_chain`](crate::client::error_chain).
-#[deprecated(since = "0.1.0", note = "renamed `kube_fleet::client::error_chain`")]
-pub fn describe(error: &(dyn std::error::Error + 'static)) -> String {
-    crate::client::error_chain(error)
-}

@@ -66,18 +66,6 @@ impl ProgrammaticHandle {
             .send(ClusterEvent::Disengage { name: name.into() })
             .is_ok()
     }
-
-    /// Renamed [`engage`](Self::engage).
-    #[deprecated(since = "0.1.0", note = "renamed `engage`")]
-    pub fn add(&self, name: impl Into<ClusterName>, client: impl Into<ClusterClient>) -> bool {
-        self.engage(name, client)
-    }
-
-    /// Renamed [`disengage`](Self::disengage).
-    #[deprecated(since = "0.1.0", note = "renamed `disengage`")]
-    pub fn remove(&self, name: impl Into<ClusterName>) -> bool {
-        self.disengage(name)
-    }
 }
 
 impl Stream for ProgrammaticProvider {

@@ -318,10 +318,6 @@ impl MultiHandle {
     }
 }
 
-/// Renamed [`Error`].
-#[deprecated(since = "0.1.0", note = "renamed `kube_fleet_provider_multi::Error`")]
-pub type MultiError = Error;
-
 #[cfg(test)]
 mod tests {
     use futures::FutureExt;

@@ -17,7 +17,6 @@ use futures::{StreamExt, future::BoxFuture, stream::FuturesUnordered};
 use kube::Resource;
 use tokio::time::Instant;
 
-use super::Runner;
 use crate::{
     cache::{Watchable, scoped},
     client::{Writer, Written},
@@ -50,7 +49,7 @@ pub(super) struct Read<K> {
 pub(super) struct CatchUp<K: Watchable> {
     /// How long a cluster waits at most; `None`: the controller does not
     /// read its writes.
-    pub(super) bound: Option<Duration>,
+    bound: Option<Duration>,
     /// What its reconciles record their writes under.
     writer: Option<Arc<Writer>>,
     waits: FuturesUnordered<BoxFuture<'static, Caught<K>>>,
@@ -83,56 +82,69 @@ impl<K: Watchable> CatchUp<K> {
     }
 }
 
-impl<K: Watchable> Runner<K> {
+impl<K: Watchable> CatchUp<K> {
     /// What a reconcile's writes are recorded under, if the controller
     /// reads its own writes.
     pub(super) fn writer(&self) -> Option<Arc<Writer>> {
-        self.catch_up.writer.clone()
+        self.writer.clone()
+    }
+
+    /// The clusters whose watches have yet to show a write of the
+    /// controller's that one of them holds, which the next reconcile in
+    /// `name` waits for (see [`awaiting`]). Empty if none, or if the
+    /// controller does not read its writes.
+    pub(super) fn awaiting(
+        &self,
+        engaged: &HashMap<ClusterName, Cluster>,
+        name: &ClusterName,
+    ) -> Vec<Cluster> {
+        awaiting(engaged, self.writer.as_ref(), name)
     }
 
     /// Holds the keys of `paused` (the queue has paused it) until the
-    /// watches of `targets` show the controller's writes there.
-    pub(super) fn catch_up(&mut self, paused: &ClusterName, targets: Vec<Cluster>) {
-        let (Some(bound), Some(writer)) = (self.catch_up.bound, self.catch_up.writer.clone())
-        else {
-            self.queue.resume(paused);
-            return;
+    /// watches of `targets` show the controller's writes there, reading
+    /// objects of the controlled type (`dyntype`) through the API if they
+    /// do not in time. `false` if it cannot wait (the controller does not
+    /// read its writes): the cluster is to be resumed at once.
+    pub(super) fn start(
+        &mut self,
+        paused: Cluster,
+        targets: Vec<Cluster>,
+        dyntype: K::DynamicType,
+    ) -> bool {
+        let (Some(bound), Some(writer)) = (self.bound, self.writer.clone()) else {
+            return false;
         };
-        let Some(cluster) = self.engaged.get(paused).cloned() else {
-            self.queue.resume(paused);
-            return;
-        };
-        self.catch_up.next_pause += 1;
-        let pause = self.catch_up.next_pause;
-        self.catch_up.paused.insert(paused.clone(), pause);
-        let wait = wait(
-            (cluster, pause),
-            targets,
-            writer,
-            bound,
-            self.own.watch.dyntype().clone(),
-        );
-        self.catch_up.waits.push(wait);
+        self.next_pause += 1;
+        let pause = self.next_pause;
+        self.paused.insert(paused.name().clone(), pause);
+        self.waits
+            .push(wait((paused, pause), targets, writer, bound, dyntype));
+        true
     }
 
-    /// Resumes the clusters whose watches caught up, or whose wait ran out.
-    pub(super) fn poll_caught_up(&mut self, cx: &mut Context<'_>) -> bool {
+    /// Each cluster whose watches caught up, or whose wait ran out, handed
+    /// to `resume`. Whether any wait ended.
+    pub(super) fn poll_caught_up(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut resume: impl FnMut(&ClusterName),
+    ) -> bool {
         let mut progress = false;
-        while let Poll::Ready(Some(caught)) = self.catch_up.waits.poll_next_unpin(cx) {
+        while let Poll::Ready(Some(caught)) = self.waits.poll_next_unpin(cx) {
             progress = true;
-            if self.catch_up.paused.get(&caught.cluster) != Some(&caught.pause) {
+            if self.paused.get(&caught.cluster) != Some(&caught.pause) {
                 // It left, or was replaced, meanwhile.
                 continue;
             }
-            self.catch_up.paused.remove(&caught.cluster);
+            self.paused.remove(&caught.cluster);
             if !caught.read.is_empty() {
                 let now = Instant::now();
-                self.catch_up
-                    .read
+                self.read
                     .retain(|_, read| now.saturating_duration_since(read.at) < READ_KEPT);
-                self.catch_up.read.extend(caught.read);
+                self.read.extend(caught.read);
             }
-            self.queue.resume(&caught.cluster);
+            resume(&caught.cluster);
         }
         progress
     }
@@ -141,10 +153,10 @@ impl<K: Watchable> Runner<K> {
     /// after a wait ran out, unless the cache shows the write it waited
     /// for by now (or the read is old).
     pub(super) fn fresher(&mut self, key: &McRequest, cached: Option<Arc<K>>) -> Option<Arc<K>> {
-        if self.catch_up.read.is_empty() {
+        if self.read.is_empty() {
             return cached;
         }
-        let Some(read) = self.catch_up.read.remove(key) else {
+        let Some(read) = self.read.remove(key) else {
             return cached;
         };
         if read.at.elapsed() >= READ_KEPT
@@ -171,7 +183,7 @@ fn cache_shows<K: Resource>(cached: Option<&K>, written: &Written) -> bool {
 /// one of them holds, which the next reconcile in `name` waits for: `name`
 /// itself, and those its keys' reconciles wrote to, but for those where a
 /// wait ran out lately. Empty if none.
-pub(super) fn awaiting(
+fn awaiting(
     engaged: &HashMap<ClusterName, Cluster>,
     writer: Option<&Arc<Writer>>,
     name: &ClusterName,

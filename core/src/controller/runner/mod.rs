@@ -1,68 +1,61 @@
 //! The loop of a running controller: fleet changes, incoming requests,
 //! finished reconciles, and handing admitted keys to the service.
 //!
-//! One `Runner` per running controller, its work split by concern:
-//! [`membership`] (clusters joining and leaving, the sync gate),
-//! [`intake`] (requests checked and queued), [`tasks`] (reconciles started,
-//! supervised and finished) and [`outcome`] (what a failure means for its
-//! key).
+//! One `Runner` per running controller. Its parts each own their state and
+//! answer the loop through a few methods: [`members`] (the clusters it
+//! knows and serves, each served cluster's stream with its sync gate),
+//! [`intake`] (requests from outside, and those dropped), [`tasks`] (the
+//! running reconciles), [`outcome`] (what a failure means for its key),
+//! [`catch_up`] (waiting for the controller's own writes to show) and
+//! [`stop`] (the graceful stop). The runner itself wires them to the queue
+//! and the status: this file takes things in, `dispatch.rs` hands keys out
+//! and takes their outcomes back.
 
 mod catch_up;
+mod dispatch;
 mod intake;
-mod membership;
+mod members;
 mod outcome;
+mod stop;
 mod tasks;
 #[cfg(test)]
 mod tests;
 
 use std::{
-    collections::{HashMap, HashSet},
     future::poll_fn,
-    pin::Pin,
     sync::Arc,
     task::{Context, Poll},
-    time::Duration,
 };
 
-use futures::{
-    FutureExt, StreamExt,
-    future::BoxFuture,
-    stream::{self, BoxStream},
-};
-use tokio::{
-    sync::mpsc,
-    task::{AbortHandle, Id, JoinSet},
-    time::Sleep,
-};
-use tokio_stream::StreamMap;
+use futures::{future::BoxFuture, stream::BoxStream};
 use tower::{BoxError, Service};
 
 use super::{
     ClusterSelector, ControllerStatus, Error, ErrorPolicy,
     config::Config,
-    trigger::{Trigger, WatchTrigger},
+    trigger::{Dest, Trigger, WatchTrigger},
 };
 use crate::{
     action::Action,
-    cache::{SharedWatch, Watchable},
+    cache::{WatchState, Watchable},
     cluster::Cluster,
     cluster_name::ClusterName,
     fleet::{Fleet, FleetEvent},
     object_request::ObjectRequest,
-    queue::{Queue, QueueDepth, QueueMetrics},
-    request::McRequest,
+    queue::{Lane, Queue, QueueDepth, QueueMetrics},
+    reason::ReconcileReason,
+    request::{McRequest, ObjectKey},
 };
 use catch_up::CatchUp;
-use membership::{ClusterItem, watched_anywhere};
-use tasks::Finished;
+use intake::Intake;
+use members::{ClusterItem, Members};
+use outcome::Failures;
+use stop::{Drain, Stop};
+use tasks::Tasks;
 
 /// How many incoming requests one poll takes before it yields, so that a
 /// flood of events cannot keep the loop from dispatching.
 const INTAKE_PER_POLL: usize = 1024;
-
-/// How many names of unknown clusters the runner remembers having warned
-/// about; past that it forgets them all and may warn again.
-const UNKNOWN_REMEMBERED: usize = 1024;
 
 pub(super) struct Setup<K: Watchable> {
     pub(super) fleet: Fleet,
@@ -86,45 +79,21 @@ pub(super) struct Setup<K: Watchable> {
 
 pub(super) struct Runner<K: Watchable> {
     name: Arc<str>,
-    error_policy: Option<ErrorPolicy>,
-    fleet: Fleet,
-    /// The watch of the controlled type: the keys, and each reconcile's
-    /// object.
-    own: Arc<WatchTrigger<K>>,
-    related: Vec<Arc<dyn Trigger>>,
-    selection: ClusterSelector,
     queue: Queue,
-    /// One stream per served cluster: its sync, then its triggers' requests.
-    incoming: StreamMap<ClusterName, BoxStream<'static, ClusterItem>>,
-    external: stream::Fuse<BoxStream<'static, McRequest>>,
-    reconcile_all: stream::Fuse<BoxStream<'static, ()>>,
-    fleet_events: mpsc::UnboundedReceiver<FleetEvent>,
-    /// Every engaged cluster the controller knows of, served or not.
-    engaged: HashMap<ClusterName, Cluster>,
-    /// The watch of the controlled type in each served cluster.
-    controlled: HashMap<ClusterName, Arc<SharedWatch<K>>>,
-    /// Problems with requests already warned about, per cluster.
-    misaddressed: HashSet<(ClusterName, &'static str)>,
-    /// Clusters not in the fleet that requests named, warned about once.
-    unknown: HashSet<ClusterName>,
-    running: JoinSet<Finished>,
-    running_keys: HashMap<Id, McRequest>,
-    aborts: HashMap<McRequest, AbortHandle>,
-    shutdown: BoxFuture<'static, ()>,
-    shutdown_timeout: Duration,
-    sync_timeout: Duration,
-    draining: Option<Pin<Box<Sleep>>>,
-    /// Clusters engaged before the controller started; engaged on first poll.
-    initial: Vec<Cluster>,
     queue_depth: QueueDepth,
     status: ControllerStatus,
+    members: Members<K>,
+    intake: Intake,
+    tasks: Tasks,
+    failures: Failures,
     /// Clusters held until their watches show the controller's writes.
     catch_up: CatchUp<K>,
+    stop: Stop,
 }
 
 impl<K: Watchable> Drop for Runner<K> {
     fn drop(&mut self) {
-        for name in self.incoming.keys() {
+        for name in self.members.served() {
             self.status.remove(name);
         }
     }
@@ -153,36 +122,22 @@ impl<K: Watchable> Runner<K> {
             metrics.name(name.clone());
             queue.count_in(metrics);
         }
-        status.configure(watched_anywhere(&clusters, &related), config.sync_timeout);
-        let subscription = fleet.subscribe();
-        let catch_up = CatchUp::new(&name, config.read_your_writes);
+        let members = Members::new(fleet, own, related, clusters, config.sync_timeout);
+        status.configure(members.watched_anywhere(), config.sync_timeout);
         Self {
-            name,
-            error_policy,
-            fleet,
-            own,
-            related,
-            selection: clusters,
             queue,
-            incoming: StreamMap::new(),
-            external: external.fuse(),
-            reconcile_all: reconcile_all.fuse(),
-            fleet_events: subscription.events,
-            engaged: HashMap::new(),
-            controlled: HashMap::new(),
-            misaddressed: HashSet::new(),
-            unknown: HashSet::new(),
-            running: JoinSet::new(),
-            running_keys: HashMap::new(),
-            aborts: HashMap::new(),
-            shutdown,
-            shutdown_timeout: config.shutdown_timeout,
-            sync_timeout: config.sync_timeout,
-            draining: None,
-            initial: subscription.clusters,
             queue_depth,
             status,
-            catch_up,
+            members,
+            intake: Intake::new(name.clone(), external, reconcile_all),
+            tasks: Tasks::default(),
+            failures: Failures {
+                controller: name.clone(),
+                policy: error_policy,
+            },
+            catch_up: CatchUp::new(&name, config.read_your_writes),
+            stop: Stop::new(shutdown, config.shutdown_timeout),
+            name,
         }
     }
 
@@ -193,7 +148,7 @@ impl<K: Watchable> Runner<K> {
         S::Error: Into<BoxError>,
     {
         tracing::info!(controller = %self.name, "controller started");
-        for cluster in std::mem::take(&mut self.initial) {
+        for cluster in self.members.take_initial() {
             self.engage(cluster);
         }
         let result = poll_fn(|cx| {
@@ -202,7 +157,7 @@ impl<K: Watchable> Runner<K> {
             step
         })
         .await;
-        self.running.abort_all();
+        self.tasks.abort_all();
         tracing::info!(controller = %self.name, "controller stopped");
         result
     }
@@ -216,13 +171,26 @@ impl<K: Watchable> Runner<K> {
         S::Future: Send + 'static,
         S::Error: Into<BoxError>,
     {
-        self.poll_shutdown(cx);
-        self.poll_fleet(cx);
+        if self.stop.poll_asked(cx) {
+            tracing::info!(controller = %self.name, running = self.tasks.len(), "shutting down: no new reconciles");
+        }
+        while let Poll::Ready(Some(event)) = self.members.poll_fleet(cx) {
+            match event {
+                FleetEvent::Engaged(cluster) => self.engage(cluster),
+                FleetEvent::Disengaged(name) => self.disengage(&name),
+            }
+        }
         self.poll_intake(cx);
         loop {
             let mut progress = self.poll_finished(cx) | self.poll_caught_up(cx);
-            if let Some(done) = self.poll_draining(cx) {
-                return done;
+            match self.stop.poll_drain(cx, self.tasks.len()) {
+                Drain::Running => {}
+                Drain::Draining => return Poll::Pending,
+                Drain::Done => return Poll::Ready(Ok(())),
+                Drain::TimedOut => {
+                    tracing::warn!(controller = %self.name, cancelled = self.tasks.len(), "shutdown timeout: cancelling running reconciles");
+                    return Poll::Ready(Ok(()));
+                }
             }
             match self.dispatch(cx, service) {
                 Ok(dispatched) => progress |= dispatched,
@@ -234,32 +202,163 @@ impl<K: Watchable> Runner<K> {
         }
     }
 
-    fn poll_shutdown(&mut self, cx: &mut Context<'_>) {
-        if self.draining.is_none() && self.shutdown.poll_unpin(cx).is_ready() {
-            tracing::info!(controller = %self.name, running = self.running.len(), "shutting down: no new reconciles");
-            self.draining = Some(Box::pin(tokio::time::sleep(self.shutdown_timeout)));
+    /// Takes what the clusters' streams and the outside have sent, half the
+    /// budget each, so that neither a flood of watch events nor of external
+    /// requests starves the other.
+    fn poll_intake(&mut self, cx: &mut Context<'_>) {
+        let clusters_left_more =
+            (0..INTAKE_PER_POLL / 2).all(|_| match self.members.poll_item(cx) {
+                Poll::Ready(Some((name, item))) => {
+                    self.cluster_item(name, item);
+                    true
+                }
+                _ => false,
+            });
+        let outside_left_more =
+            (0..INTAKE_PER_POLL / 2).all(|_| match self.intake.poll_external(cx) {
+                Poll::Ready(Some(request)) => {
+                    self.accept(request, Lane::Changed, ReconcileReason::External);
+                    true
+                }
+                _ => false,
+            });
+        if self.intake.poll_reconcile_all(cx) {
+            let everything = self.members.everything();
+            tracing::info!(controller = %self.name, queued = everything.len(), "reconciling everything");
+            for request in everything {
+                self.accept(request, Lane::Listed, ReconcileReason::BulkReconcile);
+            }
+        }
+        if clusters_left_more || outside_left_more {
+            // The budget ran out: come back for the rest soon.
+            cx.waker().wake_by_ref();
         }
     }
 
-    fn poll_fleet(&mut self, cx: &mut Context<'_>) {
-        while let Poll::Ready(Some(event)) = self.fleet_events.poll_recv(cx) {
-            match event {
-                FleetEvent::Engaged(cluster) => self.engage(cluster),
-                FleetEvent::Disengaged(name) => self.disengage(&name),
+    /// Starts serving `cluster` if the controller selects it: subscribes to
+    /// its triggers' watches there and holds its keys until they sync.
+    fn engage(&mut self, cluster: Cluster) {
+        let writer = self.catch_up.writer().map(|writer| writer.name.clone());
+        let Some(engaged) = self.members.engage(&cluster, writer) else {
+            return;
+        };
+        let name = &engaged.name;
+        self.intake.forget(name);
+        if engaged.replaced {
+            // Replaced under the same name: runs against the old one stop.
+            self.tasks.cancel(name);
+        }
+        // A wait for the old one's watches ends for nothing.
+        if self.catch_up.forget(name) {
+            self.queue.resume(name);
+        }
+        if engaged.watches.is_empty() {
+            // Held only if a run was interrupted before this event came.
+            self.queue.unserve(name);
+            return;
+        }
+        self.status.start(cluster, engaged.watches);
+        if engaged.controlled {
+            // Held with the cluster's other keys until its watches sync,
+            // with what watches mapping across clusters ask for there.
+            self.queue.hold(name);
+            for request in self.members.joined(name) {
+                self.accept(request, Lane::Listed, ReconcileReason::Listed);
+            }
+        } else {
+            // Only related watches run here, and no key can be queued for
+            // it: it takes no part in the queue's fair share.
+            self.queue.unserve(name);
+        }
+    }
+
+    fn disengage(&mut self, name: &ClusterName) {
+        let Some(served) = self.members.disengage(name) else {
+            return;
+        };
+        if served {
+            self.status.remove(name);
+        }
+        self.queue.purge(name);
+        self.catch_up.forget(name);
+        self.tasks.cancel(name);
+    }
+
+    fn cluster_item(&mut self, name: ClusterName, item: ClusterItem) {
+        match item {
+            ClusterItem::Synced => {
+                tracing::info!(controller = %self.name, cluster = %name, "watches synced; serving the cluster");
+                self.queue.release(&name);
+                self.status.serve(&name);
+            }
+            ClusterItem::Answering => {
+                let woken = self.queue.answering(&name);
+                if woken > 0 {
+                    tracing::info!(controller = %self.name, cluster = %name, keys = woken, "the cluster answers again: its keys that failed for want of an answer run now");
+                }
+            }
+            ClusterItem::StillSyncing => {
+                if let Some(status) = self.status.cluster(name.as_str()) {
+                    let failing = status
+                        .watches
+                        .iter()
+                        .any(|w| matches!(w.state, WatchState::Failing { .. }));
+                    if failing {
+                        tracing::warn!(controller = %self.name, %status, "watches have not synced; the cluster's keys wait");
+                    } else {
+                        // Late for want of a permit to list: the fleet's
+                        // lists in flight tell it, not one line per cluster.
+                        tracing::debug!(controller = %self.name, %status, "watches wait to list; the cluster's keys wait");
+                    }
+                }
+            }
+            ClusterItem::Request(Dest::One(request), lane, reason) => {
+                self.accept(request, lane, reason);
+            }
+            ClusterItem::Request(Dest::Across(to, key), lane, reason) => {
+                self.accept_across(&to, &key, lane, &reason);
             }
         }
     }
 
-    /// While shutting down: done once nothing runs or the timeout passes.
-    fn poll_draining(&mut self, cx: &mut Context<'_>) -> Option<Poll<Result<(), Error>>> {
-        let deadline = self.draining.as_mut()?;
-        if self.running.is_empty() {
-            return Some(Poll::Ready(Ok(())));
+    /// Queues a request, if its cluster is in the fleet. A cluster the
+    /// runner has not heard of yet but the fleet has is engaged first, so
+    /// its keys wait for its watches like any other.
+    fn accept(&mut self, request: McRequest, lane: Lane, reason: ReconcileReason) {
+        // The cluster the fleet has may be replaced while it is engaged here;
+        // then `engage` skips it and the fleet has its successor.
+        while let Some(in_fleet) = self.members.unseen_in_fleet(&request.cluster) {
+            match in_fleet {
+                Some(cluster) => self.engage(cluster),
+                None => {
+                    return self
+                        .intake
+                        .unknown_cluster(&request, "is not in the fleet (never engaged, or left)");
+                }
+            }
         }
-        if deadline.as_mut().poll(cx).is_ready() {
-            tracing::warn!(controller = %self.name, cancelled = self.running.len(), "shutdown timeout: cancelling running reconciles");
-            return Some(Poll::Ready(Ok(())));
+        if !self.members.selects(&request.cluster) {
+            return self
+                .intake
+                .unknown_cluster(&request, "is not one where the controller watches its type");
         }
-        Some(Poll::Pending)
+        match self.members.address(request) {
+            Ok(request) => self.queue.push(request, lane, reason),
+            Err((request, problem)) => self.intake.misaddressed(&request, problem),
+        }
+    }
+
+    /// Queues the request for `key` in every engaged cluster that `to`
+    /// selects and where the controller watches its type.
+    fn accept_across(
+        &mut self,
+        to: &ClusterSelector,
+        key: &ObjectKey,
+        lane: Lane,
+        reason: &ReconcileReason,
+    ) {
+        for cluster in self.members.across(to) {
+            self.accept(key.clone().in_cluster(cluster), lane, reason.clone());
+        }
     }
 }

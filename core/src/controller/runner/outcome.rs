@@ -2,17 +2,23 @@
 //! changes if the error is terminal; otherwise what the error policy says,
 //! or the key's backoff.
 
-use super::Runner;
+use std::sync::Arc;
+
 use crate::{
     action::Action,
-    cache::Watchable,
     client::{error_chain, is_unanswered},
     controller::ErrorPolicy,
     error::TerminalError,
     panic::contain,
-    queue::Outcome,
+    queue::{Outcome, Queue},
     request::McRequest,
 };
+
+/// The controller's answer to a failed reconcile.
+pub(super) struct Failures {
+    pub(super) controller: Arc<str>,
+    pub(super) policy: Option<ErrorPolicy>,
+}
 
 /// Asks the error policy, so that a panic in it counts as no answer.
 fn contained_policy(
@@ -26,52 +32,55 @@ fn contained_policy(
     })
 }
 
-impl<K: Watchable> Runner<K> {
+impl Failures {
     /// What a reconcile's error means for its key: nothing more until it
     /// changes if the error is terminal; otherwise what the error policy
-    /// says, or the key's backoff.
+    /// says, or the key's backoff. `queue` tells whether it failed as it
+    /// did last time.
     pub(super) fn failed(
-        &mut self,
+        &self,
+        queue: &mut Queue,
         key: &McRequest,
         error: &(dyn std::error::Error + Send + Sync + 'static),
     ) -> Outcome {
+        let controller = &self.controller;
         let reason = error_chain(error);
         if TerminalError::is_in(error) {
-            tracing::error!(controller = %self.name, request = %key, error = %reason, "reconcile failed for good; it runs again when it changes");
+            tracing::error!(%controller, request = %key, error = %reason, "reconcile failed for good; it runs again when it changes");
             return Outcome::Success(Action::await_change());
         }
         // A key that fails again as it did last time is not news: told at
         // `DEBUG` until its error changes or it succeeds.
-        let again = self.queue.failed_again(key, &reason);
+        let again = queue.failed_again(key, &reason);
         let chosen = self
-            .error_policy
+            .policy
             .as_ref()
             .and_then(|policy| contained_policy(policy, key, error));
         match chosen.map(|action| action.requeue_after()) {
             Some(None) => {
-                tracing::error!(controller = %self.name, request = %key, error = %reason, "reconcile failed; by the error policy it runs again when it changes");
+                tracing::error!(%controller, request = %key, error = %reason, "reconcile failed; by the error policy it runs again when it changes");
                 Outcome::Success(Action::await_change())
             }
             Some(Some(after)) => {
                 if again {
-                    tracing::debug!(controller = %self.name, request = %key, error = %reason, ?after, "reconcile failed again, as before; retrying when the error policy says");
+                    tracing::debug!(%controller, request = %key, error = %reason, ?after, "reconcile failed again, as before; retrying when the error policy says");
                 } else {
-                    tracing::warn!(controller = %self.name, request = %key, error = %reason, ?after, "reconcile failed; retrying when the error policy says");
+                    tracing::warn!(%controller, request = %key, error = %reason, ?after, "reconcile failed; retrying when the error policy says");
                 }
                 Outcome::Failure(Some(after))
             }
             // The cluster's own transitions are logged once, as it stops
             // and starts answering (`client::reachability`).
             None if is_unanswered(error) => {
-                tracing::debug!(controller = %self.name, request = %key, error = %reason, "reconcile failed: the cluster gives no answer; retrying after backoff, or once it answers");
+                tracing::debug!(%controller, request = %key, error = %reason, "reconcile failed: the cluster gives no answer; retrying after backoff, or once it answers");
                 Outcome::Unanswered
             }
             None if again => {
-                tracing::debug!(controller = %self.name, request = %key, error = %reason, "reconcile failed again, as before; retrying after backoff");
+                tracing::debug!(%controller, request = %key, error = %reason, "reconcile failed again, as before; retrying after backoff");
                 Outcome::Failure(None)
             }
             None => {
-                tracing::warn!(controller = %self.name, request = %key, error = %reason, "reconcile failed; retrying after backoff");
+                tracing::warn!(%controller, request = %key, error = %reason, "reconcile failed; retrying after backoff");
                 Outcome::Failure(None)
             }
         }

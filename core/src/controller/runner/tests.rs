@@ -33,6 +33,10 @@ where
     service.map_request(|request: ObjectRequest<ConfigMap>| request.request)
 }
 
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
 use super::*;
 
 /// A controller over an empty fleet, fed requests through a channel.
@@ -99,30 +103,6 @@ async fn pulls_a_key_only_when_the_service_is_ready() {
         "never more than the limit in flight"
     );
     assert!(started.elapsed() >= Duration::from_millis(500));
-    task.abort();
-}
-
-#[tokio::test(start_paused = true)]
-#[allow(deprecated)]
-async fn the_deprecated_run_raw_runs_plain_keys_through_the_typed_path() {
-    let (controller, requests) = fed_controller();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let service = service_fn({
-        let seen = seen.clone();
-        move |key: McRequest| {
-            seen.lock().unwrap().push(key);
-            async { Ok::<_, BoxError>(Action::await_change()) }
-        }
-    });
-    requests.send(key("a")).unwrap();
-    // Unaddressable for a namespaced type, as `run` says: dropped.
-    requests
-        .send(McRequest::new("c", None::<String>, "no-namespace"))
-        .unwrap();
-    let task = tokio::spawn(controller.run_raw(service));
-    until("the key ran", || !seen.lock().unwrap().is_empty()).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(*seen.lock().unwrap(), [key("a")]);
     task.abort();
 }
 
