@@ -38,5 +38,6 @@ pub use controller::{Controller, Error};
 pub use error::TerminalError;
 pub use fleet::{Duplicate, Duplicates, Fleet, FleetEvent, FleetSubscription};
 pub use object_request::ObjectRequest;
+pub use panic::panic_message;
 pub use reason::ReconcileReason;
 pub use request::{McRequest, ObjectKey};

@@ -15,8 +15,16 @@ pub(crate) fn contain<R>(f: impl FnOnce() -> R) -> Result<R, String> {
     })
 }
 
-/// The message a panic was raised with, when it has one.
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+/// The message a panic was raised with: its `&str` or `String` payload, or
+/// `(no message)` for any other. For a panic caught with
+/// [`std::panic::catch_unwind`] or from a task's
+/// [`JoinError::into_panic`](tokio::task::JoinError::into_panic).
+///
+/// ```
+/// let payload = std::panic::catch_unwind(|| panic!("boom {}", 1)).unwrap_err();
+/// assert_eq!(kube_fleet::panic_message(payload.as_ref()), "boom 1");
+/// ```
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(message) = payload.downcast_ref::<&str>() {
         (*message).to_owned()
     } else if let Some(message) = payload.downcast_ref::<String>() {

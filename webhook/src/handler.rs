@@ -112,7 +112,7 @@ where
         }),
         Ok(Err(panic)) => Err(Failed {
             outcome: Outcome::Panic,
-            message: format!("panicked: {}", panic_message(&*panic)),
+            message: format!("panicked: {}", kube_fleet::panic_message(&*panic)),
         }),
         Err(_) => Err(Failed {
             outcome: Outcome::Timeout,
@@ -145,16 +145,6 @@ where
 {
     let ready = service.ready().await.map_err(Into::into)?;
     ready.call(request).await.map_err(Into::into)
-}
-
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(message) = payload.downcast_ref::<&str>() {
-        (*message).to_owned()
-    } else if let Some(message) = payload.downcast_ref::<String>() {
-        message.clone()
-    } else {
-        "a panic without a message".to_owned()
-    }
 }
 
 /// The time a handler is given: four fifths of the API server's wait, so

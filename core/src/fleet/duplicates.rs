@@ -1,11 +1,7 @@
 //! One cluster under two names: found from each engaged cluster's identity,
 //! warned about, or engaged once.
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex, Weak},
-    time::Duration,
-};
+use std::{collections::HashMap, time::Duration};
 
 use tokio::{task::AbortHandle, time::Instant};
 
@@ -311,12 +307,12 @@ fn heirs(state: &mut State) -> Vec<Heir> {
 /// Engages `cluster`, offered with a client of its own, as `state`'s
 /// policy says: at once (its identity read meanwhile, unless ignored), or
 /// once its identity is read.
-pub(super) fn admit(inner: &Arc<Mutex<State>>, state: &mut State, cluster: Cluster) {
+pub(super) fn admit(state: &mut State, cluster: Cluster) {
     match state.same.policy {
         Duplicates::Ignore => super::insert_locked(state, cluster),
         Duplicates::Warn => {
             super::insert_locked(state, cluster.clone());
-            read(inner, state, cluster);
+            read(state, cluster);
         }
         // Outside a runtime no identity can be read: it joins unchecked.
         Duplicates::EngageOnce if tokio::runtime::Handle::try_current().is_err() => {
@@ -334,20 +330,20 @@ pub(super) fn admit(inner: &Arc<Mutex<State>>, state: &mut State, cluster: Clust
             {
                 earlier.leave();
             }
-            read(inner, state, cluster);
+            read(state, cluster);
         }
     }
 }
 
 /// Reads `cluster`'s identity in a task of the caller's runtime, trying
 /// again every second for up to 30 s, then records it in the fleet of
-/// `inner` (if that still stands and the cluster is still the one offered
+/// `state` (if that still stands and the cluster is still the one offered
 /// under its name).
-fn read(inner: &Arc<Mutex<State>>, state: &mut State, cluster: Cluster) {
+fn read(state: &mut State, cluster: Cluster) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    let fleet: Weak<Mutex<State>> = Arc::downgrade(inner);
+    let fleet = state.this.clone();
     let name = cluster.name().clone();
     let task = runtime.spawn(async move {
         let began = Instant::now();

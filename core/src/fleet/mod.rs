@@ -8,7 +8,7 @@ use std::{
     collections::HashMap,
     fmt,
     hash::Hash,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{Arc, Mutex, MutexGuard, Weak},
     time::Duration,
 };
 
@@ -75,12 +75,23 @@ pub struct FleetSubscription {
 /// assert!(!east.is_engaged());
 /// # }
 /// ```
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Fleet {
     inner: Arc<Mutex<State>>,
 }
 
+impl Default for Fleet {
+    fn default() -> Self {
+        Self {
+            inner: Arc::new_cyclic(|this| Mutex::new(State::new(this.clone()))),
+        }
+    }
+}
+
 struct State {
+    /// The fleet itself, for the tasks it starts (identity reads, the
+    /// sweep), which hold it only weakly: they end with it.
+    this: Weak<Mutex<State>>,
     clusters: HashMap<ClusterName, Cluster>,
     subscribers: Vec<mpsc::UnboundedSender<FleetEvent>>,
     /// The bound on lists in flight of the clusters engaged from now on.
@@ -94,9 +105,10 @@ struct State {
     same: Sameness,
 }
 
-impl Default for State {
-    fn default() -> Self {
+impl State {
+    fn new(this: Weak<Mutex<State>>) -> Self {
         Self {
+            this,
             clusters: HashMap::new(),
             subscribers: Vec::new(),
             lists: InitialLists::new(InitialLists::DEFAULT),
@@ -105,9 +117,7 @@ impl Default for State {
             same: Sameness::default(),
         }
     }
-}
 
-impl State {
     fn publish(&mut self, event: FleetEvent) {
         self.subscribers.retain(|tx| tx.send(event.clone()).is_ok());
     }
@@ -369,7 +379,7 @@ impl Fleet {
         let cluster = Cluster::listing(name.clone(), client.into(), lists, budget);
         let mut state = self.state();
         self.offered(&mut state, &name);
-        duplicates::admit(&self.inner, &mut state, cluster.clone());
+        duplicates::admit(&mut state, cluster.clone());
         cluster
     }
 
@@ -397,7 +407,7 @@ impl Fleet {
     /// aside under it, its identity, its wait), and the sweep runs. A name
     /// engaged keeps its engagement until the new one replaces it.
     fn offered(&self, state: &mut State, name: &ClusterName) {
-        set_aside::start(&self.inner, state);
+        set_aside::start(state);
         if let Some(aside) = state.vigil.set_aside.remove(name) {
             aside.forget();
         }

@@ -75,10 +75,10 @@ impl SetAside {
     }
 }
 
-/// Starts the sweep of the fleet in `inner`, unless it runs, in the tokio
+/// Starts the sweep of the fleet, unless it runs, in the tokio
 /// runtime of the caller (if any); it ends with the fleet, or with its
 /// runtime (and starts again in the next caller's).
-pub(super) fn start(inner: &Arc<Mutex<State>>, state: &mut State) {
+pub(super) fn start(state: &mut State) {
     if state
         .vigil
         .sweeping
@@ -90,7 +90,7 @@ pub(super) fn start(inner: &Arc<Mutex<State>>, state: &mut State) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    state.vigil.sweeping = Some(runtime.spawn(sweeping(Arc::downgrade(inner))));
+    state.vigil.sweeping = Some(runtime.spawn(sweeping(state.this.clone())));
 }
 
 async fn sweeping(fleet: Weak<Mutex<State>>) {
@@ -102,12 +102,12 @@ async fn sweeping(fleet: Weak<Mutex<State>>) {
             return;
         };
         let mut state = fleet.lock().unwrap_or_else(|e| e.into_inner());
-        sweep(&fleet, &mut state, Instant::now());
+        sweep(&mut state, Instant::now());
     }
 }
 
-/// One look over the fleet in `inner` at `now`.
-fn sweep(inner: &Arc<Mutex<State>>, state: &mut State, now: Instant) {
+/// One look over the fleet at `now`.
+fn sweep(state: &mut State, now: Instant) {
     // Also where the fleet asks nothing: a cluster's client may.
     for cluster in state.clusters.values() {
         cluster
@@ -140,7 +140,7 @@ fn sweep(inner: &Arc<Mutex<State>>, state: &mut State, now: Instant) {
         .map(|(name, _)| name.clone())
         .collect();
     for name in back {
-        engage_again(inner, state, name);
+        engage_again(state, name);
     }
 }
 
@@ -178,7 +178,7 @@ fn set_aside(state: &mut State, name: ClusterName) {
     super::duplicates::engage_heirs(state);
 }
 
-fn engage_again(inner: &Arc<Mutex<State>>, state: &mut State, name: ClusterName) {
+fn engage_again(state: &mut State, name: ClusterName) {
     let Some(aside) = state.vigil.set_aside.remove(&name) else {
         return;
     };
@@ -188,5 +188,5 @@ fn engage_again(inner: &Arc<Mutex<State>>, state: &mut State, name: ClusterName)
     let cluster = Cluster::listing(name.clone(), client, state.lists.clone(), state.budget);
     tracing::warn!(cluster = %name, down_for = ?set_aside_for, "the cluster set aside answers again: engaged again");
     // Checked again, as any offer: another name may serve it now.
-    super::duplicates::admit(inner, state, cluster);
+    super::duplicates::admit(state, cluster);
 }

@@ -9,12 +9,9 @@ pub struct Panicked {
 
 impl Panicked {
     pub(crate) fn from_payload(payload: Box<dyn Any + Send>) -> Self {
-        let message = payload
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "(no message)".to_owned());
-        Self { message }
+        Self {
+            message: kube_fleet::panic_message(payload.as_ref()),
+        }
     }
 
     /// The panic's message.
