@@ -33,7 +33,7 @@ use crate::{
 /// Cheap to clone: clones share the client's connection pool and the cache.
 /// A `Cluster` is one engagement: when the fleet disengages the name, or
 /// engages it again with another client, this value says so through
-/// [`is_engaged`](Self::is_engaged) and [`left`](Self::left), and a new
+/// [`is_engaged`](Self::is_engaged) and [`disengaged`](Self::disengaged), and a new
 /// `Cluster` takes the name.
 ///
 /// ```
@@ -274,7 +274,7 @@ impl Cluster {
     /// - the ID is the `spec.value` of the cluster's `ClusterProperty`
     ///   `cluster.clusterset.k8s.io` (`about.k8s.io/v1alpha1`) where it has
     ///   one, else the UID of its `kube-system` namespace (see
-    ///   [`IdSource`](crate::IdSource));
+    ///   [`IdSource`](crate::identity::IdSource));
     /// - the clusterset is the `spec.value` of its `ClusterProperty`
     ///   `clusterset.k8s.io`, if it has one.
     ///
