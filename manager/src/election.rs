@@ -4,12 +4,13 @@ use std::{sync::Arc, time::Duration};
 
 use kube::Client;
 use tokio::{sync::watch, time::Instant};
+use tokio_util::sync::CancellationToken;
 
 use crate::{
     error::Error,
     gate::Validity,
     lease::{Holder, LeaseLock},
-    timing::{Timings, jittered, random, stopped},
+    timing::{Timings, jittered, random},
 };
 
 /// Leader election for a [`Manager`](crate::Manager): of the replicas that
@@ -268,7 +269,7 @@ pub(crate) async fn lead(
     timings: Timings,
     validity: Arc<Validity>,
     role: watch::Sender<Role>,
-    mut stop: watch::Receiver<bool>,
+    stop: CancellationToken,
     release: Arc<std::sync::atomic::AtomicBool>,
 ) -> Result<(), Error> {
     let key = lock.key();
@@ -280,7 +281,7 @@ pub(crate) async fn lead(
         let start = Instant::now();
         tokio::select! {
             biased;
-            _ = stopped(&mut stop) => {
+            () = stop.cancelled() => {
                 role.send_replace(Role::Stopped);
                 return Ok(());
             }
@@ -297,7 +298,7 @@ pub(crate) async fn lead(
         }
         tokio::select! {
             biased;
-            _ = stopped(&mut stop) => {
+            () = stop.cancelled() => {
                 role.send_replace(Role::Stopped);
                 return Ok(());
             }
@@ -316,7 +317,7 @@ pub(crate) async fn lead(
     let lost = loop {
         tokio::select! {
             biased;
-            _ = stopped(&mut stop) => break None,
+            () = stop.cancelled() => break None,
             _ = tokio::time::sleep_until(until) => break Some(missed.clone()),
             _ = tokio::time::sleep_until(next) => {}
         }

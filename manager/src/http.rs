@@ -7,9 +7,10 @@ use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode, body::Incoming, header, service::service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::{encoding::text::encode, registry::Registry};
-use tokio::{net::TcpListener, sync::watch, task::JoinSet};
+use tokio::{net::TcpListener, task::JoinSet};
+use tokio_util::sync::CancellationToken;
 
-use crate::{readiness::Readiness, timing::stopped};
+use crate::readiness::Readiness;
 
 /// What the endpoints read.
 #[derive(Debug)]
@@ -26,13 +27,13 @@ const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Serves the endpoints on `listener`, each connection in a task of its
-/// own, until `stop` turns true or its sender goes. Then it closes the
+/// own, until `stop` is cancelled. Then it closes the
 /// listener and ends every connection before it returns. Dropped, it ends
 /// them too, as their tasks are next polled.
 pub(crate) async fn serve(
     listener: TcpListener,
     endpoints: Arc<Endpoints>,
-    mut stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) {
     let mut connections = JoinSet::new();
     loop {
@@ -40,14 +41,14 @@ pub(crate) async fn serve(
             // Full: a connection must end before another is accepted.
             tokio::select! {
                 biased;
-                () = stopped(&mut stop) => break,
+                () = stop.cancelled() => break,
                 _ = connections.join_next() => continue,
             }
         }
         // A stop comes first: nothing is accepted once it is asked for.
         let (stream, _) = tokio::select! {
             biased;
-            () = stopped(&mut stop) => break,
+            () = stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 // A connection that failed as it was accepted, or a lack of
@@ -56,7 +57,7 @@ pub(crate) async fn serve(
                 Err(error) => {
                     tracing::warn!(%error, "accepting a connection to the endpoints");
                     tokio::select! {
-                        () = stopped(&mut stop) => break,
+                        () = stop.cancelled() => break,
                         () = tokio::time::sleep(std::time::Duration::from_millis(100)) => continue,
                     }
                 }

@@ -7,8 +7,6 @@ use std::{
     time::Duration,
 };
 
-use tokio::sync::watch;
-
 use crate::error::Error;
 
 /// How long a Lease lasts, how long its holder tries to renew it before it
@@ -80,11 +78,6 @@ pub(crate) fn random() -> u64 {
 /// try in step.
 pub(crate) fn jittered(period: Duration) -> Duration {
     period.mul_f64(1.0 + (random() % 1000) as f64 / 5000.0)
-}
-
-/// Completes once `stop` says to stop.
-pub(crate) async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|stop| *stop).await;
 }
 
 #[cfg(test)]

@@ -5,11 +5,12 @@ use std::{collections::HashMap, net::SocketAddr, sync::Arc, time::Duration};
 
 use kube_fleet::{ClusterName, Fleet, FleetEvent};
 use prometheus_client::registry::Registry;
-use tokio::{sync::watch, task::AbortHandle};
+use tokio::task::AbortHandle;
 use tokio_rustls::{
     TlsAcceptor,
     rustls::{ServerConfig, crypto::ring::default_provider},
 };
+use tokio_util::sync::CancellationToken;
 
 use crate::{
     certificates::{Certificates, Loaded, Resolver},
@@ -79,14 +80,15 @@ pub(crate) fn launch(launch: Launch<'_>) -> Result<WebhookServer, Error> {
         fleet: fleet.clone(),
         metrics: metrics.clone(),
     });
-    let (stop, stopped) = watch::channel(false);
+    let stop = CancellationToken::new();
     let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let served = tokio::spawn({
         let alive = alive.clone();
+        let stop = stop.clone();
         async move {
             // Told false however the task ends, a panic included.
             let _alive = Alive(alive);
-            server::serve(listener, tls, shared, stopped, DRAIN).await;
+            server::serve(listener, tls, shared, stop, DRAIN).await;
         }
     });
     let mut tasks = Vec::new();
@@ -173,7 +175,7 @@ pub struct WebhookServer {
     loaded: Arc<Loaded>,
     fleet: Fleet,
     names: Vec<Arc<str>>,
-    stop: watch::Sender<bool>,
+    stop: CancellationToken,
     served: Option<tokio::task::JoinHandle<()>>,
     tasks: Vec<AbortHandle>,
     unregister_on_shutdown: bool,
@@ -278,7 +280,7 @@ impl WebhookServer {
     /// Stops accepting connections and lets the requests in flight finish
     /// (for at most ten seconds), leaving the registrations as they are.
     pub async fn stop(mut self) {
-        self.stop.send_replace(true);
+        self.stop.cancel();
         if let Some(served) = self.served.take() {
             let _ = served.await;
         }
@@ -287,7 +289,7 @@ impl WebhookServer {
 
 impl Drop for WebhookServer {
     fn drop(&mut self) {
-        self.stop.send_replace(true);
+        self.stop.cancel();
         for task in &self.tasks {
             task.abort();
         }

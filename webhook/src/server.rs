@@ -19,8 +19,9 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::{Method, Request, Response, StatusCode, body::Incoming, header, service::service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use kube_fleet::{ClusterName, Fleet};
-use tokio::{net::TcpListener, sync::watch, task::JoinSet};
+use tokio::{net::TcpListener, task::JoinSet};
 use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
 
 use crate::{
     handler::{Handler, refuse},
@@ -50,14 +51,14 @@ pub(crate) struct Shared {
     pub(crate) metrics: Metrics,
 }
 
-/// Serves on `listener` until `stop` turns true or its sender goes, then
+/// Serves on `listener` until `stop` is cancelled, then
 /// closes the listener and lets the requests in flight finish (for at most
 /// `drain`).
 pub(crate) async fn serve(
     listener: TcpListener,
     tls: TlsAcceptor,
     shared: Arc<Shared>,
-    mut stop: watch::Receiver<bool>,
+    stop: CancellationToken,
     drain: Duration,
 ) {
     let mut connections = JoinSet::new();
@@ -65,19 +66,19 @@ pub(crate) async fn serve(
         if connections.len() >= MAX_CONNECTIONS {
             tokio::select! {
                 biased;
-                () = stopped(&mut stop) => break,
+                () = stop.cancelled() => break,
                 _ = connections.join_next() => continue,
             }
         }
         let (stream, _) = tokio::select! {
             biased;
-            () = stopped(&mut stop) => break,
+            () = stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(error) => {
                     tracing::warn!(%error, "accepting a connection to the webhook server");
                     tokio::select! {
-                        () = stopped(&mut stop) => break,
+                        () = stop.cancelled() => break,
                         () = tokio::time::sleep(Duration::from_millis(100)) => continue,
                     }
                 }
@@ -86,7 +87,7 @@ pub(crate) async fn serve(
         };
         let tls = tls.clone();
         let shared = shared.clone();
-        let mut stop = stop.clone();
+        let stop = stop.clone();
         connections.spawn(async move {
             let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream)).await {
                 Ok(Ok(stream)) => stream,
@@ -111,7 +112,7 @@ pub(crate) async fn serve(
                         tracing::debug!(%error, "a webhook connection");
                     }
                 }
-                () = stopped(&mut stop) => {
+                () = stop.cancelled() => {
                     // Finish the request in flight, then close.
                     connection.as_mut().graceful_shutdown();
                     let _ = connection.await;
@@ -125,10 +126,6 @@ pub(crate) async fn serve(
     })
     .await;
     connections.shutdown().await;
-}
-
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|stop| *stop).await;
 }
 
 async fn route(shared: &Shared, request: Request<Incoming>) -> Response<Full<Bytes>> {

@@ -25,6 +25,7 @@ use kube::Client;
 use kube_fleet::{Fleet, provider::ClusterEvent};
 use prometheus_client::registry::Registry;
 use tokio::{net::TcpListener, sync::watch};
+use tokio_util::sync::CancellationToken;
 
 use super::{
     Added, Address, Manager,
@@ -59,7 +60,7 @@ struct Coordination {
     elector: Option<BoxFuture<'static, Result<(), Error>>>,
     /// The leader election's Lease, as `namespace/name`.
     lease: Option<String>,
-    stop_election: watch::Sender<bool>,
+    stop_election: CancellationToken,
     /// Whether the Lease may be released as the run ends.
     release: Arc<AtomicBool>,
     shard_status: Option<ShardStatus>,
@@ -73,7 +74,7 @@ type Ended = Shared<BoxFuture<'static, Result<(), String>>>;
 /// The endpoints' server, while it runs.
 struct Serving {
     /// Told to stop as the run returns.
-    stop: watch::Sender<bool>,
+    stop: CancellationToken,
     /// Where it listens, and how it ended.
     served: Option<(SocketAddr, Ended)>,
     /// Ready only if the server ends before it is told to (it panicked).
@@ -267,7 +268,7 @@ async fn coordinate(
         None => watch::Sender::new(Role::Leading),
     };
     let role = role_sender.subscribe();
-    let (stop_election, election_stopped) = watch::channel(false);
+    let stop_election = CancellationToken::new();
     let release = Arc::new(AtomicBool::new(true));
     let mut elector: Option<BoxFuture<'static, Result<(), Error>>> = None;
     let mut lease = None;
@@ -296,7 +297,7 @@ async fn coordinate(
                 election.timings,
                 validity.clone(),
                 role_sender.clone(),
-                election_stopped.clone(),
+                stop_election.clone(),
                 release.clone(),
             )
             .boxed(),
@@ -346,7 +347,7 @@ async fn coordinate(
             (hubs, taken),
         );
         let offers = futures::stream::select_all(providers.take().unwrap_or_default()).boxed();
-        elector = Some(sharder.run(offers, election_stopped.clone()).boxed());
+        elector = Some(sharder.run(offers, stop_election.clone()).boxed());
     }
     Ok(Coordination {
         gate,
@@ -416,7 +417,7 @@ fn start_serving(
     endpoints: Arc<Endpoints>,
     tasks: &mut Tasks,
 ) -> Serving {
-    let (stop, stops) = watch::channel(false);
+    let stop = CancellationToken::new();
     let Some(listener) = listener else {
         return Serving {
             stop,
@@ -428,7 +429,7 @@ fn start_serving(
         .local_addr()
         .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     tracing::info!(%address, "serving /healthz, /readyz and /metrics");
-    let handle = tokio::spawn(serve(listener, endpoints, stops));
+    let handle = tokio::spawn(serve(listener, endpoints, stop.clone()));
     tasks.0.push(handle.abort_handle());
     let ended = handle
         .map(|ended| ended.map_err(|error| error.to_string()))
@@ -465,19 +466,19 @@ async fn wait_to_lead(
     elector: &mut BoxFuture<'static, Result<(), Error>>,
     server: &mut BoxFuture<'static, Error>,
     shutdown: &mut BoxFuture<'static, ()>,
-    stop_election: &watch::Sender<bool>,
+    stop_election: &CancellationToken,
 ) -> Option<Result<(), Error>> {
     tracing::info!(%lease, "waiting to lead");
     let mut leading = role.clone();
     tokio::select! {
         result = &mut *elector => Some(result),
         error = &mut *server => {
-            let _ = stop_election.send(true);
+            stop_election.cancel();
             let _ = elector.await;
             Some(Err(error))
         }
         () = &mut *shutdown => {
-            let _ = stop_election.send(true);
+            stop_election.cancel();
             Some(elector.await)
         }
         _ = async { leading.wait_for(|role| *role == Role::Leading).await.is_ok() } => None,
@@ -497,15 +498,11 @@ async fn run_controllers(
     elector_done: &mut bool,
     server: &mut BoxFuture<'static, Error>,
 ) -> Option<Error> {
-    let (halt, halted) = watch::channel(false);
+    let halt = CancellationToken::new();
     let mut running: FuturesUnordered<_> = controllers
         .into_iter()
         .map(|added| {
-            let mut halted = halted.clone();
-            let signal = async move {
-                let _ = halted.wait_for(|halt| *halt).await;
-            }
-            .boxed();
+            let signal = halt.clone().cancelled_owned().boxed();
             added.started.store(true, Ordering::SeqCst);
             let handle = tokio::spawn((added.start)(signal, gate.clone()));
             tasks.0.push(handle.abort_handle());
@@ -558,7 +555,7 @@ async fn run_controllers(
             }
         }
         if halting {
-            let _ = halt.send(true);
+            halt.cancel();
         }
     }
     error
@@ -569,7 +566,7 @@ async fn run_controllers(
 /// the Lease go, by stopping the election. If they do not end in time, the
 /// Lease is left to expire rather than released, so that another replica
 /// cannot start while they might still run.
-async fn hand_back(validity: &Validity, release: &AtomicBool, stop_election: &watch::Sender<bool>) {
+async fn hand_back(validity: &Validity, release: &AtomicBool, stop_election: &CancellationToken) {
     if tokio::time::timeout(DRAIN_TIMEOUT, validity.drained())
         .await
         .is_err()
@@ -577,7 +574,7 @@ async fn hand_back(validity: &Validity, release: &AtomicBool, stop_election: &wa
         tracing::warn!(timeout = ?DRAIN_TIMEOUT, "reconciles still running after the controllers stopped");
         release.store(false, Ordering::SeqCst);
     }
-    let _ = stop_election.send(true);
+    stop_election.cancel();
 }
 
 /// Closes the endpoints before `run` returns, so that the port is free
@@ -585,7 +582,7 @@ async fn hand_back(validity: &Validity, release: &AtomicBool, stop_election: &wa
 /// panicked while nothing watched it (the controllers stopping, the Lease
 /// going) is reported all the same.
 async fn close(serving: Serving, result: Result<(), Error>) -> Result<(), Error> {
-    let _ = serving.stop.send(true);
+    serving.stop.cancel();
     if let Some((address, served)) = serving.served
         && let Err(reason) = served.await
     {

@@ -15,13 +15,14 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client, api::ListParams};
 use kube_fleet::{ClusterName, Fleet, provider::ClusterEvent};
 use tokio::{sync::watch, task::JoinHandle, time::Instant};
+use tokio_util::sync::CancellationToken;
 
 use crate::{
     error::Error,
     gate::{Hubs, Shards, Validity},
     lease::{Holder, LeaseLock, Observed, holder_for, identity_of},
     shard::{ShardStatus, owner, shard_key, shard_of, short_hash},
-    timing::{Timings, stopped},
+    timing::Timings,
 };
 use fences::renew_fences;
 
@@ -184,7 +185,7 @@ impl Sharder {
     pub(crate) async fn run(
         mut self,
         mut providers: BoxStream<'static, ClusterEvent>,
-        mut stop: watch::Receiver<bool>,
+        stop: CancellationToken,
     ) -> Result<(), Error> {
         tracing::info!(shards = %self.set, count = self.count, holder = %self.holder, namespace = %self.namespace, "sharding");
         let mut next = Instant::now();
@@ -194,7 +195,7 @@ impl Sharder {
         loop {
             tokio::select! {
                 biased;
-                _ = stopped(&mut stop) => break,
+                () = stop.cancelled() => break,
                 // The timer before the providers: however many events they
                 // send, the Leases are renewed on time.
                 _ = tokio::time::sleep_until(next) => {
