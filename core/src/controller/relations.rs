@@ -1,18 +1,23 @@
-//! What else a controller watches: the types it owns, and the types whose
-//! changes map to its objects, in the same cluster or across the fleet.
+//! What else a controller watches (the types it owns, and the types whose
+//! changes map to its objects, in the same cluster or across the fleet),
+//! what it writes, and the RBAC rules all of that needs.
 
 use std::sync::Arc;
 
-use kube::core::PartialObjectMeta;
+use kube::{
+    Resource,
+    core::{ApiResource, PartialObjectMeta},
+};
 
 use super::{
-    ClusterSelector, Controller, Owner, Watch,
-    trigger::{self, WatchTrigger},
+    ClusterSelector, Controller, Owner, Watch, permissions,
+    trigger::{self, Trigger, WatchTrigger, Watched},
     watch::Resolved,
 };
 use crate::{
     cache::{Change, Watchable},
     cluster_name::ClusterName,
+    rbac::Permissions,
     request::{McRequest, ObjectKey},
 };
 
@@ -200,5 +205,109 @@ impl<K: Watchable> Controller<K> {
             |_| |_: &ClusterName, _: &Change<Other>| Vec::new(),
             Some((to, keys)),
         )
+    }
+
+    /// The RBAC rules this controller needs, as built so far: `get`, `list`
+    /// and `watch` on every type it watches (its own, and each type it
+    /// [`owns`](Self::owns) or [`watches`](Self::watches), metadata-only or
+    /// not), in the clusters each watch runs in; and what it
+    /// [`writes`](Self::writes), in the clusters it [works
+    /// in](Self::clusters). Rules for [`ClusterSelector::Local`] go to the local
+    /// cluster's set, for [`ClusterSelector::Provided`] to the members', for
+    /// [`ClusterSelector::All`] and [`ClusterSelector::Matching`] to both (a filter may
+    /// select any cluster).
+    ///
+    /// A `DynamicObject` watch of a kind that discovery resolves
+    /// ([`Watch::discover`](super::Watch::discover)) has no resource name
+    /// until it runs: it gets a note, not a rule. A watch limited to one
+    /// namespace ([`Watch::in_namespace`](super::Watch::in_namespace)) is
+    /// granted cluster-wide here; a Role in that namespace would do.
+    ///
+    /// ```
+    /// use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    /// use kube::{discovery::Scope as KindScope, runtime::watcher};
+    /// use kube_fleet::{Controller, Fleet, controller::{ClusterSelector, Watch}};
+    ///
+    /// let controller = Controller::<ConfigMap>::new(&Fleet::new(), watcher::Config::default())
+    ///     .watches::<Secret, _>(Watch::default().in_clusters(ClusterSelector::Local), |_, _| None)
+    ///     .watches_metadata::<kube::api::DynamicObject, _>(
+    ///         Watch::default()
+    ///             .in_clusters(ClusterSelector::Provided)
+    ///             .discover("example.com", "Widget", KindScope::Namespaced),
+    ///         |_, _| None,
+    ///     )
+    ///     .writes::<ConfigMap>(&["patch"])
+    ///     .records_events();
+    /// let yaml = controller.permissions().to_yaml("my-operator");
+    /// let (local, member) = yaml.split_once("---\n").unwrap();
+    /// assert!(local.contains(
+    ///     "- apiGroups:\n  - \"\"\n  resources:\n  - configmaps\n  verbs:\n  - get\n  - list\n  - patch\n  - watch\n"
+    /// ));
+    /// assert!(local.contains("  resources:\n  - secrets\n  verbs:\n  - get\n  - list\n  - watch\n"));
+    /// assert!(local.contains(
+    ///     "- apiGroups:\n  - events.k8s.io\n  resources:\n  - events\n  verbs:\n  - create\n  - patch\n"
+    /// ));
+    /// assert!(!member.contains("secrets"));
+    /// assert!(member.contains("\n# kind Widget in group example.com is resolved by discovery"));
+    /// ```
+    pub fn permissions(&self) -> Permissions {
+        let own = self
+            .for_trigger
+            .iter()
+            .map(|own| (own.watched(), &self.clusters));
+        let related = self.triggers.iter().map(|trigger| {
+            let clusters = trigger.clusters().unwrap_or(&self.clusters);
+            (trigger.watched(), clusters)
+        });
+        permissions::needed(own.chain(related), &self.writes, &self.clusters)
+    }
+
+    /// Declares that the reconciler does `verbs` to `W` objects, in the
+    /// clusters the controller works in, for [`permissions`](Self::permissions).
+    /// The verbs are Kubernetes' ([`rbac::VERBS`](crate::rbac::VERBS)); any other is reported
+    /// as [`Error::Invalid`](super::Error::Invalid) when the controller
+    /// runs. Rights needed elsewhere (a hub's controller that writes in its
+    /// members) are added to the [`Permissions`] by hand
+    /// ([`Permissions::grant`]).
+    ///
+    /// ```
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube::runtime::watcher;
+    /// use kube_fleet::{Controller, Fleet, rbac::{Rule, Scope}};
+    ///
+    /// let controller = Controller::<ConfigMap>::new(&Fleet::new(), watcher::Config::default())
+    ///     .writes::<ConfigMap>(&["patch", "update"]);
+    /// assert_eq!(
+    ///     controller.permissions().rules(Scope::Local),
+    ///     [Rule::new("", "configmaps", ["get", "list", "patch", "update", "watch"])]
+    /// );
+    /// ```
+    pub fn writes<W: Resource<DynamicType = ()>>(self, verbs: &[&str]) -> Self {
+        let written = Watched::of::<W>(&());
+        self.write(written, &W::kind(&()), verbs)
+    }
+
+    /// Like [`writes`](Self::writes), for the type `resource` describes.
+    pub fn writes_with(self, resource: &ApiResource, verbs: &[&str]) -> Self {
+        let written = Watched::of::<kube::api::DynamicObject>(resource);
+        self.write(written, &resource.kind, verbs)
+    }
+
+    /// Declares that the reconciler records Kubernetes events: `create`
+    /// and `patch` on `events.k8s.io` events, in the clusters the
+    /// controller works in, for [`permissions`](Self::permissions).
+    pub fn records_events(self) -> Self {
+        let events = Watched::Resource {
+            group: "events.k8s.io".to_owned(),
+            plural: "events".to_owned(),
+        };
+        self.write(events, "Event", &["create", "patch"])
+    }
+
+    fn write(mut self, written: Watched, kind: &str, verbs: &[&str]) -> Self {
+        let (known, problem) = permissions::verbs_of(kind, verbs);
+        self.problems.extend(problem);
+        self.writes.push((written, known));
+        self
     }
 }
