@@ -1,16 +1,19 @@
 //! The limits a key is admitted under: the controller's and each cluster's
 //! concurrency, and the shared and per-cluster token buckets.
 
-use std::task::{Context, Poll};
+use std::{
+    pin::Pin,
+    task::{Context, Poll},
+};
 
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
+use tokio_util::time::DelayQueue;
 
 use super::{
-    Queue,
-    keys::Phase,
-    lanes::{Lane, Sharing},
-    token_bucket::{TokenBucket, Tokens},
+    lanes::{Lanes, Sharing},
+    token_bucket::TokenBucket,
 };
+use crate::cluster_name::ClusterName;
 
 /// The limits the queue admits keys under.
 #[derive(Debug, Clone, Default)]
@@ -44,7 +47,39 @@ impl Limits {
     }
 }
 
-impl Queue {
+/// What admits a key: the limits, and the state of the token buckets.
+#[derive(Debug)]
+pub(super) struct Admission {
+    limits: Limits,
+    /// Clusters out of tokens, until their next one is due.
+    throttled: DelayQueue<ClusterName>,
+    /// Waits for the shared bucket's next token.
+    shared_wait: Option<Pin<Box<Sleep>>>,
+    /// A token of the shared bucket is taken for the next key.
+    shared_token: bool,
+}
+
+impl Admission {
+    pub(super) fn new(limits: Limits) -> Self {
+        Self {
+            limits,
+            throttled: DelayQueue::new(),
+            shared_wait: None,
+            shared_token: false,
+        }
+    }
+
+    /// With [`Sharing::InTurn`] and a total limit, the most keys a turn
+    /// runs; `None` when clusters take turns key by key.
+    pub(super) fn turns(&self) -> Option<usize> {
+        self.limits.turns()
+    }
+
+    /// The key admitted has started: the shared token taken for it is used.
+    pub(super) fn token_used(&mut self) {
+        self.shared_token = false;
+    }
+
     /// How many reconciles one cluster may run at once now.
     ///
     /// Unless set explicitly, with a controller-wide limit `G` and `k`
@@ -55,17 +90,17 @@ impl Queue {
     /// of them once there are others, or more than its fair share when
     /// several have work. (Slots are counted when keys are admitted; runs
     /// already going are not taken back.)
-    fn cluster_cap(&self) -> usize {
+    fn cluster_cap(&self, lanes: &Lanes) -> usize {
         match self.limits.turns() {
             Some(_) if self.limits.cluster_concurrency.is_none() => {
                 self.limits.concurrency.unwrap_or(usize::MAX)
             }
-            _ => self.fair_cap(),
+            _ => self.fair_cap(lanes),
         }
     }
 
     /// [`cluster_cap`](Self::cluster_cap) with [`Sharing::Fair`].
-    fn fair_cap(&self) -> usize {
+    fn fair_cap(&self, lanes: &Lanes) -> usize {
         if let Some(cap) = self.limits.cluster_concurrency {
             return cap.max(1);
         }
@@ -75,46 +110,22 @@ impl Queue {
                 .default_cluster_concurrency
                 .unwrap_or(usize::MAX);
         };
-        let floor = if self.clusters.len() - self.held_clusters > 1 {
-            2
-        } else {
-            1
-        };
-        global.div_ceil(self.busy_clusters.max(floor)).max(1)
+        let floor = if lanes.unheld() > 1 { 2 } else { 1 };
+        global.div_ceil(lanes.busy().max(floor)).max(1)
     }
 
-    /// Whether a key may be popped now. Moves keys whose delay has passed
-    /// into their lanes, brings clusters whose tokens are due back into the
-    /// round-robin, and registers `cx` to be woken for the next timer.
-    /// Afterwards the cluster at the front of the round-robin is the one
-    /// [`pop_front`](Self::pop_front) serves.
-    pub(super) fn poll_admit(&mut self, cx: &mut Context<'_>) -> bool {
-        while let Poll::Ready(Some(expired)) = self.delayed.poll_expired(cx) {
-            let key = expired.into_inner();
-            if self.keys.contains_key(&key) {
-                self.cluster_mut(&key.cluster).delayed -= 1;
-                let ticket = self.make_ready(key.clone(), Lane::Changed);
-                if let Some(state) = self.keys.get_mut(&key) {
-                    state.phase = Phase::Ready {
-                        ticket,
-                        lane: Lane::Changed,
-                        since: self.metrics.as_ref().map(|_| Instant::now()),
-                    };
-                }
-            }
-        }
+    /// Whether a key of `lanes` may be popped now. Brings clusters whose
+    /// tokens are due back into the round-robin, and registers `cx` to be
+    /// woken for the next timer. Afterwards the cluster at the front of the
+    /// round-robin is the one [`Lanes::pop_front`] serves.
+    pub(super) fn poll_admit(&mut self, cx: &mut Context<'_>, lanes: &mut Lanes) -> bool {
         while let Poll::Ready(Some(expired)) = self.throttled.poll_expired(cx) {
-            let name = expired.into_inner();
-            if let Some(cluster) = self.clusters.get_mut(&name) {
-                cluster.throttled = false;
-                self.take_turn(&name);
-                self.refresh(&name);
-            }
+            lanes.unthrottle(&expired.into_inner());
         }
         if self
             .limits
             .concurrency
-            .is_some_and(|limit| self.running_len >= limit)
+            .is_some_and(|limit| lanes.running() >= limit)
         {
             return false; // A finishing reconcile wakes the controller.
         }
@@ -124,7 +135,7 @@ impl Queue {
             }
             self.shared_wait = None;
         }
-        if self.turns.is_empty() {
+        if lanes.front().is_none() {
             return false;
         }
         let now = Instant::now();
@@ -142,66 +153,19 @@ impl Queue {
                 }
             }
         }
-        self.front_admissible(now)
-    }
-
-    /// Rotates the round-robin until its front cluster may run a key, taking
-    /// out clusters that are held or out of tokens and skipping those at
-    /// their concurrency cap. Each cluster is looked at once at most.
-    fn front_admissible(&mut self, now: Instant) -> bool {
-        let cap = self.cluster_cap();
+        let cap = self.cluster_cap(lanes);
         // In turn, a cluster whose keys wait for it to answer again runs
         // no more than its fair share: its runs hang until they time out.
         // Otherwise the fair share is the cap already.
         let unanswering_cap = match self.limits.turns() {
-            Some(_) => self.fair_cap(),
+            Some(_) => self.fair_cap(lanes),
             None => cap,
         };
-        for _ in 0..self.turns.len() {
-            let Some(name) = self.turns.front().cloned() else {
-                return false;
-            };
-            let Some(cluster) = self.clusters.get_mut(&name) else {
-                self.turns.pop_front();
-                continue;
-            };
-            if cluster.held || cluster.paused || cluster.ready == 0 {
-                cluster.in_turns = false;
-                cluster.turn_left = 0;
-                self.turns.pop_front();
-                continue;
-            }
-            let cap = if cluster.unanswered.is_empty() {
-                cap
-            } else {
-                cap.min(unanswering_cap)
-            };
-            if cluster.running >= cap {
-                // Keeps its place in line for when a run ends.
-                self.turns.rotate_left(1);
-                continue;
-            }
-            if let Some((rate, burst)) = self.limits.cluster_rate_limit
-                && !cluster.has_token
-            {
-                let bucket = cluster
-                    .bucket
-                    .get_or_insert_with(|| Tokens::full(rate, burst));
-                match bucket.try_take(now) {
-                    // Held for this cluster's next key.
-                    Ok(()) => cluster.has_token = true,
-                    Err(at) => {
-                        cluster.in_turns = false;
-                        cluster.turn_left = 0;
-                        cluster.throttled = true;
-                        self.turns.pop_front();
-                        self.throttled.insert_at(name, at);
-                        continue;
-                    }
-                }
-            }
-            return true;
-        }
-        false
+        lanes.front_admissible(
+            (cap, unanswering_cap),
+            self.limits.cluster_rate_limit,
+            &mut self.throttled,
+            now,
+        )
     }
 }

@@ -1,13 +1,24 @@
 //! Each key's state: waiting (ready or delayed), running, or only
-//! remembering its failures; and what a run's outcome schedules next.
+//! remembering its failures; the delays of those that wait for a time, and
+//! the backoff of those that failed.
 
-use std::time::Duration;
+use std::{
+    collections::HashMap,
+    hash::{BuildHasher, RandomState},
+    task::{Context, Poll},
+    time::Duration,
+};
 
 use tokio::time::Instant;
-use tokio_util::time::delay_queue;
+use tokio_util::time::{DelayQueue, delay_queue};
 
-use super::{Lane, Queue};
-use crate::{action::Action, reason::ReconcileReason, request::McRequest};
+use super::{
+    Lane,
+    backoff::{Backoff, Jitter},
+};
+use crate::{
+    action::Action, cluster_name::ClusterName, reason::ReconcileReason, request::McRequest,
+};
 
 /// Requeue delays are clamped to this: tokio's timer wheel panics for delays
 /// beyond about two years.
@@ -59,228 +70,165 @@ pub(crate) enum Outcome {
     Failure(Option<Duration>),
     /// The run failed because its cluster gave no answer: run it again
     /// after the key's backoff, or as soon as the cluster answers again
-    /// ([`answering`](Queue::answering)).
+    /// ([`answering`](super::Queue::answering)).
     Unanswered,
     /// The run did not start, or was cut short, because its cluster left or
     /// was replaced: run it again at once, unless its cluster was purged.
     Interrupted,
 }
 
-impl Queue {
-    /// Schedules `key` to run at `at`, or earlier if it already was.
-    ///
-    /// A key already waiting keeps the earlier of its two times (and moves
-    /// to the `Changed` lane if that is where it is pushed now); a running
-    /// key runs once more after the current run ends. The reason that comes
-    /// first stays, unless the new one runs the key sooner.
-    pub(crate) fn schedule(
-        &mut self,
-        key: McRequest,
-        at: Instant,
-        lane: Lane,
-        reason: ReconcileReason,
-    ) {
-        let at = at.min(Instant::now() + MAX_DELAY);
-        let Some(state) = self.keys.get_mut(&key) else {
-            self.keys.insert(
-                key.clone(),
-                KeyState {
-                    phase: Phase::Idle,
-                    failures: 0,
-                    last_error: 0,
-                    reason,
-                },
-            );
-            self.enqueue(key, at, lane);
-            return;
-        };
-        let enqueue = match &mut state.phase {
-            Phase::Ready {
-                lane: current,
-                since,
-                ..
-            } => {
-                if lane.outranks(*current) {
-                    // Promoted: its entry in the lower lane goes stale.
-                    self.next_ticket += 1;
-                    let ticket = self.next_ticket;
-                    let since = *since;
-                    state.phase = Phase::Ready {
-                        ticket,
-                        lane,
-                        since,
-                    };
-                    state.reason = reason;
-                    let cluster = self.clusters.entry(key.cluster.clone()).or_default();
-                    cluster.lane_mut(lane).push_back((ticket, key.clone()));
-                }
-                false
-            }
-            Phase::Running { rerun, .. } => {
-                *rerun = Some(match rerun.take() {
-                    Some((t, l, first)) => (t.min(at), l.max(lane), first),
-                    None => (at, lane, reason),
-                });
-                false
-            }
-            Phase::Delayed { at: current, slot } => {
-                let sooner = at < *current;
-                if sooner {
-                    self.delayed.remove(slot);
-                    state.reason = reason;
-                }
-                sooner
-            }
-            Phase::Idle => {
-                state.reason = reason;
-                true
-            }
-        };
-        if enqueue {
-            if let Some(state) = self.keys.get(&key)
-                && matches!(state.phase, Phase::Delayed { .. })
-            {
-                self.cluster_mut(&key.cluster).delayed -= 1;
-            }
-            self.enqueue(key, at, lane);
+/// Every key the queue knows, and the timers of those delayed.
+#[derive(Debug)]
+pub(super) struct Keys {
+    states: HashMap<McRequest, KeyState>,
+    delayed: DelayQueue<McRequest>,
+    backoff: Backoff,
+    jitter: Jitter,
+    next_ticket: u64,
+    hasher: RandomState,
+}
+
+impl Keys {
+    pub(super) fn new(backoff: Backoff) -> Self {
+        Self {
+            states: HashMap::new(),
+            delayed: DelayQueue::new(),
+            backoff,
+            jitter: Jitter::new(),
+            next_ticket: 0,
+            hasher: RandomState::new(),
         }
     }
 
+    pub(super) fn get(&self, key: &McRequest) -> Option<&KeyState> {
+        self.states.get(key)
+    }
+
+    pub(super) fn get_mut(&mut self, key: &McRequest) -> Option<&mut KeyState> {
+        self.states.get_mut(key)
+    }
+
+    /// A new key, with nothing scheduled yet.
+    pub(super) fn insert(&mut self, key: McRequest, reason: ReconcileReason) {
+        self.states.insert(
+            key,
+            KeyState {
+                phase: Phase::Idle,
+                failures: 0,
+                last_error: 0,
+                reason,
+            },
+        );
+    }
+
+    /// Forgets `key`.
+    pub(super) fn remove(&mut self, key: &McRequest) {
+        self.states.remove(key);
+        self.shrink();
+    }
+
+    /// A ticket marking a key's entry in a lane; a later one makes the
+    /// earlier entry stale.
     pub(super) fn ticket(&mut self) -> u64 {
         self.next_ticket += 1;
         self.next_ticket
     }
 
-    /// Puts a key whose state exists into a lane or the delay queue.
-    pub(super) fn enqueue(&mut self, key: McRequest, at: Instant, lane: Lane) {
-        let phase = if at <= Instant::now() {
-            Phase::Ready {
-                ticket: self.make_ready(key.clone(), lane),
-                lane,
-                since: self.metrics.as_ref().map(|_| Instant::now()),
-            }
-        } else {
-            self.cluster_mut(&key.cluster).delayed += 1;
-            let slot = self.delayed.insert_at(key.clone(), at);
-            Phase::Delayed { at, slot }
-        };
-        if let Some(state) = self.keys.get_mut(&key) {
-            state.phase = phase;
-        }
+    /// Delays `key` until `at`.
+    pub(super) fn delay(&mut self, key: McRequest, at: Instant) -> Phase {
+        let slot = self.delayed.insert_at(key, at);
+        Phase::Delayed { at, slot }
     }
 
-    /// Records how a run of `key` ended and schedules its next run: after its
-    /// backoff on failure, when the [`Action`] asks on success, and in any
-    /// case no later than a change that arrived while it ran.
-    pub(crate) fn complete(&mut self, key: &McRequest, outcome: Outcome) {
-        let Some(state) = self.keys.get_mut(key) else {
-            return;
-        };
-        let Phase::Running {
-            rerun,
-            purged,
-            recoveries,
-            started,
-        } = &mut state.phase
-        else {
-            return;
-        };
-        let (rerun, purged, started_at, started) = (rerun.take(), *purged, *recoveries, *started);
-        self.running_len -= 1;
-        let now = Instant::now();
-        let next = match outcome {
-            _ if purged => None,
-            Outcome::Interrupted => Some((now, Lane::Changed, ReconcileReason::ClusterReplaced)),
-            Outcome::Success(action) => {
-                state.failures = 0;
-                state.last_error = 0;
-                action.requeue_after().map(|d| {
-                    let at = now + d.min(MAX_DELAY);
-                    (at, Lane::Changed, ReconcileReason::ReconcilerRequestedRetry)
-                })
-            }
-            Outcome::Failure(_) | Outcome::Unanswered => {
-                state.failures = state.failures.saturating_add(1);
-                let delay = match outcome {
-                    Outcome::Failure(Some(after)) => after,
-                    // The cluster answered again while the run waited for
-                    // it: the run failed of an outage that is over, and
-                    // goes again at once.
-                    Outcome::Unanswered
-                        if self
-                            .clusters
-                            .get(&key.cluster)
-                            .is_some_and(|cluster| cluster.recoveries != started_at) =>
-                    {
-                        Duration::ZERO
-                    }
-                    _ => self.backoff.jittered(state.failures, self.jitter.next()),
-                };
-                let at = now + delay.min(MAX_DELAY);
-                Some((
-                    at,
-                    Lane::Changed,
-                    ReconcileReason::ErrorPolicyRequestedRetry,
-                ))
-            }
-        };
-        if !purged
-            && let Some(cluster) = self.clusters.get_mut(&key.cluster)
-            && let (Some(metrics), Some(started)) = (&self.metrics, started)
-        {
-            let retried = matches!(outcome, Outcome::Failure(_) | Outcome::Unanswered);
-            cluster.finished(metrics, &key.cluster, started, now, retried);
-        }
-        if !purged && let Some(cluster) = self.clusters.get_mut(&key.cluster) {
-            if outcome == Outcome::Unanswered {
-                // A cluster that does not answer gives its turn up (not for
-                // a run that waited through an outage that is over).
-                if cluster.turn_left > 0 && cluster.recoveries == started_at {
-                    cluster.turn_left = 0;
-                    if self.turns.front() == Some(&key.cluster) {
-                        self.turns.rotate_left(1);
+    /// Takes a delayed key's timer out.
+    pub(super) fn undelay(&mut self, slot: &delay_queue::Key) {
+        self.delayed.remove(slot);
+    }
+
+    /// The next delayed key whose time has come, if it is still known.
+    pub(super) fn poll_due(&mut self, cx: &mut Context<'_>) -> Poll<Option<McRequest>> {
+        loop {
+            match self.delayed.poll_expired(cx) {
+                Poll::Ready(Some(expired)) => {
+                    let key = expired.into_inner();
+                    if self.states.contains_key(&key) {
+                        return Poll::Ready(Some(key));
                     }
                 }
-                cluster.unanswered.insert(key.clone());
-            } else if !cluster.unanswered.is_empty() {
-                cluster.unanswered.remove(key);
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
             }
-        }
-        // The sooner of the two runs, and its reason.
-        let next = match (next, rerun) {
-            (Some((a, la, ra)), Some((b, lb, rb))) => {
-                let reason = if b <= a { rb } else { ra };
-                Some((a.min(b), la.max(lb), reason))
-            }
-            (a, b) => a.or(b),
-        };
-        match next {
-            Some((at, lane, reason)) => {
-                state.phase = Phase::Idle;
-                state.reason = reason;
-                self.enqueue(key.clone(), at, lane);
-            }
-            None => {
-                self.keys.remove(key);
-                self.shrink_keys();
-            }
-        }
-        if !purged && let Some(cluster) = self.clusters.get_mut(&key.cluster) {
-            cluster.running -= 1;
-            self.take_turn(&key.cluster);
-            self.refresh(&key.cluster);
         }
     }
-}
 
-impl Queue {
+    /// How many keys wait for a time.
+    pub(super) fn delayed(&self) -> usize {
+        self.delayed.len()
+    }
+
+    /// The backoff after a key's `failures`-th failure in a row.
+    pub(super) fn backoff(&mut self, failures: u32) -> Duration {
+        self.backoff.jittered(failures, self.jitter.next())
+    }
+
+    /// Notes that the run of `key` failed with `error`; whether its last
+    /// run failed with the same (a repeat, not news).
+    pub(super) fn failed_again(&mut self, key: &McRequest, error: &str) -> bool {
+        let Some(state) = self.states.get_mut(key) else {
+            return false;
+        };
+        let hash = self.hasher.hash_one(error).max(1);
+        std::mem::replace(&mut state.last_error, hash) == hash
+    }
+
+    /// Forgets every key of `cluster` but those running, which are marked
+    /// purged: they stay until their run ends, so that none runs twice at
+    /// once, and their outcome then counts for nothing.
+    pub(super) fn purge(&mut self, cluster: &ClusterName) {
+        let delayed = &mut self.delayed;
+        self.states.retain(|key, state| {
+            if key.cluster != *cluster {
+                return true;
+            }
+            match &mut state.phase {
+                Phase::Delayed { slot, .. } => {
+                    delayed.remove(slot);
+                    false
+                }
+                Phase::Running { rerun, purged, .. } => {
+                    *rerun = None;
+                    *purged = true;
+                    state.failures = 0;
+                    true
+                }
+                Phase::Ready { .. } | Phase::Idle => false,
+            }
+        });
+        self.shrink();
+    }
+
     /// Gives a drained backlog's memory back: a map of keys sized for a
     /// start-up of thousands would otherwise keep that size for the
     /// controller's life.
-    pub(super) fn shrink_keys(&mut self) {
-        let capacity = self.keys.capacity();
-        if capacity > 1024 && self.keys.len() * 8 < capacity {
-            self.keys.shrink_to(self.keys.len() * 2);
+    fn shrink(&mut self) {
+        let capacity = self.states.capacity();
+        if capacity > 1024 && self.states.len() * 8 < capacity {
+            self.states.shrink_to(self.states.len() * 2);
         }
+    }
+
+    #[cfg(test)]
+    pub(super) fn capacity(&self) -> usize {
+        self.states.capacity()
+    }
+
+    #[cfg(test)]
+    pub(super) fn states(&self) -> impl Iterator<Item = &KeyState> {
+        self.states.values()
+    }
+
+    #[cfg(test)]
+    pub(super) fn is_empty(&self) -> bool {
+        self.states.is_empty()
     }
 }

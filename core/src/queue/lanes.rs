@@ -6,16 +6,16 @@
 //! controller's own writes (the `Echoed` lane) wait for both.
 
 use std::{
-    collections::{HashSet, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     sync::Arc,
     time::Duration,
 };
 
 use tokio::time::Instant;
+use tokio_util::time::DelayQueue;
 
 use super::{
-    Queue,
-    keys::{KeyState, Phase},
+    keys::{KeyState, Keys, Phase},
     metrics::{ClusterStats, QueueMetrics},
     token_bucket::Tokens,
 };
@@ -214,13 +214,96 @@ impl ClusterQueue {
     }
 }
 
-impl Queue {
+/// Every cluster's part of the queue, the round-robin of those with keys
+/// to run, and the counts the limits are reckoned from.
+#[derive(Debug, Default)]
+pub(super) struct Lanes {
+    clusters: HashMap<ClusterName, ClusterQueue>,
+    /// Clusters with ready keys that are not held or throttled, in the order
+    /// they are served.
+    turns: VecDeque<ClusterName>,
+    ready: usize,
+    running: usize,
+    /// Clusters that have keys running, or ready and not held.
+    busy: usize,
+    /// Clusters held until the controller's watches there sync.
+    held: usize,
+    /// Where each cluster's figures are counted, if anyone reads them.
+    metrics: Option<QueueMetrics>,
+}
+
+impl Drop for Lanes {
+    /// The controller has stopped: its figures go, rather than stand still
+    /// with runs that will never end.
+    fn drop(&mut self) {
+        if let Some(metrics) = &self.metrics {
+            for cluster in self.clusters.keys() {
+                metrics.forget(cluster);
+            }
+        }
+    }
+}
+
+impl Lanes {
+    /// Counts each cluster's figures in `metrics` from now on.
+    pub(super) fn count_in(&mut self, metrics: QueueMetrics) {
+        self.metrics = Some(metrics);
+    }
+
+    /// Whether figures are counted (then a key's wait is timed).
+    pub(super) fn counted(&self) -> bool {
+        self.metrics.is_some()
+    }
+
+    /// Where figures are counted, if they are.
+    pub(super) fn metrics(&self) -> Option<&QueueMetrics> {
+        self.metrics.as_ref()
+    }
+
+    /// One more (`1`) or one fewer (`-1`) cluster held.
+    pub(super) fn held_one(&mut self, by: isize) {
+        self.held = self.held.wrapping_add_signed(by);
+    }
+
+    /// How many keys are ready.
+    pub(super) fn ready(&self) -> usize {
+        self.ready
+    }
+
+    /// How many keys run.
+    pub(super) fn running(&self) -> usize {
+        self.running
+    }
+
+    /// How many clusters have keys running, or ready and not held.
+    pub(super) fn busy(&self) -> usize {
+        self.busy
+    }
+
+    /// How many clusters the queue knows that are not held.
+    pub(super) fn unheld(&self) -> usize {
+        self.clusters.len() - self.held
+    }
+
+    pub(super) fn get(&self, name: &ClusterName) -> Option<&ClusterQueue> {
+        self.clusters.get(name)
+    }
+
+    pub(super) fn get_mut(&mut self, name: &ClusterName) -> Option<&mut ClusterQueue> {
+        self.clusters.get_mut(name)
+    }
+
     pub(super) fn cluster_mut(&mut self, name: &ClusterName) -> &mut ClusterQueue {
         self.clusters.entry(name.clone()).or_default()
     }
 
-    pub(super) fn make_ready(&mut self, key: McRequest, lane: Lane) -> u64 {
-        let ticket = self.ticket();
+    /// The cluster first in line.
+    pub(super) fn front(&self) -> Option<&ClusterName> {
+        self.turns.front()
+    }
+
+    /// Puts `key` in its cluster's `lane` under `ticket`, as a ready key.
+    pub(super) fn make_ready(&mut self, key: McRequest, lane: Lane, ticket: u64) {
         let name = key.cluster.clone();
         let cluster = self.clusters.entry(name.clone()).or_default();
         cluster.lane_mut(lane).push_back((ticket, key));
@@ -228,10 +311,16 @@ impl Queue {
         if let Some(metrics) = &self.metrics {
             cluster.stats(metrics, &name).added();
         }
-        self.ready_len += 1;
+        self.ready += 1;
         self.take_turn(&name);
         self.refresh(&name);
-        ticket
+    }
+
+    /// Puts a ready key's entry in a higher `lane` under `ticket`: its entry
+    /// in the lower lane goes stale.
+    pub(super) fn promote(&mut self, key: McRequest, lane: Lane, ticket: u64) {
+        let cluster = self.clusters.entry(key.cluster.clone()).or_default();
+        cluster.lane_mut(lane).push_back((ticket, key));
     }
 
     /// Puts `name` in the round-robin if it has ready keys and is neither
@@ -262,9 +351,9 @@ impl Queue {
         if busy != cluster.busy {
             cluster.busy = busy;
             if busy {
-                self.busy_clusters += 1;
+                self.busy += 1;
             } else {
-                self.busy_clusters -= 1;
+                self.busy -= 1;
             }
         }
         if cluster.is_empty()
@@ -278,14 +367,99 @@ impl Queue {
         }
     }
 
-    /// Takes the next key of the cluster at the front of the round-robin
-    /// and marks it running. Call [`poll_admit`](Self::poll_admit) first,
-    /// and only when it said yes.
-    pub(super) fn pop_front(&mut self) -> Option<(McRequest, ReconcileReason)> {
+    /// Takes the cluster first in line out of the round-robin until
+    /// [`resume`](Self::resume): it starts no key meanwhile.
+    pub(super) fn pause_front(&mut self) {
+        let name = self.turns.pop_front().expect("an admitted cluster");
+        if let Some(cluster) = self.clusters.get_mut(&name) {
+            cluster.paused = true;
+            cluster.in_turns = false;
+            cluster.turn_left = 0;
+        }
+        // No longer counted among the clusters with work while it waits.
+        self.refresh(&name);
+    }
+
+    /// Rotates the round-robin until its front cluster may run a key, taking
+    /// out clusters that are held or out of tokens (timed in `throttled`)
+    /// and skipping those at their concurrency cap (`cap`, or
+    /// `unanswering_cap` for one whose keys wait for it to answer). Each
+    /// cluster is looked at once at most.
+    pub(super) fn front_admissible(
+        &mut self,
+        (cap, unanswering_cap): (usize, usize),
+        rate_limit: Option<(f64, u32)>,
+        throttled: &mut DelayQueue<ClusterName>,
+        now: Instant,
+    ) -> bool {
+        for _ in 0..self.turns.len() {
+            let Some(name) = self.turns.front().cloned() else {
+                return false;
+            };
+            let Some(cluster) = self.clusters.get_mut(&name) else {
+                self.turns.pop_front();
+                continue;
+            };
+            if cluster.held || cluster.paused || cluster.ready == 0 {
+                cluster.in_turns = false;
+                cluster.turn_left = 0;
+                self.turns.pop_front();
+                continue;
+            }
+            let cap = if cluster.unanswered.is_empty() {
+                cap
+            } else {
+                cap.min(unanswering_cap)
+            };
+            if cluster.running >= cap {
+                // Keeps its place in line for when a run ends.
+                self.turns.rotate_left(1);
+                continue;
+            }
+            if let Some((rate, burst)) = rate_limit
+                && !cluster.has_token
+            {
+                let bucket = cluster
+                    .bucket
+                    .get_or_insert_with(|| Tokens::full(rate, burst));
+                match bucket.try_take(now) {
+                    // Held for this cluster's next key.
+                    Ok(()) => cluster.has_token = true,
+                    Err(at) => {
+                        cluster.in_turns = false;
+                        cluster.turn_left = 0;
+                        cluster.throttled = true;
+                        self.turns.pop_front();
+                        throttled.insert_at(name, at);
+                        continue;
+                    }
+                }
+            }
+            return true;
+        }
+        false
+    }
+
+    /// `name`'s tokens are due again: it takes its turn.
+    pub(super) fn unthrottle(&mut self, name: &ClusterName) {
+        if let Some(cluster) = self.clusters.get_mut(name) {
+            cluster.throttled = false;
+            self.take_turn(name);
+            self.refresh(name);
+        }
+    }
+
+    /// Takes the next key of the cluster at the front of the round-robin,
+    /// and marks it running in `keys`; a turn is at most `turns` keys
+    /// (`None`: one key per turn). Call only when admission said yes.
+    pub(super) fn pop_front(
+        &mut self,
+        keys: &mut Keys,
+        turns: Option<usize>,
+    ) -> Option<(McRequest, ReconcileReason)> {
         let name = self.turns.pop_front()?;
-        // The tokens taken when the key was admitted are used now.
-        self.shared_token = false;
         let cluster = self.clusters.get_mut(&name)?;
+        // The token taken when the key was admitted is used now.
         cluster.has_token = false;
         // One reading, kept with the run and counted now, so that its end
         // finds it among the runs under way.
@@ -308,7 +482,7 @@ impl Queue {
                 // A drained backlog gives its memory back.
                 *list = VecDeque::new();
             }
-            let since = match self.keys.get(&key) {
+            let since = match keys.get(&key) {
                 Some(KeyState {
                     phase:
                         Phase::Ready {
@@ -330,7 +504,6 @@ impl Queue {
                 break key;
             }
         };
-        let turns = self.limits.turns();
         if let Some(most) = turns
             && cluster.turn_left == 0
         {
@@ -356,10 +529,10 @@ impl Queue {
             cluster.turn_left = 0;
             self.turns.push_back(name.clone());
         }
-        self.ready_len -= 1;
-        self.running_len += 1;
+        self.ready -= 1;
+        self.running += 1;
         let recoveries = cluster.recoveries;
-        let reason = match self.keys.get_mut(&key) {
+        let reason = match keys.get_mut(&key) {
             Some(state) => {
                 state.phase = Phase::Running {
                     rerun: None,
@@ -373,5 +546,91 @@ impl Queue {
         };
         self.refresh(&name);
         Some((key, reason))
+    }
+
+    /// A run of `key` ended: one fewer running, counted in its cluster's
+    /// figures (`retried` if it failed and goes again); a run that failed
+    /// for want of an answer (`unanswered`) gives its cluster's turn up
+    /// unless the cluster answered again since it started (`recovered`).
+    /// Its cluster's part is done with by [`after_run`](Self::after_run).
+    pub(super) fn run_ended(
+        &mut self,
+        key: &McRequest,
+        started: Option<Instant>,
+        (retried, unanswered, recovered): (bool, bool, bool),
+        now: Instant,
+    ) {
+        let Some(cluster) = self.clusters.get_mut(&key.cluster) else {
+            return;
+        };
+        if let (Some(metrics), Some(started)) = (&self.metrics, started) {
+            cluster.finished(metrics, &key.cluster, started, now, retried);
+        }
+        if unanswered {
+            // A cluster that does not answer gives its turn up (not for
+            // a run that waited through an outage that is over).
+            if cluster.turn_left > 0 && !recovered {
+                cluster.turn_left = 0;
+                if self.turns.front() == Some(&key.cluster) {
+                    self.turns.rotate_left(1);
+                }
+            }
+            cluster.unanswered.insert(key.clone());
+        } else if !cluster.unanswered.is_empty() {
+            cluster.unanswered.remove(key);
+        }
+    }
+
+    /// Counts one run fewer in all (a purged key's run too).
+    pub(super) fn one_less_running(&mut self) {
+        self.running -= 1;
+    }
+
+    /// The run of a key of `name` is done with: the cluster may take its
+    /// turn again.
+    pub(super) fn after_run(&mut self, name: &ClusterName) {
+        if let Some(cluster) = self.clusters.get_mut(name) {
+            cluster.running -= 1;
+            self.take_turn(name);
+            self.refresh(name);
+        }
+    }
+
+    /// Forgets `name`'s part: its lanes, its figures and its place in line.
+    pub(super) fn purge(&mut self, name: &ClusterName) {
+        if let Some(metrics) = &self.metrics {
+            metrics.forget(name);
+        }
+        if let Some(entry) = self.clusters.remove(name) {
+            self.ready -= entry.ready;
+            if entry.busy {
+                self.busy -= 1;
+            }
+            if entry.held {
+                self.held -= 1;
+            }
+        }
+        self.turns.retain(|c| c != name);
+        // A throttle timer of the purged cluster finds no entry and is ignored.
+    }
+
+    #[cfg(test)]
+    pub(super) fn is_empty(&self) -> bool {
+        self.clusters.is_empty()
+    }
+
+    #[cfg(test)]
+    pub(super) fn knows(&self, name: &str) -> bool {
+        self.clusters.contains_key(name)
+    }
+
+    #[cfg(test)]
+    pub(super) fn known(&self) -> Vec<&ClusterName> {
+        self.clusters.keys().collect()
+    }
+
+    #[cfg(test)]
+    pub(super) fn counts(&self) -> (usize, usize) {
+        (self.running, self.busy)
     }
 }

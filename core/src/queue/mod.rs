@@ -22,11 +22,12 @@
 //! [`Config::read_your_writes`](crate::controller::Config::read_your_writes))
 //! waits until neither has a key ready, or for a hundred keys of theirs.
 
-// Its parts: `keys` (each key's state, its delays and what a run's outcome
-// schedules), `lanes` (each cluster's lanes of ready keys and the
-// round-robin of clusters), `admission` (the limits a key is admitted under)
-// and `gate` (clusters held until their watches sync, purged when they
-// leave, woken when they answer again).
+// Its parts, each owning its state: `keys` (`Keys`: each key's state, its
+// timer, its backoff), `lanes` (`Lanes`: each cluster's lanes of ready keys,
+// the round-robin of clusters and the counts; `gate.rs` holds, releases,
+// pauses and resumes clusters) and `admission` (`Admission`: the limits and
+// the token buckets' state). What crosses them (a key scheduled, popped or
+// completed; a cluster purged or woken) is `Queue`'s, in `schedule.rs`.
 
 mod admission;
 mod backoff;
@@ -35,18 +36,14 @@ mod gate;
 mod keys;
 mod lanes;
 mod metrics;
+mod schedule;
 #[cfg(test)]
 mod tests;
 mod token_bucket;
 
-use std::{
-    collections::{HashMap, VecDeque},
-    pin::Pin,
-    task::{Context, Poll},
-};
+use std::task::{Context, Poll};
 
-use tokio::time::{Instant, Sleep};
-use tokio_util::time::DelayQueue;
+use tokio::time::Instant;
 
 pub(crate) use admission::Limits;
 pub use backoff::Backoff;
@@ -58,49 +55,16 @@ pub use metrics::{ClusterQueueMetrics, DurationHistogram, QueueMetrics, WORKQUEU
 pub use token_bucket::TokenBucket;
 
 use crate::{cluster_name::ClusterName, reason::ReconcileReason, request::McRequest};
-use backoff::Jitter;
-use keys::KeyState;
-use lanes::ClusterQueue;
+use admission::Admission;
+use keys::Keys;
+use lanes::Lanes;
 
 /// Deduplicating, delaying, backing-off, admitting, fair queue of requests.
 #[derive(Debug)]
 pub(crate) struct Queue {
-    keys: HashMap<McRequest, KeyState>,
-    clusters: HashMap<ClusterName, ClusterQueue>,
-    /// Clusters with ready keys that are not held or throttled, in the order
-    /// they are served.
-    turns: VecDeque<ClusterName>,
-    ready_len: usize,
-    running_len: usize,
-    /// Clusters that have keys running, or ready and not held.
-    busy_clusters: usize,
-    /// Clusters held until the controller's watches there sync.
-    held_clusters: usize,
-    delayed: DelayQueue<McRequest>,
-    throttled: DelayQueue<ClusterName>,
-    /// Waits for the shared bucket's next token.
-    shared_wait: Option<Pin<Box<Sleep>>>,
-    /// A token of the shared bucket is taken for the next key.
-    shared_token: bool,
-    limits: Limits,
-    backoff: Backoff,
-    jitter: Jitter,
-    next_ticket: u64,
-    hasher: std::hash::RandomState,
-    /// Where each cluster's figures are counted, if anyone reads them.
-    metrics: Option<QueueMetrics>,
-}
-
-impl Drop for Queue {
-    /// The controller has stopped: its figures go, rather than stand still
-    /// with runs that will never end.
-    fn drop(&mut self) {
-        if let Some(metrics) = &self.metrics {
-            for cluster in self.clusters.keys() {
-                metrics.forget(cluster);
-            }
-        }
-    }
+    keys: Keys,
+    lanes: Lanes,
+    admission: Admission,
 }
 
 /// The key the queue admits next, taken out only by [`pop`](Self::pop): a
@@ -113,7 +77,7 @@ impl PopReady<'_> {
     /// The cluster of the key admitted next.
     pub(crate) fn cluster(&self) -> &ClusterName {
         self.queue
-            .turns
+            .lanes
             .front()
             .expect("an admitted cluster is first in line")
     }
@@ -121,14 +85,7 @@ impl PopReady<'_> {
     /// Leaves the key queued and starts no key of its cluster until
     /// [`Queue::resume`]: the controller waits for its watches there.
     pub(crate) fn pause(self) {
-        let name = self.queue.turns.pop_front().expect("an admitted cluster");
-        if let Some(cluster) = self.queue.clusters.get_mut(&name) {
-            cluster.paused = true;
-            cluster.in_turns = false;
-            cluster.turn_left = 0;
-        }
-        // No longer counted among the clusters with work while it waits.
-        self.queue.refresh(&name);
+        self.queue.lanes.pause_front();
     }
 
     /// Takes the key out and marks it running, with the reason it runs.
@@ -142,29 +99,15 @@ impl PopReady<'_> {
 impl Queue {
     pub(crate) fn new(backoff: Backoff, limits: Limits) -> Self {
         Self {
-            keys: HashMap::new(),
-            clusters: HashMap::new(),
-            turns: VecDeque::new(),
-            ready_len: 0,
-            running_len: 0,
-            busy_clusters: 0,
-            held_clusters: 0,
-            delayed: DelayQueue::new(),
-            throttled: DelayQueue::new(),
-            shared_wait: None,
-            shared_token: false,
-            limits,
-            backoff,
-            jitter: Jitter::new(),
-            next_ticket: 0,
-            hasher: std::hash::RandomState::new(),
-            metrics: None,
+            keys: Keys::new(backoff),
+            lanes: Lanes::default(),
+            admission: Admission::new(limits),
         }
     }
 
     /// Counts each cluster's figures in `metrics` from now on.
     pub(crate) fn count_in(&mut self, metrics: QueueMetrics) {
-        self.metrics = Some(metrics);
+        self.lanes.count_in(metrics);
     }
 
     /// Schedules `key` to run now, in `lane`, for `reason`.
@@ -187,18 +130,36 @@ impl Queue {
     /// Notes that the run of `key` failed with `error`; whether its last
     /// run failed with the same (a repeat, not news).
     pub(crate) fn failed_again(&mut self, key: &McRequest, error: &str) -> bool {
-        use std::hash::BuildHasher;
-
-        let Some(state) = self.keys.get_mut(key) else {
-            return false;
-        };
-        let hash = self.hasher.hash_one(error).max(1);
-        std::mem::replace(&mut state.last_error, hash) == hash
+        self.keys.failed_again(key, error)
     }
 
     /// How many keys wait to run, ready or delayed (not those running).
     pub(crate) fn waiting(&self) -> usize {
-        self.ready_len + self.delayed.len()
+        self.lanes.ready() + self.keys.delayed()
+    }
+
+    /// Holds `cluster`'s keys until [`release`](Self::release): the
+    /// controller serves it but its watches there have not synced.
+    pub(crate) fn hold(&mut self, cluster: &ClusterName) {
+        self.lanes.hold(cluster);
+    }
+
+    /// Lets `cluster`'s keys run.
+    pub(crate) fn release(&mut self, cluster: &ClusterName) {
+        self.lanes.release(cluster);
+    }
+
+    /// Lets `cluster`'s keys start again after a
+    /// [`pause`](PopReady::pause); nothing if it left meanwhile.
+    pub(crate) fn resume(&mut self, cluster: &ClusterName) {
+        self.lanes.resume(cluster);
+    }
+
+    /// Lets `cluster`'s keys run and stops keeping its entry for it: the
+    /// controller does not serve the cluster (it only receives requests for
+    /// it).
+    pub(crate) fn unserve(&mut self, cluster: &ClusterName) {
+        self.lanes.unserve(cluster);
     }
 
     /// How many failures `key` has had in a row.

@@ -1,4 +1,4 @@
-use std::{future::poll_fn, task::Poll, time::Duration};
+use std::{collections::HashMap, future::poll_fn, task::Poll, time::Duration};
 
 use super::*;
 use crate::action::Action;
@@ -124,7 +124,7 @@ async fn a_change_runs_a_delayed_key_sooner() {
     // The old delay is gone with it.
     tokio::time::advance(Duration::from_secs(61)).await;
     assert_eq!(ready_now(&mut queue), None);
-    assert!(queue.clusters.is_empty(), "nothing left of cluster a");
+    assert!(queue.lanes.is_empty(), "nothing left of cluster a");
 }
 
 /// The next key and its reason, right now.
@@ -813,7 +813,7 @@ async fn purging_a_cluster_forgets_its_waiting_running_and_delayed_keys() {
     }
     queue.purge(&"gone".into());
     assert!(
-        !queue.clusters.contains_key("gone"),
+        !queue.lanes.knows("gone"),
         "its lanes, counts and bucket are gone"
     );
     // A run that was cancelled or finishes late schedules nothing.
@@ -823,9 +823,14 @@ async fn purging_a_cluster_forgets_its_waiting_running_and_delayed_keys() {
     assert_eq!(left, [key("stays", "x")]);
     assert_eq!(queue.waiting(), 0);
     assert!(queue.keys.is_empty());
-    let kept: Vec<_> = queue.clusters.keys().map(|c| c.as_str()).collect();
+    let kept: Vec<_> = queue
+        .lanes
+        .known()
+        .into_iter()
+        .map(|c| c.as_str())
+        .collect();
     assert_eq!(kept, ["stays"], "only the bucket of the cluster that stays");
-    assert_eq!((queue.running_len, queue.busy_clusters), (0, 0));
+    assert_eq!(queue.lanes.counts(), (0, 0));
 }
 
 #[tokio::test(start_paused = true)]
@@ -887,7 +892,7 @@ async fn the_waiting_count_follows_every_change() {
     let counted = |queue: &Queue| {
         queue
             .keys
-            .values()
+            .states()
             .filter(|s| matches!(s.phase, Phase::Ready { .. } | Phase::Delayed { .. }))
             .count()
     };
