@@ -73,12 +73,12 @@ pub(crate) use budget::Budget;
 pub use budget::RequestBudget;
 pub use cluster_client::{ClusterClient, InvalidPathPrefix};
 
+pub use error::OwnerReferenceAcross;
 pub use error::error_chain;
 pub(crate) use error::is_unanswered;
 pub(crate) use exec::{ExecToken, PLUGIN_TIMEOUT, resolve as resolve_exec};
 pub use keep_alive::KeepAlive;
 pub(crate) use keep_alive::LOOK_EVERY;
-pub use owners::OwnerReferenceAcross;
 pub(crate) use owners::{Reconciling, reconciling};
 pub(crate) use reachability::Reachability;
 pub use requests::{LATENCY_BUCKETS, RequestCount, RequestLatency, RequestStats};

@@ -15,6 +15,7 @@ use http::{Method, Request};
 use kube::{Resource, ResourceExt, client::Body};
 use serde_json::Value;
 
+use super::error::OwnerReferenceAcross;
 use super::{reachability::Reachability, writes::Writer};
 use crate::cluster_name::ClusterName;
 
@@ -79,62 +80,6 @@ pub(crate) fn writer() -> Option<(Arc<Writer>, ClusterName)> {
         })
         .ok()
         .flatten()
-}
-
-/// A write refused before it was sent: the object names as its owner, in
-/// `metadata.ownerReferences`, the object being reconciled in another
-/// cluster, where the owner does not exist: on another API server, or, on
-/// the same one (namespaces of one host engaged as clusters), a namespaced
-/// owner in another namespace than the object.
-///
-/// The cluster's garbage collector would take the owner for deleted and
-/// delete the object soon after it was made, and the next reconcile make
-/// it again, without end. A child in another cluster than its parent is marked with
-/// [`ParentRef::adopt`](crate::ownership::ParentRef::adopt) instead, and
-/// its parent reconciled when it changes or goes with
-/// [`Controller::owns_across`](crate::Controller::owns_across); see
-/// [`ownership`](crate::ownership).
-///
-/// An engaged cluster's client refuses it while the owner's reconcile runs
-/// (also when a layer or [`apply`](crate::apply::apply) makes the write),
-/// but not from a task the reconcile spawned, nor through a client the
-/// reconciler built itself. It reaches the reconciler as
-/// `kube::Error::Service` holding this error:
-///
-/// ```
-/// use kube_fleet::ownership::OwnerReferenceAcross;
-///
-/// fn refused(error: &kube::Error) -> Option<&OwnerReferenceAcross> {
-///     match error {
-///         kube::Error::Service(inner) => inner.downcast_ref(),
-///         _ => None,
-///     }
-/// }
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "refused to write {path} to cluster {cluster}: its ownerReferences name {owner} (uid {uid}) \
-     of cluster {owner_cluster}, which the garbage collector where the object is written cannot \
-     find (another API server, or another namespace): it would take the owner for deleted and \
-     delete the object, and the reconcile make it again, without end. Mark the child with \
-     ParentRef::adopt and watch it with Controller::owns_across instead"
-)]
-#[non_exhaustive]
-pub struct OwnerReferenceAcross {
-    /// The cluster the write was for.
-    pub cluster: ClusterName,
-    /// The path of the object written: the request's, or for a create,
-    /// its collection's with the name from the body put after it
-    /// (`/api/v1/namespaces/default/configmaps/child`), or, where the body
-    /// has only a `generateName`, that prefix followed by `*`
-    /// (`.../configmaps/child-*`).
-    pub path: String,
-    /// The cluster of the owner.
-    pub owner_cluster: ClusterName,
-    /// The owner, as `namespace/name` (or `name`), in `owner_cluster`.
-    pub owner: String,
-    /// The owner's UID.
-    pub uid: String,
 }
 
 /// The cluster a write goes to, as its client knows it.

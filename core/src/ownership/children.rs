@@ -4,7 +4,7 @@
 use std::{
     collections::{HashMap, HashSet},
     fmt,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::Duration,
 };
 
@@ -13,7 +13,7 @@ use futures::StreamExt;
 use kube::{Resource, ResourceExt};
 use tower::BoxError;
 
-use super::cleanup::Unknown;
+use super::cleanup::{Cleanup, Deleted, Pending, Unknown};
 use super::parent::{PARENT_ANNOTATION, ParentRef, key_names, request_key};
 use crate::{
     cache::{WatchState, Watchable},
@@ -28,32 +28,6 @@ use crate::{
 /// How long [`Children::sweep`] and [`Children::release`] wait for each
 /// cluster's deletes.
 const SWEEP_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// What [`Children::delete`] did.
-#[derive(Debug, Default)]
-#[non_exhaustive]
-pub struct Deleted {
-    /// The children deleted (or found gone already), each as the request
-    /// for it in its cluster.
-    pub deleted: Vec<McRequest>,
-    /// The clusters skipped, and why (see the [module docs](crate::ownership) for when
-    /// they are swept).
-    pub skipped: Vec<(ClusterName, String)>,
-}
-
-impl Deleted {
-    /// Notes that `cluster` was skipped for `why`: one entry per cluster,
-    /// with every cause.
-    pub(super) fn skip(&mut self, cluster: &ClusterName, why: String) {
-        match self.skipped.iter_mut().find(|(c, _)| c == cluster) {
-            Some((_, causes)) => {
-                causes.push_str("; ");
-                causes.push_str(&why);
-            }
-            None => self.skipped.push((cluster.clone(), why)),
-        }
-    }
-}
 
 /// The children of type `C` that parents in other clusters own, across
 /// the fleet: see the [module docs](crate::ownership).
@@ -70,7 +44,7 @@ pub struct Children<C: Watchable> {
     /// For each, whether that cluster gave no answer (asked about again
     /// every time) rather than having children not known yet (asked about
     /// once its watch has synced).
-    pub(super) pending: Arc<Mutex<HashMap<ClusterName, HashMap<McRequest, bool>>>>,
+    pub(super) pending: Pending,
 }
 
 impl<C: Watchable> Clone for Children<C> {
@@ -209,6 +183,7 @@ where
         let read = self.states();
         let children = self.of(parent);
         let (deleted, unanswered) = self
+            .cleanup()
             .delete_children(&parent.request, read, children, timeout, Unknown::Remember)
             .await?;
         // A parent that stays (released by `finalize_if`, not deleted) does
@@ -259,15 +234,16 @@ where
         if !orphans.is_empty() {
             tracing::info!(parent = %parent.request, orphans = orphans.len(), "deleting children whose parent is gone");
         }
-        self.delete_children(
-            &parent.request,
-            read,
-            orphans,
-            SWEEP_TIMEOUT,
-            Unknown::Remember,
-        )
-        .await
-        .map(|(deleted, _)| deleted)
+        self.cleanup()
+            .delete_children(
+                &parent.request,
+                read,
+                orphans,
+                SWEEP_TIMEOUT,
+                Unknown::Remember,
+            )
+            .await
+            .map(|(deleted, _)| deleted)
     }
 
     /// Deletes every child of the request's object, which exists but is no
@@ -299,15 +275,16 @@ where
         if !children.is_empty() {
             tracing::info!(parent = %parent.request, children = children.len(), "deleting children of a released parent");
         }
-        self.delete_children(
-            &parent.request,
-            read,
-            children,
-            SWEEP_TIMEOUT,
-            Unknown::Forget,
-        )
-        .await
-        .map(|(deleted, _)| deleted)
+        self.cleanup()
+            .delete_children(
+                &parent.request,
+                read,
+                children,
+                SWEEP_TIMEOUT,
+                Unknown::Forget,
+            )
+            .await
+            .map(|(deleted, _)| deleted)
     }
 
     /// The requests of parents whose cleanup or sweep skipped a cluster
@@ -378,36 +355,13 @@ where
         pending.values().map(HashMap::len).sum()
     }
 
-    /// Records that `cluster` was skipped for `parent` (`Some(unanswered)`),
-    /// or clears that (`None`). Whether it is news: the cluster newly gives
-    /// no answer for this parent.
-    pub(super) fn record(
-        &self,
-        cluster: &ClusterName,
-        parent: &McRequest,
-        skipped: Option<bool>,
-    ) -> bool {
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        match skipped {
-            Some(unanswered) => {
-                let entry = pending
-                    .entry(cluster.clone())
-                    .or_default()
-                    .entry(parent.clone())
-                    .or_default();
-                let news = unanswered && !*entry;
-                *entry |= unanswered;
-                news
-            }
-            None => {
-                if let Some(parents) = pending.get_mut(cluster) {
-                    parents.remove(parent);
-                    if parents.is_empty() {
-                        pending.remove(cluster);
-                    }
-                }
-                false
-            }
+    /// What deletes this parent's children, with this store and fleet.
+    fn cleanup(&self) -> Cleanup<'_, C> {
+        Cleanup {
+            fleet: &self.fleet,
+            store: &self.store,
+            concurrency: self.concurrency,
+            pending: &self.pending,
         }
     }
 

@@ -5,7 +5,7 @@
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     fmt,
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
@@ -19,13 +19,86 @@ use tower::BoxError;
 use crate::{
     cache::{WatchState, Watchable},
     cluster_name::ClusterName,
-    fleetwide::{InCluster, for_each_cluster},
+    fleet::Fleet,
+    fleetwide::{FleetStore, InCluster, for_each_cluster},
     request::{McRequest, ObjectKey},
 };
 
-use super::children::{Children, Deleted};
+/// The parents whose children a cleanup or sweep had to skip, by the
+/// cluster skipped; for each, whether that cluster gave no answer (asked
+/// about again every time) rather than having children not known yet
+/// (asked about once its watch has synced).
+pub(super) type Pending = Arc<Mutex<HashMap<ClusterName, HashMap<McRequest, bool>>>>;
 
-impl<C> Children<C>
+/// What [`Children::delete`](super::Children::delete) did.
+#[derive(Debug, Default)]
+#[non_exhaustive]
+pub struct Deleted {
+    /// The children deleted (or found gone already), each as the request
+    /// for it in its cluster.
+    pub deleted: Vec<McRequest>,
+    /// The clusters skipped, and why (see the [module docs](crate::ownership) for when
+    /// they are swept).
+    pub skipped: Vec<(ClusterName, String)>,
+}
+
+impl Deleted {
+    /// Notes that `cluster` was skipped for `why`: one entry per cluster,
+    /// with every cause.
+    pub(super) fn skip(&mut self, cluster: &ClusterName, why: String) {
+        match self.skipped.iter_mut().find(|(c, _)| c == cluster) {
+            Some((_, causes)) => {
+                causes.push_str("; ");
+                causes.push_str(&why);
+            }
+            None => self.skipped.push((cluster.clone(), why)),
+        }
+    }
+}
+
+/// Records that `cluster` was skipped for `parent` (`Some(unanswered)`),
+/// or clears that (`None`). Whether it is news: the cluster newly gives
+/// no answer for this parent.
+pub(super) fn record(
+    pending: &Pending,
+    cluster: &ClusterName,
+    parent: &McRequest,
+    skipped: Option<bool>,
+) -> bool {
+    let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
+    match skipped {
+        Some(unanswered) => {
+            let entry = pending
+                .entry(cluster.clone())
+                .or_default()
+                .entry(parent.clone())
+                .or_default();
+            let news = unanswered && !*entry;
+            *entry |= unanswered;
+            news
+        }
+        None => {
+            if let Some(parents) = pending.get_mut(cluster) {
+                parents.remove(parent);
+                if parents.is_empty() {
+                    pending.remove(cluster);
+                }
+            }
+            false
+        }
+    }
+}
+
+/// What a cleanup works with: the fleet, the store of children, how many
+/// clusters it deletes in at once, and what was skipped.
+pub(super) struct Cleanup<'a, C: Watchable> {
+    pub(super) fleet: &'a Fleet,
+    pub(super) store: &'a FleetStore<C>,
+    pub(super) concurrency: usize,
+    pub(super) pending: &'a Pending,
+}
+
+impl<C> Cleanup<'_, C>
 where
     C: Watchable<DynamicType = ()> + serde::Serialize,
 {
@@ -99,7 +172,7 @@ where
         let skipped: HashSet<&ClusterName> = deleted.skipped.iter().map(|(c, _)| c).collect();
         for (cluster, state) in &read {
             if *state == WatchState::Synced && !skipped.contains(cluster) {
-                self.record(cluster, parent, None);
+                record(self.pending, cluster, parent, None);
             }
         }
         // Those that gave no answer, or whose children are not all known,
@@ -113,7 +186,7 @@ where
             let answered = !unanswered.contains(cluster);
             let forget = answered && unknown == Unknown::Forget && read.contains_key(cluster);
             if self.fleet.get(cluster).is_some() && !forget {
-                news |= self.record(cluster, parent, Some(!answered));
+                news |= record(self.pending, cluster, parent, Some(!answered));
                 recorded = true;
             }
         }

@@ -98,5 +98,6 @@ mod cleanup;
 pub(crate) mod parent;
 
 pub use crate::client::OwnerReferenceAcross;
-pub use children::{Children, Deleted};
+pub use children::Children;
+pub use cleanup::Deleted;
 pub use parent::{PARENT_ANNOTATION, PARENT_UID_LABEL, ParentRef, ParentRefError};
