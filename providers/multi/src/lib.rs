@@ -22,8 +22,8 @@
 //! let (test, test_clusters) = ProgrammaticProvider::new();
 //! providers.add("prod", prod)?;
 //! providers.add("test", test)?;
-//! prod_clusters.add("east", east); // engaged as "prod#east"
-//! test_clusters.add("east", lab); // engaged as "test#east"
+//! prod_clusters.engage("east", east); // engaged as "prod#east"
+//! test_clusters.engage("east", lab); // engaged as "test#east"
 //! providers.remove("test"); // "test#east" is disengaged
 //! # Ok(())
 //! # }
