@@ -1,9 +1,18 @@
 //! How many requests a second one cluster's client may send: a budget for
 //! reads and one for writes, as client-go's client-side flow control.
 
-use std::{sync::Mutex, time::Duration};
+use std::{
+    sync::{Arc, Mutex},
+    task::{Context, Poll},
+    time::Duration,
+};
 
-use http::{HeaderMap, Method, StatusCode};
+use futures::future::BoxFuture;
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use kube::client::Body;
+use tower::{BoxError, Layer, Service};
+
+use super::{inner::take, stats::RequestStats};
 use tokio::time::Instant;
 
 /// How many requests a second one cluster's client may send, and how many
@@ -307,6 +316,72 @@ impl Budget {
     }
 }
 
+/// Holds each request until the cluster's request budget lets it go (the
+/// time it waited counted in `stats`), and tells the budget how the server
+/// answered. Without a budget it passes every request on at once.
+#[derive(Clone)]
+pub(super) struct BudgetLayer {
+    budget: Option<Arc<Budget>>,
+    stats: Arc<RequestStats>,
+}
+
+impl BudgetLayer {
+    pub(super) fn new(budget: Option<Arc<Budget>>, stats: Arc<RequestStats>) -> Self {
+        Self { budget, stats }
+    }
+}
+
+impl<S> Layer<S> for BudgetLayer {
+    type Service = Budgeted<S>;
+
+    fn layer(&self, inner: S) -> Budgeted<S> {
+        Budgeted {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The service of [`BudgetLayer`].
+#[derive(Clone)]
+pub(super) struct Budgeted<S> {
+    inner: S,
+    layer: BudgetLayer,
+}
+
+impl<S, B> Service<Request<Body>> for Budgeted<S>
+where
+    S: Service<Request<Body>, Response = Response<B>, Error = BoxError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = Response<B>;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<Response<B>, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let mut inner = take(&mut self.inner);
+        let Some(budget) = self.layer.budget.clone() else {
+            return Box::pin(inner.call(request));
+        };
+        let stats = self.layer.stats.clone();
+        Box::pin(async move {
+            let method = request.method().clone();
+            let waited = budget.wait(&method).await;
+            stats.waited(&method, waited);
+            let result = inner.call(request).await;
+            if let Ok(response) = &result {
+                budget.answered(&method, response.status(), response.headers());
+            }
+            result
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -432,5 +507,48 @@ mod tests {
     fn an_unlimited_budget_is_no_budget() {
         assert!(Budget::new(RequestBudget::UNLIMITED).is_none());
         assert!(Budget::new(RequestBudget::UNLIMITED.reads(1.0, 1)).is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_layer_holds_a_request_for_the_budget_and_tells_it_of_a_429() {
+        use tower::ServiceExt;
+
+        let budget = Arc::new(Budget::new(RequestBudget::UNLIMITED.reads(10.0, 5)).unwrap());
+        let stats = Arc::new(RequestStats::default());
+        let (below, mut handle) = tower_test::mock::pair::<Request<Body>, Response<()>>();
+        let service = BudgetLayer::new(Some(budget.clone()), stats.clone()).layer(below);
+        let get = || Request::get("/api/v1/pods").body(Body::empty()).unwrap();
+        let first = tokio::spawn(service.clone().oneshot(get()));
+        let (_, send) = handle.next_request().await.unwrap();
+        let mut throttled = Response::new(());
+        *throttled.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        throttled.headers_mut().extend(retry_after("3"));
+        send.send_response(throttled);
+        assert_eq!(
+            first.await.unwrap().unwrap().status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        // The next read waits out the Retry-After before anything below sees it.
+        let started = Instant::now();
+        let second = tokio::spawn(service.oneshot(get()));
+        let (_, send) = handle.next_request().await.unwrap();
+        assert_eq!(started.elapsed(), Duration::from_secs(3));
+        send.send_response(Response::new(()));
+        second.await.unwrap().unwrap();
+        let waits = stats.budget_waits();
+        assert_eq!(waits[0].count, 2, "{waits:?}");
+        assert!((waits[0].sum - 3.0).abs() < 0.01, "{waits:?}");
+    }
+
+    #[tokio::test]
+    async fn without_a_budget_the_layer_passes_requests_on() {
+        use tower::ServiceExt;
+
+        let (below, mut handle) = tower_test::mock::pair::<Request<Body>, Response<()>>();
+        let service = BudgetLayer::new(None, Arc::default()).layer(below);
+        let call = tokio::spawn(service.oneshot(Request::get("/").body(Body::empty()).unwrap()));
+        let (_, send) = handle.next_request().await.unwrap();
+        send.send_response(Response::new(()));
+        call.await.unwrap().unwrap();
     }
 }

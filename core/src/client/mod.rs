@@ -60,12 +60,16 @@ mod budget;
 mod cluster_client;
 mod error;
 mod exec;
+mod inner;
 mod keep_alive;
 mod owners;
 mod reachability;
+mod reconciling;
 mod requests;
 #[cfg(feature = "rustls-tls")]
 mod route;
+mod stack;
+mod stats;
 mod writes;
 
 pub(crate) use asked::telling;
@@ -79,10 +83,10 @@ pub(crate) use error::is_unanswered;
 pub(crate) use exec::{ExecToken, PLUGIN_TIMEOUT, resolve as resolve_exec};
 pub use keep_alive::KeepAlive;
 pub(crate) use keep_alive::LOOK_EVERY;
-pub(crate) use owners::{Reconciling, reconciling};
 pub(crate) use reachability::Reachability;
-pub use requests::{LATENCY_BUCKETS, RequestCount, RequestLatency, RequestStats};
-pub(crate) use requests::{LazyClient, counting, counting_lazily};
+pub(crate) use reconciling::{Reconciling, reconciling};
+pub(crate) use stack::{LazyClient, counting, counting_lazily};
+pub use stats::{LATENCY_BUCKETS, RequestCount, RequestLatency, RequestStats};
 #[cfg(test)]
 pub(crate) use writes::ObjectId;
 pub use writes::WriteWaits;
@@ -375,7 +379,7 @@ where
         .layer(config.base_uri_layer())
         .option_layer(retry)
         // Below the retries, so that each attempt is counted.
-        .layer(requests::CountLayer)
+        .layer(requests::CountAttemptsLayer)
         .option_layer(config.auth_layer()?)
         .option_layer(token.map(tower::filter::AsyncFilterLayer::new))
         .layer(config.extra_headers_layer()?)

@@ -9,90 +9,107 @@
 //! cluster's client refuses such a write while the parent is reconciled, so
 //! the loop never starts.
 
-use std::{future::Future, sync::Arc};
+use std::{
+    future::Future,
+    sync::Arc,
+    task::{Context, Poll},
+};
+
+use futures::future::BoxFuture;
+use tower::{BoxError, Layer, Service};
 
 use http::{Method, Request};
-use kube::{Resource, ResourceExt, client::Body};
+use kube::client::Body;
 use serde_json::Value;
 
-use super::error::OwnerReferenceAcross;
-use super::{reachability::Reachability, writes::Writer};
+use super::{
+    error::OwnerReferenceAcross,
+    inner::take,
+    reachability::Reachability,
+    reconciling::{self, Owner},
+};
 use crate::cluster_name::ClusterName;
 
-tokio::task_local! {
-    static RECONCILING: Reconciling;
+/// Refuses a write to its cluster that names as its owner the object being
+/// reconciled in another cluster (see [`OwnerReferenceAcross`]), before
+/// anything below is asked.
+#[derive(Clone)]
+pub(super) struct RefuseOwnersAcrossLayer {
+    cluster: ClusterName,
+    reachability: Arc<Reachability>,
 }
 
-/// What an owner reference can name: an object read from its API server.
-pub(crate) trait Owner: Send + Sync {
-    /// Its UID, if it has one.
-    fn uid(&self) -> Option<&str>;
-    /// `namespace/name`, or `name`.
-    fn describe(&self) -> String;
-    /// Its namespace; `None` if it is cluster-scoped.
-    fn namespace(&self) -> Option<&str>;
-}
-
-impl<K: Resource + Send + Sync> Owner for K {
-    fn uid(&self) -> Option<&str> {
-        self.meta().uid.as_deref()
-    }
-
-    fn describe(&self) -> String {
-        match self.meta().namespace.as_deref() {
-            Some(namespace) => format!("{namespace}/{}", self.name_any()),
-            None => self.name_any(),
+impl RefuseOwnersAcrossLayer {
+    pub(super) fn new(cluster: ClusterName, reachability: Arc<Reachability>) -> Self {
+        Self {
+            cluster,
+            reachability,
         }
     }
+}
 
-    fn namespace(&self) -> Option<&str> {
-        self.meta().namespace.as_deref()
+impl<S> Layer<S> for RefuseOwnersAcrossLayer {
+    type Service = RefuseOwnersAcross<S>;
+
+    fn layer(&self, inner: S) -> RefuseOwnersAcross<S> {
+        RefuseOwnersAcross {
+            inner,
+            layer: self.clone(),
+        }
     }
 }
 
-/// The object a reconcile runs for, as the clients it writes through see
-/// it.
+/// The service of [`RefuseOwnersAcrossLayer`].
 #[derive(Clone)]
-pub(crate) struct Reconciling {
-    /// Its cluster.
-    pub(crate) cluster: ClusterName,
-    /// Its cluster's reachability, shared by the namespaces of one host.
-    pub(crate) reachability: Arc<Reachability>,
-    /// The object, shared with the cache; `None` if it is gone.
-    pub(crate) object: Option<Arc<dyn Owner>>,
-    /// The controller whose reconcile it is, if it reads its own writes:
-    /// what the cluster's client records its writes under.
-    pub(crate) writer: Option<Arc<Writer>>,
+pub(super) struct RefuseOwnersAcross<S> {
+    inner: S,
+    layer: RefuseOwnersAcrossLayer,
 }
 
-/// Runs `reconcile` as the reconcile of `object`.
-pub(crate) async fn reconciling<F: Future>(object: Reconciling, reconcile: F) -> F::Output {
-    RECONCILING.scope(object, reconcile).await
-}
+impl<S, R> Service<Request<Body>> for RefuseOwnersAcross<S>
+where
+    S: Service<Request<Body>, Response = R, Error = BoxError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    R: Send + 'static,
+{
+    type Response = R;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<R, BoxError>>;
 
-/// The controller whose reconcile runs on this task, if it reads its own
-/// writes, and the cluster of the reconciled key.
-pub(crate) fn writer() -> Option<(Arc<Writer>, ClusterName)> {
-    RECONCILING
-        .try_with(|reconciling| {
-            let writer = reconciling.writer.clone()?;
-            Some((writer, reconciling.cluster.clone()))
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let mut inner = take(&mut self.inner);
+        let RefuseOwnersAcrossLayer {
+            cluster,
+            reachability,
+        } = self.layer.clone();
+        Box::pin(async move {
+            let to = Destination {
+                cluster: &cluster,
+                reachability: &reachability,
+            };
+            if let Some(check) = checked(&to, &request) {
+                check.await?;
+            }
+            inner.call(request).await
         })
-        .ok()
-        .flatten()
+    }
 }
 
 /// The cluster a write goes to, as its client knows it.
-pub(super) struct Destination<'a> {
-    pub(super) cluster: &'a ClusterName,
-    pub(super) reachability: &'a Arc<Reachability>,
+struct Destination<'a> {
+    cluster: &'a ClusterName,
+    reachability: &'a Arc<Reachability>,
 }
 
 /// What is left to read to refuse a write to `to` during a reconcile in
 /// another cluster whose body names the reconciled object as an owner:
 /// nothing unless it is such a write, else its body. Call it from the task
 /// that sends the request.
-pub(super) fn checked(
+fn checked(
     to: &Destination<'_>,
     request: &Request<Body>,
 ) -> Option<impl Future<Output = Result<(), OwnerReferenceAcross>> + Send + 'static> {
@@ -102,7 +119,7 @@ pub(super) fn checked(
     ) {
         return None;
     }
-    let object = RECONCILING.try_with(Reconciling::clone).ok()?;
+    let object = reconciling::current()?;
     let owner = object.object.clone()?;
     if object.cluster == *to.cluster || owner.uid().is_none() {
         return None;
@@ -267,7 +284,13 @@ fn names_uid(references: &Value, uid: &str) -> bool {
 mod tests {
     use serde_json::json;
 
-    use super::{super::cluster_client::ClusterClient, *};
+    use super::{
+        super::{
+            cluster_client::ClusterClient,
+            reconciling::{Reconciling, reconciling},
+        },
+        *,
+    };
 
     const UID: &str = "0b5a41c4-hub-parent";
 
@@ -378,13 +401,34 @@ mod tests {
             path: &str,
             body: &Value,
         ) -> Result<(), OwnerReferenceAcross> {
-            let to = Destination {
-                cluster: &self.cluster,
-                reachability: &self.reachability,
+            use tower::ServiceExt;
+
+            // Through the layer, over a mock of what is below it: a write it
+            // refuses reaches nothing below.
+            let (below, mut handle) = tower_test::mock::pair::<Request<Body>, ()>();
+            let mut service =
+                RefuseOwnersAcrossLayer::new(self.cluster.clone(), self.reachability.clone())
+                    .layer(below);
+            let call = service
+                .ready()
+                .await
+                .unwrap()
+                .call(request(method, path, body));
+            drop(service);
+            let answer = async {
+                let (_, send) = handle.next_request().await?;
+                send.send_response(());
+                Some(())
             };
-            match checked(&to, &request(method, path, body)) {
-                Some(check) => check.await,
-                None => Ok(()),
+            match tokio::join!(call, answer) {
+                (Ok(()), sent) => {
+                    assert!(sent.is_some(), "an allowed write goes below");
+                    Ok(())
+                }
+                (Err(error), sent) => {
+                    assert!(sent.is_none(), "a refused write reaches nothing below");
+                    Err(*error.downcast::<OwnerReferenceAcross>().expect("a refusal"))
+                }
             }
         }
     }

@@ -26,16 +26,22 @@ use std::{
         Arc, Mutex, Weak,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
+    task::{Context, Poll},
     time::Duration,
 };
 
-use http::{Request, StatusCode};
+use futures::future::BoxFuture;
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
 use kube::client::Body;
 use tokio::{runtime::Handle, sync::watch, time::Instant};
+use tower::{BoxError, Layer, Service};
 
 use super::{
-    cluster_client::ClusterClient,
-    error::{error_chain, is_gateway_failure},
+    asked,
+    cluster_client::{AnyBody, ClusterClient},
+    error::{error_chain, is_gateway_failure, is_unanswered},
+    inner::take,
     keep_alive::KeepAlive,
 };
 use crate::cluster_name::ClusterName;
@@ -529,5 +535,129 @@ where
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.body.size_hint()
+    }
+}
+
+/// Tells the cluster's reachability whether each request was answered, and
+/// lets a watch's data tell it as it comes; the task that started a watch
+/// is told it runs (see `asked`).
+#[derive(Clone)]
+pub(super) struct ReachabilityLayer {
+    reachability: Arc<Reachability>,
+}
+
+impl ReachabilityLayer {
+    pub(super) fn new(reachability: Arc<Reachability>) -> Self {
+        Self { reachability }
+    }
+}
+
+impl<S> Layer<S> for ReachabilityLayer {
+    type Service = Reached<S>;
+
+    fn layer(&self, inner: S) -> Reached<S> {
+        Reached {
+            inner,
+            reachability: self.reachability.clone(),
+        }
+    }
+}
+
+/// The service of [`ReachabilityLayer`].
+#[derive(Clone)]
+pub(super) struct Reached<S> {
+    inner: S,
+    reachability: Arc<Reachability>,
+}
+
+impl<S> Service<Request<Body>> for Reached<S>
+where
+    S: Service<Request<Body>, Response = Response<AnyBody>, Error = BoxError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response<AnyBody>;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<Response<AnyBody>, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let mut inner = take(&mut self.inner);
+        let reachability = self.reachability.clone();
+        Box::pin(async move {
+            let watch = asked::is_watch(&request);
+            let result = inner.call(request).await;
+            match &result {
+                Ok(response) => reachability.answered_with(response.status()),
+                Err(error) if is_unanswered(&**error) => reachability.unanswered(&**error),
+                // Answered, with an error of the server's or the client's own.
+                Err(_) => {}
+            }
+            // A watch under way: its data is heard from the cluster, and its
+            // failure is the cluster's; the task that asked knows it runs.
+            match result {
+                Ok(response) if watch && response.status().is_success() => {
+                    asked::watch_started();
+                    Ok(response.map(|body| Watched::new(body, reachability).boxed_unsync()))
+                }
+                result => result,
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use tower::ServiceExt;
+
+    use super::*;
+
+    fn get(path: &str) -> Request<Body> {
+        Request::get(path).body(Body::empty()).unwrap()
+    }
+
+    fn body(bytes: &'static [u8]) -> AnyBody {
+        Full::new(Bytes::from_static(bytes))
+            .map_err(|never| match never {})
+            .boxed_unsync()
+    }
+
+    #[tokio::test]
+    async fn the_layer_tells_whether_each_request_was_answered() {
+        // Probes ask an address where nothing answers.
+        let config = kube::Config::new("https://127.0.0.1:1".parse().unwrap());
+        let client = ClusterClient::from(kube::Client::try_from(config).unwrap());
+        let reachability = Arc::new(Reachability::new("east".into(), client));
+        let (below, mut handle) = tower_test::mock::pair::<Request<Body>, Response<AnyBody>>();
+        let service = ReachabilityLayer::new(reachability.clone()).layer(below);
+
+        let refused = tokio::spawn(service.clone().oneshot(get("/api/v1/pods")));
+        let (_, send) = handle.next_request().await.unwrap();
+        let cause = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        send.send_error(kube::Error::Service(Box::new(cause)));
+        assert!(refused.await.unwrap().is_err());
+        assert!(
+            !reachability.is_answering(),
+            "a refused connection is no answer"
+        );
+
+        let watch = tokio::spawn(service.oneshot(get("/api/v1/pods?watch=true")));
+        let (_, send) = handle.next_request().await.unwrap();
+        send.send_response(Response::new(body(b"{\"type\":\"ADDED\"}\n")));
+        let response = watch.await.unwrap().unwrap();
+        assert!(reachability.is_answering(), "an answer, whatever it says");
+        let data = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(
+            data,
+            b"{\"type\":\"ADDED\"}\n".as_slice(),
+            "the watch's data passes"
+        );
     }
 }

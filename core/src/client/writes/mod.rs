@@ -10,6 +10,7 @@
 //! someone else.
 
 mod answer;
+mod record;
 mod writer;
 
 use std::{
@@ -26,7 +27,7 @@ use kube::api::ObjectMeta;
 use tokio::{sync::Notify, time::Instant};
 
 use crate::cluster_name::ClusterName;
-pub(crate) use answer::pending;
+pub(crate) use record::RecordWritesLayer;
 pub(crate) use writer::Writer;
 
 /// How long a write is remembered at most: to tell its echo by, or as

@@ -1,0 +1,179 @@
+//! The layer of a cluster's client that records the writes of a reconcile
+//! that reads its own writes: from when it is sent until its answer, a
+//! change to its object is taken for its echo.
+
+use std::{
+    sync::Arc,
+    task::{Context, Poll},
+};
+
+use futures::future::BoxFuture;
+use http::{Request, Response};
+use kube::client::Body;
+use tower::{BoxError, Layer, Service};
+
+use super::{Writer, Writes, answer::pending};
+use crate::{
+    client::{cluster_client::AnyBody, inner::take},
+    cluster_name::ClusterName,
+};
+
+/// The controller whose reconcile runs on the calling task, if it reads its
+/// own writes, and the cluster of the reconciled key.
+pub(crate) type CurrentWriter = fn() -> Option<(Arc<Writer>, ClusterName)>;
+
+/// Records each write of a reconcile that reads its own writes in the
+/// cluster's [`Writes`], as the reconcile under way says (`current`).
+#[derive(Clone)]
+pub(crate) struct RecordWritesLayer {
+    cluster: ClusterName,
+    writes: Arc<Writes>,
+    current: CurrentWriter,
+}
+
+impl RecordWritesLayer {
+    pub(crate) fn new(cluster: ClusterName, writes: Arc<Writes>, current: CurrentWriter) -> Self {
+        Self {
+            cluster,
+            writes,
+            current,
+        }
+    }
+}
+
+impl<S> Layer<S> for RecordWritesLayer {
+    type Service = RecordWrites<S>;
+
+    fn layer(&self, inner: S) -> RecordWrites<S> {
+        RecordWrites {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The service of [`RecordWritesLayer`].
+#[derive(Clone)]
+pub(crate) struct RecordWrites<S> {
+    inner: S,
+    layer: RecordWritesLayer,
+}
+
+impl<S> Service<Request<Body>> for RecordWrites<S>
+where
+    S: Service<Request<Body>, Response = Response<AnyBody>, Error = BoxError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response<AnyBody>;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<Response<AnyBody>, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let mut inner = take(&mut self.inner);
+        let RecordWritesLayer {
+            cluster,
+            writes,
+            current,
+        } = self.layer.clone();
+        Box::pin(async move {
+            let writer = current();
+            let write = writer
+                .as_ref()
+                .and_then(|(writer, _)| pending(&request, writer.name.clone(), &cluster));
+            // On its way from now: a change to its object is taken for its
+            // echo until it is answered.
+            let write = match write {
+                Some(write) => Some(write.sending(&writes).await),
+                None => None,
+            };
+            match (write, inner.call(request).await) {
+                (Some(write), Ok(response)) => {
+                    let answered = write.answered(response, &writes).await;
+                    if let Some((writer, origin)) = &writer
+                        && *origin != cluster
+                    {
+                        // Recorded: its origin's next reconcile waits for
+                        // this cluster too.
+                        writer.wrote_away(origin, &cluster);
+                    }
+                    answered
+                }
+                (_, result) => result,
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::OnceLock;
+
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use tower::ServiceExt;
+
+    use super::*;
+
+    fn parents() -> Option<(Arc<Writer>, ClusterName)> {
+        static PARENTS: OnceLock<Arc<Writer>> = OnceLock::new();
+        let writer = PARENTS.get_or_init(|| Arc::new(Writer::new("parents".into())));
+        Some((writer.clone(), "hub".into()))
+    }
+
+    fn nobody() -> Option<(Arc<Writer>, ClusterName)> {
+        None
+    }
+
+    /// Patches a ConfigMap through the layer over a mock that answers with
+    /// the object at version 12; what the cluster's writes recorded.
+    async fn patch(current: CurrentWriter) -> Arc<Writes> {
+        let writes = Arc::new(Writes::default());
+        let (below, mut handle) = tower_test::mock::pair::<Request<Body>, Response<AnyBody>>();
+        let service = RecordWritesLayer::new("east".into(), writes.clone(), current).layer(below);
+        let request = Request::patch("/api/v1/namespaces/default/configmaps/child")
+            .body(Body::from(b"{\"data\":{\"k\":\"v\"}}".to_vec()))
+            .unwrap();
+        let call = tokio::spawn(service.oneshot(request));
+        let (_, send) = handle.next_request().await.unwrap();
+        let object = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"child","namespace":"default","uid":"u1","resourceVersion":"12"}}"#;
+        let body = Full::new(Bytes::from(object))
+            .map_err(|never| match never {})
+            .boxed_unsync();
+        send.send_response(Response::new(body));
+        let answered = call.await.unwrap().unwrap();
+        let read = answered.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(
+            read,
+            object.as_bytes(),
+            "the answer reaches the caller whole"
+        );
+        writes
+    }
+
+    #[tokio::test]
+    async fn a_write_of_a_reconcile_that_reads_its_writes_is_recorded_with_its_version() {
+        let writes = patch(parents).await;
+        let unshown = writes.unshown("parents", &"east".into());
+        assert_eq!(unshown.len(), 1, "{unshown:?}");
+        assert_eq!(unshown[0].version, 12);
+        let (writer, origin) = parents().unwrap();
+        assert_eq!(
+            writer.away_from(&origin),
+            [ClusterName::from("east")],
+            "the origin's next reconcile waits for this cluster too"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_write_outside_such_a_reconcile_is_not_recorded() {
+        let writes = patch(nobody).await;
+        assert!(writes.unshown("parents", &"east".into()).is_empty());
+    }
+}
