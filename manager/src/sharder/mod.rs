@@ -1,6 +1,15 @@
 //! The loop of a sharded replica: announces it, watches the others, and
 //! engages in the fleet the clusters of the shards it ranks first for and
 //! holds the Leases of.
+//!
+//! One file on purpose: it is one state machine, `Sharder`, whose two
+//! halves share every field. A round (`round`, `read_leases`) decides from
+//! the Leases which shards this replica holds, and the offers (`offer`,
+//! `run_cluster`, `stop_cluster`) engage or stop clusters by what the last
+//! round decided; each half reads what the other writes (the shards owned,
+//! their fences, the clusters offered). Split by half, both files would
+//! write the same fields. What stands apart does: the fences renewed with
+//! each round (`fences`).
 
 mod fences;
 

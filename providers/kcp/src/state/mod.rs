@@ -1,5 +1,12 @@
 //! The provider's state: the shards its endpoint slice lists, the bindings
 //! each shows, and the logical clusters engaged.
+//!
+//! One file on purpose: `State` is one state machine over three sources
+//! (the endpoint slice, each shard's bindings, each shard's logical cluster
+//! paths), and every handler writes the same maps, which `settle` reads to
+//! decide what is engaged. Split by source, three files would write one
+//! state. What stands apart does: reading kcp's objects (`binding`), a
+//! shard's connection (`shard`), and the tests (`tests.rs`).
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
