@@ -366,7 +366,7 @@ where
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         let mut inner = take(&mut self.inner);
         let Some(budget) = self.layer.budget.clone() else {
-            return Box::pin(inner.call(request));
+            return Box::pin(async move { inner.call(request).await });
         };
         let stats = self.layer.stats.clone();
         Box::pin(async move {

@@ -79,13 +79,24 @@ impl Drop for Pending {
     }
 }
 
+/// What a client stacked over another marks its requests with, as if it
+/// had counted them.
+#[cfg(test)]
+pub(super) fn counted_elsewhere() -> Counted {
+    Counted {
+        stats: Arc::default(),
+        inside: Arc::default(),
+        budget: None,
+    }
+}
+
 /// Whether a client stacked over this one has counted `request` already.
 pub(super) fn is_counted<B>(request: &Request<B>) -> bool {
     request.extensions().get::<Counted>().is_some()
 }
 
 /// Counts and times each request from when it is sent, and marks it, so
-/// that the attempts below it ([`CountAttemptsLayer`]) count for it and a
+/// that the attempts below it (`CountAttemptsLayer`) count for it and a
 /// client stacked below this one does not count it again.
 #[derive(Clone)]
 pub(super) struct CountLayer {

@@ -11,11 +11,11 @@
 //!    writes, so that the change it makes is known as its echo
 //!    ([`writes`](super::writes)); after the budget, so that a write that
 //!    waits is not taken for sent;
-//! 4. is counted and timed ([`requests`](super::requests)), from when it is
-//!    sent, not from when it waited;
-//! 5. tells the cluster's reachability whether it was answered, and a watch
-//!    keeps telling it as its data comes ([`reachability`](super::reachability)),
-//!    innermost, so that every request says so, counted or not.
+//! 4. tells the cluster's reachability whether it was answered, and a watch
+//!    keeps telling it as its data comes ([`reachability`](super::reachability));
+//! 5. is counted and timed ([`requests`](super::requests)), from when it is
+//!    sent, not from when it waited: innermost, so that its count is in
+//!    before anything hears of its answer.
 //!
 //! A request that comes through a client stacked over this one (a
 //! namespace's over its host's) has been through all of that in the outer
@@ -70,7 +70,7 @@ pub(super) fn stack(parts: Parts) -> Stack {
         budget,
         writes,
     } = parts;
-    let below = Below(below);
+    let below = Below(Arc::new(below));
     let bare = ReachabilityLayer::new(reachability.clone()).layer(below.clone());
     let full = ServiceBuilder::new()
         .layer(RefuseOwnersAcrossLayer::new(
@@ -79,30 +79,38 @@ pub(super) fn stack(parts: Parts) -> Stack {
         ))
         .layer(BudgetLayer::new(budget.clone(), stats.clone()))
         .layer(RecordWritesLayer::new(cluster, writes, reconciling::writer))
-        .layer(CountLayer::new(stats, budget))
         .layer(ReachabilityLayer::new(reachability))
+        .layer(CountLayer::new(stats, budget))
         .service(below);
-    BoxCloneSyncService::new(Outermost {
-        full: BoxCloneSyncService::new(full),
-        bare: BoxCloneSyncService::new(bare),
-    })
+    BoxCloneSyncService::new(Outermost { full, bare })
 }
 
 /// Sends a request the whole stack took through `full`, and one that a
 /// client stacked over this one counted already through `bare`.
 #[derive(Clone)]
-struct Outermost {
-    full: Stack,
-    bare: Stack,
+struct Outermost<F, B> {
+    full: F,
+    bare: B,
 }
 
-impl Service<Request<Body>> for Outermost {
+impl<F, B> Service<Request<Body>> for Outermost<F, B>
+where
+    F: Service<Request<Body>, Response = Response<AnyBody>, Error = BoxError>,
+    B: Service<Request<Body>, Response = Response<AnyBody>, Error = BoxError, Future = F::Future>,
+{
     type Response = Response<AnyBody>;
     type Error = BoxError;
-    type Future = BoxFuture<'static, Result<Response<AnyBody>, BoxError>>;
+    type Future = F::Future;
 
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        Poll::Ready(Ok(()))
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        // Either may take the next request: both are made ready.
+        let full = self.full.poll_ready(cx)?;
+        let bare = self.bare.poll_ready(cx)?;
+        if full.is_ready() && bare.is_ready() {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
@@ -115,9 +123,10 @@ impl Service<Request<Body>> for Outermost {
 }
 
 /// What the stack sends its requests through: a finished client, or this
-/// crate's connection stack.
+/// crate's connection stack (shared, so that each layer's clone of what is
+/// below it is cheap).
 #[derive(Clone)]
-struct Below(Repr);
+struct Below(Arc<Repr>);
 
 impl Service<Request<Body>> for Below {
     type Response = Response<AnyBody>;
@@ -275,5 +284,58 @@ mod tests {
         assert_eq!(counts.len(), 1, "{counts:?}");
         assert_eq!((counts[0].code, counts[0].count), (None, 1));
         assert_eq!(stats.latencies()[0].count, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_counted_by_a_client_stacked_over_this_one_only_tells_reachability() {
+        use crate::client::{budget::RequestBudget, requests::counted_elsewhere};
+
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let stats = Arc::<RequestStats>::default();
+        let reachability = Arc::new(Reachability::new(
+            "test".into(),
+            Client::new(service.clone(), "default").into(),
+        ));
+        // One read at once, then one an hour.
+        let budget = Budget::new(RequestBudget::UNLIMITED.reads(1.0 / 3600.0, 1)).map(Arc::new);
+        let client = counting(
+            "test".into(),
+            Client::new(service, "default").into(),
+            stats.clone(),
+            reachability.clone(),
+            budget,
+            Arc::default(),
+        );
+        let get = || {
+            Request::get("/api/v1/namespaces")
+                .body(Body::empty())
+                .unwrap()
+        };
+        let first = tokio::spawn({
+            let client = client.clone();
+            async move { client.send(get()).await }
+        });
+        let (_, send) = handle.next_request().await.expect("the budget's one read");
+        send.send_response(Response::new(Body::empty()));
+        first.await.unwrap().unwrap();
+        assert_eq!(stats.total(), 1);
+
+        // Marked by an outer client: no budget, no count, straight below.
+        let mut marked = get();
+        marked.extensions_mut().insert(counted_elsewhere());
+        let second = tokio::spawn(async move { client.send(marked).await });
+        let (_, send) =
+            tokio::time::timeout(std::time::Duration::from_secs(1), handle.next_request())
+                .await
+                .expect("not held by the budget")
+                .expect("a request");
+        let cause = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        send.send_error(kube::Error::Service(Box::new(cause)));
+        assert!(second.await.unwrap().is_err());
+        assert_eq!(stats.total(), 1, "counted by the outer client alone");
+        assert!(
+            !reachability.is_answering(),
+            "but its answer, or none, is this cluster's"
+        );
     }
 }
