@@ -29,7 +29,7 @@ use std::{
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::watcher;
 use kube_fleet::envtest::Envtest;
-use kube_fleet::manager::{LeaderElection, Manager};
+use kube_fleet::manager::{LeaderElection, LeaseParams, Manager};
 use kube_fleet::{
     Action, Controller, Duplicates, Fleet, ObjectRequest, controller::Config,
     provider::ProgrammaticProvider,
@@ -62,13 +62,15 @@ fn replica(
         let client = kube_fleet::client::cluster_client(config.clone()).expect("a client");
         handle.engage(cluster.as_str(), client);
     }
-    let election = LeaderElection::new("failover")
-        .namespace("default")
-        .identity(name)
-        .client(lease_client)
-        .lease_duration(LEASE)
-        .renew_deadline(Duration::from_secs(3))
-        .retry_period(Duration::from_secs(1));
+    let election = LeaderElection::new("failover").lease(
+        LeaseParams::default()
+            .namespace("default")
+            .identity(name)
+            .client(lease_client)
+            .lease_duration(LEASE)
+            .renew_deadline(Duration::from_secs(3))
+            .retry_period(Duration::from_secs(1)),
+    );
     let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
         .with_config(Config::default().warm_standby(warm));
     let manager = Manager::new(&fleet)

@@ -25,7 +25,7 @@ use std::{
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Client, runtime::watcher};
 use kube_fleet::envtest::Envtest;
-use kube_fleet::manager::{Error, Manager, ShardStatus, Sharding};
+use kube_fleet::manager::{Error, LeaseParams, Manager, ShardStatus, Sharding};
 use kube_fleet::{Action, Controller, Fleet, ObjectRequest, provider::ProgrammaticProvider};
 use tokio::{sync::oneshot, task::JoinHandle};
 use tower::{BoxError, service_fn};
@@ -58,11 +58,12 @@ fn start(
     for (cluster, client) in clusters {
         handle.engage(cluster.as_str(), client.clone());
     }
-    let sharding = Sharding::new(SET)
-        .namespace("default")
-        .identity(name)
-        .client(leases.clone())
-        .shards(shards);
+    let sharding = Sharding::new(SET).shards(shards).lease(
+        LeaseParams::default()
+            .namespace("default")
+            .identity(name)
+            .client(leases.clone()),
+    );
     let status = sharding.status();
     let (stop, stopped) = oneshot::channel::<()>();
     let replica = name.to_owned();

@@ -11,7 +11,7 @@ use kube::{Api, Client, api::PostParams};
 use kube_fleet::{
     Fleet,
     envtest::Envtest,
-    manager::{Error, LeaderElection, Manager, Role},
+    manager::{Error, LeaderElection, LeaseParams, Manager, Role},
     webhook::{AdmissionRequest, Certificates, Verdict, Webhook, Webhooks},
 };
 use serde_json::{Value, json};
@@ -113,13 +113,15 @@ fn replica(
     if let Some(certificates) = certificates {
         webhooks = webhooks.certificates(certificates);
     }
-    let election = LeaderElection::new("webhooks")
-        .namespace("default")
-        .identity(name)
-        .client(hub)
-        .lease_duration(Duration::from_secs(4))
-        .renew_deadline(Duration::from_secs(3))
-        .retry_period(Duration::from_secs(1));
+    let election = LeaderElection::new("webhooks").lease(
+        LeaseParams::default()
+            .namespace("default")
+            .identity(name)
+            .client(hub)
+            .lease_duration(Duration::from_secs(4))
+            .renew_deadline(Duration::from_secs(3))
+            .retry_period(Duration::from_secs(1)),
+    );
     let status = election.status();
     let (stop, stopped) = oneshot::channel::<()>();
     let manager = Manager::new(&fleet)

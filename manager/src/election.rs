@@ -1,8 +1,7 @@
 //! Leader election on a `coordination.k8s.io/v1` Lease.
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
-use kube::Client;
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -10,14 +9,14 @@ use crate::{
     error::Error,
     gate::Validity,
     lease::{Holder, LeaseLock},
-    timing::{Timings, jittered, random},
+    timing::{LeaseParams, Timings, jittered, random},
 };
 
 /// Leader election for a [`Manager`](crate::Manager): of the replicas that
 /// share a Lease, one runs the controllers and the others wait.
 ///
-/// The Lease lives in the cluster of [`client`](Self::client) (by default the
-/// local one, from `Client::try_default`), in [`namespace`](Self::namespace)
+/// The Lease lives in the cluster of [`client`](LeaseParams::client) (by default the
+/// local one, from `Client::try_default`), in [`namespace`](LeaseParams::namespace)
 /// (by default the client's own: the pod's namespace in a cluster, the
 /// kubeconfig context's outside). Timings default to controller-runtime's:
 /// a lease of 15 s, a renew deadline of 10 s, a retry period of 2 s.
@@ -35,7 +34,7 @@ use crate::{
 /// future is dropped instead, no reconcile starts after and the replica
 /// stops leading at once, but the Lease is left to expire.
 ///
-/// The Lease records the holder as the [identity](Self::identity), `_` and
+/// The Lease records the holder as the [identity](LeaseParams::identity), `_` and
 /// a nonce drawn afresh each time the manager runs. A replica holds the
 /// Lease only under that whole string: two processes given one identity
 /// never both lead, and a replica restarted after a crash waits for its
@@ -45,23 +44,23 @@ use crate::{
 ///
 /// ```
 /// use std::time::Duration;
-/// use kube_fleet_manager::LeaderElection;
+/// use kube_fleet_manager::{LeaderElection, LeaseParams};
 ///
-/// let election = LeaderElection::new("my-operator")
-///     .namespace("operators")
-///     .lease_duration(Duration::from_secs(30))
-///     .renew_deadline(Duration::from_secs(20))
-///     .retry_period(Duration::from_secs(4));
+/// let election = LeaderElection::new("my-operator").lease(
+///     LeaseParams::default()
+///         .namespace("operators")
+///         .lease_duration(Duration::from_secs(30))
+///         .renew_deadline(Duration::from_secs(20))
+///         .retry_period(Duration::from_secs(4)),
+/// );
 /// assert!(election.validate().is_ok());
-/// assert!(LeaderElection::new("x").renew_deadline(Duration::from_secs(20)).validate().is_err());
+/// let deadline_too_long = LeaseParams::default().renew_deadline(Duration::from_secs(20));
+/// assert!(LeaderElection::new("x").lease(deadline_too_long).validate().is_err());
 /// ```
 #[derive(Clone)]
 pub struct LeaderElection {
     pub(crate) name: String,
-    pub(crate) namespace: Option<String>,
-    pub(crate) identity: Option<String>,
-    pub(crate) client: Option<Client>,
-    pub(crate) timings: Timings,
+    pub(crate) lease: LeaseParams,
     pub(crate) status: ElectionStatus,
 }
 
@@ -69,9 +68,7 @@ impl std::fmt::Debug for LeaderElection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LeaderElection")
             .field("name", &self.name)
-            .field("namespace", &self.namespace)
-            .field("identity", &self.identity)
-            .field("timings", &self.timings)
+            .field("lease", &self.lease)
             .finish_non_exhaustive()
     }
 }
@@ -81,53 +78,15 @@ impl LeaderElection {
     pub fn new(name: impl Into<String>) -> Self {
         Self {
             name: name.into(),
-            namespace: None,
-            identity: None,
-            client: None,
-            timings: Timings::default(),
+            lease: LeaseParams::default(),
             status: ElectionStatus::default(),
         }
     }
 
-    /// The namespace of the Lease.
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.namespace = Some(namespace.into());
-        self
-    }
-
-    /// This replica's identity (default: the host name, then `_` and a
-    /// random suffix, so that two processes on one host differ). The Lease
-    /// records it followed by `_` and a nonce of this run.
-    pub fn identity(mut self, identity: impl Into<String>) -> Self {
-        self.identity = Some(identity.into());
-        self
-    }
-
-    /// The client of the cluster that holds the Lease (default: the local
-    /// cluster's, from `Client::try_default`).
-    pub fn client(mut self, client: Client) -> Self {
-        self.client = Some(client);
-        self
-    }
-
-    /// How long a Lease lasts without a renew before another replica may
-    /// take it (default 15 s; whole seconds).
-    pub fn lease_duration(mut self, duration: Duration) -> Self {
-        self.timings.lease_duration = duration;
-        self
-    }
-
-    /// How long the leader tries to renew before it stops leading (default
-    /// 10 s); shorter than the lease duration.
-    pub fn renew_deadline(mut self, deadline: Duration) -> Self {
-        self.timings.renew_deadline = deadline;
-        self
-    }
-
-    /// How often the leader renews, and a waiting replica tries to take the
-    /// Lease (default 2 s); the renew deadline must exceed 1.2 times this.
-    pub fn retry_period(mut self, period: Duration) -> Self {
-        self.timings.retry_period = period;
+    /// Where the Lease is kept and how it is held (default
+    /// [`LeaseParams::default`]).
+    pub fn lease(mut self, lease: LeaseParams) -> Self {
+        self.lease = lease;
         self
     }
 
@@ -158,7 +117,8 @@ impl LeaderElection {
                 reason: "the Lease needs a name".into(),
             });
         }
-        self.timings
+        self.lease
+            .timings
             .validate(&format!("leader election on Lease {:?}", self.name))
     }
 }

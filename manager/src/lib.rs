@@ -85,3 +85,4 @@ pub use error::Error;
 pub use gate::NotHolder;
 pub use manager::Manager;
 pub use shard::{Ownership, ShardStatus, Sharding};
+pub use timing::LeaseParams;

@@ -4,14 +4,12 @@
 use std::{
     collections::VecDeque,
     sync::{Arc, Mutex, MutexGuard},
-    time::Duration,
 };
 
-use kube::Client;
 use kube_fleet::{ClusterName, controller::ClusterSelector};
 use tokio::time::Instant;
 
-use crate::{error::Error, timing::Timings};
+use crate::{error::Error, timing::LeaseParams};
 
 /// Sharding for a [`Manager`](crate::Manager): the clusters its providers
 /// offer are split across the replicas that share the name, each cluster
@@ -54,7 +52,7 @@ use crate::{error::Error, timing::Timings};
 /// and a shard whose last cluster a provider removes has its Lease deleted
 /// by the replica that ran it, once its reconciles have ended.
 ///
-/// The Leases record a holder as the [identity](Self::identity), `_` and a
+/// The Leases record a holder as the [identity](LeaseParams::identity), `_` and a
 /// nonce drawn afresh each time the manager runs; the hash ranks replicas
 /// by the identity alone. A replica restarted with its identity is given
 /// the same shards, once its previous run's Leases have run out: it
@@ -72,18 +70,16 @@ use crate::{error::Error, timing::Timings};
 /// within the lease duration, two retry periods and the time the new
 /// replica's watches take to sync.
 ///
-/// The Leases live in the cluster of [`client`](Self::client) (default:
-/// the local one), in [`namespace`](Self::namespace) (default: the
+/// The Leases live in the cluster of [`client`](LeaseParams::client) (default:
+/// the local one), in [`namespace`](LeaseParams::namespace) (default: the
 /// client's own). Each replica lists them every retry period and renews its
 /// own and its shards'.
 ///
 /// ```
-/// use std::time::Duration;
-/// use kube_fleet_manager::Sharding;
+/// use kube_fleet_manager::{LeaseParams, Sharding};
 ///
 /// let sharding = Sharding::new("my-operator")
-///     .namespace("operators")
-///     .identity("replica-0")
+///     .lease(LeaseParams::default().namespace("operators").identity("replica-0"))
 ///     .shards(128);
 /// assert!(sharding.validate().is_ok());
 /// assert!(sharding.shard_of("east") < 128);
@@ -91,11 +87,8 @@ use crate::{error::Error, timing::Timings};
 #[derive(Clone)]
 pub struct Sharding {
     pub(crate) name: String,
-    pub(crate) namespace: Option<String>,
-    pub(crate) identity: Option<String>,
-    pub(crate) client: Option<Client>,
+    pub(crate) lease: LeaseParams,
     pub(crate) shards: u32,
-    pub(crate) timings: Timings,
     pub(crate) status: ShardStatus,
     /// The hub clusters: run by every replica, their keys sharded.
     pub(crate) hubs: Option<ClusterSelector>,
@@ -105,11 +98,9 @@ impl std::fmt::Debug for Sharding {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sharding")
             .field("name", &self.name)
-            .field("namespace", &self.namespace)
-            .field("identity", &self.identity)
+            .field("lease", &self.lease)
             .field("shards", &self.shards)
             .field("hubs", &self.hubs.is_some())
-            .field("timings", &self.timings)
             .finish_non_exhaustive()
     }
 }
@@ -119,14 +110,18 @@ impl Sharding {
     pub fn new(name: impl Into<String>) -> Self {
         Self {
             name: name.into(),
-            namespace: None,
-            identity: None,
-            client: None,
+            lease: LeaseParams::default(),
             shards: DEFAULT_SHARDS,
-            timings: Timings::default(),
             status: ShardStatus::default(),
             hubs: None,
         }
+    }
+
+    /// Where the shards' Leases are kept and how they are held (default
+    /// [`LeaseParams::default`]).
+    pub fn lease(mut self, lease: LeaseParams) -> Self {
+        self.lease = lease;
+        self
     }
 
     /// Hub clusters: those `clusters` selects are run by every replica,
@@ -168,27 +163,6 @@ impl Sharding {
         key_shard(namespace, name, self.shards)
     }
 
-    /// The namespace of the Leases.
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.namespace = Some(namespace.into());
-        self
-    }
-
-    /// This replica's identity (default: the host name, then `_` and a
-    /// random suffix). The hash ranks replicas by it; the Leases record it
-    /// followed by `_` and a nonce of this run.
-    pub fn identity(mut self, identity: impl Into<String>) -> Self {
-        self.identity = Some(identity.into());
-        self
-    }
-
-    /// The client of the cluster that holds the Leases (default: the local
-    /// cluster's, from `Client::try_default`).
-    pub fn client(mut self, client: Client) -> Self {
-        self.client = Some(client);
-        self
-    }
-
     /// How many shards the clusters are hashed onto (default 64, at most
     /// 4096): each is fenced by one Lease, renewed every retry period while
     /// it holds a cluster. Every replica of the set must be given the same
@@ -202,26 +176,6 @@ impl Sharding {
     /// is `<name>-shard-<shard>`.
     pub fn shard_of(&self, cluster: &str) -> u32 {
         shard_of(cluster, self.shards)
-    }
-
-    /// How long a Lease lasts without a renew (default 15 s; whole seconds).
-    pub fn lease_duration(mut self, duration: Duration) -> Self {
-        self.timings.lease_duration = duration;
-        self
-    }
-
-    /// How long a replica tries to renew a shard's Lease before it stops
-    /// running the shard's clusters (default 10 s).
-    pub fn renew_deadline(mut self, deadline: Duration) -> Self {
-        self.timings.renew_deadline = deadline;
-        self
-    }
-
-    /// How often a replica renews its Leases and looks at the others'
-    /// (default 2 s).
-    pub fn retry_period(mut self, period: Duration) -> Self {
-        self.timings.retry_period = period;
-        self
     }
 
     /// A live view of the clusters this replica owns, for logs, health
@@ -256,7 +210,7 @@ impl Sharding {
                 ),
             });
         }
-        self.timings.validate(&what)
+        self.lease.timings.validate(&what)
     }
 }
 

@@ -1,13 +1,96 @@
-//! The clock of the Leases: how long one lasts and is renewed, jitter, and
-//! waiting for a stop. Below the Leases, the election and the sharder,
-//! which all keep time by it.
+//! Where the Leases are kept and how long one lasts and is renewed
+//! ([`LeaseParams`], shared by leader election and sharding), and jitter.
+//! Below the Leases, the election and the sharder, which all keep time by
+//! it.
 
 use std::{
     hash::{BuildHasher, RandomState},
     time::Duration,
 };
 
+use kube::Client;
+
 use crate::error::Error;
+
+/// Where a replica keeps its Leases and how it holds them: for
+/// [`LeaderElection::lease`](crate::LeaderElection::lease) and
+/// [`Sharding::lease`](crate::Sharding::lease) alike.
+///
+/// ```
+/// use std::time::Duration;
+/// use kube_fleet_manager::{LeaderElection, LeaseParams};
+///
+/// let lease = LeaseParams::default()
+///     .namespace("operators")
+///     .lease_duration(Duration::from_secs(20));
+/// let election = LeaderElection::new("my-operator").lease(lease);
+/// assert!(election.validate().is_ok());
+/// ```
+#[derive(Clone, Default)]
+pub struct LeaseParams {
+    pub(crate) namespace: Option<String>,
+    pub(crate) identity: Option<String>,
+    pub(crate) client: Option<Client>,
+    pub(crate) timings: Timings,
+}
+
+impl std::fmt::Debug for LeaseParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseParams")
+            .field("namespace", &self.namespace)
+            .field("identity", &self.identity)
+            .field("client", &self.client.is_some())
+            .field("timings", &self.timings)
+            .finish()
+    }
+}
+
+impl LeaseParams {
+    /// The namespace of the Leases (default: the client's namespace).
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// This replica's identity (default: the host name, then `_` and a
+    /// random suffix, so that two processes on one host differ). A Lease
+    /// records it followed by `_` and a nonce of this run; sharding ranks
+    /// replicas by its hash.
+    pub fn identity(mut self, identity: impl Into<String>) -> Self {
+        self.identity = Some(identity.into());
+        self
+    }
+
+    /// The client of the cluster that holds the Leases (default: the local
+    /// cluster's, from `Client::try_default`).
+    pub fn client(mut self, client: Client) -> Self {
+        self.client = Some(client);
+        self
+    }
+
+    /// How long a Lease lasts without a renew before another replica may
+    /// take it (default 15 s; whole seconds).
+    pub fn lease_duration(mut self, duration: Duration) -> Self {
+        self.timings.lease_duration = duration;
+        self
+    }
+
+    /// How long a holder tries to renew before it lets go: the leader stops
+    /// leading, a replica stops running the shard's clusters (default
+    /// 10 s); shorter than the lease duration.
+    pub fn renew_deadline(mut self, deadline: Duration) -> Self {
+        self.timings.renew_deadline = deadline;
+        self
+    }
+
+    /// How often a holder renews, and a waiting replica tries to take a
+    /// Lease or looks at the others' (default 2 s); the renew deadline must
+    /// exceed 1.2 times this.
+    pub fn retry_period(mut self, period: Duration) -> Self {
+        self.timings.retry_period = period;
+        self
+    }
+}
 
 /// How long a Lease lasts, how long its holder tries to renew it before it
 /// stops, and how often it tries.

@@ -25,7 +25,7 @@ use kube_fleet_layers::{
     catch_panic::CatchPanicLayer,
     metrics::{MetricsLayer, ReconcileMetrics},
 };
-use kube_fleet_manager::{LeaderElection, Manager, Sharding};
+use kube_fleet_manager::{LeaderElection, LeaseParams, Manager, Sharding};
 use serde_json::Value;
 use support::{
     PATIENCE, config_maps,
@@ -283,9 +283,12 @@ async fn the_dashboard_reads_only_metrics_the_manager_exports() {
     let sharded = scrape(&env, |manager| {
         manager.sharding(
             Sharding::new("dashboard-shards")
-                .namespace("default")
-                .identity("one")
-                .client(client.clone())
+                .lease(
+                    LeaseParams::default()
+                        .namespace("default")
+                        .identity("one")
+                        .client(client.clone()),
+                )
                 // A hub that is not engaged: its keys' shards are reported.
                 .hub(ClusterSelector::matching(|name| name.as_str() == "hub")),
         )
@@ -293,10 +296,12 @@ async fn the_dashboard_reads_only_metrics_the_manager_exports() {
     .await;
     let led = scrape(&env, |manager| {
         manager.leader_election(
-            LeaderElection::new("dashboard-leader")
-                .namespace("default")
-                .identity("one")
-                .client(client.clone()),
+            LeaderElection::new("dashboard-leader").lease(
+                LeaseParams::default()
+                    .namespace("default")
+                    .identity("one")
+                    .client(client.clone()),
+            ),
         )
     })
     .await;

@@ -24,7 +24,7 @@ use kube::{
 };
 use kube_fleet::{Controller, Fleet, controller::Config};
 use kube_fleet_envtest::Envtest;
-use kube_fleet_manager::{ElectionStatus, Error, LeaderElection, Manager, Role};
+use kube_fleet_manager::{ElectionStatus, Error, LeaderElection, LeaseParams, Manager, Role};
 use support::{PATIENCE, Records, assert_no_overlap, config_maps};
 use tokio::{sync::oneshot, task::JoinHandle, time::Instant};
 
@@ -79,13 +79,15 @@ impl Replica {
         .named("echo")
         .with_config(Config::default().warm_standby(warm));
         let (stop, stopped) = oneshot::channel::<()>();
-        let election = LeaderElection::new(format!("{label}-leader"))
-            .namespace("default")
-            .identity(identity)
-            .client(client)
-            .lease_duration(LEASE)
-            .renew_deadline(RENEW_DEADLINE)
-            .retry_period(RETRY);
+        let election = LeaderElection::new(format!("{label}-leader")).lease(
+            LeaseParams::default()
+                .namespace("default")
+                .identity(identity)
+                .client(client)
+                .lease_duration(LEASE)
+                .renew_deadline(RENEW_DEADLINE)
+                .retry_period(RETRY),
+        );
         let status = election.status();
         let manager = Manager::new(&fleet)
             .leader_election(election)

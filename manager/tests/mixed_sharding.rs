@@ -29,7 +29,7 @@ use kube_fleet::{
     provider::{ProgrammaticHandle, ProgrammaticProvider},
 };
 use kube_fleet_envtest::Envtest;
-use kube_fleet_manager::{Error, Manager, ShardStatus, Sharding};
+use kube_fleet_manager::{Error, LeaseParams, Manager, ShardStatus, Sharding};
 use support::{
     PATIENCE, Records, assert_no_overlap, config_maps,
     endpoints::{Endpoints, listener},
@@ -74,14 +74,17 @@ fn start(name: &str, client: &Client, records: &Records, children: &Records) -> 
         handle.engage(format!("m{i}"), client.clone());
     }
     let sharding = Sharding::new("mixed")
-        .namespace("default")
-        .identity(name)
-        .client(client.clone())
         .shards(16)
         .hub(ClusterSelector::matching(is_hub))
-        .lease_duration(LEASE)
-        .renew_deadline(RENEW_DEADLINE)
-        .retry_period(RETRY);
+        .lease(
+            LeaseParams::default()
+                .namespace("default")
+                .identity(name)
+                .client(client.clone())
+                .lease_duration(LEASE)
+                .renew_deadline(RENEW_DEADLINE)
+                .retry_period(RETRY),
+        );
     let status = sharding.status();
     let parents = watcher::Config::default().labels("parent=true");
     // The hub's parents: each key sharded by key.

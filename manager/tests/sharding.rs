@@ -27,7 +27,7 @@ use kube_fleet::{
     provider::{ProgrammaticHandle, ProgrammaticProvider},
 };
 use kube_fleet_envtest::Envtest;
-use kube_fleet_manager::{Error, Manager, Ownership, ShardStatus, Sharding};
+use kube_fleet_manager::{Error, LeaseParams, Manager, Ownership, ShardStatus, Sharding};
 use support::{PATIENCE, Records, assert_no_overlap, config_maps};
 use tokio::{sync::oneshot, task::JoinHandle, time::Instant};
 
@@ -76,13 +76,15 @@ impl Replica {
         for cluster in clusters {
             handle.engage(cluster.as_ref(), client.clone());
         }
-        let sharding = Sharding::new(set)
-            .namespace("default")
-            .identity(name)
-            .client(client.clone())
-            .lease_duration(LEASE)
-            .renew_deadline(RENEW_DEADLINE)
-            .retry_period(RETRY);
+        let sharding = Sharding::new(set).lease(
+            LeaseParams::default()
+                .namespace("default")
+                .identity(name)
+                .client(client.clone())
+                .lease_duration(LEASE)
+                .renew_deadline(RENEW_DEADLINE)
+                .retry_period(RETRY),
+        );
         let sharding = match shards {
             Some(shards) => sharding.shards(shards),
             None => sharding,

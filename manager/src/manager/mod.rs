@@ -309,13 +309,13 @@ impl Manager {
     /// use k8s_openapi::api::core::v1::ConfigMap;
     /// use kube::runtime::watcher;
     /// use kube_fleet::{Action, Controller, Fleet, ObjectRequest, rbac::{Rule, Scope}};
-    /// use kube_fleet_manager::{LeaderElection, Manager};
+    /// use kube_fleet_manager::{LeaderElection, LeaseParams, Manager};
     /// use tower::{BoxError, service_fn};
     ///
     /// // Names that are one cluster are its providers' to keep apart.
     /// let fleet = Fleet::new().with_duplicates(kube_fleet::Duplicates::Ignore);
     /// let manager = Manager::new(&fleet)
-    ///     .leader_election(LeaderElection::new("my-operator").namespace("operators"))
+    ///     .leader_election(LeaderElection::new("my-operator").lease(LeaseParams::default().namespace("operators")))
     ///     .controller(
     ///         Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
     ///             .writes::<ConfigMap>(&["patch"]),
@@ -352,8 +352,8 @@ impl Manager {
         if let Some(election) = &self.election {
             let leases = Rule::new("coordination.k8s.io", "leases", ["get", "create", "update"]);
             permissions.grant(Scope::Local, leases);
-            if election.client.is_some() {
-                let namespace = match &election.namespace {
+            if election.lease.client.is_some() {
+                let namespace = match &election.lease.namespace {
                     Some(namespace) => format!("namespace {namespace}"),
                     None => "its client's default namespace".to_owned(),
                 };
@@ -374,7 +374,7 @@ impl Manager {
                 ["get", "list", "create", "update", "delete"],
             );
             permissions.grant(Scope::Local, leases);
-            if sharding.client.is_some() {
+            if sharding.lease.client.is_some() {
                 permissions.note(format!(
                     "the sharding Leases of {:?} are reached through their own client: if that is not the local cluster, the leases rules belong in that cluster instead",
                     sharding.name

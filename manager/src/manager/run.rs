@@ -275,9 +275,9 @@ async fn coordinate(
     if let Some(election) = election {
         election.validate()?;
         let (client, namespace, identity) = lease_site(
-            election.client,
-            election.namespace,
-            election.identity,
+            election.lease.client,
+            election.lease.namespace,
+            election.lease.identity,
             || format!("leader election Lease {:?}", election.name),
         )
         .await?;
@@ -286,7 +286,7 @@ async fn coordinate(
             &namespace,
             &election.name,
             &holder_for(&identity),
-            election.timings.lease_duration,
+            election.lease.timings.lease_duration,
         );
         lease = Some(lock.key());
         LeaderGauge::register(registry, election.name.clone(), role.clone());
@@ -294,7 +294,7 @@ async fn coordinate(
         elector = Some(
             lead(
                 lock,
-                election.timings,
+                election.lease.timings,
                 validity.clone(),
                 role_sender.clone(),
                 stop_election.clone(),
@@ -313,9 +313,9 @@ async fn coordinate(
     if let Some(sharding) = sharding {
         sharding.validate()?;
         let (client, namespace, identity) = lease_site(
-            sharding.client,
-            sharding.namespace,
-            sharding.identity,
+            sharding.lease.client,
+            sharding.lease.namespace,
+            sharding.lease.identity,
             || format!("sharding {:?}", sharding.name),
         )
         .await?;
@@ -341,7 +341,7 @@ async fn coordinate(
             sharding.name,
             sharding.shards,
             identity,
-            sharding.timings,
+            sharding.lease.timings,
             shards,
             sharding.status,
             (hubs, taken),
