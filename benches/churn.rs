@@ -53,7 +53,10 @@ async fn main() -> Result<(), BoxError> {
     let config = setup::direct_config(cluster).await?;
 
     // Every cluster is a name for one API server, on purpose.
-    let fleet = Fleet::new().with_duplicates(kube_fleet::Duplicates::Ignore);
+    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
+        duplicates: kube_fleet::Duplicates::Ignore,
+        ..kube_fleet::FleetConfig::default()
+    });
     let (provider, handle) = ProgrammaticProvider::new();
     tokio::spawn({
         let fleet = fleet.clone();

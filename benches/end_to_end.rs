@@ -192,7 +192,10 @@ async fn main() -> Result<(), BoxError> {
     });
 
     let fleet = if std::env::args().any(|a| a == "--unbudgeted") {
-        Fleet::new().with_request_budget(kube_fleet::client::RequestBudget::UNLIMITED)
+        Fleet::with_config(kube_fleet::FleetConfig {
+            request_budget: kube_fleet::client::RequestBudget::UNLIMITED,
+            ..kube_fleet::FleetConfig::default()
+        })
     } else {
         Fleet::new()
     };

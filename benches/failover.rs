@@ -56,7 +56,10 @@ fn replica(
     seen: Arc<Seen>,
 ) -> tokio::task::JoinHandle<()> {
     // Every cluster is a name for one of a few API servers, on purpose.
-    let fleet = Fleet::new().with_duplicates(Duplicates::Ignore);
+    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
+        duplicates: Duplicates::Ignore,
+        ..kube_fleet::FleetConfig::default()
+    });
     let (provider, handle) = ProgrammaticProvider::new();
     for (cluster, config) in configs {
         let client = kube_fleet::client::cluster_client(config.clone()).expect("a client");

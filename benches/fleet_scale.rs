@@ -78,21 +78,25 @@ async fn main() -> Result<(), BoxError> {
             other => clusters = other.parse().unwrap_or(clusters),
         }
     }
-    let fleet = match lists {
-        Some(0) => Fleet::new().with_initial_lists(usize::MAX),
-        Some(n) => Fleet::new().with_initial_lists(n),
-        None => Fleet::new(),
-    };
-    // Every cluster is a name for one of a few API servers, on purpose.
-    let fleet = fleet.with_duplicates(kube_fleet::Duplicates::Ignore);
-    let fleet = match keep_alive {
-        Some(0) => fleet.with_keep_alive(None),
-        Some(seconds) => fleet.with_keep_alive(Some(kube_fleet::client::KeepAlive::new(
-            Duration::from_secs(seconds),
-            kube_fleet::client::KeepAlive::DEFAULT.timeout(),
-        ))),
-        None => fleet,
-    };
+    let defaults = kube_fleet::FleetConfig::default();
+    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
+        initial_lists: match lists {
+            Some(0) => usize::MAX,
+            Some(n) => n,
+            None => defaults.initial_lists,
+        },
+        keep_alive: match keep_alive {
+            Some(0) => None,
+            Some(seconds) => Some(kube_fleet::client::KeepAlive::new(
+                Duration::from_secs(seconds),
+                kube_fleet::client::KeepAlive::DEFAULT.timeout(),
+            )),
+            None => defaults.keep_alive,
+        },
+        // Every cluster is a name for one of a few API servers, on purpose.
+        duplicates: kube_fleet::Duplicates::Ignore,
+        ..defaults.clone()
+    });
     let bound = fleet.initial_lists().limit();
     println!(
         "{clusters} clusters over {servers} API servers, 20 ConfigMaps each; initial lists at once: {}",
@@ -223,7 +227,7 @@ async fn main() -> Result<(), BoxError> {
     );
     println!(
         "idle ({idle_for} s, keep-alive {:?}): controller {:.1} % of one core, API servers and etcd {:.1} %",
-        fleet.keep_alive(),
+        fleet.config().keep_alive,
         idle * 100.0,
         servers_idle * 100.0
     );

@@ -198,7 +198,10 @@ async fn measure(
         return measure_bare(config, clusters, options).await;
     }
     // Every cluster is a name for one API server, on purpose.
-    let fleet = Fleet::new().with_duplicates(kube_fleet::Duplicates::Ignore);
+    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
+        duplicates: kube_fleet::Duplicates::Ignore,
+        ..kube_fleet::FleetConfig::default()
+    });
     let (provider, handle) = ProgrammaticProvider::new();
     let provider_task = tokio::spawn({
         let fleet = fleet.clone();

@@ -53,7 +53,10 @@ fn start(
     last: &Last,
 ) -> Replica {
     // Every cluster is a name for one API server, on purpose.
-    let fleet = Fleet::new().with_duplicates(kube_fleet::Duplicates::Ignore);
+    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
+        duplicates: kube_fleet::Duplicates::Ignore,
+        ..kube_fleet::FleetConfig::default()
+    });
     let (provider, handle) = ProgrammaticProvider::new();
     for (cluster, client) in clusters {
         handle.engage(cluster.as_str(), client.clone());

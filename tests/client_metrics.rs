@@ -50,7 +50,10 @@ async fn each_clusters_requests_are_counted_under_its_name_and_go_when_it_leaves
     let cluster = &env.clusters()[0];
     // Two names for one API server, on purpose; and no identity reads
     // among the requests counted.
-    let fleet = Fleet::new().with_duplicates(kube_fleet::Duplicates::Ignore);
+    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
+        duplicates: kube_fleet::Duplicates::Ignore,
+        ..kube_fleet::FleetConfig::default()
+    });
     let mut registry = Registry::default();
     ClientMetrics::register(&mut registry, fleet.clone());
 
@@ -244,7 +247,10 @@ async fn a_throttled_cluster_waits_as_retry_after_asks_and_is_counted_alone() {
     assert!(retry_after >= 1, "Retry-After: {retry_after}");
 
     // No identity reads among the requests counted.
-    let fleet = Fleet::new().with_duplicates(kube_fleet::Duplicates::Ignore);
+    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
+        duplicates: kube_fleet::Duplicates::Ignore,
+        ..kube_fleet::FleetConfig::default()
+    });
     let mut registry = Registry::default();
     ClientMetrics::register(&mut registry, fleet.clone());
     let calm = fleet.engage("calm", fleet_client(calm.kubeconfig().clone(), true).await);

@@ -154,9 +154,11 @@ async fn default_client_through(
 async fn a_quiet_cluster_that_is_gone_is_found_by_its_keep_alive() {
     let env = Envtest::start(1).await.unwrap();
     let link = env.clusters()[0].link().unwrap();
-    let fleet = Fleet::new()
-        .with_keep_alive(None)
-        .with_duplicates(kube_fleet::Duplicates::Ignore);
+    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
+        keep_alive: None,
+        duplicates: kube_fleet::Duplicates::Ignore,
+        ..kube_fleet::FleetConfig::default()
+    });
     // Nothing asks it anything: no watch, no request, no identity read.
     let east = fleet.engage("east", default_client_through(&link).await);
     link.cut_off();
@@ -167,19 +169,27 @@ async fn a_quiet_cluster_that_is_gone_is_found_by_its_keep_alive() {
         "nothing has asked the cluster anything"
     );
 
+    // The same cluster, gone as quietly, in a fleet that asks the silent.
     let quick = KeepAlive::new(Duration::from_secs(1), Duration::from_secs(1));
-    fleet.clone().with_keep_alive(Some(quick));
-    becomes(&east, "unreachable, found by the keep-alive", |health| {
+    let asking = Fleet::with_config(kube_fleet::FleetConfig {
+        keep_alive: Some(quick),
+        duplicates: kube_fleet::Duplicates::Ignore,
+        ..kube_fleet::FleetConfig::default()
+    });
+    let asked = asking.engage("east", default_client_through(&link).await);
+    becomes(&asked, "unreachable, found by the keep-alive", |health| {
         matches!(health, ClusterHealth::Unreachable { .. })
     })
     .await;
     link.restore();
-    becomes(&east, "healthy once restored", ClusterHealth::is_healthy).await;
+    becomes(&asked, "healthy once restored", ClusterHealth::is_healthy).await;
 
     // A cluster's own terms hold whatever the fleet's are.
-    let fleet = Fleet::new()
-        .with_keep_alive(None)
-        .with_duplicates(kube_fleet::Duplicates::Ignore);
+    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
+        keep_alive: None,
+        duplicates: kube_fleet::Duplicates::Ignore,
+        ..kube_fleet::FleetConfig::default()
+    });
     let west = fleet.engage(
         "west",
         default_client_through(&link).await.with_keep_alive(quick),
@@ -345,11 +355,11 @@ async fn a_cluster_unreachable_for_too_long_is_set_aside_and_engaged_again_when_
     let env = Envtest::start(2).await.unwrap();
     let (east_server, west_server) = (&env.clusters()[0], &env.clusters()[1]);
     let link = east_server.link().unwrap();
-    let mut running = support::Running::new();
-    let fleet = running
-        .fleet
-        .clone()
-        .with_set_aside_after(Duration::from_secs(2));
+    let mut running = support::Running::with_config(kube_fleet::FleetConfig {
+        set_aside_after: Some(Duration::from_secs(2)),
+        ..kube_fleet::FleetConfig::default()
+    });
+    let fleet = running.fleet.clone();
     let mut registry = Registry::default();
     FleetCollector::register(&mut registry, fleet.clone());
     let mut reconciled = running.config_maps();

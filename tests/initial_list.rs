@@ -154,7 +154,10 @@ async fn an_engage_storm_lists_a_bounded_number_at_once_and_an_unreachable_clust
     let env = Envtest::start(1).await.expect("envtest");
     let cluster = &env.clusters()[0];
     create(&cluster.client(), &["storm"]).await;
-    let fleet = Fleet::new().with_initial_lists(2);
+    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
+        initial_lists: 2,
+        ..kube_fleet::FleetConfig::default()
+    });
     assert_eq!(fleet.initial_lists().limit(), 2);
     // Refuses connections: each of its lists fails, and gives its permit
     // back while the watch waits to retry.
@@ -225,7 +228,10 @@ async fn a_cluster_that_hangs_holds_the_last_permit_for_thirty_seconds_and_the_o
     ))
     .unwrap();
 
-    let fleet = Fleet::new().with_initial_lists(1);
+    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
+        initial_lists: 1,
+        ..kube_fleet::FleetConfig::default()
+    });
     let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
         .with_config(Config::default().sync_timeout(Duration::from_secs(1)));
     let status = controller.status();

@@ -233,7 +233,10 @@ async fn following_a_fleet_keeps_nothing_of_it_alive_once_both_are_dropped() {
         http::Response<kube::client::Body>,
     >();
     // No identity read: the mock answers nothing, and must see no request.
-    let fleet = Fleet::new().with_duplicates(kube_fleet::Duplicates::Ignore);
+    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
+        duplicates: kube_fleet::Duplicates::Ignore,
+        ..kube_fleet::FleetConfig::default()
+    });
     fleet.engage("east", kube::Client::new(idle, "default"));
     let metrics = ReconcileMetrics::new(&mut Registry::default()).follow(&fleet);
     drop(metrics);

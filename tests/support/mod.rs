@@ -210,7 +210,12 @@ impl Drop for Running {
 
 impl Running {
     pub fn new() -> Self {
-        let fleet = Fleet::new();
+        Self::with_config(kube_fleet::FleetConfig::default())
+    }
+
+    /// As [`new`](Self::new), with a fleet made with `config`.
+    pub fn with_config(config: kube_fleet::FleetConfig) -> Self {
+        let fleet = Fleet::with_config(config);
         let (provider, handle) = ProgrammaticProvider::new();
         let task = tokio::spawn({
             let fleet = fleet.clone();

@@ -38,7 +38,7 @@
 //!
 //! Across a [`Fleet`](crate::Fleet), at most
 //! [`InitialLists::DEFAULT`] watches list at once (see
-//! [`Fleet::with_initial_lists`](crate::Fleet::with_initial_lists)): a watch
+//! [`FleetConfig::initial_lists`](crate::FleetConfig::initial_lists)): a watch
 //! takes a permit before its first request and gives it back once its list
 //! is done or failed, so an engage storm lists a bounded number of clusters
 //! at a time. A cluster whose connection hangs holds its permit until the

@@ -41,7 +41,7 @@ use tokio::{
 /// ```
 /// use kube_fleet::Fleet;
 ///
-/// let fleet = Fleet::new().with_initial_lists(16);
+/// let fleet = Fleet::with_config(kube_fleet::FleetConfig { initial_lists: 16, ..kube_fleet::FleetConfig::default() });
 /// let lists = fleet.initial_lists();
 /// assert_eq!(lists.limit(), 16);
 /// assert_eq!(lists.in_flight(), 0);

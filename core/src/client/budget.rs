@@ -43,7 +43,7 @@ use tokio::time::Instant;
 /// controller in this crate's benchmarks: reads not limited, 1,000 writes a
 /// second after 4,000 at once, where the fastest run here wrote about 1,800
 /// objects a second for under three seconds to one API server. Set another
-/// for a whole fleet ([`Fleet::with_request_budget`](crate::Fleet::with_request_budget)),
+/// for a whole fleet ([`FleetConfig::request_budget`](crate::FleetConfig::request_budget)),
 /// for a provider's clusters ([`with_request_budget`](crate::provider::with_request_budget)),
 /// or for one cluster ([`ClusterClient::with_budget`](super::ClusterClient::with_budget)).
 /// The namespaces of one host engaged as clusters
@@ -93,7 +93,7 @@ impl RequestBudget {
     /// Reads include the lists and watches that keep the cluster's cache:
     /// a read budget too low for them delays its sync, and a list waiting
     /// for the budget holds one of the fleet's initial-list permits
-    /// ([`Fleet::with_initial_lists`](crate::Fleet::with_initial_lists))
+    /// ([`FleetConfig::initial_lists`](crate::FleetConfig::initial_lists))
     /// meanwhile. Reads are not limited by default, since reconcilers read
     /// from caches.
     ///

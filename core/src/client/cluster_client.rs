@@ -122,7 +122,7 @@ impl ClusterClient {
     /// The cluster engaged with it is asked whether it is there after
     /// `keep_alive`'s interval of silence, and called unreachable without
     /// an answer within its timeout, whatever its fleet's
-    /// [`keep_alive`](crate::Fleet::with_keep_alive) is. (Its connection's
+    /// [`keep_alive`](crate::FleetConfig::keep_alive) is. (Its connection's
     /// HTTP/2 `PING`s are set where it is built:
     /// [`ClientOptions::keep_alive`](super::ClientOptions::keep_alive),
     /// which sets this too.)

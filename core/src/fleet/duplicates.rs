@@ -24,7 +24,7 @@ const IDENTITY_RETRY: Duration = Duration::from_secs(1);
 /// What the fleet does when two names it engages are one cluster, as told
 /// by the cluster's [identity](crate::identity::ClusterIdentity): the
 /// `ClusterProperty` `cluster.clusterset.k8s.io`, else the UID of its
-/// `kube-system` namespace ([`Fleet::with_duplicates`](crate::Fleet::with_duplicates)).
+/// `kube-system` namespace ([`FleetConfig::duplicates`](crate::FleetConfig::duplicates)).
 ///
 /// Two providers may know one cluster (a kubeconfig Secret and a Cluster
 /// API `Cluster`, say), or one provider twice (two Secrets, two
@@ -33,10 +33,13 @@ const IDENTITY_RETRY: Duration = Duration::from_secs(1);
 /// objects twice, from two queues, at once.
 ///
 /// ```
-/// use kube_fleet::{Duplicates, Fleet};
+/// use kube_fleet::{Duplicates, Fleet, FleetConfig};
 ///
-/// let fleet = Fleet::new().with_duplicates(Duplicates::EngageOnce);
-/// assert_eq!(fleet.duplicate_policy(), Duplicates::EngageOnce);
+/// let fleet = Fleet::with_config(FleetConfig {
+///     duplicates: Duplicates::EngageOnce,
+///     ..FleetConfig::default()
+/// });
+/// assert_eq!(fleet.config().duplicates, Duplicates::EngageOnce);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -498,7 +501,10 @@ mod tests {
 
     #[tokio::test]
     async fn engaged_once_the_name_offered_again_keeps_its_place_and_the_held_one_follows_it() {
-        let fleet = Fleet::new().with_duplicates(Duplicates::EngageOnce);
+        let fleet = Fleet::with_config(crate::FleetConfig {
+            duplicates: Duplicates::EngageOnce,
+            ..crate::FleetConfig::default()
+        });
         fleet.engage("a", silent());
         assert!(engaged(&fleet).is_empty(), "a waits for its identity");
         read_as(&fleet, "a", "x");
@@ -555,7 +561,10 @@ mod tests {
 
     #[tokio::test]
     async fn the_local_cluster_is_never_held_back() {
-        let fleet = Fleet::new().with_duplicates(Duplicates::EngageOnce);
+        let fleet = Fleet::with_config(crate::FleetConfig {
+            duplicates: Duplicates::EngageOnce,
+            ..crate::FleetConfig::default()
+        });
         fleet.engage("member", silent());
         read_as(&fleet, "member", "x");
         fleet.engage(ClusterName::local(), silent());

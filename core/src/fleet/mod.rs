@@ -1,5 +1,6 @@
 //! The fleet: the engaged clusters, and the one place that changes them.
 
+mod config;
 mod duplicates;
 mod set_aside;
 
@@ -9,10 +10,9 @@ use std::{
     fmt,
     hash::Hash,
     sync::{Arc, Mutex, MutexGuard, Weak},
-    time::Duration,
 };
 
-use crate::client::{ClusterClient, KeepAlive, RequestBudget};
+use crate::client::{ClusterClient, RequestBudget};
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 
@@ -23,6 +23,7 @@ use crate::{
     health::ClusterHealth,
     problems::Problems,
 };
+pub use config::FleetConfig;
 use duplicates::Sameness;
 pub use duplicates::{Duplicate, Duplicates};
 use set_aside::Vigil;
@@ -61,7 +62,7 @@ pub struct FleetSubscription {
 /// slow, unreachable or lacks a type thus holds up no other cluster, and no
 /// controller that does not need what it lacks. At most
 /// [`InitialLists::DEFAULT`] watches list at once across the fleet (see
-/// [`with_initial_lists`](Self::with_initial_lists)), so engaging thousands
+/// [`FleetConfig::initial_lists`]), so engaging thousands
 /// of clusters at once lists them a bounded number at a time.
 ///
 /// ```no_run
@@ -135,30 +136,36 @@ impl fmt::Debug for Fleet {
 }
 
 impl Fleet {
-    /// An empty fleet.
+    /// An empty fleet with the default [`FleetConfig`].
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// This fleet, with at most `limit` watches listing at once across all
-    /// its clusters (default [`InitialLists::DEFAULT`]; at least one): a
-    /// watch takes a permit before it lists and gives it back once its list
-    /// is done or failed; see [`InitialLists`]. Lower it to spare the
-    /// memory of an engage storm and the API servers it lists; raise it if
-    /// many clusters list slowly. It holds for every clone of the fleet,
-    /// and for the clusters engaged from now on: set it before engaging.
-    /// The watches of a [`HostCache`](crate::cache::HostCache), one per
-    /// type for all its namespaces, are not bounded by it.
-    ///
-    /// ```
-    /// use kube_fleet::Fleet;
-    ///
-    /// let fleet = Fleet::new().with_initial_lists(16);
-    /// assert_eq!(fleet.clone().initial_lists().limit(), 16);
-    /// ```
-    pub fn with_initial_lists(self, limit: usize) -> Self {
-        self.state().lists = InitialLists::new(limit);
-        self
+    /// An empty fleet that treats its clusters as `config` says, it and
+    /// every clone of it.
+    pub fn with_config(config: FleetConfig) -> Self {
+        let fleet = Self::default();
+        {
+            let mut state = fleet.state();
+            state.lists = InitialLists::new(config.initial_lists);
+            state.budget = config.request_budget;
+            state.vigil.keep_alive = config.keep_alive;
+            state.vigil.set_aside_after = config.set_aside_after;
+            state.same.policy = config.duplicates;
+        }
+        fleet
+    }
+
+    /// How the fleet treats its clusters.
+    pub fn config(&self) -> FleetConfig {
+        let state = self.state();
+        FleetConfig {
+            initial_lists: state.lists.limit(),
+            request_budget: state.budget,
+            keep_alive: state.vigil.keep_alive,
+            set_aside_after: state.vigil.set_aside_after,
+            duplicates: state.same.policy,
+        }
     }
 
     /// The bound on the fleet's lists in flight, and how many list and
@@ -167,28 +174,8 @@ impl Fleet {
         self.state().lists.clone()
     }
 
-    /// This fleet, whose clusters each send their requests within `budget`
-    /// (default [`RequestBudget::DEFAULT`]) unless their
-    /// [`ClusterClient`] has a budget of its own
-    /// ([`ClusterClient::with_budget`], or a provider's,
-    /// [`provider::with_request_budget`](crate::provider::with_request_budget)).
-    /// Each cluster has its own: one that spends its budget holds back no
-    /// other. It holds for every clone of the fleet, and for the clusters
-    /// engaged from now on: set it before engaging.
-    ///
-    /// ```
-    /// use kube_fleet::{Fleet, client::RequestBudget};
-    ///
-    /// let fleet = Fleet::new().with_request_budget(RequestBudget::DEFAULT.writes(100.0, 200));
-    /// assert_eq!(fleet.request_budget().write_rate(), Some((100.0, 200)));
-    /// ```
-    pub fn with_request_budget(self, budget: RequestBudget) -> Self {
-        self.state().budget = budget;
-        self
-    }
-
     /// The health of every engaged cluster, by name, and of every cluster
-    /// [set aside](Self::with_set_aside_after) (`Unreachable`): see
+    /// [set aside](FleetConfig::set_aside_after) (`Unreachable`): see
     /// [`ClusterHealth`].
     ///
     /// ```
@@ -216,88 +203,12 @@ impl Fleet {
         health
     }
 
-    /// This fleet, which asks a cluster it has heard nothing from for
-    /// `keep_alive`'s interval whether it is ready (`GET /readyz`), and
-    /// calls it [unreachable](ClusterHealth::Unreachable) without an
-    /// answer within its timeout; `None` never asks a cluster for being
-    /// silent (but one whose client has
-    /// [terms of its own](crate::client::ClusterClient::with_keep_alive)).
-    /// Default [`KeepAlive::DEFAULT`](crate::client::KeepAlive::DEFAULT):
-    /// a cluster that hangs, or is gone where nothing else asks it, is
-    /// unreachable within [`KeepAlive::bound`](crate::client::KeepAlive::bound)
-    /// (16 s) of the last thing heard from it. Every answer a cluster's
-    /// client gets, and every bit of data on its watches, counts as hearing
-    /// from it, so a busy cluster is never asked. It holds for every clone
-    /// of the fleet.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use kube_fleet::{Fleet, client::KeepAlive};
-    ///
-    /// let patient = KeepAlive::new(Duration::from_secs(30), Duration::from_secs(15));
-    /// let fleet = Fleet::new().with_keep_alive(Some(patient));
-    /// assert_eq!(fleet.keep_alive(), Some(patient));
-    /// assert_eq!(Fleet::new().keep_alive(), Some(KeepAlive::DEFAULT));
-    /// ```
-    pub fn with_keep_alive(self, keep_alive: Option<KeepAlive>) -> Self {
-        self.state().vigil.keep_alive = keep_alive;
-        self
-    }
-
-    /// When a silent cluster is asked whether it is there, and how long it
-    /// has to answer, if it is asked.
-    pub fn keep_alive(&self) -> Option<KeepAlive> {
-        self.state().vigil.keep_alive
-    }
-
-    /// This fleet, which sets aside a cluster that has not answered for
-    /// `after` (opt-in; by default a cluster that does not answer stays
-    /// engaged until its provider says otherwise).
-    ///
-    /// A cluster set aside is disengaged: it is not in
-    /// [`get`](Self::get) or [`clusters`](Self::clusters), subscribers see
-    /// [`FleetEvent::Disengaged`], and controllers stop its watches and
-    /// forget its keys, so its cache's memory is freed and its retries
-    /// stop. The fleet keeps what it was engaged with and goes on asking
-    /// it whether it is ready (every few seconds); when it answers, the
-    /// fleet engages it again under its name with the same client, within
-    /// a second, and controllers start over there (a full list, every key
-    /// reconciled). Meanwhile it is in [`set_aside`](Self::set_aside) and,
-    /// as `Unreachable`, in [`health`](Self::health). Its provider need do
-    /// nothing: an engage of its name replaces it, a disengage forgets it.
-    /// A namespace of a host ([`engage_view`](Self::engage_view)) is not
-    /// set aside: its watches are its host's, shared with the other
-    /// namespaces. It holds for every clone of the fleet.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use kube_fleet::Fleet;
-    ///
-    /// let fleet = Fleet::new().with_set_aside_after(Duration::from_secs(300));
-    /// assert_eq!(fleet.set_aside_after(), Some(Duration::from_secs(300)));
-    /// assert!(fleet.set_aside().is_empty());
-    /// ```
-    pub fn with_set_aside_after(self, after: Duration) -> Self {
-        self.state().vigil.set_aside_after = Some(after);
-        self
-    }
-
-    /// After how long without an answer a cluster is set aside, if ever.
-    pub fn set_aside_after(&self) -> Option<Duration> {
-        self.state().vigil.set_aside_after
-    }
-
     /// The clusters set aside for want of an answer, by name: see
-    /// [`with_set_aside_after`](Self::with_set_aside_after).
+    /// [`with_set_aside_after`](FleetConfig::set_aside_after).
     pub fn set_aside(&self) -> Vec<ClusterName> {
         let mut names: Vec<_> = self.state().vigil.set_aside.keys().cloned().collect();
         names.sort();
         names
-    }
-
-    /// The request budget of the clusters engaged without one of their own.
-    pub fn request_budget(&self) -> RequestBudget {
-        self.state().budget
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -387,12 +298,12 @@ impl Fleet {
     /// (a namespace, or a logical cluster of a host split by annotation):
     /// see [`HostCache`](crate::cache::HostCache). Call it inside a tokio
     /// runtime. The parts of one host are one server's, by design: they
-    /// are not checked for [duplicates](Self::with_duplicates). Its own
+    /// are not checked for [duplicates](FleetConfig::duplicates). Its own
     /// watches' lists (of one namespace, split by annotation) count against
-    /// the fleet's [initial lists](Self::with_initial_lists).
+    /// the fleet's [initial lists](FleetConfig::initial_lists).
     pub fn engage_view(&self, name: impl Into<ClusterName>, view: HostView) -> Cluster {
         let name = name.into();
-        let budget = self.request_budget();
+        let budget = self.state().budget;
         let cluster = Cluster::viewing(name.clone(), &view, budget, self.initial_lists());
         let mut state = self.state();
         self.offered(&mut state, &name);
@@ -417,9 +328,9 @@ impl Fleet {
     /// Disengages `name`: it is no longer visible, its reconciles are
     /// cancelled, and controllers stop its watches and forget its queued
     /// work. Returns whether the cluster was engaged. A cluster
-    /// [set aside](Self::with_set_aside_after) under `name`, or waiting
+    /// [set aside](FleetConfig::set_aside_after) under `name`, or waiting
     /// for its identity or held back as a
-    /// [duplicate](Self::with_duplicates), is forgotten (and `true`
+    /// [duplicate](FleetConfig::duplicates), is forgotten (and `true`
     /// returned).
     pub fn disengage<Q>(&self, name: &Q) -> bool
     where
@@ -459,7 +370,7 @@ impl Fleet {
     /// What is wrong with the clusters as offered, under the source
     /// `cluster "<name>"`: a name that is a cluster engaged under another
     /// (engaged too, or held back; see
-    /// [`with_duplicates`](Self::with_duplicates)), or whose identity could
+    /// [`with_duplicates`](FleetConfig::duplicates)), or whose identity could
     /// not be read, so that it was not checked.
     ///
     /// ```
@@ -468,27 +379,6 @@ impl Fleet {
     /// ```
     pub fn problems(&self) -> Problems {
         self.state().same.problems.clone()
-    }
-
-    /// This fleet, which does `policy` when two names it engages are one
-    /// cluster (default [`Duplicates::Warn`]). It holds for every clone of
-    /// the fleet and for the clusters engaged from now on: set it before
-    /// engaging.
-    ///
-    /// ```
-    /// use kube_fleet::{Duplicates, Fleet};
-    ///
-    /// let fleet = Fleet::new().with_duplicates(Duplicates::Ignore);
-    /// assert_eq!(fleet.duplicate_policy(), Duplicates::Ignore);
-    /// ```
-    pub fn with_duplicates(self, policy: Duplicates) -> Self {
-        self.state().same.policy = policy;
-        self
-    }
-
-    /// What the fleet does when two names are one cluster.
-    pub fn duplicate_policy(&self) -> Duplicates {
-        self.state().same.policy
     }
 
     /// Every name offered for a cluster engaged under another, by name:

@@ -9,7 +9,7 @@ use crate::client::RequestBudget;
 /// unless the provider gave one a budget of its own
 /// ([`ClusterClient::with_budget`](crate::client::ClusterClient::with_budget)).
 /// It takes the place of the fleet's budget
-/// ([`Fleet::with_request_budget`](crate::Fleet::with_request_budget)) for
+/// ([`FleetConfig::request_budget`](crate::FleetConfig::request_budget)) for
 /// these clusters only.
 ///
 /// ```

@@ -10,7 +10,7 @@ use prometheus_client::{
 
 /// Reports, at each scrape, `kube_fleet_engaged_clusters`, the number of
 /// clusters the fleet has engaged, `kube_fleet_set_aside_clusters`, the
-/// number it has [set aside](kube_fleet::Fleet::with_set_aside_after) for
+/// number it has [set aside](kube_fleet::FleetConfig::set_aside_after) for
 /// want of an answer, `kube_fleet_duplicate_clusters`, the names offered
 /// for a cluster engaged under another
 /// ([`Fleet::duplicates`](kube_fleet::Fleet::duplicates)), and

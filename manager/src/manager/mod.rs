@@ -297,7 +297,7 @@ impl Manager {
     /// [leader election](Self::leader_election), `get`, `create` and
     /// `update` on `coordination.k8s.io` Leases in the local cluster (with
     /// [sharding](Self::sharding), `list` and `delete` as well). A Lease
-    /// reached through [`LeaderElection::client`] or [`Sharding::client`]
+    /// reached through another [`LeaseParams::client`](crate::LeaseParams::client)
     /// lives in that client's cluster: a note says so, since the rules
     /// then belong there. Unless the fleet ignores
     /// [duplicates](kube_fleet::Duplicates::Ignore), `get` on `namespaces`
@@ -313,7 +313,7 @@ impl Manager {
     /// use tower::{BoxError, service_fn};
     ///
     /// // Names that are one cluster are its providers' to keep apart.
-    /// let fleet = Fleet::new().with_duplicates(kube_fleet::Duplicates::Ignore);
+    /// let fleet = Fleet::with_config(kube_fleet::FleetConfig { duplicates: kube_fleet::Duplicates::Ignore, ..kube_fleet::FleetConfig::default() });
     /// let manager = Manager::new(&fleet)
     ///     .leader_election(LeaderElection::new("my-operator").lease(LeaseParams::default().namespace("operators")))
     ///     .controller(
@@ -341,7 +341,7 @@ impl Manager {
         for added in &self.controllers {
             permissions.merge(added.permissions.clone());
         }
-        if self.fleet.duplicate_policy() != Duplicates::Ignore {
+        if self.fleet.config().duplicates != Duplicates::Ignore {
             // The fleet reads each cluster's identity to find one cluster
             // under two names.
             for rule in ClusterIdentity::rules() {

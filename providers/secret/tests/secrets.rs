@@ -866,7 +866,10 @@ async fn two_secrets_for_one_cluster_are_warned_about_by_default_and_engaged_onc
     drop(running);
 
     // Engaged once: one name serves the cluster, the other is held back.
-    let fleet = Fleet::new().with_duplicates(Duplicates::EngageOnce);
+    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
+        duplicates: Duplicates::EngageOnce,
+        ..kube_fleet::FleetConfig::default()
+    });
     let mut running = run_in(fleet, SecretProvider::new(hub.client(), NAMESPACE));
     running
         .until("one name engaged, one held back", |fleet| {

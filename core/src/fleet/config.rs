@@ -1,0 +1,96 @@
+//! What a fleet does on its own, set once when it is made.
+
+use std::time::Duration;
+
+use super::duplicates::Duplicates;
+use crate::{
+    cache::InitialLists,
+    client::{KeepAlive, RequestBudget},
+};
+
+/// How a [`Fleet`](super::Fleet) treats its clusters, given once to
+/// [`Fleet::with_config`](super::Fleet::with_config); every field has a
+/// default ([`FleetConfig::default`]), so set only those you change.
+///
+/// ```
+/// use std::time::Duration;
+/// use kube_fleet::{Duplicates, Fleet, FleetConfig, client::RequestBudget};
+///
+/// let fleet = Fleet::with_config(FleetConfig {
+///     initial_lists: 16,
+///     request_budget: RequestBudget::DEFAULT.writes(100.0, 200),
+///     set_aside_after: Some(Duration::from_secs(300)),
+///     duplicates: Duplicates::Ignore,
+///     ..FleetConfig::default()
+/// });
+/// assert_eq!(fleet.config().initial_lists, 16);
+/// assert_eq!(fleet.initial_lists().limit(), 16);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct FleetConfig {
+    /// At most this many watches list at once across all the fleet's
+    /// clusters (default [`InitialLists::DEFAULT`]; at least one): a watch
+    /// takes a permit before it lists and gives it back once its list is
+    /// done or failed; see [`InitialLists`]. Lower it to spare the memory
+    /// of an engage storm and the API servers it lists; raise it if many
+    /// clusters list slowly. The watches of a
+    /// [`HostCache`](crate::cache::HostCache), one per type for all its
+    /// namespaces, are not bounded by it.
+    pub initial_lists: usize,
+    /// The request budget of each cluster (default
+    /// [`RequestBudget::DEFAULT`]), unless its
+    /// [`ClusterClient`](crate::client::ClusterClient) has one of its own
+    /// ([`ClusterClient::with_budget`](crate::client::ClusterClient::with_budget),
+    /// or a provider's,
+    /// [`provider::with_request_budget`](crate::provider::with_request_budget)).
+    /// Each cluster has its own: one that spends its budget holds back no
+    /// other.
+    pub request_budget: RequestBudget,
+    /// When a cluster the fleet has heard nothing from is asked whether it
+    /// is ready (`GET /readyz`), and how long it has to answer before it is
+    /// [unreachable](crate::health::ClusterHealth::Unreachable); `None`
+    /// never asks a cluster for being silent (but one whose client has
+    /// [terms of its own](crate::client::ClusterClient::with_keep_alive)).
+    /// Default [`KeepAlive::DEFAULT`]: a cluster that hangs, or is gone
+    /// where nothing else asks it, is unreachable within
+    /// [`KeepAlive::bound`] (16 s) of the last thing heard from it. Every
+    /// answer a cluster's client gets, and every bit of data on its
+    /// watches, counts as hearing from it, so a busy cluster is never asked.
+    pub keep_alive: Option<KeepAlive>,
+    /// Set aside a cluster that has not answered for this long (default
+    /// `None`: a cluster that does not answer stays engaged until its
+    /// provider says otherwise).
+    ///
+    /// A cluster set aside is disengaged: it is not in
+    /// [`Fleet::get`](super::Fleet::get) or
+    /// [`Fleet::clusters`](super::Fleet::clusters), subscribers see
+    /// [`FleetEvent::Disengaged`](super::FleetEvent::Disengaged), and
+    /// controllers stop its watches and forget its keys, so its cache's
+    /// memory is freed and its retries stop. The fleet keeps what it was
+    /// engaged with and goes on asking it whether it is ready (every few
+    /// seconds); when it answers, the fleet engages it again under its name
+    /// with the same client, within a second, and controllers start over
+    /// there (a full list, every key reconciled). Meanwhile it is in
+    /// [`Fleet::set_aside`](super::Fleet::set_aside) and, as `Unreachable`,
+    /// in [`Fleet::health`](super::Fleet::health). Its provider need do
+    /// nothing: an engage of its name replaces it, a disengage forgets it.
+    /// A namespace of a host ([`Fleet::engage_view`](super::Fleet::engage_view))
+    /// is not set aside: its watches are its host's, shared with the other
+    /// namespaces.
+    pub set_aside_after: Option<Duration>,
+    /// What the fleet does when two names it engages are one cluster
+    /// (default [`Duplicates::Warn`]).
+    pub duplicates: Duplicates,
+}
+
+impl Default for FleetConfig {
+    fn default() -> Self {
+        Self {
+            initial_lists: InitialLists::DEFAULT,
+            request_budget: RequestBudget::DEFAULT,
+            keep_alive: Some(KeepAlive::DEFAULT),
+            set_aside_after: None,
+            duplicates: Duplicates::Warn,
+        }
+    }
+}
