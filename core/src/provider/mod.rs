@@ -21,4 +21,4 @@ pub use engagements::{BuildError, Engagements};
 pub use local::LocalProvider;
 pub use programmatic::{ProgrammaticHandle, ProgrammaticProvider};
 pub use request_budget::with_request_budget;
-pub use seen::{Change, Seen};
+pub use seen::{Seen, SourceChange};

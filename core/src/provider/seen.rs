@@ -7,7 +7,7 @@ use kube::runtime::watcher;
 /// What a change seen on a watch means for a provider: an object applied,
 /// or the key of one that is gone.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Change<K> {
+pub enum SourceChange<K> {
     /// The object is there now, new or changed.
     Applied(K),
     /// The object of this key is gone: deleted, or missing from a relist.
@@ -17,12 +17,12 @@ pub enum Change<K> {
 /// The keys of the objects a watch has shown and not deleted, so that the
 /// end of a relist tells which went while the watch was down: what a
 /// provider that follows a watch of its sources needs to turn
-/// [`watcher::Event`]s into [`Change`]s.
+/// [`watcher::Event`]s into [`SourceChange`]s.
 ///
 /// ```
 /// use k8s_openapi::api::core::v1::Secret;
 /// use kube::{ResourceExt, api::ObjectMeta, runtime::watcher::Event};
-/// use kube_fleet::provider::{Change, Seen};
+/// use kube_fleet::provider::{Seen, SourceChange};
 ///
 /// let secret = |name: &str| Secret {
 ///     metadata: ObjectMeta { name: Some(name.into()), ..ObjectMeta::default() },
@@ -35,7 +35,7 @@ pub enum Change<K> {
 /// // The watch relists, and `a` is no longer there.
 /// seen.changes(Event::Init, key);
 /// seen.changes(Event::InitApply(secret("b")), key);
-/// assert_eq!(seen.changes(Event::InitDone, key), vec![Change::Deleted("a".to_owned())]);
+/// assert_eq!(seen.changes(Event::InitDone, key), vec![SourceChange::Deleted("a".to_owned())]);
 /// assert!(seen.contains("b") && !seen.contains("a"));
 /// assert!(seen.listed());
 /// ```
@@ -59,7 +59,7 @@ impl Seen {
         &mut self,
         event: watcher::Event<K>,
         key: impl Fn(&K) -> String,
-    ) -> Vec<Change<K>> {
+    ) -> Vec<SourceChange<K>> {
         match event {
             watcher::Event::Init => {
                 self.relisting = Some(HashSet::new());
@@ -71,7 +71,7 @@ impl Seen {
                     relisting.insert(key.clone());
                 }
                 self.keys.insert(key);
-                vec![Change::Applied(object)]
+                vec![SourceChange::Applied(object)]
             }
             watcher::Event::InitDone => {
                 self.listed = true;
@@ -83,16 +83,16 @@ impl Seen {
                     .cloned()
                     .collect();
                 self.keys = relisted;
-                gone.into_iter().map(Change::Deleted).collect()
+                gone.into_iter().map(SourceChange::Deleted).collect()
             }
             watcher::Event::Apply(object) => {
                 self.keys.insert(key(&object));
-                vec![Change::Applied(object)]
+                vec![SourceChange::Applied(object)]
             }
             watcher::Event::Delete(object) => {
                 let key = key(&object);
                 self.keys.remove(&key);
-                vec![Change::Deleted(key)]
+                vec![SourceChange::Deleted(key)]
             }
         }
     }

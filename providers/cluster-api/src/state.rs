@@ -12,7 +12,7 @@ use futures::stream::{self, BoxStream, StreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::{ResourceExt, runtime::watcher};
 use kube_fleet::provider::{
-    Change, ClusterEvent, Engagements, Problems, Seen,
+    ClusterEvent, Engagements, Problems, Seen, SourceChange,
     kubeconfig::{self, KubeconfigPolicy},
 };
 
@@ -144,14 +144,14 @@ impl<K: ClusterObject> State<K> {
             .changes(event, |c: &K| key(c.namespace(), &c.name_any()));
         for change in changes {
             let key = match change {
-                Change::Applied(cluster) => {
+                SourceChange::Applied(cluster) => {
                     let key = key(cluster.namespace(), &cluster.name_any());
                     let ready = cluster.meta().deletion_timestamp.is_none()
                         && (self.options.ready)(&cluster);
                     self.clusters.insert(key.clone(), ready);
                     key
                 }
-                Change::Deleted(key) => {
+                SourceChange::Deleted(key) => {
                     self.clusters.remove(&key);
                     key
                 }
@@ -176,7 +176,7 @@ impl<K: ClusterObject> State<K> {
         let listed = self.secret_watch.listed();
         for change in self.secret_watch.changes(event, secret_key) {
             let key = match change {
-                Change::Applied(secret) => {
+                SourceChange::Applied(secret) => {
                     let key = secret_key(&secret);
                     let bytes = secret
                         .data
@@ -193,7 +193,7 @@ impl<K: ClusterObject> State<K> {
                     }
                     key
                 }
-                Change::Deleted(key) => {
+                SourceChange::Deleted(key) => {
                     self.secrets.remove(&key);
                     key
                 }

@@ -12,7 +12,7 @@ use futures::stream::{self, BoxStream, StreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::{ResourceExt, runtime::watcher};
 use kube_fleet::provider::{
-    Change, ClusterEvent, Engagements, Problems, Seen,
+    ClusterEvent, Engagements, Problems, Seen, SourceChange,
     kubeconfig::{self, KubeconfigPolicy},
 };
 
@@ -122,7 +122,7 @@ impl State {
         });
         for change in changes {
             let key = match change {
-                Change::Applied(profile) => {
+                SourceChange::Applied(profile) => {
                     let key = key(profile.namespace(), &profile.name_any());
                     let healthy = profile.metadata.deletion_timestamp.is_none()
                         && (self.options.healthy)(&profile);
@@ -141,7 +141,7 @@ impl State {
                     );
                     key
                 }
-                Change::Deleted(key) => {
+                SourceChange::Deleted(key) => {
                     self.profiles.remove(&key);
                     key
                 }
@@ -163,7 +163,7 @@ impl State {
             .changes(event, |s: &Secret| key(s.namespace(), &s.name_any()));
         for change in changes {
             let (secret_key, now) = match change {
-                Change::Applied(secret) => {
+                SourceChange::Applied(secret) => {
                     let secret_key = key(secret.namespace(), &secret.name_any());
                     let profile = secret
                         .labels()
@@ -181,7 +181,7 @@ impl State {
                         .then(|| (key(secret.namespace(), &profile), bytes));
                     (secret_key, now)
                 }
-                Change::Deleted(secret_key) => (secret_key, None),
+                SourceChange::Deleted(secret_key) => (secret_key, None),
             };
             // Off the profile it was for, if another, and onto the one it
             // is for, each brought in line once.

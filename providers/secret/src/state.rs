@@ -6,7 +6,7 @@ use futures::stream::{self, BoxStream, StreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::{ResourceExt, runtime::watcher};
 use kube_fleet::provider::{
-    Change, ClusterEvent, Engagements, Problems, Seen,
+    ClusterEvent, Engagements, Problems, Seen, SourceChange,
     kubeconfig::{self, KubeconfigPolicy},
 };
 
@@ -95,8 +95,8 @@ impl State {
         };
         for change in self.watch.changes(event, ResourceExt::name_any) {
             match change {
-                Change::Applied(secret) => self.apply(&secret),
-                Change::Deleted(name) => self.gone(&name),
+                SourceChange::Applied(secret) => self.apply(&secret),
+                SourceChange::Deleted(name) => self.gone(&name),
             }
         }
     }
