@@ -177,10 +177,21 @@ async fn a_quiet_cluster_that_is_gone_is_found_by_its_keep_alive() {
         ..kube_fleet::FleetConfig::default()
     });
     let asked = asking.engage("east", default_client_through(&link).await);
-    becomes(&asked, "unreachable, found by the keep-alive", |health| {
-        matches!(health, ClusterHealth::Unreachable { .. })
-    })
+    // Its bound is 1 s + 1 s and the sweep's second, far below the default
+    // terms' 16 s: found in time only by the terms the fleet was given.
+    let found = tokio::time::timeout(
+        Duration::from_secs(8),
+        becomes(&asked, "unreachable, found by the keep-alive", |health| {
+            matches!(health, ClusterHealth::Unreachable { .. })
+        }),
+    )
     .await;
+    assert!(
+        found.is_ok(),
+        "not found within the fleet's own terms: {}",
+        asked.health()
+    );
+    assert_eq!(asking.config().keep_alive, Some(quick));
     link.restore();
     becomes(&asked, "healthy once restored", ClusterHealth::is_healthy).await;
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 /// from it, it is asked, and no answer within `timeout` counts as none.
 ///
 /// The fleet uses it for each engaged cluster (set with
-/// [`Fleet::with_keep_alive`](crate::FleetConfig::keep_alive), or for one
+/// [`FleetConfig::keep_alive`](crate::FleetConfig::keep_alive), or for one
 /// cluster with [`ClusterClient::with_keep_alive`](super::ClusterClient::with_keep_alive)):
 /// a cluster it has heard nothing from for `interval` (no answer to a
 /// request, no data on a watch) is asked `GET /readyz`, and one that gives

@@ -204,7 +204,7 @@ impl Fleet {
     }
 
     /// The clusters set aside for want of an answer, by name: see
-    /// [`with_set_aside_after`](FleetConfig::set_aside_after).
+    /// [`FleetConfig::set_aside_after`].
     pub fn set_aside(&self) -> Vec<ClusterName> {
         let mut names: Vec<_> = self.state().vigil.set_aside.keys().cloned().collect();
         names.sort();
@@ -370,7 +370,7 @@ impl Fleet {
     /// What is wrong with the clusters as offered, under the source
     /// `cluster "<name>"`: a name that is a cluster engaged under another
     /// (engaged too, or held back; see
-    /// [`with_duplicates`](FleetConfig::duplicates)), or whose identity could
+    /// [`FleetConfig::duplicates`]), or whose identity could
     /// not be read, so that it was not checked.
     ///
     /// ```

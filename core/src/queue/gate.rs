@@ -1,6 +1,6 @@
 //! Clusters as the controller serves them: held until its watches there
-//! sync, released, paused while it waits for its own writes to show and
-//! resumed, and not served at all.
+//! sync, released, resumed after a pause (`Lanes::pause_front`), and not
+//! served at all.
 
 use super::lanes::Lanes;
 use crate::cluster_name::ClusterName;
@@ -19,7 +19,7 @@ impl Lanes {
         }
         if !entry.held {
             entry.held = true;
-            self.held_one(1);
+            self.held_one_more();
         }
         self.refresh(cluster);
     }
@@ -29,7 +29,7 @@ impl Lanes {
         let entry = self.cluster_mut(cluster);
         if entry.held {
             entry.held = false;
-            self.held_one(-1);
+            self.held_one_fewer();
         }
         self.take_turn(cluster);
         self.refresh(cluster);

@@ -260,9 +260,14 @@ impl Lanes {
         self.metrics.as_ref()
     }
 
-    /// One more (`1`) or one fewer (`-1`) cluster held.
-    pub(super) fn held_one(&mut self, by: isize) {
-        self.held = self.held.wrapping_add_signed(by);
+    /// One more cluster held.
+    pub(super) fn held_one_more(&mut self) {
+        self.held += 1;
+    }
+
+    /// One fewer cluster held.
+    pub(super) fn held_one_fewer(&mut self) {
+        self.held -= 1;
     }
 
     /// How many keys are ready.

@@ -24,8 +24,8 @@
 
 // Its parts, each owning its state: `keys` (`Keys`: each key's state, its
 // timer, its backoff), `lanes` (`Lanes`: each cluster's lanes of ready keys,
-// the round-robin of clusters and the counts; `gate.rs` holds, releases,
-// pauses and resumes clusters) and `admission` (`Admission`: the limits and
+// the round-robin of clusters and the counts; `gate.rs` holds, releases
+// and resumes clusters) and `admission` (`Admission`: the limits and
 // the token buckets' state). What crosses them (a key scheduled, popped or
 // completed; a cluster purged or woken) is `Queue`'s, in `schedule.rs`.
 

@@ -141,7 +141,9 @@ impl Queue {
             return;
         };
         let (rerun, purged, started_at, started) = (rerun.take(), *purged, *recoveries, *started);
+        // A purged key's run counts for nothing, its failures included.
         let failures = match outcome {
+            _ if purged => state.failures,
             Outcome::Success(_) => {
                 state.failures = 0;
                 state.last_error = 0;

@@ -866,6 +866,23 @@ async fn a_purged_key_still_running_cannot_start_again_until_that_run_ends() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_purged_keys_late_failure_counts_for_nothing() {
+    let mut queue = queue();
+    push(&mut queue, key("gone", "x"));
+    let running = ready_now(&mut queue).unwrap();
+    queue.purge(&"gone".into());
+    push(&mut queue, key("gone", "x"));
+    // The cancelled run ends late, and in error.
+    queue.complete(&running, Outcome::Failure(None));
+    assert_eq!(
+        queue.failures(&key("gone", "x")),
+        0,
+        "the purge forgot the key's failures, and the old run adds none"
+    );
+    assert_eq!(ready_now(&mut queue), Some(key("gone", "x")));
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_unbounded_backoff_is_clamped_instead_of_panicking() {
     let mut queue = Queue::new(
         Backoff {
