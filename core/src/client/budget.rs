@@ -3,16 +3,17 @@
 
 use std::{
     sync::{Arc, Mutex},
-    task::{Context, Poll},
     time::Duration,
 };
 
-use futures::future::BoxFuture;
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use kube::client::Body;
-use tower::{BoxError, Layer, Service};
+use tower::{BoxError, Service};
 
-use super::{inner::take, stats::RequestStats};
+use super::{
+    inner::{AnyBody, Around},
+    stats::RequestStats,
+};
 use tokio::time::Instant;
 
 /// How many requests a second one cluster's client may send, and how many
@@ -320,65 +321,32 @@ impl Budget {
 /// time it waited counted in `stats`), and tells the budget how the server
 /// answered. Without a budget it passes every request on at once.
 #[derive(Clone)]
-pub(super) struct BudgetLayer {
-    budget: Option<Arc<Budget>>,
-    stats: Arc<RequestStats>,
+pub(super) struct Budgeted {
+    pub(super) budget: Option<Arc<Budget>>,
+    pub(super) stats: Arc<RequestStats>,
 }
 
-impl BudgetLayer {
-    pub(super) fn new(budget: Option<Arc<Budget>>, stats: Arc<RequestStats>) -> Self {
-        Self { budget, stats }
-    }
-}
-
-impl<S> Layer<S> for BudgetLayer {
-    type Service = Budgeted<S>;
-
-    fn layer(&self, inner: S) -> Budgeted<S> {
-        Budgeted {
-            inner,
-            layer: self.clone(),
-        }
-    }
-}
-
-/// The service of [`BudgetLayer`].
-#[derive(Clone)]
-pub(super) struct Budgeted<S> {
-    inner: S,
-    layer: BudgetLayer,
-}
-
-impl<S, B> Service<Request<Body>> for Budgeted<S>
-where
-    S: Service<Request<Body>, Response = Response<B>, Error = BoxError> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    B: Send + 'static,
-{
-    type Response = Response<B>;
-    type Error = BoxError;
-    type Future = BoxFuture<'static, Result<Response<B>, BoxError>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let mut inner = take(&mut self.inner);
-        let Some(budget) = self.layer.budget.clone() else {
-            return Box::pin(async move { inner.call(request).await });
+impl Around for Budgeted {
+    async fn around<S>(
+        self,
+        request: Request<Body>,
+        mut inner: S,
+    ) -> Result<Response<AnyBody>, BoxError>
+    where
+        S: Service<Request<Body>, Response = Response<AnyBody>, Error = BoxError> + Send + 'static,
+        S::Future: Send + 'static,
+    {
+        let Some(budget) = self.budget else {
+            return inner.call(request).await;
         };
-        let stats = self.layer.stats.clone();
-        Box::pin(async move {
-            let method = request.method().clone();
-            let waited = budget.wait(&method).await;
-            stats.waited(&method, waited);
-            let result = inner.call(request).await;
-            if let Ok(response) = &result {
-                budget.answered(&method, response.status(), response.headers());
-            }
-            result
-        })
+        let method = request.method().clone();
+        let waited = budget.wait(&method).await;
+        self.stats.waited(&method, waited);
+        let result = inner.call(request).await;
+        if let Ok(response) = &result {
+            budget.answered(&method, response.status(), response.headers());
+        }
+        result
     }
 }
 
@@ -511,16 +479,22 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_layer_holds_a_request_for_the_budget_and_tells_it_of_a_429() {
-        use tower::ServiceExt;
+        use tower::{Layer, ServiceExt};
+
+        use crate::client::inner::AroundLayer;
 
         let budget = Arc::new(Budget::new(RequestBudget::UNLIMITED.reads(10.0, 5)).unwrap());
         let stats = Arc::new(RequestStats::default());
-        let (below, mut handle) = tower_test::mock::pair::<Request<Body>, Response<()>>();
-        let service = BudgetLayer::new(Some(budget.clone()), stats.clone()).layer(below);
+        let (below, mut handle) = tower_test::mock::pair::<Request<Body>, Response<AnyBody>>();
+        let service = AroundLayer(Budgeted {
+            budget: Some(budget.clone()),
+            stats: stats.clone(),
+        })
+        .layer(below);
         let get = || Request::get("/api/v1/pods").body(Body::empty()).unwrap();
         let first = tokio::spawn(service.clone().oneshot(get()));
         let (_, send) = handle.next_request().await.unwrap();
-        let mut throttled = Response::new(());
+        let mut throttled = Response::new(AnyBody::default());
         *throttled.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         throttled.headers_mut().extend(retry_after("3"));
         send.send_response(throttled);
@@ -533,7 +507,7 @@ mod tests {
         let second = tokio::spawn(service.oneshot(get()));
         let (_, send) = handle.next_request().await.unwrap();
         assert_eq!(started.elapsed(), Duration::from_secs(3));
-        send.send_response(Response::new(()));
+        send.send_response(Response::new(AnyBody::default()));
         second.await.unwrap().unwrap();
         let waits = stats.budget_waits();
         assert_eq!(waits[0].count, 2, "{waits:?}");
@@ -542,13 +516,19 @@ mod tests {
 
     #[tokio::test]
     async fn without_a_budget_the_layer_passes_requests_on() {
-        use tower::ServiceExt;
+        use tower::{Layer, ServiceExt};
 
-        let (below, mut handle) = tower_test::mock::pair::<Request<Body>, Response<()>>();
-        let service = BudgetLayer::new(None, Arc::default()).layer(below);
+        use crate::client::inner::AroundLayer;
+
+        let (below, mut handle) = tower_test::mock::pair::<Request<Body>, Response<AnyBody>>();
+        let service = AroundLayer(Budgeted {
+            budget: None,
+            stats: Arc::default(),
+        })
+        .layer(below);
         let call = tokio::spawn(service.oneshot(Request::get("/").body(Body::empty()).unwrap()));
         let (_, send) = handle.next_request().await.unwrap();
-        send.send_response(Response::new(()));
+        send.send_response(Response::new(AnyBody::default()));
         call.await.unwrap().unwrap();
     }
 }

@@ -6,16 +6,13 @@ use std::fmt;
 use futures::future::BoxFuture;
 
 use http::{Request, Response};
-use http_body_util::{BodyExt, combinators::UnsyncBoxBody};
+use http_body_util::BodyExt;
 use hyper::body::Bytes;
 use kube::{Client, client::Body};
 use tower::{BoxError, ServiceExt, util::BoxCloneSyncService};
 
+pub(crate) use super::inner::AnyBody;
 use super::{budget::RequestBudget, keep_alive::KeepAlive};
-
-/// A response body of any kind, as the stack below a cluster's client
-/// gives it.
-pub(crate) type AnyBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// This crate's client stack for one cluster: everything of a
 /// [`Client`] but the request queue in front of it.

@@ -9,22 +9,17 @@
 //! cluster's client refuses such a write while the parent is reconciled, so
 //! the loop never starts.
 
-use std::{
-    future::Future,
-    sync::Arc,
-    task::{Context, Poll},
-};
+use std::sync::Arc;
 
-use futures::future::BoxFuture;
-use tower::{BoxError, Layer, Service};
+use tower::{BoxError, Service};
 
-use http::{Method, Request};
+use http::{Method, Request, Response};
 use kube::client::Body;
 use serde_json::Value;
 
 use super::{
     error::OwnerReferenceAcross,
-    inner::take,
+    inner::{AnyBody, Around},
     reachability::Reachability,
     reconciling::{self, Owner},
 };
@@ -34,68 +29,29 @@ use crate::cluster_name::ClusterName;
 /// reconciled in another cluster (see [`OwnerReferenceAcross`]), before
 /// anything below is asked.
 #[derive(Clone)]
-pub(super) struct RefuseOwnersAcrossLayer {
-    cluster: ClusterName,
-    reachability: Arc<Reachability>,
+pub(super) struct RefuseOwnersAcross {
+    pub(super) cluster: ClusterName,
+    pub(super) reachability: Arc<Reachability>,
 }
 
-impl RefuseOwnersAcrossLayer {
-    pub(super) fn new(cluster: ClusterName, reachability: Arc<Reachability>) -> Self {
-        Self {
-            cluster,
-            reachability,
+impl Around for RefuseOwnersAcross {
+    async fn around<S>(
+        self,
+        request: Request<Body>,
+        mut inner: S,
+    ) -> Result<Response<AnyBody>, BoxError>
+    where
+        S: Service<Request<Body>, Response = Response<AnyBody>, Error = BoxError> + Send + 'static,
+        S::Future: Send + 'static,
+    {
+        let to = Destination {
+            cluster: &self.cluster,
+            reachability: &self.reachability,
+        };
+        if let Some(check) = checked(&to, &request) {
+            check.await?;
         }
-    }
-}
-
-impl<S> Layer<S> for RefuseOwnersAcrossLayer {
-    type Service = RefuseOwnersAcross<S>;
-
-    fn layer(&self, inner: S) -> RefuseOwnersAcross<S> {
-        RefuseOwnersAcross {
-            inner,
-            layer: self.clone(),
-        }
-    }
-}
-
-/// The service of [`RefuseOwnersAcrossLayer`].
-#[derive(Clone)]
-pub(super) struct RefuseOwnersAcross<S> {
-    inner: S,
-    layer: RefuseOwnersAcrossLayer,
-}
-
-impl<S, R> Service<Request<Body>> for RefuseOwnersAcross<S>
-where
-    S: Service<Request<Body>, Response = R, Error = BoxError> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    R: Send + 'static,
-{
-    type Response = R;
-    type Error = BoxError;
-    type Future = BoxFuture<'static, Result<R, BoxError>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let mut inner = take(&mut self.inner);
-        let RefuseOwnersAcrossLayer {
-            cluster,
-            reachability,
-        } = self.layer.clone();
-        Box::pin(async move {
-            let to = Destination {
-                cluster: &cluster,
-                reachability: &reachability,
-            };
-            if let Some(check) = checked(&to, &request) {
-                check.await?;
-            }
-            inner.call(request).await
-        })
+        inner.call(request).await
     }
 }
 
@@ -401,14 +357,18 @@ mod tests {
             path: &str,
             body: &Value,
         ) -> Result<(), OwnerReferenceAcross> {
-            use tower::ServiceExt;
+            use tower::{Layer, ServiceExt};
+
+            use crate::client::inner::AroundLayer;
 
             // Through the layer, over a mock of what is below it: a write it
             // refuses reaches nothing below.
-            let (below, mut handle) = tower_test::mock::pair::<Request<Body>, ()>();
-            let mut service =
-                RefuseOwnersAcrossLayer::new(self.cluster.clone(), self.reachability.clone())
-                    .layer(below);
+            let (below, mut handle) = tower_test::mock::pair::<Request<Body>, Response<AnyBody>>();
+            let mut service = AroundLayer(RefuseOwnersAcross {
+                cluster: self.cluster.clone(),
+                reachability: self.reachability.clone(),
+            })
+            .layer(below);
             let call = service
                 .ready()
                 .await
@@ -417,11 +377,11 @@ mod tests {
             drop(service);
             let answer = async {
                 let (_, send) = handle.next_request().await?;
-                send.send_response(());
+                send.send_response(Response::new(AnyBody::default()));
                 Some(())
             };
             match tokio::join!(call, answer) {
-                (Ok(()), sent) => {
+                (Ok(_), sent) => {
                     assert!(sent.is_some(), "an allowed write goes below");
                     Ok(())
                 }

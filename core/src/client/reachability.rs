@@ -26,22 +26,20 @@ use std::{
         Arc, Mutex, Weak,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
-    task::{Context, Poll},
     time::Duration,
 };
 
-use futures::future::BoxFuture;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use kube::client::Body;
 use tokio::{runtime::Handle, sync::watch, time::Instant};
-use tower::{BoxError, Layer, Service};
+use tower::{BoxError, Service};
 
 use super::{
     asked,
-    cluster_client::{AnyBody, ClusterClient},
+    cluster_client::ClusterClient,
     error::{error_chain, is_gateway_failure, is_unanswered},
-    inner::take,
+    inner::{AnyBody, Around},
     keep_alive::KeepAlive,
 };
 use crate::cluster_name::ClusterName;
@@ -542,72 +540,36 @@ where
 /// lets a watch's data tell it as it comes; the task that started a watch
 /// is told it runs (see `asked`).
 #[derive(Clone)]
-pub(super) struct ReachabilityLayer {
-    reachability: Arc<Reachability>,
-}
+pub(super) struct Reached(pub(super) Arc<Reachability>);
 
-impl ReachabilityLayer {
-    pub(super) fn new(reachability: Arc<Reachability>) -> Self {
-        Self { reachability }
-    }
-}
-
-impl<S> Layer<S> for ReachabilityLayer {
-    type Service = Reached<S>;
-
-    fn layer(&self, inner: S) -> Reached<S> {
-        Reached {
-            inner,
-            reachability: self.reachability.clone(),
+impl Around for Reached {
+    async fn around<S>(
+        self,
+        request: Request<Body>,
+        mut inner: S,
+    ) -> Result<Response<AnyBody>, BoxError>
+    where
+        S: Service<Request<Body>, Response = Response<AnyBody>, Error = BoxError> + Send + 'static,
+        S::Future: Send + 'static,
+    {
+        let Self(reachability) = self;
+        let watch = asked::is_watch(&request);
+        let result = inner.call(request).await;
+        match &result {
+            Ok(response) => reachability.answered_with(response.status()),
+            Err(error) if is_unanswered(&**error) => reachability.unanswered(&**error),
+            // Answered, with an error of the server's or the client's own.
+            Err(_) => {}
         }
-    }
-}
-
-/// The service of [`ReachabilityLayer`].
-#[derive(Clone)]
-pub(super) struct Reached<S> {
-    inner: S,
-    reachability: Arc<Reachability>,
-}
-
-impl<S> Service<Request<Body>> for Reached<S>
-where
-    S: Service<Request<Body>, Response = Response<AnyBody>, Error = BoxError>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
-    type Response = Response<AnyBody>;
-    type Error = BoxError;
-    type Future = BoxFuture<'static, Result<Response<AnyBody>, BoxError>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let mut inner = take(&mut self.inner);
-        let reachability = self.reachability.clone();
-        Box::pin(async move {
-            let watch = asked::is_watch(&request);
-            let result = inner.call(request).await;
-            match &result {
-                Ok(response) => reachability.answered_with(response.status()),
-                Err(error) if is_unanswered(&**error) => reachability.unanswered(&**error),
-                // Answered, with an error of the server's or the client's own.
-                Err(_) => {}
+        // A watch under way: its data is heard from the cluster, and its
+        // failure is the cluster's; the task that asked knows it runs.
+        match result {
+            Ok(response) if watch && response.status().is_success() => {
+                asked::watch_started();
+                Ok(response.map(|body| Watched::new(body, reachability).boxed_unsync()))
             }
-            // A watch under way: its data is heard from the cluster, and its
-            // failure is the cluster's; the task that asked knows it runs.
-            match result {
-                Ok(response) if watch && response.status().is_success() => {
-                    asked::watch_started();
-                    Ok(response.map(|body| Watched::new(body, reachability).boxed_unsync()))
-                }
-                result => result,
-            }
-        })
+            result => result,
+        }
     }
 }
 
@@ -615,9 +577,10 @@ where
 mod tests {
     use bytes::Bytes;
     use http_body_util::{BodyExt, Full};
-    use tower::ServiceExt;
+    use tower::{Layer, ServiceExt};
 
     use super::*;
+    use crate::client::inner::AroundLayer;
 
     fn get(path: &str) -> Request<Body> {
         Request::get(path).body(Body::empty()).unwrap()
@@ -636,7 +599,7 @@ mod tests {
         let client = ClusterClient::from(kube::Client::try_from(config).unwrap());
         let reachability = Arc::new(Reachability::new("east".into(), client));
         let (below, mut handle) = tower_test::mock::pair::<Request<Body>, Response<AnyBody>>();
-        let service = ReachabilityLayer::new(reachability.clone()).layer(below);
+        let service = AroundLayer(Reached(reachability.clone())).layer(below);
 
         let refused = tokio::spawn(service.clone().oneshot(get("/api/v1/pods")));
         let (_, send) = handle.next_request().await.unwrap();

@@ -4,6 +4,7 @@
 //! attempts standing for the request where there are any.
 
 use std::{
+    future::Future,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -15,9 +16,9 @@ use futures::future::BoxFuture;
 use http::{Method, Request, Response, StatusCode};
 use kube::client::Body;
 use tokio::time::Instant;
-use tower::{BoxError, Layer, Service};
+use tower::{BoxError, Service};
 
-use super::{budget::Budget, inner::take, stats::RequestStats};
+use super::{budget::Budget, cluster_client::AnyBody, inner::Around, stats::RequestStats};
 
 /// Carried in a request's extensions from the cluster's client down to
 /// this crate's client stack, which counts each attempt itself.
@@ -99,64 +100,34 @@ pub(super) fn is_counted<B>(request: &Request<B>) -> bool {
 /// that the attempts below it (`CountAttemptsLayer`) count for it and a
 /// client stacked below this one does not count it again.
 #[derive(Clone)]
-pub(super) struct CountLayer {
-    stats: Arc<RequestStats>,
+pub(super) struct Counting {
+    pub(super) stats: Arc<RequestStats>,
     /// The budget each attempt's `429` is told to.
-    budget: Option<Arc<Budget>>,
+    pub(super) budget: Option<Arc<Budget>>,
 }
 
-impl CountLayer {
-    pub(super) fn new(stats: Arc<RequestStats>, budget: Option<Arc<Budget>>) -> Self {
-        Self { stats, budget }
-    }
-}
-
-impl<S> Layer<S> for CountLayer {
-    type Service = Counting<S>;
-
-    fn layer(&self, inner: S) -> Counting<S> {
-        Counting {
-            inner,
-            layer: self.clone(),
-        }
-    }
-}
-
-/// The service of [`CountLayer`].
-#[derive(Clone)]
-pub(super) struct Counting<S> {
-    inner: S,
-    layer: CountLayer,
-}
-
-impl<S, B> Service<Request<Body>> for Counting<S>
-where
-    S: Service<Request<Body>, Response = Response<B>, Error = BoxError> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    B: Send + 'static,
-{
-    type Response = Response<B>;
-    type Error = BoxError;
-    type Future = BoxFuture<'static, Result<Response<B>, BoxError>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut request: Request<Body>) -> Self::Future {
-        let mut inner = take(&mut self.inner);
+impl Around for Counting {
+    fn around<S>(
+        self,
+        mut request: Request<Body>,
+        mut inner: S,
+    ) -> impl Future<Output = Result<Response<AnyBody>, BoxError>> + Send + 'static
+    where
+        S: Service<Request<Body>, Response = Response<AnyBody>, Error = BoxError> + Send + 'static,
+        S::Future: Send + 'static,
+    {
         let counted = Counted {
-            stats: self.layer.stats.clone(),
+            stats: self.stats,
             inside: Arc::default(),
-            budget: self.layer.budget.clone(),
+            budget: self.budget,
         };
         request.extensions_mut().insert(counted.clone());
-        Box::pin(async move {
+        async move {
             let mut pending = Pending::new(counted, request.method().clone(), None, false);
             let result = inner.call(request).await;
             pending.done(result.as_ref().ok().map(Response::status));
             result
-        })
+        }
     }
 }
 

@@ -39,14 +39,15 @@ use kube::client::Body;
 use tower::{BoxError, Layer, Service, ServiceBuilder, util::BoxCloneSyncService};
 
 use super::{
-    budget::{Budget, BudgetLayer},
+    budget::{Budget, Budgeted},
     cluster_client::{AnyBody, ClusterClient, Repr, Stack},
-    owners::RefuseOwnersAcrossLayer,
-    reachability::{Reachability, ReachabilityLayer},
+    inner::AroundLayer,
+    owners::RefuseOwnersAcross,
+    reachability::{Reachability, Reached},
     reconciling,
-    requests::{CountLayer, is_counted},
+    requests::{Counting, is_counted},
     stats::RequestStats,
-    writes::{RecordWritesLayer, Writes},
+    writes::{RecordWrites, Writes},
 };
 use crate::cluster_name::ClusterName;
 
@@ -71,16 +72,23 @@ pub(super) fn stack(parts: Parts) -> Stack {
         writes,
     } = parts;
     let below = Below(Arc::new(below));
-    let bare = ReachabilityLayer::new(reachability.clone()).layer(below.clone());
+    let bare = AroundLayer(Reached(reachability.clone())).layer(below.clone());
     let full = ServiceBuilder::new()
-        .layer(RefuseOwnersAcrossLayer::new(
-            cluster.clone(),
-            reachability.clone(),
-        ))
-        .layer(BudgetLayer::new(budget.clone(), stats.clone()))
-        .layer(RecordWritesLayer::new(cluster, writes, reconciling::writer))
-        .layer(ReachabilityLayer::new(reachability))
-        .layer(CountLayer::new(stats, budget))
+        .layer(AroundLayer(RefuseOwnersAcross {
+            cluster: cluster.clone(),
+            reachability: reachability.clone(),
+        }))
+        .layer(AroundLayer(Budgeted {
+            budget: budget.clone(),
+            stats: stats.clone(),
+        }))
+        .layer(AroundLayer(RecordWrites {
+            cluster,
+            writes,
+            current: reconciling::writer,
+        }))
+        .layer(AroundLayer(Reached(reachability)))
+        .layer(AroundLayer(Counting { stats, budget }))
         .service(below);
     BoxCloneSyncService::new(Outermost { full, bare })
 }

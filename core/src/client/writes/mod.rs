@@ -27,7 +27,7 @@ use kube::api::ObjectMeta;
 use tokio::{sync::Notify, time::Instant};
 
 use crate::cluster_name::ClusterName;
-pub(crate) use record::RecordWritesLayer;
+pub(crate) use record::RecordWrites;
 pub(crate) use writer::Writer;
 
 /// How long a write is remembered at most: to tell its echo by, or as

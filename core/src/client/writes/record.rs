@@ -2,19 +2,15 @@
 //! that reads its own writes: from when it is sent until its answer, a
 //! change to its object is taken for its echo.
 
-use std::{
-    sync::Arc,
-    task::{Context, Poll},
-};
+use std::sync::Arc;
 
-use futures::future::BoxFuture;
 use http::{Request, Response};
 use kube::client::Body;
-use tower::{BoxError, Layer, Service};
+use tower::{BoxError, Service};
 
 use super::{Writer, Writes, answer::pending};
 use crate::{
-    client::{cluster_client::AnyBody, inner::take},
+    client::{cluster_client::AnyBody, inner::Around},
     cluster_name::ClusterName,
 };
 
@@ -25,89 +21,51 @@ pub(crate) type CurrentWriter = fn() -> Option<(Arc<Writer>, ClusterName)>;
 /// Records each write of a reconcile that reads its own writes in the
 /// cluster's [`Writes`], as the reconcile under way says (`current`).
 #[derive(Clone)]
-pub(crate) struct RecordWritesLayer {
-    cluster: ClusterName,
-    writes: Arc<Writes>,
-    current: CurrentWriter,
+pub(crate) struct RecordWrites {
+    pub(crate) cluster: ClusterName,
+    pub(crate) writes: Arc<Writes>,
+    pub(crate) current: CurrentWriter,
 }
 
-impl RecordWritesLayer {
-    pub(crate) fn new(cluster: ClusterName, writes: Arc<Writes>, current: CurrentWriter) -> Self {
-        Self {
+impl Around for RecordWrites {
+    async fn around<S>(
+        self,
+        request: Request<Body>,
+        mut inner: S,
+    ) -> Result<Response<AnyBody>, BoxError>
+    where
+        S: Service<Request<Body>, Response = Response<AnyBody>, Error = BoxError> + Send + 'static,
+        S::Future: Send + 'static,
+    {
+        let Self {
             cluster,
             writes,
             current,
-        }
-    }
-}
-
-impl<S> Layer<S> for RecordWritesLayer {
-    type Service = RecordWrites<S>;
-
-    fn layer(&self, inner: S) -> RecordWrites<S> {
-        RecordWrites {
-            inner,
-            layer: self.clone(),
-        }
-    }
-}
-
-/// The service of [`RecordWritesLayer`].
-#[derive(Clone)]
-pub(crate) struct RecordWrites<S> {
-    inner: S,
-    layer: RecordWritesLayer,
-}
-
-impl<S> Service<Request<Body>> for RecordWrites<S>
-where
-    S: Service<Request<Body>, Response = Response<AnyBody>, Error = BoxError>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
-    type Response = Response<AnyBody>;
-    type Error = BoxError;
-    type Future = BoxFuture<'static, Result<Response<AnyBody>, BoxError>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let mut inner = take(&mut self.inner);
-        let RecordWritesLayer {
-            cluster,
-            writes,
-            current,
-        } = self.layer.clone();
-        Box::pin(async move {
-            let writer = current();
-            let write = writer
-                .as_ref()
-                .and_then(|(writer, _)| pending(&request, writer.name.clone(), &cluster));
-            // On its way from now: a change to its object is taken for its
-            // echo until it is answered.
-            let write = match write {
-                Some(write) => Some(write.sending(&writes).await),
-                None => None,
-            };
-            match (write, inner.call(request).await) {
-                (Some(write), Ok(response)) => {
-                    let answered = write.answered(response, &writes).await;
-                    if let Some((writer, origin)) = &writer
-                        && *origin != cluster
-                    {
-                        // Recorded: its origin's next reconcile waits for
-                        // this cluster too.
-                        writer.wrote_away(origin, &cluster);
-                    }
-                    answered
+        } = self;
+        let writer = current();
+        let write = writer
+            .as_ref()
+            .and_then(|(writer, _)| pending(&request, writer.name.clone(), &cluster));
+        // On its way from now: a change to its object is taken for its
+        // echo until it is answered.
+        let write = match write {
+            Some(write) => Some(write.sending(&writes).await),
+            None => None,
+        };
+        match (write, inner.call(request).await) {
+            (Some(write), Ok(response)) => {
+                let answered = write.answered(response, &writes).await;
+                if let Some((writer, origin)) = &writer
+                    && *origin != cluster
+                {
+                    // Recorded: its origin's next reconcile waits for
+                    // this cluster too.
+                    writer.wrote_away(origin, &cluster);
                 }
-                (_, result) => result,
+                answered
             }
-        })
+            (_, result) => result,
+        }
     }
 }
 
@@ -117,9 +75,10 @@ mod tests {
 
     use bytes::Bytes;
     use http_body_util::{BodyExt, Full};
-    use tower::ServiceExt;
+    use tower::{Layer, ServiceExt};
 
     use super::*;
+    use crate::client::inner::AroundLayer;
 
     fn parents() -> Option<(Arc<Writer>, ClusterName)> {
         static PARENTS: OnceLock<Arc<Writer>> = OnceLock::new();
@@ -136,7 +95,12 @@ mod tests {
     async fn patch(current: CurrentWriter) -> Arc<Writes> {
         let writes = Arc::new(Writes::default());
         let (below, mut handle) = tower_test::mock::pair::<Request<Body>, Response<AnyBody>>();
-        let service = RecordWritesLayer::new("east".into(), writes.clone(), current).layer(below);
+        let service = AroundLayer(RecordWrites {
+            cluster: "east".into(),
+            writes: writes.clone(),
+            current,
+        })
+        .layer(below);
         let request = Request::patch("/api/v1/namespaces/default/configmaps/child")
             .body(Body::from(b"{\"data\":{\"k\":\"v\"}}".to_vec()))
             .unwrap();
