@@ -97,7 +97,7 @@ async fn main() -> Result<(), BoxError> {
         duplicates: kube_fleet::Duplicates::Ignore,
         ..defaults.clone()
     });
-    let bound = fleet.initial_lists().limit();
+    let bound = fleet.status().initial_lists.limit();
     println!(
         "{clusters} clusters over {servers} API servers, 20 ConfigMaps each; initial lists at once: {}",
         if lists == Some(0) {
@@ -168,7 +168,7 @@ async fn main() -> Result<(), BoxError> {
     let mut most_waiting = 0;
     let mut last_report = Instant::now();
     while serving() < clusters {
-        most_waiting = most_waiting.max(fleet.initial_lists().waiting());
+        most_waiting = most_waiting.max(fleet.status().initial_lists.waiting());
         if last_report.elapsed() >= Duration::from_secs(10) {
             last_report = Instant::now();
             println!(
@@ -176,7 +176,7 @@ async fn main() -> Result<(), BoxError> {
                 began.elapsed(),
                 serving(),
                 mib(resident_bytes() as f64),
-                fleet.initial_lists()
+                fleet.status().initial_lists
             );
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

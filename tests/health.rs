@@ -1,7 +1,7 @@
 //! Cluster health on real API servers: healthy while it answers and its
 //! watches run, degraded while a watch fails there, unreachable while its
 //! API server is cut off or hangs, and healthy again once it answers; told
-//! in `Fleet::health` and in `kube_fleet_cluster_health`.
+//! in `Fleet::status().health` and in `kube_fleet_cluster_health`.
 
 mod support;
 
@@ -55,7 +55,7 @@ async fn a_clusters_health_follows_what_its_client_and_watches_find() {
     eventually("the watch syncs", || async { config_maps.has_synced() }).await;
     assert_eq!(east.health(), ClusterHealth::Healthy);
     assert_eq!(
-        fleet.health(),
+        fleet.status().health,
         vec![(east.name().clone(), ClusterHealth::Healthy)]
     );
 
@@ -259,7 +259,8 @@ async fn a_cluster_back_from_a_long_outage_resumes_its_watches_at_once() {
     }
     eventually("every run is unreachable", || async {
         fleet
-            .health()
+            .status()
+            .health
             .iter()
             .all(|(_, health)| matches!(health, ClusterHealth::Unreachable { .. }))
     })
@@ -301,7 +302,11 @@ async fn a_cluster_back_from_a_long_outage_resumes_its_watches_at_once() {
     );
     // Healthy means every watch runs again.
     eventually("every run is healthy", || async {
-        fleet.health().iter().all(|(_, health)| health.is_healthy())
+        fleet
+            .status()
+            .health
+            .iter()
+            .all(|(_, health)| health.is_healthy())
     })
     .await;
     for status in &running.statuses {
@@ -331,7 +336,7 @@ async fn a_hung_cluster_is_unreachable_within_its_keep_alive_bound() {
     let began = tokio::time::Instant::now();
     let mut found = std::collections::BTreeMap::new();
     while found.len() < RUNS && began.elapsed() < bound + Duration::from_secs(30) {
-        for (name, health) in fleet.health() {
+        for (name, health) in fleet.status().health {
             if let ClusterHealth::Unreachable { down_for, .. } = health {
                 let after = hung[name.as_str()].elapsed();
                 found.entry(name.to_string()).or_insert((after, down_for));
@@ -356,7 +361,11 @@ async fn a_hung_cluster_is_unreachable_within_its_keep_alive_bound() {
         link.restore();
     }
     eventually("every run is healthy again", || async {
-        fleet.health().iter().all(|(_, health)| health.is_healthy())
+        fleet
+            .status()
+            .health
+            .iter()
+            .all(|(_, health)| health.is_healthy())
     })
     .await;
 }
@@ -384,11 +393,11 @@ async fn a_cluster_unreachable_for_too_long_is_set_aside_and_engaged_again_when_
 
     link.cut_off();
     eventually("east is set aside", || async {
-        fleet.set_aside() == ["east"] && fleet.get("east").is_none()
+        fleet.status().set_aside == ["east"] && fleet.get("east").is_none()
     })
     .await;
     assert!(!first.is_engaged());
-    let health = fleet.health();
+    let health = fleet.status().health;
     assert!(
         matches!(&health[0], (name, ClusterHealth::Unreachable { down_for, .. })
             if name == "east" && *down_for >= Duration::from_secs(2)),
@@ -416,7 +425,7 @@ async fn a_cluster_unreachable_for_too_long_is_set_aside_and_engaged_again_when_
     support::create_config_map(support::http2_client(east_server), "east-while").await;
     link.restore();
     eventually("east is engaged again", || async {
-        fleet.set_aside().is_empty() && fleet.get("east").is_some_and(|c| c.is_engaged())
+        fleet.status().set_aside.is_empty() && fleet.get("east").is_some_and(|c| c.is_engaged())
     })
     .await;
     let again = fleet.get("east").unwrap();
@@ -427,12 +436,12 @@ async fn a_cluster_unreachable_for_too_long_is_set_aside_and_engaged_again_when_
     // Its provider still decides: a disengage while set aside forgets it.
     link.cut_off();
     eventually("east is set aside again", || async {
-        fleet.set_aside() == ["east"]
+        fleet.status().set_aside == ["east"]
     })
     .await;
     running.provider.disengage("east");
     eventually("east is forgotten", || async {
-        fleet.set_aside().is_empty()
+        fleet.status().set_aside.is_empty()
     })
     .await;
     link.restore();

@@ -158,7 +158,7 @@ async fn an_engage_storm_lists_a_bounded_number_at_once_and_an_unreachable_clust
         initial_lists: 2,
         ..kube_fleet::FleetConfig::default()
     });
-    assert_eq!(fleet.initial_lists().limit(), 2);
+    assert_eq!(fleet.status().initial_lists.limit(), 2);
     // Refuses connections: each of its lists fails, and gives its permit
     // back while the watch waits to retry.
     let unreachable =
@@ -187,7 +187,7 @@ async fn an_engage_storm_lists_a_bounded_number_at_once_and_an_unreachable_clust
     let (mut most, mut waited) = (0, 0);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while reconciled.lock().unwrap().len() < CLUSTERS {
-        let lists = fleet.initial_lists();
+        let lists = fleet.status().initial_lists;
         most = most.max(lists.in_flight());
         waited = waited.max(lists.waiting());
         assert!(
@@ -241,7 +241,7 @@ async fn a_cluster_that_hangs_holds_the_last_permit_for_thirty_seconds_and_the_o
         })),
     );
     fleet.engage("hangs", hangs);
-    while fleet.initial_lists().in_flight() < 1 {
+    while fleet.status().initial_lists.in_flight() < 1 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let engaged = tokio::time::Instant::now();
@@ -259,7 +259,7 @@ async fn a_cluster_that_hangs_holds_the_last_permit_for_thirty_seconds_and_the_o
             .all(|w| w.state == WatchState::Syncing),
         "{waiting}"
     );
-    assert_eq!(fleet.initial_lists().waiting(), 1);
+    assert_eq!(fleet.status().initial_lists.waiting(), 1);
     let hanging = status.cluster("hangs").expect("started");
     assert!(
         hanging

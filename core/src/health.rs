@@ -6,7 +6,7 @@ use std::{fmt, time::Duration};
 
 /// The health of one engaged cluster
 /// ([`Cluster::health`](crate::Cluster::health); every cluster's with
-/// [`Fleet::health`](crate::Fleet::health)).
+/// [`FleetStatus::health`](crate::FleetStatus::health)).
 ///
 /// It is read from what the cluster's client and cache see: a cluster whose
 /// requests get no answer (its connection refused, reset or timed out, a
@@ -28,7 +28,7 @@ use std::{fmt, time::Duration};
 /// # fn example(fleet: kube_fleet::Fleet) {
 /// use kube_fleet::health::ClusterHealth;
 ///
-/// for (cluster, health) in fleet.health() {
+/// for (cluster, health) in fleet.status().health {
 ///     match health {
 ///         ClusterHealth::Healthy => {}
 ///         ClusterHealth::Degraded { cause } => eprintln!("{cluster}: degraded: {cause}"),

@@ -36,7 +36,9 @@ pub use cluster::Cluster;
 pub use cluster_name::ClusterName;
 pub use controller::{Controller, Error};
 pub use error::TerminalError;
-pub use fleet::{Duplicate, Duplicates, Fleet, FleetConfig, FleetEvent, FleetSubscription};
+pub use fleet::{
+    Duplicate, Duplicates, Fleet, FleetConfig, FleetEvent, FleetStatus, FleetSubscription,
+};
 pub use object_request::ObjectRequest;
 pub use panic::panic_message;
 pub use reason::ReconcileReason;

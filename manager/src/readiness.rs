@@ -123,7 +123,8 @@ impl Readiness {
         // operator out of its Service. A few by name, the rest counted.
         let unwell: Vec<_> = self
             .fleet
-            .health()
+            .status()
+            .health
             .into_iter()
             .filter(|(_, health)| !health.is_healthy())
             .collect();

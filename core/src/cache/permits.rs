@@ -24,7 +24,7 @@ use tokio::{
 };
 
 /// How many watches of a [`Fleet`](crate::Fleet) may be listing at once, and
-/// how many list or wait now; from [`Fleet::initial_lists`](crate::Fleet::initial_lists).
+/// how many list or wait now; from [`FleetStatus::initial_lists`](crate::FleetStatus::initial_lists).
 ///
 /// A watch takes a permit before its first request (for most watches its
 /// list, and with it the TLS handshake of a cluster's new connection), and
@@ -42,7 +42,7 @@ use tokio::{
 /// use kube_fleet::Fleet;
 ///
 /// let fleet = Fleet::with_config(kube_fleet::FleetConfig { initial_lists: 16, ..kube_fleet::FleetConfig::default() });
-/// let lists = fleet.initial_lists();
+/// let lists = fleet.status().initial_lists;
 /// assert_eq!(lists.limit(), 16);
 /// assert_eq!(lists.in_flight(), 0);
 /// assert_eq!(lists.waiting(), 0);

@@ -24,7 +24,7 @@ use crate::{
 ///     ..FleetConfig::default()
 /// });
 /// assert_eq!(fleet.config().initial_lists, 16);
-/// assert_eq!(fleet.initial_lists().limit(), 16);
+/// assert_eq!(fleet.status().initial_lists.limit(), 16);
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct FleetConfig {
@@ -71,8 +71,8 @@ pub struct FleetConfig {
     /// seconds); when it answers, the fleet engages it again under its name
     /// with the same client, within a second, and controllers start over
     /// there (a full list, every key reconciled). Meanwhile it is in
-    /// [`Fleet::set_aside`](super::Fleet::set_aside) and, as `Unreachable`,
-    /// in [`Fleet::health`](super::Fleet::health). Its provider need do
+    /// [`FleetStatus::set_aside`](super::FleetStatus::set_aside) and, as `Unreachable`,
+    /// in [`FleetStatus::health`](super::FleetStatus::health). Its provider need do
     /// nothing: an engage of its name replaces it, a disengage forgets it.
     /// A namespace of a host ([`Fleet::engage_view`](super::Fleet::engage_view))
     /// is not set aside: its watches are its host's, shared with the other

@@ -47,7 +47,7 @@ pub enum Duplicates {
     /// Engage every name at once; read each cluster's identity meanwhile
     /// and, for a name that is a cluster engaged already, warn once and
     /// report it in [`Fleet::problems`](crate::Fleet::problems) and
-    /// [`Fleet::duplicates`](crate::Fleet::duplicates), until one of the
+    /// [`FleetStatus::duplicates`](crate::FleetStatus::duplicates), until one of the
     /// two leaves. The default.
     #[default]
     Warn,
@@ -69,7 +69,7 @@ pub enum Duplicates {
 }
 
 /// A name the fleet was offered for a cluster engaged already under
-/// another ([`Fleet::duplicates`](crate::Fleet::duplicates)).
+/// another ([`FleetStatus::duplicates`](crate::FleetStatus::duplicates)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Duplicate {
@@ -511,7 +511,7 @@ mod tests {
         fleet.engage("b", silent());
         read_as(&fleet, "b", "x");
         assert_eq!(engaged(&fleet), ["a"]);
-        let duplicates = fleet.duplicates();
+        let duplicates = fleet.status().duplicates;
         assert_eq!(duplicates.len(), 1);
         assert_eq!(
             (duplicates[0].name.as_str(), duplicates[0].of.as_str()),
@@ -528,12 +528,12 @@ mod tests {
         assert_eq!(engaged(&fleet), ["a", "c"]);
         read_as(&fleet, "a", "x");
         assert_eq!(engaged(&fleet), ["a", "c"]);
-        assert_eq!(fleet.duplicates().len(), 1);
+        assert_eq!(fleet.status().duplicates.len(), 1);
 
         // a leaves: b takes its place, and nothing is reported any more.
         assert!(fleet.disengage("a"));
         assert_eq!(engaged(&fleet), ["b", "c"]);
-        assert!(fleet.duplicates().is_empty());
+        assert!(fleet.status().duplicates.is_empty());
         assert!(fleet.problems().current().is_empty());
     }
 
@@ -553,9 +553,9 @@ mod tests {
         // Offered again: the same pair, the same report.
         fleet.engage("a", silent());
         read_as(&fleet, "a", "x");
-        assert_eq!(fleet.duplicates()[0].of.as_str(), "a");
+        assert_eq!(fleet.status().duplicates[0].of.as_str(), "a");
         assert!(fleet.disengage("a"));
-        assert!(fleet.duplicates().is_empty());
+        assert!(fleet.status().duplicates.is_empty());
         assert!(fleet.problems().current().is_empty());
     }
 
@@ -570,6 +570,6 @@ mod tests {
         fleet.engage(ClusterName::local(), silent());
         read_as(&fleet, "", "x");
         assert_eq!(engaged(&fleet), ["", "member"]);
-        assert_eq!(fleet.duplicates().len(), 1);
+        assert_eq!(fleet.status().duplicates.len(), 1);
     }
 }

@@ -3,6 +3,7 @@
 mod config;
 mod duplicates;
 mod set_aside;
+mod status;
 
 use std::{
     borrow::Borrow,
@@ -20,13 +21,13 @@ use crate::{
     cache::{HostView, InitialLists},
     cluster::Cluster,
     cluster_name::ClusterName,
-    health::ClusterHealth,
     problems::Problems,
 };
 pub use config::FleetConfig;
 use duplicates::Sameness;
 pub use duplicates::{Duplicate, Duplicates};
 use set_aside::Vigil;
+pub use status::FleetStatus;
 
 /// A change in the fleet, as controllers see it.
 #[derive(Debug, Clone)]
@@ -168,22 +169,15 @@ impl Fleet {
         }
     }
 
-    /// The bound on the fleet's lists in flight, and how many list and
-    /// wait now.
-    pub fn initial_lists(&self) -> InitialLists {
-        self.state().lists.clone()
-    }
-
-    /// The health of every engaged cluster, by name, and of every cluster
-    /// [set aside](FleetConfig::set_aside_after) (`Unreachable`): see
-    /// [`ClusterHealth`].
+    /// What the fleet can say of its clusters now: each one's health, the
+    /// clusters set aside, the duplicates and the lists in flight.
     ///
     /// ```
     /// let fleet = kube_fleet::Fleet::new();
-    /// assert!(fleet.health().is_empty());
+    /// assert!(fleet.status().health.is_empty());
     /// ```
-    pub fn health(&self) -> Vec<(ClusterName, ClusterHealth)> {
-        let (clusters, mut health) = {
+    pub fn status(&self) -> FleetStatus {
+        let (clusters, mut health, set_aside, duplicates, initial_lists) = {
             let state = self.state();
             let clusters: Vec<Cluster> = state.clusters.values().cloned().collect();
             let aside: Vec<_> = state
@@ -192,23 +186,29 @@ impl Fleet {
                 .iter()
                 .map(|(name, aside)| (name.clone(), aside.health()))
                 .collect();
-            (clusters, aside)
+            let mut set_aside: Vec<_> = state.vigil.set_aside.keys().cloned().collect();
+            set_aside.sort();
+            (
+                clusters,
+                aside,
+                set_aside,
+                state.same.duplicates(),
+                state.lists.clone(),
+            )
         };
+        // Each cluster's health is read outside the fleet's lock.
         health.extend(
             clusters
                 .into_iter()
                 .map(|cluster| (cluster.name().clone(), cluster.health())),
         );
         health.sort_by(|(a, _), (b, _)| a.cmp(b));
-        health
-    }
-
-    /// The clusters set aside for want of an answer, by name: see
-    /// [`FleetConfig::set_aside_after`].
-    pub fn set_aside(&self) -> Vec<ClusterName> {
-        let mut names: Vec<_> = self.state().vigil.set_aside.keys().cloned().collect();
-        names.sort();
-        names
+        FleetStatus {
+            health,
+            set_aside,
+            duplicates,
+            initial_lists,
+        }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -304,7 +304,8 @@ impl Fleet {
     pub fn engage_view(&self, name: impl Into<ClusterName>, view: HostView) -> Cluster {
         let name = name.into();
         let budget = self.state().budget;
-        let cluster = Cluster::viewing(name.clone(), &view, budget, self.initial_lists());
+        let lists = self.state().lists.clone();
+        let cluster = Cluster::viewing(name.clone(), &view, budget, lists);
         let mut state = self.state();
         self.offered(&mut state, &name);
         // A namespace of a host is not one of a cluster's names.
@@ -379,13 +380,6 @@ impl Fleet {
     /// ```
     pub fn problems(&self) -> Problems {
         self.state().same.problems.clone()
-    }
-
-    /// Every name offered for a cluster engaged under another, by name:
-    /// engaged too ([`Duplicates::Warn`]) or held back
-    /// ([`Duplicates::EngageOnce`]).
-    pub fn duplicates(&self) -> Vec<Duplicate> {
-        self.state().same.duplicates()
     }
 
     /// Applies a provider's events, in order, until its stream ends.

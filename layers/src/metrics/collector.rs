@@ -13,7 +13,7 @@ use prometheus_client::{
 /// number it has [set aside](kube_fleet::FleetConfig::set_aside_after) for
 /// want of an answer, `kube_fleet_duplicate_clusters`, the names offered
 /// for a cluster engaged under another
-/// ([`Fleet::duplicates`](kube_fleet::Fleet::duplicates)), and
+/// ([`FleetStatus::duplicates`](kube_fleet::FleetStatus::duplicates)), and
 /// `kube_fleet_cluster_health{cluster, state}`: one
 /// series per engaged or set-aside cluster, of value 1, whose `state` is
 /// its [`ClusterHealth::state`](kube_fleet::health::ClusterHealth::state)
@@ -33,8 +33,9 @@ impl FleetCollector {
 
 impl Collector for FleetCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let health = self.fleet.health();
-        let set_aside = self.fleet.set_aside().len();
+        let status = self.fleet.status();
+        let health = status.health;
+        let set_aside = status.set_aside.len();
         let engaged = ConstGauge::new(self.fleet.clusters().len() as i64);
         let metric = encoder.encode_descriptor(
             "kube_fleet_engaged_clusters",
@@ -51,10 +52,10 @@ impl Collector for FleetCollector {
             aside.metric_type(),
         )?;
         aside.encode(metric)?;
-        let duplicates = ConstGauge::new(self.fleet.duplicates().len() as i64);
+        let duplicates = ConstGauge::new(status.duplicates.len() as i64);
         let metric = encoder.encode_descriptor(
             "kube_fleet_duplicate_clusters",
-            "Names offered for a cluster engaged under another name (Fleet::duplicates)",
+            "Names offered for a cluster engaged under another name (FleetStatus::duplicates)",
             None,
             duplicates.metric_type(),
         )?;

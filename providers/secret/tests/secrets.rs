@@ -847,9 +847,11 @@ async fn two_secrets_for_one_cluster_are_warned_about_by_default_and_engaged_onc
     // By default both names are engaged, and the second is reported.
     let mut running = run(SecretProvider::new(hub.client(), NAMESPACE));
     running
-        .until("the duplicate found", |fleet| fleet.duplicates().len() == 1)
+        .until("the duplicate found", |fleet| {
+            fleet.status().duplicates.len() == 1
+        })
         .await;
-    let duplicate = running.fleet.duplicates().remove(0);
+    let duplicate = running.fleet.status().duplicates.remove(0);
     let mut names = [duplicate.name.to_string(), duplicate.of.to_string()];
     names.sort();
     assert_eq!(names, ["east-a", "east-b"], "{duplicate:?}");
@@ -873,10 +875,10 @@ async fn two_secrets_for_one_cluster_are_warned_about_by_default_and_engaged_onc
     let mut running = run_in(fleet, SecretProvider::new(hub.client(), NAMESPACE));
     running
         .until("one name engaged, one held back", |fleet| {
-            fleet.duplicates().len() == 1 && fleet.get("west").is_some()
+            fleet.status().duplicates.len() == 1 && fleet.get("west").is_some()
         })
         .await;
-    let duplicate = running.fleet.duplicates().remove(0);
+    let duplicate = running.fleet.status().duplicates.remove(0);
     assert!(!duplicate.engaged);
     let (engaged, held) = (duplicate.of.to_string(), duplicate.name.to_string());
     assert!(running.fleet.get(engaged.as_str()).is_some());
@@ -900,6 +902,6 @@ async fn two_secrets_for_one_cluster_are_warned_about_by_default_and_engaged_onc
         .unwrap();
     running.reconciled(&held, "on-east").await;
     assert!(running.fleet.get(engaged.as_str()).is_none());
-    assert!(running.fleet.duplicates().is_empty());
+    assert!(running.fleet.status().duplicates.is_empty());
     assert!(running.fleet.problems().current().is_empty());
 }
