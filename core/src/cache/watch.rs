@@ -10,6 +10,7 @@ use std::{
 use futures::{FutureExt, Stream, StreamExt, future::BoxFuture};
 use kube::{
     Resource,
+    api::ObjectMeta,
     runtime::{
         reflector::{ObjectRef, Store, store::Writer},
         watcher::{self, Event},
@@ -419,12 +420,10 @@ pub(super) struct Crossing {
     resource: Arc<str>,
 }
 
-/// What one event shows of its object, taken before the event is applied.
+/// What one event shows of its object, taken before the event is applied:
+/// the parts of its metadata that [`Shown::of`] reads.
 pub(super) struct Seen {
-    namespace: Option<String>,
-    name: String,
-    version: Option<u64>,
-    uid: Option<String>,
+    meta: ObjectMeta,
     deleted: bool,
 }
 
@@ -460,13 +459,13 @@ impl Crossing {
         };
         let meta = object.meta();
         Some(Seen {
-            namespace: meta.namespace.clone(),
-            name: meta.name.clone()?,
-            version: meta
-                .resource_version
-                .as_deref()
-                .and_then(|v| v.parse().ok()),
-            uid: meta.uid.clone(),
+            meta: ObjectMeta {
+                namespace: meta.namespace.clone(),
+                name: Some(meta.name.clone()?),
+                resource_version: meta.resource_version.clone(),
+                uid: meta.uid.clone(),
+                ..ObjectMeta::default()
+            },
             deleted,
         })
     }
@@ -479,15 +478,9 @@ impl Crossing {
             self.writes.relisted();
             return;
         };
-        self.writes.shown(&Shown {
-            group: &self.group,
-            resource: &self.resource,
-            namespace: seen.namespace.as_deref(),
-            name: &seen.name,
-            version: seen.version,
-            uid: seen.uid.as_deref(),
-            deleted: seen.deleted,
-        });
+        if let Some(shown) = Shown::of((&self.group, &self.resource), &seen.meta, seen.deleted) {
+            self.writes.shown(&shown);
+        }
     }
 }
 

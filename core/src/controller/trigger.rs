@@ -227,21 +227,8 @@ impl Echoes {
             Change::Applied(object) => (object, false),
             Change::Deleted(object) => (object, true),
         };
-        let meta = object.meta();
-        let Some(name) = meta.name.as_deref() else {
+        let Some(shown) = Shown::of((&self.group, &self.resource), object.meta(), deleted) else {
             return false;
-        };
-        let shown = Shown {
-            group: &self.group,
-            resource: &self.resource,
-            namespace: meta.namespace.as_deref(),
-            name,
-            version: meta
-                .resource_version
-                .as_deref()
-                .and_then(|v| v.parse().ok()),
-            uid: meta.uid.as_deref(),
-            deleted,
         };
         self.writes.take_echo(&shown, &self.writer)
     }

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use tokio::time::Instant;
 use tower::BoxError;
 
-use super::{ObjectId, Sending, Writes, Written};
+use super::{ObjectId, Sending, Writes, Written, version_of};
 use crate::{client::cluster_client::AnyBody, cluster_name::ClusterName};
 
 /// The object `path` names, and the subresource if any: `None` for a
@@ -203,7 +203,7 @@ impl Pending {
         let meta = stored.metadata;
         let (version, uid, labels, gone) = match (&meta, status) {
             (Some(meta), false) => (
-                meta.resource_version.as_deref()?.parse().ok()?,
+                version_of(meta.resource_version.as_deref())?,
                 meta.uid.clone(),
                 meta.labels.clone().unwrap_or_default(),
                 self.deletes(meta),

@@ -90,10 +90,7 @@ impl Written {
             return true;
         }
         !self.gone
-            && meta
-                .resource_version
-                .as_deref()
-                .and_then(|v| v.parse::<u64>().ok())
+            && version_of(meta.resource_version.as_deref())
                 .map_or(unreadable, |v| v >= self.version)
     }
 }
@@ -191,6 +188,11 @@ fn shrink<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>) {
     }
 }
 
+/// A resourceVersion as the ledger compares it: a number, or `None`.
+pub(crate) fn version_of(resource_version: Option<&str>) -> Option<u64> {
+    resource_version.and_then(|v| v.parse().ok())
+}
+
 /// What one watch event shows of an object.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Shown<'a> {
@@ -203,6 +205,27 @@ pub(crate) struct Shown<'a> {
     pub(crate) uid: Option<&'a str>,
     /// The event deleted it.
     pub(crate) deleted: bool,
+}
+
+impl<'a> Shown<'a> {
+    /// What an event that applied (or, if `deleted`, deleted) an object of
+    /// `group`'s `resource` with `meta` shows: the one place an object's
+    /// metadata is read for the ledger. `None` for an object without a name.
+    pub(crate) fn of(
+        (group, resource): (&'a str, &'a str),
+        meta: &'a ObjectMeta,
+        deleted: bool,
+    ) -> Option<Self> {
+        Some(Self {
+            group,
+            resource,
+            namespace: meta.namespace.as_deref(),
+            name: meta.name.as_deref()?,
+            version: version_of(meta.resource_version.as_deref()),
+            uid: meta.uid.as_deref(),
+            deleted,
+        })
+    }
 }
 
 /// How long a cluster's reconciles waited for watches to show what their

@@ -55,12 +55,10 @@ impl Around for RecordWrites {
         match (write, inner.call(request).await) {
             (Some(write), Ok(response)) => {
                 let answered = write.answered(response, &writes).await;
-                if let Some((writer, origin)) = &writer
-                    && *origin != cluster
-                {
-                    // Recorded: its origin's next reconcile waits for
-                    // this cluster too.
-                    writer.wrote_away(origin, &cluster);
+                if let Some((writer, origin)) = &writer {
+                    // Recorded: the next reconcile in its origin (and in
+                    // this cluster) looks for it before it starts.
+                    writer.wrote(origin, &cluster);
                 }
                 answered
             }
@@ -128,11 +126,13 @@ mod tests {
         assert_eq!(unshown.len(), 1, "{unshown:?}");
         assert_eq!(unshown[0].version, 12);
         let (writer, origin) = parents().unwrap();
+        let (_, away) = writer.holds(&origin).expect("the origin is marked");
         assert_eq!(
-            writer.away_from(&origin),
+            away,
             [ClusterName::from("east")],
             "the origin's next reconcile waits for this cluster too"
         );
+        assert!(writer.holds(&"east".into()).is_some(), "east's too");
     }
 
     #[tokio::test]

@@ -19,15 +19,21 @@ use crate::cluster_name::ClusterName;
 pub(crate) const COOLING: Duration = Duration::from_secs(30);
 
 /// A controller that reads its own writes, as its reconciles write: its
-/// name, and the clusters its reconciles of keys in one cluster wrote to
-/// in others (a hub's keys writing to members), whose watches the next
-/// reconcile in the first must wait for too.
+/// name, and which clusters' next reconciles may have writes to wait for.
+///
+/// The runner asks it about each key it is about to start, and only a
+/// cluster marked [held](Self::holds) costs more than one load: a
+/// cluster is marked when a reconcile's write through a client is
+/// recorded (the reconciled key's cluster, and the cluster written to),
+/// with the other clusters a reconcile there wrote to (a hub's keys
+/// writing to members), whose watches its next reconcile waits for too;
+/// the runner lets the mark go once nothing it marks is unshown.
 #[derive(Debug)]
 pub(crate) struct Writer {
     pub(crate) name: Arc<str>,
-    away: Mutex<HashMap<ClusterName, HashSet<ClusterName>>>,
-    /// How many origins `away` has: none, and a dispatch takes no lock.
-    origins: AtomicUsize,
+    held: Mutex<Held>,
+    /// How many clusters are marked: none, and asking takes no lock.
+    marked: AtomicUsize,
     /// Where a wait for the watches ran out lately, and when.
     timed_out: Mutex<HashMap<ClusterName, Instant>>,
     /// The resources (group, plural) of each cluster whose writes no watch
@@ -35,56 +41,77 @@ pub(crate) struct Writer {
     uncovered: Mutex<HashSet<(ClusterName, String, String)>>,
 }
 
+/// The clusters marked, each with the mark's number (a later write marks
+/// it anew) and the other clusters its reconciles wrote to.
+#[derive(Debug, Default)]
+struct Held {
+    clusters: HashMap<ClusterName, (u64, HashSet<ClusterName>)>,
+    next: u64,
+}
+
 impl Writer {
     pub(crate) fn new(name: Arc<str>) -> Self {
         Self {
             name,
-            away: Mutex::default(),
-            origins: AtomicUsize::new(0),
+            held: Mutex::default(),
+            marked: AtomicUsize::new(0),
             timed_out: Mutex::default(),
             uncovered: Mutex::default(),
         }
     }
 
-    fn away(&self) -> MutexGuard<'_, HashMap<ClusterName, HashSet<ClusterName>>> {
-        self.away.lock().unwrap_or_else(|e| e.into_inner())
+    fn held(&self) -> MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A reconcile of a key in `origin` wrote to `target`.
-    pub(crate) fn wrote_away(&self, origin: &ClusterName, target: &ClusterName) {
-        let mut away = self.away();
-        if !away
-            .get(origin)
-            .is_some_and(|targets| targets.contains(target))
-        {
-            away.entry(origin.clone())
-                .or_default()
-                .insert(target.clone());
-            self.origins.store(away.len(), Ordering::Release);
-        }
+    fn recount(&self, held: &Held) {
+        self.marked.store(held.clusters.len(), Ordering::Release);
     }
 
-    /// The other clusters reconciles of keys in `origin` wrote to.
-    pub(crate) fn away_from(&self, origin: &ClusterName) -> Vec<ClusterName> {
-        if self.origins.load(Ordering::Acquire) == 0 {
-            return Vec::new();
+    /// A reconcile of a key in `origin` wrote to `target` (the same cluster,
+    /// or another), and the write is recorded: both are marked.
+    pub(crate) fn wrote(&self, origin: &ClusterName, target: &ClusterName) {
+        let mut held = self.held();
+        held.next += 1;
+        let mark = held.next;
+        for (cluster, away) in [(origin, target), (target, origin)] {
+            let entry = held.clusters.entry(cluster.clone()).or_default();
+            entry.0 = mark;
+            if cluster == origin && away != origin {
+                entry.1.insert(away.clone());
+            }
         }
-        self.away()
+        self.recount(&held);
+    }
+
+    /// Whether `origin`'s next reconcile may have writes to wait for: the
+    /// mark, and the other clusters its reconciles wrote to. `None` (one
+    /// load) if no cluster is marked.
+    pub(crate) fn holds(&self, origin: &ClusterName) -> Option<(u64, Vec<ClusterName>)> {
+        if self.marked.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        self.held()
+            .clusters
             .get(origin)
-            .map(|targets| targets.iter().cloned().collect())
-            .unwrap_or_default()
+            .map(|(mark, away)| (*mark, away.iter().cloned().collect()))
+    }
+
+    /// Nothing marked `origin` waits any longer: the mark goes, unless a
+    /// write marked it again since it was read (`mark`).
+    pub(crate) fn release(&self, origin: &ClusterName, mark: u64) {
+        let mut held = self.held();
+        if held.clusters.get(origin).is_some_and(|(m, _)| *m == mark) {
+            held.clusters.remove(origin);
+            self.recount(&held);
+        }
     }
 
     /// `target` shows what reconciles in `origin` wrote there (or left).
     pub(crate) fn settled(&self, origin: &ClusterName, target: &ClusterName) {
-        let mut away = self.away();
-        if let Some(targets) = away.get_mut(origin) {
-            targets.remove(target);
-            if targets.is_empty() {
-                away.remove(origin);
-            }
+        if let Some((_, away)) = self.held().clusters.get_mut(origin) {
+            away.remove(target);
         }
-        self.origins.store(away.len(), Ordering::Release);
     }
 
     fn timed_out(&self) -> MutexGuard<'_, HashMap<ClusterName, Instant>> {
@@ -145,12 +172,47 @@ impl Writer {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|(told, _, _)| told != cluster);
-        let mut away = self.away();
-        away.remove(cluster);
-        away.retain(|_, targets| {
-            targets.remove(cluster);
-            !targets.is_empty()
-        });
-        self.origins.store(away.len(), Ordering::Release);
+        let mut held = self.held();
+        held.clusters.remove(cluster);
+        for (_, away) in held.clusters.values_mut() {
+            away.remove(cluster);
+        }
+        self.recount(&held);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cluster_is_held_from_a_write_until_released_with_its_latest_mark() {
+        let writer = Writer::new("parents".into());
+        let (hub, east) = (ClusterName::from("hub"), ClusterName::from("east"));
+        assert!(
+            writer.holds(&hub).is_none(),
+            "nothing written, nothing held"
+        );
+        writer.wrote(&hub, &east);
+        let (first, away) = writer.holds(&hub).unwrap();
+        assert_eq!(away, [east.clone()]);
+        assert!(
+            writer.holds(&east).is_some(),
+            "the cluster written to is held too"
+        );
+        // A write marks it again after the runner read the mark: that
+        // runner's release leaves the new mark in place.
+        writer.wrote(&hub, &hub);
+        writer.release(&hub, first);
+        let (second, _) = writer.holds(&hub).expect("written again since");
+        writer.release(&hub, second);
+        assert!(writer.holds(&hub).is_none());
+        writer.forget(&east);
+        assert!(writer.holds(&east).is_none());
+        assert_eq!(
+            writer.marked.load(Ordering::Acquire),
+            0,
+            "asking takes no lock"
+        );
     }
 }

@@ -182,7 +182,8 @@ fn cache_shows<K: Resource>(cached: Option<&K>, written: &Written) -> bool {
 /// The clusters whose watches have yet to show a write of `writer` that
 /// one of them holds, which the next reconcile in `name` waits for: `name`
 /// itself, and those its keys' reconciles wrote to, but for those where a
-/// wait ran out lately. Empty if none.
+/// wait ran out lately. Empty if none; without a lookup if no write marked
+/// `name` (see [`Writer::holds`]), and once none is unshown the mark goes.
 fn awaiting(
     engaged: &HashMap<ClusterName, Cluster>,
     writer: Option<&Arc<Writer>>,
@@ -191,22 +192,29 @@ fn awaiting(
     let Some(writer) = writer else {
         return Vec::new();
     };
-    let Some(own) = engaged.get(name) else {
+    let Some((mark, away)) = writer.holds(name) else {
         return Vec::new();
     };
     let mut awaiting = Vec::new();
-    if !unshown(own, writer).is_empty() && !writer.is_cooling(name) {
-        awaiting.push(own.clone());
-    }
-    for target in writer.away_from(name) {
-        match engaged.get(&target) {
-            Some(cluster) if !unshown(cluster, writer).is_empty() => {
-                if !writer.is_cooling(&target) {
-                    awaiting.push(cluster.clone());
-                }
-            }
-            _ => writer.settled(name, &target),
+    let mut unshown_anywhere = false;
+    let mut look = |cluster: &Cluster| {
+        let unshown = !unshown(cluster, writer).is_empty();
+        unshown_anywhere |= unshown;
+        if unshown && !writer.is_cooling(cluster.name()) {
+            awaiting.push(cluster.clone());
         }
+        unshown
+    };
+    if let Some(own) = engaged.get(name) {
+        look(own);
+    }
+    for target in away {
+        if !engaged.get(&target).is_some_and(&mut look) {
+            writer.settled(name, &target);
+        }
+    }
+    if !unshown_anywhere {
+        writer.release(name, mark);
     }
     awaiting
 }
