@@ -19,8 +19,8 @@ use tokio::sync::{Notify, OnceCell};
 use crate::{
     cache::{ClusterCache, HostView, InitialLists, Watchable},
     client::{
-        Budget, ClusterClient, LazyClient, Reachability, RequestBudget, RequestStats, WriteWaits,
-        Writes, counting, counting_lazily,
+        Budget, ClusterClient, LazyClient, Parts, Reachability, RequestBudget, RequestStats,
+        WriteWaits, Writes, counting, counting_lazily,
     },
     cluster_name::ClusterName,
     health::ClusterHealth,
@@ -108,14 +108,14 @@ impl Cluster {
         let reachability = Arc::new(Reachability::new(name.clone(), client.clone()));
         let budget = Budget::new(client.budget().unwrap_or(budget)).map(Arc::new);
         let writes = Arc::<Writes>::default();
-        let client = counting(
-            name.clone(),
+        let client = counting(Parts {
+            cluster: name.clone(),
             client,
-            requests.clone(),
-            reachability.clone(),
+            stats: requests.clone(),
+            reachability: reachability.clone(),
             budget,
-            writes.clone(),
-        );
+            writes: writes.clone(),
+        });
         let client = LazyClient::from(client);
         let cache = ClusterCache::new(name.clone(), client.clone(), permits, writes, &reachability);
         Self::with_cache(name, client, cache, requests, reachability)
@@ -152,14 +152,14 @@ impl Cluster {
         let reachability = view.host().reachability().clone();
         let given = view.cluster_client().clone();
         let budget = Budget::new(given.budget().unwrap_or(budget)).map(Arc::new);
-        let client = counting_lazily(
-            name.clone(),
-            given,
-            requests.clone(),
-            reachability.clone(),
+        let client = counting_lazily(Parts {
+            cluster: name.clone(),
+            client: given,
+            stats: requests.clone(),
+            reachability: reachability.clone(),
             budget,
-            view.writes().clone(),
-        );
+            writes: view.writes().clone(),
+        });
         let cache = ClusterCache::of_view(name.clone(), view, client.clone(), permits);
         let mut cluster = Self::with_cache(name, client, cache, requests, reachability);
         Arc::get_mut(&mut cluster.inner)

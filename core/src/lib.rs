@@ -30,6 +30,7 @@ pub mod queue;
 pub mod rbac;
 mod reason;
 mod request;
+mod serve;
 
 pub use action::Action;
 pub use cluster::Cluster;
@@ -43,3 +44,4 @@ pub use object_request::ObjectRequest;
 pub use panic::panic_message;
 pub use reason::ReconcileReason;
 pub use request::{McRequest, ObjectKey};
+pub use serve::serve;

@@ -7,7 +7,7 @@ use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode, body::Incoming, header, service::service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::{encoding::text::encode, registry::Registry};
-use tokio::{net::TcpListener, task::JoinSet};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::readiness::Readiness;
@@ -35,52 +35,30 @@ pub(crate) async fn serve(
     endpoints: Arc<Endpoints>,
     stop: CancellationToken,
 ) {
-    let mut connections = JoinSet::new();
-    loop {
-        if connections.len() >= MAX_CONNECTIONS {
-            // Full: a connection must end before another is accepted.
-            tokio::select! {
-                biased;
-                () = stop.cancelled() => break,
-                _ = connections.join_next() => continue,
-            }
-        }
-        // A stop comes first: nothing is accepted once it is asked for.
-        let (stream, _) = tokio::select! {
-            biased;
-            () = stop.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                // A connection that failed as it was accepted, or a lack of
-                // descriptors or memory for a moment: the probes must not
-                // stop the operator, so wait and go on.
-                Err(error) => {
-                    tracing::warn!(%error, "accepting a connection to the endpoints");
-                    tokio::select! {
-                        () = stop.cancelled() => break,
-                        () = tokio::time::sleep(std::time::Duration::from_millis(100)) => continue,
-                    }
+    let mut open = kube_fleet::serve(
+        listener,
+        MAX_CONNECTIONS,
+        &stop,
+        "the endpoints",
+        |stream| {
+            let endpoints = endpoints.clone();
+            async move {
+                let service = service_fn(move |request| {
+                    let endpoints = endpoints.clone();
+                    async move { Ok::<_, Infallible>(answer(&endpoints, &request)) }
+                });
+                let connection = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEAD_TIMEOUT)
+                    .serve_connection(TokioIo::new(stream), service);
+                if let Err(error) = connection.await {
+                    tracing::debug!(%error, "an endpoint connection");
                 }
-            },
-            Some(_) = connections.join_next() => continue,
-        };
-        let endpoints = endpoints.clone();
-        connections.spawn(async move {
-            let service = service_fn(move |request| {
-                let endpoints = endpoints.clone();
-                async move { Ok::<_, Infallible>(answer(&endpoints, &request)) }
-            });
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEAD_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), service);
-            if let Err(error) = connection.await {
-                tracing::debug!(%error, "an endpoint connection");
             }
-        });
-    }
-    drop(listener);
-    connections.shutdown().await;
+        },
+    )
+    .await;
+    open.shutdown().await;
 }
 
 fn answer(endpoints: &Endpoints, request: &Request<Incoming>) -> Response<Full<Bytes>> {

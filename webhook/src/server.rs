@@ -19,7 +19,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::{Method, Request, Response, StatusCode, body::Incoming, header, service::service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use kube_fleet::{ClusterName, Fleet};
-use tokio::{net::TcpListener, task::JoinSet};
+use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
@@ -61,66 +61,50 @@ pub(crate) async fn serve(
     stop: CancellationToken,
     drain: Duration,
 ) {
-    let mut connections = JoinSet::new();
-    loop {
-        if connections.len() >= MAX_CONNECTIONS {
-            tokio::select! {
-                biased;
-                () = stop.cancelled() => break,
-                _ = connections.join_next() => continue,
-            }
-        }
-        let (stream, _) = tokio::select! {
-            biased;
-            () = stop.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(%error, "accepting a connection to the webhook server");
-                    tokio::select! {
-                        () = stop.cancelled() => break,
-                        () = tokio::time::sleep(Duration::from_millis(100)) => continue,
+    let mut connections = kube_fleet::serve(
+        listener,
+        MAX_CONNECTIONS,
+        &stop,
+        "the webhook server",
+        |stream| {
+            let tls = tls.clone();
+            let shared = shared.clone();
+            let stop = stop.clone();
+            async move {
+                let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream)).await
+                {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(error)) => {
+                        tracing::debug!(%error, "a TLS handshake with the webhook server");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+                let service = service_fn(move |request| {
+                    let shared = shared.clone();
+                    async move { Ok::<_, Infallible>(route(&shared, request).await) }
+                });
+                let connection = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HANDSHAKE_TIMEOUT)
+                    .serve_connection(TokioIo::new(stream), service);
+                let mut connection = std::pin::pin!(connection);
+                tokio::select! {
+                    result = connection.as_mut() => {
+                        if let Err(error) = result {
+                            tracing::debug!(%error, "a webhook connection");
+                        }
+                    }
+                    () = stop.cancelled() => {
+                        // Finish the request in flight, then close.
+                        connection.as_mut().graceful_shutdown();
+                        let _ = connection.await;
                     }
                 }
-            },
-            Some(_) = connections.join_next() => continue,
-        };
-        let tls = tls.clone();
-        let shared = shared.clone();
-        let stop = stop.clone();
-        connections.spawn(async move {
-            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream)).await {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(error)) => {
-                    tracing::debug!(%error, "a TLS handshake with the webhook server");
-                    return;
-                }
-                Err(_) => return,
-            };
-            let service = service_fn(move |request| {
-                let shared = shared.clone();
-                async move { Ok::<_, Infallible>(route(&shared, request).await) }
-            });
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HANDSHAKE_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), service);
-            let mut connection = std::pin::pin!(connection);
-            tokio::select! {
-                result = connection.as_mut() => {
-                    if let Err(error) = result {
-                        tracing::debug!(%error, "a webhook connection");
-                    }
-                }
-                () = stop.cancelled() => {
-                    // Finish the request in flight, then close.
-                    connection.as_mut().graceful_shutdown();
-                    let _ = connection.await;
-                }
             }
-        });
-    }
-    drop(listener);
+        },
+    )
+    .await;
     let _ = tokio::time::timeout(drain, async {
         while connections.join_next().await.is_some() {}
     })

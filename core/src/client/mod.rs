@@ -85,7 +85,7 @@ pub use keep_alive::KeepAlive;
 pub(crate) use keep_alive::LOOK_EVERY;
 pub(crate) use reachability::Reachability;
 pub(crate) use reconciling::{Reconciling, reconciling};
-pub(crate) use stack::{LazyClient, counting, counting_lazily};
+pub(crate) use stack::{LazyClient, Parts, counting, counting_lazily};
 pub use stats::{LATENCY_BUCKETS, RequestCount, RequestLatency, RequestStats};
 #[cfg(test)]
 pub(crate) use writes::ObjectId;

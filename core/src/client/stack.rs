@@ -51,26 +51,33 @@ use super::{
 };
 use crate::cluster_name::ClusterName;
 
-/// What one cluster's stack is made of.
-pub(super) struct Parts {
-    pub(super) cluster: ClusterName,
-    pub(super) below: Repr,
-    pub(super) stats: Arc<RequestStats>,
-    pub(super) reachability: Arc<Reachability>,
-    pub(super) budget: Option<Arc<Budget>>,
-    pub(super) writes: Arc<Writes>,
+/// What one cluster's client is made of: the client it was engaged with,
+/// and what the stack over it tells and is held back by.
+pub(crate) struct Parts {
+    pub(crate) cluster: ClusterName,
+    pub(crate) client: ClusterClient,
+    pub(crate) stats: Arc<RequestStats>,
+    pub(crate) reachability: Arc<Reachability>,
+    pub(crate) budget: Option<Arc<Budget>>,
+    pub(crate) writes: Arc<Writes>,
 }
 
-/// The stack of one cluster's client, over `below`.
-pub(super) fn stack(parts: Parts) -> Stack {
+/// The stack of one cluster's client, over what its client sends through,
+/// and the namespace and expiry of that client.
+fn stack(parts: Parts) -> (Stack, String, Option<k8s_openapi::jiff::Timestamp>) {
     let Parts {
         cluster,
-        below,
+        client,
         stats,
         reachability,
         budget,
         writes,
     } = parts;
+    let below = client.into_repr();
+    let (namespace, valid_until) = match &below {
+        Repr::Client(client) => (client.default_namespace().to_owned(), *client.valid_until()),
+        Repr::Stack { namespace, .. } => (namespace.clone(), None),
+    };
     let below = Below(Arc::new(below));
     let bare = AroundLayer(Reached(reachability.clone())).layer(below.clone());
     let full = ServiceBuilder::new()
@@ -90,7 +97,8 @@ pub(super) fn stack(parts: Parts) -> Stack {
         .layer(AroundLayer(Reached(reachability)))
         .layer(AroundLayer(Counting { stats, budget }))
         .service(below);
-    BoxCloneSyncService::new(Outermost { full, bare })
+    let outer = BoxCloneSyncService::new(Outermost { full, bare });
+    (outer, namespace, valid_until)
 }
 
 /// Sends a request the whole stack took through `full`, and one that a
@@ -158,43 +166,16 @@ impl Service<Request<Body>> for Below {
 /// in front of it, under the one request queue of the client it makes;
 /// given a `kube::Client`, in front of that client, under a queue of its
 /// own.
-pub(crate) fn counting(
-    cluster: ClusterName,
-    client: ClusterClient,
-    stats: Arc<RequestStats>,
-    reachability: Arc<Reachability>,
-    budget: Option<Arc<Budget>>,
-    writes: Arc<Writes>,
-) -> Client {
-    counting_lazily(cluster, client, stats, reachability, budget, writes).get()
+pub(crate) fn counting(parts: Parts) -> Client {
+    counting_lazily(parts).get()
 }
 
 /// [`counting`], its client made when first asked for: until then it
 /// holds no request queue and no task.
-pub(crate) fn counting_lazily(
-    cluster: ClusterName,
-    client: ClusterClient,
-    stats: Arc<RequestStats>,
-    reachability: Arc<Reachability>,
-    budget: Option<Arc<Budget>>,
-    writes: Arc<Writes>,
-) -> LazyClient {
-    let below = client.into_repr();
-    let (namespace, valid_until) = match &below {
-        Repr::Client(client) => (client.default_namespace().to_owned(), *client.valid_until()),
-        Repr::Stack { namespace, .. } => (namespace.clone(), None),
-    };
-    let outer = stack(Parts {
-        cluster,
-        below,
-        stats,
-        reachability,
-        budget,
-        writes,
-    });
+pub(crate) fn counting_lazily(parts: Parts) -> LazyClient {
     LazyClient(Arc::new(Lazy {
         made: std::sync::OnceLock::new(),
-        parts: std::sync::Mutex::new(Some((outer, namespace, valid_until))),
+        parts: std::sync::Mutex::new(Some(stack(parts))),
         runtime: tokio::runtime::Handle::try_current().ok(),
     }))
 }
@@ -267,14 +248,14 @@ mod tests {
             "test".into(),
             Client::new(service.clone(), "default").into(),
         ));
-        let client = counting(
-            "test".into(),
-            Client::new(service, "default").into(),
-            stats.clone(),
+        let client = counting(Parts {
+            cluster: "test".into(),
+            client: Client::new(service, "default").into(),
+            stats: stats.clone(),
             reachability,
-            None,
-            Arc::default(),
-        );
+            budget: None,
+            writes: Arc::default(),
+        });
         let asked = tokio::spawn(async move {
             client
                 .send(
@@ -306,14 +287,14 @@ mod tests {
         ));
         // One read at once, then one an hour.
         let budget = Budget::new(RequestBudget::UNLIMITED.reads(1.0 / 3600.0, 1)).map(Arc::new);
-        let client = counting(
-            "test".into(),
-            Client::new(service, "default").into(),
-            stats.clone(),
-            reachability.clone(),
+        let client = counting(Parts {
+            cluster: "test".into(),
+            client: Client::new(service, "default").into(),
+            stats: stats.clone(),
+            reachability: reachability.clone(),
             budget,
-            Arc::default(),
-        );
+            writes: Arc::default(),
+        });
         let get = || {
             Request::get("/api/v1/namespaces")
                 .body(Body::empty())

@@ -21,7 +21,7 @@ use super::permits::InitialLists;
 use super::registry::{WatchKey, watch_key};
 use super::{ClusterCache, Shape, SharedWatch, Watchable};
 use crate::{
-    client::{ClusterClient, Reachability, Writes, counting},
+    client::{ClusterClient, Parts, Reachability, Writes, counting},
     cluster_name::ClusterName,
 };
 use split::Split;
@@ -187,14 +187,14 @@ impl HostCache {
         // Its watches only: no budget to hold them back.
         let writes = Arc::<Writes>::default();
         let raw = client.clone();
-        let client = counting(
-            host.clone(),
+        let client = counting(Parts {
+            cluster: host.clone(),
             client,
-            Arc::default(),
-            reachability.clone(),
-            None,
-            writes.clone(),
-        );
+            stats: Arc::default(),
+            reachability: reachability.clone(),
+            budget: None,
+            writes: writes.clone(),
+        });
         Self {
             inner: Arc::new(HostInner {
                 raw,

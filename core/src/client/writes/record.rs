@@ -80,7 +80,12 @@ mod tests {
 
     fn parents() -> Option<(Arc<Writer>, ClusterName)> {
         static PARENTS: OnceLock<Arc<Writer>> = OnceLock::new();
-        let writer = PARENTS.get_or_init(|| Arc::new(Writer::new("parents".into())));
+        let writer = PARENTS.get_or_init(|| {
+            let writer = Writer::new("parents".into());
+            writer.serve(&"hub".into());
+            writer.serve(&"east".into());
+            Arc::new(writer)
+        });
         Some((writer.clone(), "hub".into()))
     }
 

@@ -42,11 +42,25 @@ pub(crate) struct Writer {
 }
 
 /// The clusters marked, each with the mark's number (a later write marks
-/// it anew) and the other clusters its reconciles wrote to.
+/// it anew) and the other clusters its reconciles wrote to; only clusters
+/// the controller [serves](Writer::serve) are marked.
 #[derive(Debug, Default)]
 struct Held {
     clusters: HashMap<ClusterName, (u64, HashSet<ClusterName>)>,
+    served: HashSet<ClusterName>,
     next: u64,
+}
+
+impl Held {
+    fn mark(&mut self, cluster: &ClusterName) -> Option<&mut HashSet<ClusterName>> {
+        if !self.served.contains(cluster) {
+            return None;
+        }
+        self.next += 1;
+        let entry = self.clusters.entry(cluster.clone()).or_default();
+        entry.0 = self.next;
+        Some(&mut entry.1)
+    }
 }
 
 impl Writer {
@@ -68,18 +82,24 @@ impl Writer {
         self.marked.store(held.clusters.len(), Ordering::Release);
     }
 
+    /// The controller queues keys in `cluster` from now on: it is marked
+    /// at once, so that its first key looks for writes made before.
+    pub(crate) fn serve(&self, cluster: &ClusterName) {
+        let mut held = self.held();
+        held.served.insert(cluster.clone());
+        held.mark(cluster);
+        self.recount(&held);
+    }
+
     /// A reconcile of a key in `origin` wrote to `target` (the same cluster,
-    /// or another), and the write is recorded: both are marked.
+    /// or another), and the write is recorded: both are marked, if served.
     pub(crate) fn wrote(&self, origin: &ClusterName, target: &ClusterName) {
         let mut held = self.held();
-        held.next += 1;
-        let mark = held.next;
-        for (cluster, away) in [(origin, target), (target, origin)] {
-            let entry = held.clusters.entry(cluster.clone()).or_default();
-            entry.0 = mark;
-            if cluster == origin && away != origin {
-                entry.1.insert(away.clone());
-            }
+        held.mark(target);
+        if let Some(away) = held.mark(origin)
+            && target != origin
+        {
+            away.insert(target.clone());
         }
         self.recount(&held);
     }
@@ -107,9 +127,12 @@ impl Writer {
         }
     }
 
-    /// `target` shows what reconciles in `origin` wrote there (or left).
-    pub(crate) fn settled(&self, origin: &ClusterName, target: &ClusterName) {
-        if let Some((_, away)) = self.held().clusters.get_mut(origin) {
+    /// `target` shows what reconciles in `origin` wrote there (or left),
+    /// as read under `origin`'s `mark`: a write marking it since keeps it.
+    pub(crate) fn settled(&self, origin: &ClusterName, target: &ClusterName, mark: u64) {
+        if let Some((now, away)) = self.held().clusters.get_mut(origin)
+            && *now == mark
+        {
             away.remove(target);
         }
     }
@@ -173,6 +196,7 @@ impl Writer {
             .unwrap_or_else(|e| e.into_inner())
             .retain(|(told, _, _)| told != cluster);
         let mut held = self.held();
+        held.served.remove(cluster);
         held.clusters.remove(cluster);
         for (_, away) in held.clusters.values_mut() {
             away.remove(cluster);
@@ -186,29 +210,50 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_cluster_is_held_from_a_write_until_released_with_its_latest_mark() {
+    fn a_served_cluster_is_held_from_a_write_until_released_with_its_latest_mark() {
         let writer = Writer::new("parents".into());
         let (hub, east) = (ClusterName::from("hub"), ClusterName::from("east"));
+        writer.wrote(&hub, &east);
+        assert!(
+            writer.holds(&hub).is_none(),
+            "a cluster not served is not marked"
+        );
+        for cluster in [&hub, &east] {
+            writer.serve(cluster);
+            let (served, _) = writer.holds(cluster).expect("marked as it is served");
+            writer.release(cluster, served);
+        }
         assert!(
             writer.holds(&hub).is_none(),
             "nothing written, nothing held"
         );
         writer.wrote(&hub, &east);
         let (first, away) = writer.holds(&hub).unwrap();
-        assert_eq!(away, [east.clone()]);
+        assert_eq!(away, [ClusterName::from("east")]);
         assert!(
             writer.holds(&east).is_some(),
             "the cluster written to is held too"
         );
         // A write marks it again after the runner read the mark: that
-        // runner's release leaves the new mark in place.
-        writer.wrote(&hub, &hub);
+        // runner's settling and release leave the new mark in place.
+        writer.wrote(&hub, &east);
+        writer.settled(&hub, &east, first);
         writer.release(&hub, first);
-        let (second, _) = writer.holds(&hub).expect("written again since");
+        let (second, away) = writer.holds(&hub).expect("written again since");
+        assert_eq!(
+            away,
+            [ClusterName::from("east")],
+            "settled under an old mark: kept"
+        );
+        writer.settled(&hub, &east, second);
         writer.release(&hub, second);
         assert!(writer.holds(&hub).is_none());
         writer.forget(&east);
         assert!(writer.holds(&east).is_none());
+        writer.wrote(&hub, &east);
+        assert!(writer.holds(&east).is_none(), "east left: not marked again");
+        let (third, _) = writer.holds(&hub).unwrap();
+        writer.release(&hub, third);
         assert_eq!(
             writer.marked.load(Ordering::Acquire),
             0,

@@ -83,6 +83,14 @@ impl<K: Watchable> CatchUp<K> {
 }
 
 impl<K: Watchable> CatchUp<K> {
+    /// The controller queues keys in `name` from now on: its first key
+    /// looks for the controller's writes there.
+    pub(super) fn serve(&self, name: &ClusterName) {
+        if let Some(writer) = &self.writer {
+            writer.serve(name);
+        }
+    }
+
     /// What a reconcile's writes are recorded under, if the controller
     /// reads its own writes.
     pub(super) fn writer(&self) -> Option<Arc<Writer>> {
@@ -209,8 +217,17 @@ fn awaiting(
         look(own);
     }
     for target in away {
+        // Read before looking: a write marking it after the look keeps it.
+        let marked = writer.holds(&target);
         if !engaged.get(&target).is_some_and(&mut look) {
-            writer.settled(name, &target);
+            writer.settled(name, &target, mark);
+            // Nothing through its client waits: its mark goes too (else a
+            // cluster written to that has no keys of its own stays marked).
+            if let Some((mark, away)) = marked
+                && away.is_empty()
+            {
+                writer.release(&target, mark);
+            }
         }
     }
     if !unshown_anywhere {

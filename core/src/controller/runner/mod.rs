@@ -262,6 +262,7 @@ impl<K: Watchable> Runner<K> {
             // Held with the cluster's other keys until its watches sync,
             // with what watches mapping across clusters ask for there.
             self.queue.hold(name);
+            self.catch_up.serve(name);
             for request in self.members.joined(name) {
                 self.accept(request, Lane::Listed, ReconcileReason::Listed);
             }
