@@ -11,7 +11,6 @@ use std::{
 use futures::StreamExt;
 use kube::{
     Resource,
-    core::PartialObjectMeta,
     runtime::{reflector::Store, watcher},
 };
 
@@ -168,7 +167,7 @@ impl ClusterCache {
 
     /// The namespace of its host this cluster is, if it is one (of a
     /// [`HostCache`] split by namespace).
-    pub fn view_namespace(&self) -> Option<&str> {
+    pub(crate) fn view_namespace(&self) -> Option<&str> {
         self.namespace_of().map(|(_, namespace)| namespace)
     }
 
@@ -191,25 +190,17 @@ impl ClusterCache {
         self.watch_with(&(), None, config)
     }
 
-    /// The shared watch of `K` objects in `namespace` (all namespaces for
-    /// `None`, and for a cluster-scoped `K`) with this configuration, started
-    /// now if none runs here. A watch of one namespace needs read rights in
-    /// that namespace only.
-    pub fn watch_in<K>(
-        &self,
-        namespace: Option<&str>,
-        config: &watcher::Config,
-    ) -> Arc<SharedWatch<K>>
-    where
-        K: Watchable<DynamicType = ()>,
-    {
-        self.watch_with(&(), namespace, config)
-    }
-
-    /// Like [`watch_in`](Self::watch_in), for a type described by `dyntype`:
-    /// `DynamicObject` with its [`ApiResource`](kube::core::ApiResource), say. Give a namespace only
+    /// The shared watch of `K` objects described by `dyntype` (`&()` for a
+    /// typed `K`; `DynamicObject` with its
+    /// [`ApiResource`](kube::core::ApiResource), say) in `namespace` (all
+    /// namespaces for `None`, and for a cluster-scoped `K`) with this
+    /// configuration, started now if none runs here. A watch of one
+    /// namespace needs read rights in that namespace only; give one only
     /// for a namespaced kind (the type cannot tell for `DynamicObject`; a
-    /// controller checks it with the scope its `Watch` was given). A
+    /// controller checks it with the scope its `Watch` was given). For
+    /// metadata only (the types a controller needs only to key on: owner
+    /// references, labels), watch
+    /// [`PartialObjectMeta<K>`](kube::core::PartialObjectMeta). A
     /// resource of version `*` (from
     /// [`Watch::discover`](crate::controller::Watch::discover)) is watched at
     /// the version this cluster's discovery finds.
@@ -297,43 +288,6 @@ impl ClusterCache {
         }
     }
 
-    /// The shared watch of `K`'s metadata only, in all namespaces, started
-    /// now if needed: for types a controller needs only to key on (owner
-    /// references, labels).
-    pub fn watch_metadata<K>(
-        &self,
-        config: &watcher::Config,
-    ) -> Arc<SharedWatch<PartialObjectMeta<K>>>
-    where
-        K: Watchable<DynamicType = ()>,
-    {
-        self.watch_metadata_with(&(), None, config)
-    }
-
-    /// Like [`watch_metadata`](Self::watch_metadata), in `namespace` only
-    /// (see [`watch_in`](Self::watch_in)).
-    pub fn watch_metadata_in<K>(
-        &self,
-        namespace: Option<&str>,
-        config: &watcher::Config,
-    ) -> Arc<SharedWatch<PartialObjectMeta<K>>>
-    where
-        K: Watchable<DynamicType = ()>,
-    {
-        self.watch_metadata_with(&(), namespace, config)
-    }
-
-    /// Like [`watch_metadata_in`](Self::watch_metadata_in), for a type
-    /// described by `dyntype`.
-    pub fn watch_metadata_with<K: Watchable>(
-        &self,
-        dyntype: &K::DynamicType,
-        namespace: Option<&str>,
-        config: &watcher::Config,
-    ) -> Arc<SharedWatch<PartialObjectMeta<K>>> {
-        self.watch_with::<PartialObjectMeta<K>>(dyntype, namespace, config)
-    }
-
     /// The watch of `K` objects in all namespaces with this configuration,
     /// if one runs here; unlike [`watch`](Self::watch), never starts one.
     /// Finds only watches whose objects are cached as [`watch`](Self::watch)
@@ -344,19 +298,6 @@ impl ClusterCache {
         K: Watchable<DynamicType = ()>,
     {
         self.find_with(&(), None, config)
-    }
-
-    /// The watch of `K` objects in `namespace` with this configuration, if
-    /// one runs here; never starts one.
-    pub fn find_in<K>(
-        &self,
-        namespace: Option<&str>,
-        config: &watcher::Config,
-    ) -> Option<Arc<SharedWatch<K>>>
-    where
-        K: Watchable<DynamicType = ()>,
-    {
-        self.find_with(&(), namespace, config)
     }
 
     /// The watch of `K` objects described by `dyntype`, in `namespace`,
@@ -385,7 +326,7 @@ impl ClusterCache {
     /// transform): a controller's watch of its own type, say. `None` if no
     /// watch of `K` runs here, and if several do (two controllers watch
     /// `K` with different selectors, say): then name the one you mean with
-    /// [`find`](Self::find) or [`find_in`](Self::find_in) and its
+    /// [`find`](Self::find) or [`find_with`](Self::find_with) and its
     /// configuration. A watch of `K`'s metadata only is another type
     /// (`PartialObjectMeta<K>`), not counted here.
     ///
