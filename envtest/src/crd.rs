@@ -9,7 +9,7 @@ use kube::{
     runtime::wait::{await_condition, conditions::is_crd_established},
 };
 
-use crate::{DEFAULT_START_TIMEOUT, Error, Result, TestCluster};
+use crate::{DEFAULT_START_TIMEOUT, Error, Result};
 
 const FIELD_MANAGER: &str = "kube-fleet-envtest";
 
@@ -72,36 +72,7 @@ pub async fn install_crds(
     install(client, "the cluster", crds, DEFAULT_START_TIMEOUT).await
 }
 
-impl TestCluster {
-    /// Installs CRDs into this cluster and waits until they are served; see
-    /// [`install_crds`].
-    ///
-    /// A kube-derive `CustomResource` gives its CRD with `K::crd()`:
-    ///
-    /// ```no_run
-    /// # async fn example(cluster: &kube_fleet_envtest::TestCluster) -> kube_fleet_envtest::Result<()> {
-    /// use kube::{CustomResource, CustomResourceExt};
-    /// use schemars::JsonSchema;
-    /// use serde::{Deserialize, Serialize};
-    ///
-    /// #[derive(CustomResource, Clone, Debug, Deserialize, Serialize, JsonSchema)]
-    /// #[kube(group = "example.com", version = "v1", kind = "Widget", namespaced)]
-    /// struct WidgetSpec { size: u32 }
-    ///
-    /// cluster.install_crds([Widget::crd()]).await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub async fn install_crds(
-        &self,
-        crds: impl IntoIterator<Item = CustomResourceDefinition>,
-    ) -> Result<()> {
-        let label = format!("cluster {}", self.name());
-        install(&self.client(), &label, crds, DEFAULT_START_TIMEOUT).await
-    }
-}
-
-async fn install(
+pub(crate) async fn install(
     client: &Client,
     cluster: &str,
     crds: impl IntoIterator<Item = CustomResourceDefinition>,
