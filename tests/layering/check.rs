@@ -53,7 +53,7 @@ fn reexports(lib: &str) -> BTreeMap<String, String> {
 
 /// The code of a file without comments and without its unit tests.
 fn code(text: &str) -> String {
-    let text = match text.find("#[cfg(test)]\nmod tests") {
+    let text = match text.find("#[cfg(test)]\nmod tests {") {
         Some(at) => &text[..at],
         None => text,
     };

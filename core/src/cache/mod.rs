@@ -73,6 +73,7 @@ mod retry;
 pub(crate) mod scoped;
 mod selects;
 mod source;
+pub(crate) mod stand_in;
 mod state;
 mod subscription;
 mod transform;

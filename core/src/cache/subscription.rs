@@ -15,7 +15,7 @@ use kube::{
     runtime::reflector::{ObjectRef, Store},
 };
 
-use super::{SharedWatch, TypeInfo};
+use super::TypeInfo;
 
 /// A change a subscriber hears of.
 #[derive(Debug)]
@@ -169,8 +169,8 @@ fn entry<'p, K: Resource<DynamicType: TypeInfo>>(
     pending.get_mut(key).expect("just inserted")
 }
 
-/// A stream of the changes of one [`SharedWatch`], from
-/// [`SharedWatch::subscribe`].
+/// A stream of the changes of one [`SharedWatch`](super::SharedWatch), from
+/// [`SharedWatch::subscribe`](super::SharedWatch::subscribe).
 ///
 /// Changes to one object are merged until the subscriber reads them: it
 /// reads the object as it is in the store at that moment, and a deletion
@@ -187,18 +187,27 @@ pub struct Subscription<K: Resource<DynamicType: TypeInfo> + 'static> {
     batch: indexmap::map::IntoIter<ObjectRef<K>, Entry<K>>,
     /// The object's present state, told right after its deletion.
     next: Option<Change<K>>,
-    watch: Arc<SharedWatch<K>>,
+    dyntype: K::DynamicType,
+    /// The watch, kept running while anyone subscribes.
+    _watch: Arc<dyn std::any::Any + Send + Sync>,
 }
 
 impl<K: Resource<DynamicType: TypeInfo> + Clone + 'static> Subscription<K> {
-    pub(crate) fn new(watch: Arc<SharedWatch<K>>, store: Store<K>, inbox: Arc<Inbox<K>>) -> Self {
+    /// Of the watch `watch` of `K` objects described by `dyntype`.
+    pub(crate) fn new(
+        watch: Arc<dyn std::any::Any + Send + Sync>,
+        dyntype: K::DynamicType,
+        store: Store<K>,
+        inbox: Arc<Inbox<K>>,
+    ) -> Self {
         Self {
             inbox,
             store,
             listed: Vec::new().into_iter(),
             batch: IndexMap::new().into_iter(),
             next: None,
-            watch,
+            dyntype,
+            _watch: watch,
         }
     }
 
@@ -214,7 +223,7 @@ impl<K: Resource<DynamicType: TypeInfo> + Clone + 'static> Subscription<K> {
 impl<K: Resource<DynamicType: TypeInfo>> fmt::Debug for Subscription<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Subscription")
-            .field("kind", &K::kind(self.watch.dyntype()))
+            .field("kind", &K::kind(&self.dyntype))
             .field(
                 "unread",
                 &(self.batch.len() + self.inbox.pending().objects.len()),
@@ -235,7 +244,7 @@ impl<K: Resource<DynamicType: TypeInfo> + Clone + 'static> Stream for Subscripti
             if let Some(listed) = this.listed.next() {
                 // Told as it is now, and once: not if it has gone since, nor
                 // if a change to it waits in the inbox (that tells it).
-                let key = key_of(listed.as_ref(), this.watch.dyntype());
+                let key = key_of(listed.as_ref(), &this.dyntype);
                 if this.inbox.pending().objects.contains_key(&key) {
                     continue;
                 }
@@ -266,7 +275,7 @@ impl<K: Resource<DynamicType: TypeInfo> + Clone + 'static> Stream for Subscripti
                 let mut listed = this.store.state();
                 if !pending.objects.is_empty() {
                     // Those are told by their own entry, as they are now.
-                    let dyntype = this.watch.dyntype();
+                    let dyntype = &this.dyntype;
                     listed.retain(|object| {
                         !pending
                             .objects

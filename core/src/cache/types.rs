@@ -77,7 +77,7 @@ mod sealed {
         const DYNAMIC: bool = true;
 
         fn to_discover(&self) -> Option<(&str, &str, bool)> {
-            crate::cache::discovery::to_discover(self)
+            crate::cache::stand_in::to_discover(self)
         }
 
         fn resolved(resource: ApiResource) -> Option<Self> {

@@ -248,7 +248,12 @@ where
                 inbox.notify(&[Note::Everything]);
             }
         }
-        Subscription::new(self.clone(), self.store.clone(), inbox)
+        Subscription::new(
+            self.clone(),
+            self.dyntype.clone(),
+            self.store.clone(),
+            inbox,
+        )
     }
 
     /// Where the watch stands now.

@@ -315,7 +315,7 @@ pub(crate) fn for_owners<T: Resource>(
     namespaced: bool,
 ) -> impl Fn(&ClusterName, &Change<T>) -> Vec<McRequest> + Send + Sync + 'static {
     // An owner found by discovery may be referred to at any version.
-    let any_version = crate::cache::discovery::group_of_any_version(&api_version);
+    let any_version = crate::cache::stand_in::group_of_any_version(&api_version);
     let same_type =
         move |owner: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference| {
             owner.kind == kind

@@ -7,7 +7,7 @@ use kube::{
 
 use super::ClusterSelector;
 use crate::{
-    cache::{Sealed, Shape, SharedWatch, Transform, TypeInfo, Watchable, discovery, is_namespaced},
+    cache::{Sealed, Shape, SharedWatch, Transform, TypeInfo, Watchable, is_namespaced, stand_in},
     cluster::Cluster,
 };
 
@@ -138,7 +138,7 @@ impl Watch {
     /// ```
     #[must_use]
     pub fn discover(self, group: &str, kind: &str, scope: Scope) -> Self {
-        let resource = discovery::any_version(group, kind, &scope);
+        let resource = stand_in::any_version(group, kind, &scope);
         self.resource(resource, scope)
     }
 

@@ -13,8 +13,8 @@ use tokio::time::Instant;
 use tokio_util::time::{DelayQueue, delay_queue};
 
 use super::{
-    Lane,
     backoff::{Backoff, Jitter},
+    lane::Lane,
 };
 use crate::{
     action::Action, cluster_name::ClusterName, reason::ReconcileReason, request::McRequest,
