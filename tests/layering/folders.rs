@@ -1,6 +1,9 @@
 //! Whether the files of a folder of a crate import each other in a circle,
 //! following what the folder's `mod.rs` re-exports to the file that
-//! defines it: shared by the crates' layering tests.
+//! defines it, and whether a type is given methods from more than two
+//! files: shared by the crates' layering tests. What `mod.rs` defines
+//! itself is the folder's own (a type whose parts its files implement), not
+//! a part of it.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -69,7 +72,65 @@ fn named(code: &str, depth: usize, module: &str) -> Vec<String> {
         rest = &rest[at + prefix.len()..];
         names.extend(firsts(rest));
     }
+    // `crate::{a::b::X, ...}` groups: the items under the folder's path.
+    let path = format!("{module}::");
+    let mut rest = code;
+    while let Some(at) = rest.find("crate::{") {
+        rest = &rest[at + "crate::{".len()..];
+        let (mut depth, mut end) = (0, rest.len());
+        for (i, ch) in rest.char_indices() {
+            match ch {
+                '{' => depth += 1,
+                '}' if depth == 0 => {
+                    end = i;
+                    break;
+                }
+                '}' => depth -= 1,
+                _ => {}
+            }
+        }
+        let group: String = rest[..end].split_whitespace().collect();
+        names.extend(within(&group, &path));
+    }
     names
+}
+
+/// The first segment after `path` of each item of a flattened `use` group
+/// (`a::{b::X, c}` is `a::b::X` and `a::c`).
+fn within(group: &str, path: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let (mut depth, mut item) = (0, String::new());
+    let mut items = Vec::new();
+    for ch in group.chars() {
+        match ch {
+            '{' => {
+                depth += 1;
+                item.push(ch);
+            }
+            '}' => {
+                depth -= 1;
+                item.push(ch);
+            }
+            ',' if depth == 0 => items.push(std::mem::take(&mut item)),
+            _ => item.push(ch),
+        }
+    }
+    items.push(item);
+    for item in items {
+        if let Some(rest) = item.strip_prefix(path) {
+            found.extend(firsts(rest));
+        } else if let Some((head, inner)) = item.split_once("::{") {
+            // `a::{...}`: look inside with `a::` taken off the path.
+            let head = format!("{head}::");
+            if let Some(deeper) = path.strip_prefix(&head) {
+                let inner = inner.strip_suffix('}').unwrap_or(inner);
+                found.extend(within(inner, deeper));
+            } else if head == path {
+                found.extend(firsts(&format!("{{{inner}")));
+            }
+        }
+    }
+    found
 }
 
 fn rust_files(dir: &Path, depth: usize, found: &mut Vec<(PathBuf, usize)>) {
@@ -96,7 +157,9 @@ fn circles_in(dir: &Path, module: &str, circles: &mut Vec<String>) {
         if path.is_dir() && path.join("mod.rs").exists() {
             circles_in(&path, &format!("{module}::{stem}"), circles);
             let mut files = Vec::new();
-            rust_files(&path, 0, &mut files);
+            // A subfolder's `mod.rs` names this folder as `super::`, its
+            // other files as `super::super::`.
+            rust_files(&path, 1, &mut files);
             parts.insert(stem, files);
         } else if path.extension().is_some_and(|e| e == "rs") && stem != "mod" {
             parts.insert(stem, vec![(path, 1)]);
@@ -191,8 +254,15 @@ pub(crate) fn check_impls(src: &Path) {
     let mut by_type: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (file, _) in &files {
         let code = code(&std::fs::read_to_string(file).unwrap());
-        for line in code.lines().filter(|l| l.starts_with("impl")) {
-            let header = line.split('{').next().unwrap_or_default();
+        // Each `impl` at the start of a line, its header up to its `{`
+        // (over several lines if it wraps).
+        let headers = code
+            .match_indices("impl")
+            .filter(|(at, _)| *at == 0 || code[..*at].ends_with('\n'))
+            .map(|(at, _)| code[at..].split('{').next().unwrap_or_default().to_owned());
+        for header in headers {
+            let header = header.split_whitespace().collect::<Vec<_>>().join(" ");
+            let header = header.as_str();
             if header.contains(" for ") {
                 continue;
             }

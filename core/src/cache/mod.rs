@@ -68,7 +68,6 @@ pub(crate) mod discovery;
 mod host;
 mod initial_list;
 mod permits;
-mod registry;
 mod retry;
 pub(crate) mod scoped;
 mod selects;
@@ -82,8 +81,8 @@ mod watch;
 
 pub use host::{HostCache, HostView, SplitBy};
 
+pub use host::ClusterCache;
 pub use permits::InitialLists;
-pub use registry::ClusterCache;
 pub use state::{WatchState, WatchStatus};
 pub use subscription::{Change, Subscription};
 pub(crate) use transform::Shape;

@@ -6,7 +6,7 @@ use std::sync::{Arc, atomic::AtomicBool};
 use futures::{Stream, StreamExt, stream::BoxStream};
 use kube::{Api, Resource, runtime::watcher};
 
-use super::registry::ClusterCache;
+use super::ClusterCache;
 use super::{Shape, TypeInfo, Watchable, discovery, initial_list, scoped};
 use crate::{cluster_name::ClusterName, panic::contain};
 

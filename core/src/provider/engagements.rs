@@ -17,30 +17,8 @@ use futures::{
 };
 use tokio_util::time::DelayQueue;
 
-use super::{ClusterEvent, Problems};
+use super::{ClusterEvent, Problems, build_error::BuildError};
 use crate::{client::ClusterClient, cluster_name::ClusterName};
-
-/// Why building a client for a cluster gave none.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum BuildError {
-    /// What the cluster is built from is not usable, or is refused (a
-    /// kubeconfig that does not parse, a plugin the policy does not allow):
-    /// not tried again until it changes.
-    #[error("{0}")]
-    Refused(String),
-    /// It is fine, but gave no client now (a credential plugin failed or
-    /// hung): tried again after a while.
-    #[error("{0}")]
-    Unavailable(String),
-}
-
-impl From<super::kubeconfig::KubeconfigError> for BuildError {
-    /// A kubeconfig that does not parse, or that the policy refuses, is not
-    /// tried again until it changes.
-    fn from(error: super::kubeconfig::KubeconfigError) -> Self {
-        Self::Refused(error.to_string())
-    }
-}
 
 type Build = Arc<dyn Fn() -> BoxFuture<'static, Result<ClusterClient, BuildError>> + Send + Sync>;
 

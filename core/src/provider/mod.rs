@@ -8,6 +8,7 @@
 //! kubeconfigs share [`kubeconfig`]'s checks, and those that
 //! build clients from sources they watch share [`Engagements`].
 
+mod build_error;
 mod engagements;
 pub mod kubeconfig;
 mod local;
@@ -17,7 +18,8 @@ mod seen;
 
 pub use crate::fleet::ClusterEvent;
 pub use crate::problems::Problems;
-pub use engagements::{BuildError, Engagements};
+pub use build_error::BuildError;
+pub use engagements::Engagements;
 pub use local::LocalProvider;
 pub use programmatic::{ProgrammaticHandle, ProgrammaticProvider};
 pub use request_budget::with_request_budget;

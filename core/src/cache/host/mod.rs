@@ -3,9 +3,12 @@
 //! server for all of them, its objects kept once, in a part each, each part
 //! read as the watch of one part's cluster.
 
+mod registry;
 mod split;
 mod view;
 
+pub use registry::ClusterCache;
+use registry::{WatchKey, watch_key};
 pub use view::HostView;
 
 use std::{
@@ -18,8 +21,7 @@ use std::{
 use kube::{Client, api::ObjectMeta, runtime::watcher};
 
 use super::permits::InitialLists;
-use super::registry::{WatchKey, watch_key};
-use super::{ClusterCache, Shape, SharedWatch, Watchable};
+use super::{Shape, SharedWatch, Watchable};
 use crate::{
     client::{ClusterClient, Parts, Reachability, Writes, counting},
     cluster_name::ClusterName,

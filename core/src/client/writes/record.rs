@@ -82,8 +82,8 @@ mod tests {
         static PARENTS: OnceLock<Arc<Writer>> = OnceLock::new();
         let writer = PARENTS.get_or_init(|| {
             let writer = Writer::new("parents".into());
-            writer.serve(&"hub".into());
-            writer.serve(&"east".into());
+            writer.serve(&"hub".into(), || false);
+            writer.serve(&"east".into(), || false);
             Arc::new(writer)
         });
         Some((writer.clone(), "hub".into()))

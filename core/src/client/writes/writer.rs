@@ -82,13 +82,18 @@ impl Writer {
         self.marked.store(held.clusters.len(), Ordering::Release);
     }
 
-    /// The controller queues keys in `cluster` from now on: it is marked
-    /// at once, so that its first key looks for writes made before.
-    pub(crate) fn serve(&self, cluster: &ClusterName) {
-        let mut held = self.held();
-        held.served.insert(cluster.clone());
-        held.mark(cluster);
-        self.recount(&held);
+    /// The controller queues keys in `cluster` from now on: writes marked
+    /// from now on mark it; if `unshown` then finds writes of this
+    /// controller made before in its ledger, its first key looks for them
+    /// (it is marked).
+    pub(crate) fn serve(&self, cluster: &ClusterName, unshown: impl FnOnce() -> bool) {
+        self.held().served.insert(cluster.clone());
+        // Asked once served: a write recorded since is marked by `wrote`.
+        if unshown() {
+            let mut held = self.held();
+            held.mark(cluster);
+            self.recount(&held);
+        }
     }
 
     /// A reconcile of a key in `origin` wrote to `target` (the same cluster,
@@ -218,11 +223,10 @@ mod tests {
             writer.holds(&hub).is_none(),
             "a cluster not served is not marked"
         );
-        for cluster in [&hub, &east] {
-            writer.serve(cluster);
-            let (served, _) = writer.holds(cluster).expect("marked as it is served");
-            writer.release(cluster, served);
-        }
+        writer.serve(&hub, || true);
+        let (served, _) = writer.holds(&hub).expect("marked: writes made before");
+        writer.release(&hub, served);
+        writer.serve(&east, || false);
         assert!(
             writer.holds(&hub).is_none(),
             "nothing written, nothing held"

@@ -83,11 +83,14 @@ impl<K: Watchable> CatchUp<K> {
 }
 
 impl<K: Watchable> CatchUp<K> {
-    /// The controller queues keys in `name` from now on: its first key
-    /// looks for the controller's writes there.
-    pub(super) fn serve(&self, name: &ClusterName) {
+    /// The controller queues keys in `cluster` from now on: its first key
+    /// looks for the controller's writes there made before, if any.
+    pub(super) fn serve(&self, cluster: &Cluster) {
         if let Some(writer) = &self.writer {
-            writer.serve(name);
+            writer.serve(cluster.name(), || {
+                let writes = cluster.cache().writes();
+                !writes.unshown(&writer.name, cluster.name()).is_empty()
+            });
         }
     }
 

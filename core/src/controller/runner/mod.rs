@@ -257,12 +257,14 @@ impl<K: Watchable> Runner<K> {
             self.queue.unserve(name);
             return;
         }
+        if engaged.controlled {
+            self.catch_up.serve(&cluster);
+        }
         self.status.start(cluster, engaged.watches);
         if engaged.controlled {
             // Held with the cluster's other keys until its watches sync,
             // with what watches mapping across clusters ask for there.
             self.queue.hold(name);
-            self.catch_up.serve(name);
             for request in self.members.joined(name) {
                 self.accept(request, Lane::Listed, ReconcileReason::Listed);
             }

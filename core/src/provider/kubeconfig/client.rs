@@ -10,7 +10,7 @@ use super::{
     parse::{current_context, parse_bytes},
     policy::{KubeconfigPolicy, checked},
 };
-use crate::{client::ClusterClient, provider::engagements::BuildError};
+use crate::{client::ClusterClient, provider::build_error::BuildError};
 
 /// How long building a client may take, and how long its credential
 /// plugin may run (then it is killed).

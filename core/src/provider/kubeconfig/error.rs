@@ -1,5 +1,7 @@
 //! Why a kubeconfig, or one of its contexts, gives no cluster.
 
+use crate::provider::build_error::BuildError;
+
 /// Why a kubeconfig, or one of its contexts, gives no cluster. Each names
 /// the kubeconfig's source (a file, a Secret) as the provider gave it.
 #[derive(Debug, thiserror::Error)]
@@ -89,5 +91,13 @@ impl KubeconfigError {
             Some(reason) => reason.to_owned(),
             None => text,
         }
+    }
+}
+
+impl From<KubeconfigError> for BuildError {
+    /// A kubeconfig that does not parse, or that the policy refuses, is not
+    /// tried again until it changes.
+    fn from(error: KubeconfigError) -> Self {
+        Self::Refused(error.to_string())
     }
 }

@@ -14,14 +14,10 @@ use kube::{
     runtime::{reflector::Store, watcher},
 };
 
-use super::permits::InitialLists;
-use super::selects::Scope;
-use super::state::WatchStatus;
-use super::watch::WatchProbe;
-
-use super::{
-    HostCache, HostView, Shape, SharedWatch, TypeInfo, Watchable, initial_list, is_namespaced,
-    scope,
+use super::{HostCache, HostView};
+use crate::cache::{
+    Shape, SharedWatch, TypeInfo, Watchable, initial_list, is_namespaced, permits::InitialLists,
+    scope, selects::Scope, state::WatchStatus, watch::WatchProbe,
 };
 use crate::{
     client::{LazyClient, Reachability, Writes, Written},
@@ -29,7 +25,7 @@ use crate::{
 };
 
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
-pub(super) struct WatchKey {
+pub(in crate::cache) struct WatchKey {
     /// The watched type (`PartialObjectMeta<K>` for a metadata watch).
     type_id: TypeId,
     /// Whether objects keep their `managedFields`, and the identity of the
@@ -45,11 +41,11 @@ pub(super) struct WatchKey {
     config: String,
 }
 
-pub(super) type Watches = HashMap<WatchKey, Held>;
+pub(in crate::cache) type Watches = HashMap<WatchKey, Held>;
 
 /// A watch as the cache holds it, without keeping it alive: by its type,
 /// to hand it out again, and by its health.
-pub(super) struct Held {
+pub(in crate::cache) struct Held {
     watch: Weak<dyn Any + Send + Sync>,
     probe: Weak<dyn WatchProbe>,
     /// What it holds; `None` for a watch that never holds anything (a
@@ -71,21 +67,21 @@ impl Held {
 /// watch stops when the last controller or subscription holding it lets go,
 /// and the next caller starts a fresh one.
 pub struct ClusterCache {
-    pub(super) cluster: ClusterName,
-    pub(super) client: LazyClient,
-    pub(super) watches: Mutex<Watches>,
-    pub(super) lists: Arc<initial_list::ListMode>,
+    pub(in crate::cache) cluster: ClusterName,
+    pub(in crate::cache) client: LazyClient,
+    pub(in crate::cache) watches: Mutex<Watches>,
+    pub(in crate::cache) lists: Arc<initial_list::ListMode>,
     /// The fleet's bound on lists in flight.
-    pub(super) permits: InitialLists,
+    pub(in crate::cache) permits: InitialLists,
     /// For a part of a host engaged as a cluster: the host, whose watches
     /// it reads its part of, and the part (a namespace, split by namespace).
-    pub(super) view: Option<(HostCache, String)>,
+    pub(in crate::cache) view: Option<(HostCache, String)>,
     /// What reconciles wrote through the cluster's client and its watches
     /// have not shown yet: the host's, for a namespace of a host.
-    pub(super) writes: Arc<Writes>,
+    pub(in crate::cache) writes: Arc<Writes>,
     /// Changes each time the cluster answers again after it did not: its
     /// failing watches then retry at once.
-    pub(super) recoveries: Option<tokio::sync::watch::Receiver<u64>>,
+    pub(in crate::cache) recoveries: Option<tokio::sync::watch::Receiver<u64>>,
 }
 
 impl fmt::Debug for ClusterCache {
@@ -167,7 +163,7 @@ impl ClusterCache {
 
     /// The namespace of its host this cluster is, if it is one (of a
     /// [`HostCache`] split by namespace).
-    pub(crate) fn view_namespace(&self) -> Option<&str> {
+    pub fn view_namespace(&self) -> Option<&str> {
         self.namespace_of().map(|(_, namespace)| namespace)
     }
 
@@ -474,7 +470,7 @@ impl ClusterCache {
     }
 }
 
-pub(super) fn watch_key<T: Resource<DynamicType: TypeInfo> + 'static>(
+pub(in crate::cache) fn watch_key<T: Resource<DynamicType: TypeInfo> + 'static>(
     shape: &Shape,
     dyntype: &T::DynamicType,
     namespace: Option<&str>,
