@@ -52,7 +52,7 @@ fn reexports(lib: &str) -> BTreeMap<String, String> {
 }
 
 /// The code of a file without comments and without its unit tests.
-fn code(text: &str) -> String {
+pub(crate) fn code(text: &str) -> String {
     let text = match text.find("#[cfg(test)]\nmod tests {") {
         Some(at) => &text[..at],
         None => text,

@@ -10,17 +10,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-/// The code of a file without comments and without its unit tests.
-fn code(text: &str) -> String {
-    let text = match text.find("#[cfg(test)]\nmod tests {") {
-        Some(at) => &text[..at],
-        None => text,
-    };
-    text.lines()
-        .filter(|line| !line.trim_start().starts_with("//"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
+use super::check::code;
 
 /// The first segment of each path written right after a prefix: one name,
 /// or each item of a `{...}` group.
