@@ -9,9 +9,12 @@ use std::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
-    task::{Context, Poll},
 };
 
+#[cfg(feature = "rustls-tls")]
+use std::task::{Context, Poll};
+
+#[cfg(feature = "rustls-tls")]
 use futures::future::BoxFuture;
 use http::{Method, Request, Response, StatusCode};
 use kube::client::Body;
