@@ -8,10 +8,10 @@ use std::{
 
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use kube::client::Body;
-use tower::{BoxError, Service};
+use tower::BoxError;
 
 use super::{
-    inner::{AnyBody, Around},
+    inner::{AnyBody, Around, Below},
     stats::RequestStats,
 };
 use tokio::time::Instant;
@@ -327,15 +327,11 @@ pub(super) struct Budgeted {
 }
 
 impl Around for Budgeted {
-    async fn around<S>(
+    async fn around<S: Below>(
         self,
         request: Request<Body>,
         mut inner: S,
-    ) -> Result<Response<AnyBody>, BoxError>
-    where
-        S: Service<Request<Body>, Response = Response<AnyBody>, Error = BoxError> + Send + 'static,
-        S::Future: Send + 'static,
-    {
+    ) -> Result<Response<AnyBody>, BoxError> {
         let Some(budget) = self.budget else {
             return inner.call(request).await;
         };

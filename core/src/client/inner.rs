@@ -26,20 +26,37 @@ pub(super) fn take<S: Clone>(inner: &mut S) -> S {
     std::mem::replace(inner, fresh)
 }
 
+/// The service below a layer of the stack: it takes the stack's requests
+/// and gives its responses, and its futures may move between tasks.
+pub(super) trait Below:
+    Service<Request<Body>, Response = Response<AnyBody>, Error = BoxError, Future: Send + 'static>
+    + Send
+    + 'static
+{
+}
+
+impl<S> Below for S where
+    S: Service<
+            Request<Body>,
+            Response = Response<AnyBody>,
+            Error = BoxError,
+            Future: Send + 'static,
+        > + Send
+        + 'static
+{
+}
+
 /// What one layer of the stack does around the service below it. The
 /// future it returns is polled by the task that made the request, so what
 /// it reads of the reconcile under way (a task-local) is that task's.
 pub(super) trait Around: Clone + Send + Sync + 'static {
     /// Sends `request` on through `inner`, with the layer's work before
     /// and after.
-    fn around<S>(
+    fn around<S: Below>(
         self,
         request: Request<Body>,
         inner: S,
-    ) -> impl Future<Output = Result<Response<AnyBody>, BoxError>> + Send + 'static
-    where
-        S: Service<Request<Body>, Response = Response<AnyBody>, Error = BoxError> + Send + 'static,
-        S::Future: Send + 'static;
+    ) -> impl Future<Output = Result<Response<AnyBody>, BoxError>> + Send + 'static;
 }
 
 /// The layer of an [`Around`].

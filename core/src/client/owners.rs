@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use tower::{BoxError, Service};
+use tower::BoxError;
 
 use http::{Method, Request, Response};
 use kube::client::Body;
@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::{
     error::OwnerReferenceAcross,
-    inner::{AnyBody, Around},
+    inner::{AnyBody, Around, Below},
     reachability::Reachability,
     reconciling::{self, Owner},
 };
@@ -35,15 +35,11 @@ pub(super) struct RefuseOwnersAcross {
 }
 
 impl Around for RefuseOwnersAcross {
-    async fn around<S>(
+    async fn around<S: Below>(
         self,
         request: Request<Body>,
         mut inner: S,
-    ) -> Result<Response<AnyBody>, BoxError>
-    where
-        S: Service<Request<Body>, Response = Response<AnyBody>, Error = BoxError> + Send + 'static,
-        S::Future: Send + 'static,
-    {
+    ) -> Result<Response<AnyBody>, BoxError> {
         let to = Destination {
             cluster: &self.cluster,
             reachability: &self.reachability,
@@ -357,7 +353,7 @@ mod tests {
             path: &str,
             body: &Value,
         ) -> Result<(), OwnerReferenceAcross> {
-            use tower::{Layer, ServiceExt};
+            use tower::{Layer, Service, ServiceExt};
 
             use crate::client::inner::AroundLayer;
 

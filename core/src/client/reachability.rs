@@ -33,13 +33,13 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use kube::client::Body;
 use tokio::{runtime::Handle, sync::watch, time::Instant};
-use tower::{BoxError, Service};
+use tower::BoxError;
 
 use super::{
     asked,
     cluster_client::ClusterClient,
     error::{error_chain, is_gateway_failure, is_unanswered},
-    inner::{AnyBody, Around},
+    inner::{AnyBody, Around, Below},
     keep_alive::KeepAlive,
 };
 use crate::cluster_name::ClusterName;
@@ -543,15 +543,11 @@ where
 pub(super) struct Reached(pub(super) Arc<Reachability>);
 
 impl Around for Reached {
-    async fn around<S>(
+    async fn around<S: Below>(
         self,
         request: Request<Body>,
         mut inner: S,
-    ) -> Result<Response<AnyBody>, BoxError>
-    where
-        S: Service<Request<Body>, Response = Response<AnyBody>, Error = BoxError> + Send + 'static,
-        S::Future: Send + 'static,
-    {
+    ) -> Result<Response<AnyBody>, BoxError> {
         let Self(reachability) = self;
         let watch = asked::is_watch(&request);
         let result = inner.call(request).await;

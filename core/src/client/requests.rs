@@ -19,9 +19,16 @@ use futures::future::BoxFuture;
 use http::{Method, Request, Response, StatusCode};
 use kube::client::Body;
 use tokio::time::Instant;
-use tower::{BoxError, Service};
+use tower::BoxError;
+#[cfg(feature = "rustls-tls")]
+use tower::Service;
 
-use super::{budget::Budget, cluster_client::AnyBody, inner::Around, stats::RequestStats};
+use super::{
+    budget::Budget,
+    cluster_client::AnyBody,
+    inner::{Around, Below},
+    stats::RequestStats,
+};
 
 /// Carried in a request's extensions from the cluster's client down to
 /// this crate's client stack, which counts each attempt itself.
@@ -110,15 +117,11 @@ pub(super) struct Counting {
 }
 
 impl Around for Counting {
-    fn around<S>(
+    fn around<S: Below>(
         self,
         mut request: Request<Body>,
         mut inner: S,
-    ) -> impl Future<Output = Result<Response<AnyBody>, BoxError>> + Send + 'static
-    where
-        S: Service<Request<Body>, Response = Response<AnyBody>, Error = BoxError> + Send + 'static,
-        S::Future: Send + 'static,
-    {
+    ) -> impl Future<Output = Result<Response<AnyBody>, BoxError>> + Send + 'static {
         let counted = Counted {
             stats: self.stats,
             inside: Arc::default(),

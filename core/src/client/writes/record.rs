@@ -6,11 +6,14 @@ use std::sync::Arc;
 
 use http::{Request, Response};
 use kube::client::Body;
-use tower::{BoxError, Service};
+use tower::BoxError;
 
 use super::{Writer, Writes, answer::pending};
 use crate::{
-    client::{cluster_client::AnyBody, inner::Around},
+    client::{
+        cluster_client::AnyBody,
+        inner::{Around, Below},
+    },
     cluster_name::ClusterName,
 };
 
@@ -28,15 +31,11 @@ pub(crate) struct RecordWrites {
 }
 
 impl Around for RecordWrites {
-    async fn around<S>(
+    async fn around<S: Below>(
         self,
         request: Request<Body>,
         mut inner: S,
-    ) -> Result<Response<AnyBody>, BoxError>
-    where
-        S: Service<Request<Body>, Response = Response<AnyBody>, Error = BoxError> + Send + 'static,
-        S::Future: Send + 'static,
-    {
+    ) -> Result<Response<AnyBody>, BoxError> {
         let Self {
             cluster,
             writes,
