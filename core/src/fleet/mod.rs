@@ -215,6 +215,12 @@ impl Fleet {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The lists bound and request budget a cluster engaged now is given.
+    fn terms(&self) -> (InitialLists, RequestBudget) {
+        let state = self.state();
+        (state.lists.clone(), state.budget)
+    }
+
     /// The engaged cluster of this name.
     pub fn get<Q>(&self, name: &Q) -> Option<Cluster>
     where
@@ -283,10 +289,7 @@ impl Fleet {
         client: impl Into<ClusterClient>,
     ) -> Cluster {
         let name = name.into();
-        let (lists, budget) = {
-            let state = self.state();
-            (state.lists.clone(), state.budget)
-        };
+        let (lists, budget) = self.terms();
         let cluster = Cluster::listing(name.clone(), client.into(), lists, budget);
         let mut state = self.state();
         self.offered(&mut state, &name);
@@ -303,8 +306,7 @@ impl Fleet {
     /// the fleet's [initial lists](FleetConfig::initial_lists).
     pub fn engage_view(&self, name: impl Into<ClusterName>, view: HostView) -> Cluster {
         let name = name.into();
-        let budget = self.state().budget;
-        let lists = self.state().lists.clone();
+        let (lists, budget) = self.terms();
         let cluster = Cluster::viewing(name.clone(), &view, budget, lists);
         let mut state = self.state();
         self.offered(&mut state, &name);
