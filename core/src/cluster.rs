@@ -26,6 +26,7 @@ use crate::{
     health::ClusterHealth,
     identity,
     identity::{ClusterIdentity, IdentityError},
+    panic::lock,
 };
 
 /// One engaged cluster: its name, a client, and its shared cache.
@@ -255,11 +256,7 @@ impl Cluster {
     /// [`ObjectRequest::publish`](crate::ObjectRequest::publish) records on
     /// a reconcile's own object.
     pub fn recorder(&self, controller: &str) -> Recorder {
-        let mut recorders = self
-            .inner
-            .recorders
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut recorders = lock(&self.inner.recorders);
         if let Some(recorder) = recorders.get(controller) {
             return recorder.clone();
         }
@@ -367,13 +364,6 @@ impl Cluster {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
-    /// Whether the cluster answers, as its client's requests find it.
-    /// Whether it answers, shared (with the other namespaces of its host,
-    /// for a namespace view).
-    pub(crate) fn shared_reachability(&self) -> &Arc<Reachability> {
-        &self.inner.reachability
-    }
-
     /// Whether it answers and its watches run: see [`ClusterHealth`].
     ///
     /// ```no_run
@@ -405,7 +395,9 @@ impl Cluster {
         ClusterHealth::Degraded { cause }
     }
 
-    pub(crate) fn reachability(&self) -> &Reachability {
+    /// Whether the cluster answers, as its client's requests find it:
+    /// shared with the other namespaces of its host, for a namespace view.
+    pub(crate) fn reachability(&self) -> &Arc<Reachability> {
         &self.inner.reachability
     }
 

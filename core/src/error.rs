@@ -40,14 +40,7 @@ impl TerminalError {
 
     /// Whether `error` is terminal: a `TerminalError`, or caused by one.
     pub fn is_in(error: &(dyn Error + 'static)) -> bool {
-        let mut next = Some(error);
-        while let Some(error) = next {
-            if error.is::<TerminalError>() {
-                return true;
-            }
-            next = error.source();
-        }
-        false
+        causes(error).any(|cause| cause.is::<TerminalError>())
     }
 }
 
@@ -68,6 +61,13 @@ impl Error for TerminalError {
         // The marked error's own causes: its message is this one's.
         self.source.source()
     }
+}
+
+/// `error` and its sources, outermost first.
+pub(crate) fn causes<'a>(
+    error: &'a (dyn Error + 'static),
+) -> impl Iterator<Item = &'a (dyn Error + 'static)> {
+    std::iter::successors(Some(error), |&error| error.source())
 }
 
 #[cfg(test)]

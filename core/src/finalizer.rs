@@ -107,31 +107,31 @@ where
     F: FnOnce(Event<K>) -> Fut,
     Fut: Future<Output = Result<Action, BoxError>>,
 {
-    let patch = |object_name: String, patch: json_patch::Patch| async move {
-        api.patch::<()>(&object_name, &PatchParams::default(), &Patch::Json(patch))
-            .await
-            .map(drop)
-    };
-    run(patch, name, object, true, reconcile).await
+    run(api, name, object, true, reconcile).await
 }
 
-/// [`finalizer`], writing through `patch`; an object that is not `wanted`
-/// is treated as one being deleted.
-async fn run<K, F, Fut, P, PFut>(
-    patch: P,
+/// [`finalizer`], writing through `api` (of `K`, or of its objects as
+/// dynamic ones); an object that is not `wanted` is treated as one being
+/// deleted.
+async fn run<A, K, F, Fut>(
+    api: &Api<A>,
     name: &str,
     object: Arc<K>,
     wanted: bool,
     reconcile: F,
 ) -> Result<Action, BoxError>
 where
+    A: Clone + DeserializeOwned + Debug,
     K: Resource,
     K::DynamicType: Default,
     F: FnOnce(Event<K>) -> Fut,
     Fut: Future<Output = Result<Action, BoxError>>,
-    P: Fn(String, json_patch::Patch) -> PFut,
-    PFut: Future<Output = Result<(), kube::Error>>,
 {
+    let patch = |object_name: String, patch: json_patch::Patch| async move {
+        api.patch::<()>(&object_name, &PatchParams::default(), &Patch::Json(patch))
+            .await
+            .map(drop)
+    };
     let described = kind_and_name(object.as_ref());
     let Some(object_name) = object.meta().name.clone() else {
         return Err(Error::Unnamed(described).into());
@@ -164,30 +164,25 @@ where
             Ok(action)
         }
         (false, None) => {
-            let operations = if object.finalizers().is_empty() {
-                vec![
-                    PatchOperation::Test(TestOperation {
-                        path: "/metadata/finalizers".parse().expect("a JSON pointer"),
-                        value: serde_json::Value::Null,
-                    }),
-                    PatchOperation::Add(AddOperation {
-                        path: "/metadata/finalizers".parse().expect("a JSON pointer"),
-                        value: vec![name].into(),
-                    }),
-                ]
-            } else {
-                vec![
-                    // The list as it was seen, or the write fails.
-                    PatchOperation::Test(TestOperation {
-                        path: "/metadata/finalizers".parse().expect("a JSON pointer"),
-                        value: object.finalizers().to_vec().into(),
-                    }),
-                    PatchOperation::Add(AddOperation {
-                        path: "/metadata/finalizers/-".parse().expect("a JSON pointer"),
-                        value: name.into(),
-                    }),
-                ]
+            // The list as it was seen (none at all), or the write fails.
+            let (seen, add, value) = match object.finalizers() {
+                [] => (
+                    serde_json::Value::Null,
+                    "/metadata/finalizers",
+                    vec![name].into(),
+                ),
+                seen => (seen.to_vec().into(), "/metadata/finalizers/-", name.into()),
             };
+            let operations = vec![
+                PatchOperation::Test(TestOperation {
+                    path: "/metadata/finalizers".parse().expect("a JSON pointer"),
+                    value: seen,
+                }),
+                PatchOperation::Add(AddOperation {
+                    path: add.parse().expect("a JSON pointer"),
+                    value,
+                }),
+            ];
             patch(object_name, json_patch::Patch(operations))
                 .await
                 .map_err(|source| Error::Add {
@@ -274,18 +269,6 @@ where
             return Ok(Action::await_change());
         };
         let api = self.cluster.api_for::<K>(self.request.namespace.as_deref());
-        let patch = |object_name: String, patch: json_patch::Patch| {
-            let api = api.clone();
-            async move {
-                api.patch(
-                    &object_name,
-                    &PatchParams::default(),
-                    &Patch::Json::<()>(patch),
-                )
-                .await
-                .map(drop)
-            }
-        };
-        run(patch, name, object, wanted, reconcile).await
+        run(&api, name, object, wanted, reconcile).await
     }
 }

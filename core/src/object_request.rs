@@ -75,6 +75,46 @@ impl<K> ObjectRequest<K> {
         self.cluster
             .recorder(self.controller.as_deref().unwrap_or("kube-fleet"))
     }
+
+    /// A request for `request`'s object in `cluster`, for reason
+    /// [`Unknown`](ReconcileReason::Unknown) and outside a controller: for
+    /// layers that load objects themselves, and for tests of reconcilers.
+    pub fn new(cluster: Cluster, request: McRequest, object: Option<Arc<K>>) -> Self {
+        Self {
+            cluster,
+            request,
+            object,
+            reason: ReconcileReason::Unknown,
+            controller: None,
+            watch: None,
+        }
+    }
+
+    /// Sets why the reconcile runs.
+    #[must_use]
+    pub fn with_reason(mut self, reason: ReconcileReason) -> Self {
+        self.reason = reason;
+        self
+    }
+
+    /// Sets the controller's name.
+    #[must_use]
+    pub fn with_controller(mut self, controller: impl Into<Arc<str>>) -> Self {
+        self.controller = Some(controller.into());
+        self
+    }
+
+    /// Reads `object` again from the controller's watch, as it holds the
+    /// object now: after a write failed on a conflict, say, so that a retry
+    /// works on the newer version (the recommended stack does this before
+    /// each attempt). Does nothing for a request made outside a controller,
+    /// or once the watch has stopped (its cluster left).
+    pub fn refresh(&mut self) {
+        let Some(watch) = self.watch.as_ref().and_then(Weak::upgrade) else {
+            return;
+        };
+        self.object = watch.lookup(&self.request);
+    }
 }
 
 impl<K: kube::Resource<DynamicType = ()>> ObjectRequest<K> {
@@ -124,36 +164,6 @@ impl<K: kube::Resource<DynamicType = ()>> ObjectRequest<K> {
     }
 }
 
-impl<K> ObjectRequest<K> {
-    /// A request for `request`'s object in `cluster`, for reason
-    /// [`Unknown`](ReconcileReason::Unknown) and outside a controller: for
-    /// layers that load objects themselves, and for tests of reconcilers.
-    pub fn new(cluster: Cluster, request: McRequest, object: Option<Arc<K>>) -> Self {
-        Self {
-            cluster,
-            request,
-            object,
-            reason: ReconcileReason::Unknown,
-            controller: None,
-            watch: None,
-        }
-    }
-
-    /// Sets why the reconcile runs.
-    #[must_use]
-    pub fn with_reason(mut self, reason: ReconcileReason) -> Self {
-        self.reason = reason;
-        self
-    }
-
-    /// Sets the controller's name.
-    #[must_use]
-    pub fn with_controller(mut self, controller: impl Into<Arc<str>>) -> Self {
-        self.controller = Some(controller.into());
-        self
-    }
-}
-
 impl<K> Clone for ObjectRequest<K> {
     fn clone(&self) -> Self {
         Self {
@@ -188,29 +198,10 @@ impl<K: Watchable> ObjectRequest<K> {
         watch: Option<&Arc<SharedWatch<K>>>,
     ) -> Self {
         let object = watch.and_then(|watch| watch.get(&key));
-        let watch = watch.map(|watch| Arc::downgrade(watch) as Weak<dyn Lookup<K>>);
         Self {
-            cluster,
-            request: key,
-            object,
-            reason: ReconcileReason::Unknown,
-            controller: None,
-            watch,
+            watch: watch.map(|watch| Arc::downgrade(watch) as Weak<dyn Lookup<K>>),
+            ..Self::new(cluster, key, object)
         }
-    }
-}
-
-impl<K> ObjectRequest<K> {
-    /// Reads `object` again from the controller's watch, as it holds the
-    /// object now: after a write failed on a conflict, say, so that a retry
-    /// works on the newer version (the recommended stack does this before
-    /// each attempt). Does nothing for a request made outside a controller,
-    /// or once the watch has stopped (its cluster left).
-    pub fn refresh(&mut self) {
-        let Some(watch) = self.watch.as_ref().and_then(Weak::upgrade) else {
-            return;
-        };
-        self.object = watch.lookup(&self.request);
     }
 }
 

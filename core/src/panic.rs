@@ -1,9 +1,13 @@
 //! Panics contained where one task's must not end others: user code (a
 //! reconciler's `poll_ready` and `call`, an error policy, a mapper, a
 //! filter, a transform) runs through [`contain`], and a panic caught from a
-//! task or a future is told by its [`panic_message`].
+//! task or a future is told by its [`panic_message`]; a lock a panic
+//! poisoned is taken as it is ([`lock`]).
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::{
+    panic::{AssertUnwindSafe, catch_unwind},
+    sync::{Mutex, MutexGuard, PoisonError},
+};
 
 /// Runs `f` so that a panic in it ends only `f`: its result, or the panic's
 /// message. A payload whose drop panics in turn is contained too.
@@ -13,6 +17,12 @@ pub(crate) fn contain<R>(f: impl FnOnce() -> R) -> Result<R, String> {
         let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
         message
     })
+}
+
+/// Locks `mutex`, also one a panic poisoned: the crate changes what its
+/// locks guard in steps that leave it whole, and a panic ends one task only.
+pub(crate) fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The message a panic was raised with: its `&str` or `String` payload, or

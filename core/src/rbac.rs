@@ -151,11 +151,7 @@ fn normalized<'a>(rules: impl IntoIterator<Item = &'a Rule>) -> Vec<Rule> {
     merged
         .into_iter()
         .filter(|(_, verbs)| !verbs.is_empty())
-        .map(|((group, resource), verbs)| Rule {
-            api_groups: vec![group.to_owned()],
-            resources: vec![resource.to_owned()],
-            verbs: sorted_verbs(verbs),
-        })
+        .map(|((group, resource), verbs)| Rule::new(group, resource, verbs))
         .collect()
 }
 

@@ -48,12 +48,6 @@ pub(crate) struct ListMode {
     refused: AtomicBool,
 }
 
-impl ListMode {
-    fn refused(&self) -> bool {
-        self.refused.load(Ordering::Relaxed)
-    }
-}
-
 /// Whether a watch with `config` lists by streaming where it can.
 pub(crate) fn wants_streaming(config: &watcher::Config) -> bool {
     // kube asks for a streaming list only with bookmarks, which carry the
@@ -84,7 +78,7 @@ where
         initial_list_strategy: InitialListStrategy::ListWatch,
         ..config
     };
-    if !streaming || mode.refused() {
+    if !streaming || mode.refused.load(Ordering::Relaxed) {
         return events(paged);
     }
     let timeout = Duration::from_secs(paged.timeout.unwrap_or(DEFAULT_TIMEOUT).into());
@@ -292,7 +286,7 @@ mod tests {
                 InitialListStrategy::ListWatch
             ]
         );
-        assert!(mode.refused());
+        assert!(mode.refused.load(Ordering::Relaxed));
         // The cluster's next watch pages from the start.
         asked.lock().unwrap().clear();
         let _ = streamed_or_paged(
@@ -455,7 +449,7 @@ mod tests {
             [Err(watcher::Error::WatchStartFailed(_))]
         ));
         assert_eq!(*asked.lock().unwrap(), [InitialListStrategy::StreamingList]);
-        assert!(!mode.refused());
+        assert!(!mode.refused.load(Ordering::Relaxed));
     }
 
     #[test]

@@ -104,19 +104,6 @@ impl InitialLists {
         self.inner.waiting.load(Ordering::Relaxed)
     }
 
-    /// A permit, once one is free; counted as waiting until then.
-    fn acquire(&self) -> BoxFuture<'static, OwnedSemaphorePermit> {
-        let inner = self.inner.clone();
-        inner.waiting.fetch_add(1, Ordering::Relaxed);
-        let waiting = Waiting(inner.clone());
-        async move {
-            let permit = inner.semaphore.clone().acquire_owned().await;
-            drop(waiting);
-            permit.expect("the semaphore is never closed")
-        }
-        .boxed()
-    }
-
     /// `events` with each of its lists holding one of these permits;
     /// `queued` is true while it waits for one.
     pub(crate) fn bound<T: Send + 'static>(
@@ -177,9 +164,18 @@ struct Permitted<T> {
 }
 
 impl<T> Permitted<T> {
+    /// Asks for a permit, counted as waiting until one is free.
     fn acquire(&mut self) {
         self.queued.store(true, Ordering::Relaxed);
-        self.acquiring = Some(self.lists.acquire());
+        let inner = self.lists.inner.clone();
+        inner.waiting.fetch_add(1, Ordering::Relaxed);
+        let waiting = Waiting(inner.clone());
+        let acquiring = async move {
+            let permit = inner.semaphore.clone().acquire_owned().await;
+            drop(waiting);
+            permit.expect("the semaphore is never closed")
+        };
+        self.acquiring = Some(acquiring.boxed());
     }
 
     fn release(&mut self) {

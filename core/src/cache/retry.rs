@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use futures::{Stream, StreamExt};
+
 use kube::{
     Resource,
     runtime::{
@@ -61,17 +63,6 @@ impl Retries {
         }
     }
 
-    /// The watch delivered `event`; whether that says it works (kube's
-    /// watcher's `Init` comes before each list is asked for, and tells
-    /// nothing yet).
-    pub(super) fn heard<K>(&mut self, event: &Event<K>) -> bool {
-        let works = !matches!(event, Event::Init);
-        if works {
-            self.worked();
-        }
-        works
-    }
-
     /// The watch worked: it delivered an event, or its retry ran a while.
     /// Its next failure is news, starts the backoff over, and waits for no
     /// recovery from before now.
@@ -83,14 +74,34 @@ impl Retries {
         }
     }
 
-    /// The watch failed with `error`, after its retry had run a while if
-    /// `resumed`: logs it (see [`FailureLog::failed`]) and says why. Then
-    /// [`wait`](Self::wait) before it tries again.
-    pub(super) fn failure(&mut self, error: &watcher::Error, resumed: bool) -> String {
-        if resumed {
-            self.worked();
+    /// The watch's next event from `events`, and whether it says the watch
+    /// works. Each failure before it is logged (see [`FailureLog::failed`]),
+    /// its reason handed to `fail`, and waited out; the retry that failed
+    /// had run a while if `resumed` says so.
+    pub(super) async fn next<K>(
+        &mut self,
+        events: &mut (impl Stream<Item = watcher::Result<Event<K>>> + Unpin),
+        resumed: impl Fn() -> bool,
+        fail: impl Fn(&str),
+    ) -> Option<(Event<K>, bool)> {
+        loop {
+            match events.next().await? {
+                // kube's watcher's `Init` comes before each list is asked
+                // for, and tells nothing yet.
+                Ok(Event::Init) => return Some((Event::Init, false)),
+                Ok(event) => {
+                    self.worked();
+                    return Some((event, true));
+                }
+                Err(error) => {
+                    if resumed() {
+                        self.worked();
+                    }
+                    fail(&self.log.failed(&error));
+                    self.wait().await;
+                }
+            }
         }
-        self.log.failed(error)
     }
 
     /// Waits until the watch may try again after a failure: its backoff,

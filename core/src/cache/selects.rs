@@ -43,10 +43,8 @@ impl Scope {
     /// Whether the object `written` wrote is of this watch's resource and
     /// in its namespace.
     pub(super) fn covers(&self, written: &Written) -> bool {
-        let id = &written.id;
-        id.group == self.group
-            && id.resource == self.resource
-            && (self.namespace.is_none() || self.namespace == id.namespace)
+        self.of_resource(written)
+            && (self.namespace.is_none() || self.namespace == written.id.namespace)
     }
 
     /// Whether this watch's selectors select the object as `written` left

@@ -4,7 +4,7 @@
 use std::{
     fmt,
     pin::Pin,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{Arc, Mutex},
     task::{Context, Poll},
 };
 
@@ -16,6 +16,8 @@ use kube::{
 };
 
 use super::TypeInfo;
+
+use crate::panic::lock;
 
 /// A change a subscriber hears of.
 #[derive(Debug)]
@@ -105,17 +107,13 @@ impl<K: Resource<DynamicType: TypeInfo>> Inbox<K> {
         }
     }
 
-    fn pending(&self) -> MutexGuard<'_, Pending<K>> {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Merges `notes` into what the subscriber has not read yet.
     pub(crate) fn notify<'a>(&self, notes: impl IntoIterator<Item = &'a Note<K>>)
     where
         K: 'a,
     {
         {
-            let mut pending = self.pending();
+            let mut pending = lock(&self.pending);
             for note in notes {
                 match note {
                     Note::Everything => pending.everything = true,
@@ -157,16 +155,10 @@ fn entry<'p, K: Resource<DynamicType: TypeInfo>>(
     pending: &'p mut IndexMap<ObjectRef<K>, Entry<K>>,
     key: &ObjectRef<K>,
 ) -> &'p mut Entry<K> {
-    if !pending.contains_key(key) {
-        pending.insert(
-            key.clone(),
-            Entry {
-                deleted: None,
-                present: None,
-            },
-        );
-    }
-    pending.get_mut(key).expect("just inserted")
+    pending.entry(key.clone()).or_insert(Entry {
+        deleted: None,
+        present: None,
+    })
 }
 
 /// A stream of the changes of one [`SharedWatch`](super::SharedWatch), from
@@ -226,7 +218,7 @@ impl<K: Resource<DynamicType: TypeInfo>> fmt::Debug for Subscription<K> {
             .field("kind", &K::kind(&self.dyntype))
             .field(
                 "unread",
-                &(self.batch.len() + self.inbox.pending().objects.len()),
+                &(self.batch.len() + lock(&self.inbox.pending).objects.len()),
             )
             .finish_non_exhaustive()
     }
@@ -245,7 +237,7 @@ impl<K: Resource<DynamicType: TypeInfo> + Clone + 'static> Stream for Subscripti
                 // Told as it is now, and once: not if it has gone since, nor
                 // if a change to it waits in the inbox (that tells it).
                 let key = key_of(listed.as_ref(), &this.dyntype);
-                if this.inbox.pending().objects.contains_key(&key) {
+                if lock(&this.inbox.pending).objects.contains_key(&key) {
                     continue;
                 }
                 match this.store.get(&key) {
@@ -267,7 +259,7 @@ impl<K: Resource<DynamicType: TypeInfo> + Clone + 'static> Stream for Subscripti
             }
             // Register before looking, so a change that lands in between wakes us.
             this.inbox.waker.register(cx.waker());
-            let pending = std::mem::take(&mut *this.inbox.pending());
+            let pending = std::mem::take(&mut *lock(&this.inbox.pending));
             if !pending.everything && pending.objects.is_empty() {
                 return Poll::Pending;
             }

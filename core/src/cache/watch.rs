@@ -4,10 +4,10 @@
 use std::{
     collections::HashMap,
     fmt,
-    sync::{Arc, Mutex, MutexGuard, Weak, atomic::AtomicBool},
+    sync::{Arc, Mutex, Weak, atomic::AtomicBool},
 };
 
-use futures::{FutureExt, Stream, StreamExt, future::BoxFuture};
+use futures::{FutureExt, Stream, future::BoxFuture};
 use kube::{
     Resource,
     api::ObjectMeta,
@@ -27,6 +27,7 @@ use super::{
 use crate::{
     client::{Shown, Writes, Written},
     cluster_name::ClusterName,
+    panic::lock,
     request::McRequest,
 };
 
@@ -55,10 +56,6 @@ impl<K: Resource<DynamicType: TypeInfo>> Hub<K> {
         }
     }
 
-    fn subscribers(&self) -> MutexGuard<'_, Subscribers<K>> {
-        self.subscribers.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Sets where the watch stands, telling those who wait if it changed.
     pub(super) fn set_health(&self, health: &Health) {
         self.health.send_if_modified(|now| {
@@ -77,7 +74,7 @@ impl<K: Resource<DynamicType: TypeInfo>> Hub<K> {
             return;
         }
         let inboxes: Vec<Arc<Inbox<K>>> = {
-            let mut subscribers = self.subscribers();
+            let mut subscribers = lock(&self.subscribers);
             subscribers.listed |= listed;
             subscribers.inboxes.retain(|inbox| inbox.strong_count() > 0);
             subscribers
@@ -242,7 +239,7 @@ where
     pub fn subscribe(self: &Arc<Self>) -> Subscription<K> {
         let inbox = Arc::new(Inbox::new());
         {
-            let mut subscribers = self.hub.subscribers();
+            let mut subscribers = lock(&self.hub.subscribers);
             subscribers.inboxes.push(Arc::downgrade(&inbox));
             if subscribers.listed {
                 inbox.notify(&[Note::Everything]);
@@ -275,7 +272,7 @@ where
 
     /// How many subscriptions read this watch now.
     pub fn subscribers(&self) -> usize {
-        let subscribers = self.hub.subscribers();
+        let subscribers = lock(&self.hub.subscribers);
         subscribers
             .inboxes
             .iter()
@@ -299,19 +296,14 @@ impl<K: Resource<DynamicType: TypeInfo>> SharedWatch<K> {
     }
 }
 
-/// How a watch fails.
-pub(crate) struct Failure {
-    pub(crate) status: WatchStatus,
-}
-
 /// A watch's health, whatever its type: what a controller reports and waits on.
 pub(crate) trait WatchProbe: Send + Sync {
     fn status(&self) -> WatchStatus;
     fn has_synced(&self) -> bool;
     /// Whether it waits for a permit to list.
     fn is_queued(&self) -> bool;
-    /// How it fails, if it does.
-    fn failure(&self) -> Option<Failure>;
+    /// Its status, if it fails.
+    fn failure(&self) -> Option<WatchStatus>;
     /// Completes once the first list has completed.
     fn synced(&self) -> BoxFuture<'static, ()>;
     /// Whether the store shows `written`: holds its object at its version
@@ -342,19 +334,9 @@ where
         self.queued.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    fn failure(&self) -> Option<Failure> {
-        let state = self.hub.health.borrow().current();
-        let WatchState::Failing { .. } = &state else {
-            return None;
-        };
-        Some(Failure {
-            status: WatchStatus {
-                kind: K::kind(&self.dyntype).into_owned(),
-                api_version: K::api_version(&self.dyntype).into_owned(),
-                metadata_only: K::metadata_api(),
-                state,
-            },
-        })
+    fn failure(&self) -> Option<WatchStatus> {
+        // Read before the status is built: this is asked of every watch.
+        matches!(self.state(), WatchState::Failing { .. }).then(|| self.status())
     }
 
     fn holds(&self, written: &Written) -> bool {
@@ -392,19 +374,12 @@ async fn run<K, S>(
     S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
 {
     let mut events = std::pin::pin!(events);
-    while let Some(event) = events.next().await {
-        let event = match event {
-            Ok(event) => event,
-            Err(error) => {
-                let reason = retries.failure(&error, hub.health.borrow().resumed());
-                hub.health.send_if_modified(|health| health.fail(&reason));
-                retries.wait().await;
-                continue;
-            }
-        };
+    let resumed = || hub.health.borrow().resumed();
+    let fail = |reason: &str| {
+        hub.health.send_if_modified(|health| health.fail(reason));
+    };
+    while let Some((event, healthy)) = retries.next(&mut events, resumed, fail).await {
         let listed = matches!(event, Event::InitDone);
-        // `Init` comes before the list request, so it tells nothing of health.
-        let healthy = retries.heard(&event);
         let shown = crossing.before(&event);
         // The store first, so that whoever learns the watch synced finds it
         // full, and a reconcile that waited for a write finds it there.
@@ -773,7 +748,7 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert_eq!(watch.store().len(), 10);
-        let unread = watch.hub.subscribers().inboxes[0]
+        let unread = lock(&watch.hub.subscribers).inboxes[0]
             .upgrade()
             .unwrap()
             .pending

@@ -16,6 +16,8 @@ use super::{
 };
 use tokio::time::Instant;
 
+use crate::panic::lock;
+
 /// How many requests a second one cluster's client may send, and how many
 /// at once after a quiet while: one budget for reads (gets, lists and
 /// watches, counted as they start) and one for writes (creates, updates,
@@ -197,18 +199,14 @@ impl Bucket {
         }
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Until when requests are held back, if they are now.
     fn paused(&self, now: Instant) -> Option<Instant> {
-        self.state().paused_until.filter(|until| *until > now)
+        lock(&self.state).paused_until.filter(|until| *until > now)
     }
 
     /// Takes a token now, and says how long to wait before it is due.
     fn reserve(&self, now: Instant) -> Duration {
-        let mut state = self.state();
+        let mut state = lock(&self.state);
         let refilled = (state.tokens
             + now.saturating_duration_since(state.since).as_secs_f64() * self.rate.per_second)
             .min(f64::from(self.rate.burst));
@@ -226,14 +224,14 @@ impl Bucket {
     /// Gives back a token taken by a request that was given up before it
     /// was due.
     fn refund(&self) {
-        let mut state = self.state();
+        let mut state = lock(&self.state);
         state.tokens = (state.tokens + 1.0).min(f64::from(self.rate.burst));
     }
 
     /// Holds every request back until `until`, and lets one through at
     /// once after, no burst: the bucket refills from `until` on.
     fn pause(&self, until: Instant) {
-        let mut state = self.state();
+        let mut state = lock(&self.state);
         if state.paused_until.is_none_or(|paused| paused < until) {
             state.paused_until = Some(until);
         }

@@ -85,13 +85,15 @@ impl ClusterClient {
         let service = service.map_response(|response: Response<B>| {
             response.map(|body| body.map_err(Into::into).boxed_unsync())
         });
+        Self::over(BoxCloneSyncService::new(service), namespace, None)
+    }
+
+    /// This crate's stack `service`, whose default namespace is `namespace`.
+    fn over(service: Stack, namespace: String, keep_alive: Option<KeepAlive>) -> Self {
         Self {
-            repr: Repr::Stack {
-                service: BoxCloneSyncService::new(service),
-                namespace,
-            },
+            repr: Repr::Stack { service, namespace },
             budget: None,
-            keep_alive: None,
+            keep_alive,
         }
     }
 
@@ -200,14 +202,11 @@ impl ClusterClient {
                 below.oneshot(request).await
             }
         });
-        Ok(Self {
-            repr: Repr::Stack {
-                service: BoxCloneSyncService::new(service),
-                namespace,
-            },
-            budget: None,
+        Ok(Self::over(
+            BoxCloneSyncService::new(service),
+            namespace,
             keep_alive,
-        })
+        ))
     }
 
     /// The same client, its requests defaulting to `namespace`
@@ -217,14 +216,7 @@ impl ClusterClient {
     /// cluster engaged with one gets its fleet's.
     pub fn with_default_namespace(self, namespace: impl Into<String>) -> Self {
         let keep_alive = self.keep_alive;
-        Self {
-            repr: Repr::Stack {
-                service: self.into_stack(),
-                namespace: namespace.into(),
-            },
-            budget: None,
-            keep_alive,
-        }
+        Self::over(self.into_stack(), namespace.into(), keep_alive)
     }
 
     /// Its stack: this crate's, or one that sends through the finished

@@ -4,7 +4,7 @@
 use http::StatusCode;
 
 use super::exec::PluginError;
-use crate::cluster_name::ClusterName;
+use crate::{cluster_name::ClusterName, error::causes};
 
 /// An error and every error beneath it, as one line (`a: b: c`), for
 /// problems and logs: the one way the crate tells an error.
@@ -26,23 +26,17 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     // A credential plugin's failure quotes its command line, its
     // environment and its output, which may hold secrets; so do the errors
     // that wrap it.
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(error) = cause {
-        if let Some(withheld) = credentials_failed(error) {
-            return withheld;
-        }
-        cause = error.source();
+    if let Some(withheld) = causes(error).find_map(credentials_failed) {
+        return withheld;
     }
     let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
+    for cause in causes(error).skip(1) {
         let cause_text = cause.to_string();
         // Many errors repeat their source in their own message.
         if !text.contains(&cause_text) {
             text.push_str(": ");
             text.push_str(&cause_text);
         }
-        source = cause.source();
     }
     text
 }
@@ -60,14 +54,7 @@ pub(crate) fn is_credential_failure(error: &(dyn std::error::Error + 'static)) -
 /// Whether `error`, or an error beneath it, is a failure to obtain
 /// credentials: no request was made.
 pub(crate) fn credentials_unavailable(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut next = Some(error);
-    while let Some(error) = next {
-        if is_credential_failure(error) {
-            return true;
-        }
-        next = error.source();
-    }
-    false
+    causes(error).any(is_credential_failure)
 }
 
 /// What to say of `error` if it is a failure to obtain credentials, whose
@@ -101,8 +88,7 @@ pub(crate) fn is_gateway_failure(status: StatusCode) -> bool {
 /// configuration is wrong), or the reconciler's own error is not.
 pub(crate) fn is_unanswered(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut unanswered = false;
-    let mut next = Some(error);
-    while let Some(error) = next {
+    for error in causes(error) {
         if is_credential_failure(error)
             || is_tls_failure(error)
             || error.is::<OwnerReferenceAcross>()
@@ -119,7 +105,6 @@ pub(crate) fn is_unanswered(error: &(dyn std::error::Error + 'static)) -> bool {
             ) => unanswered = true,
             _ => {}
         }
-        next = error.source();
     }
     unanswered
 }

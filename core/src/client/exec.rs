@@ -30,6 +30,8 @@ use kube::{Config, client::Body, config::ExecConfig};
 use tokio::{io::AsyncReadExt, process::Command, sync::watch};
 use tower::BoxError;
 
+use crate::panic::lock;
+
 /// How long a plugin may run before it is killed.
 pub(crate) const PLUGIN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -285,7 +287,7 @@ struct Renewal {
 impl Drop for Renewal {
     fn drop(&mut self) {
         {
-            let mut state = self.token.state();
+            let mut state = lock(&self.token.state);
             state.renewing = false;
             let failed = match self.outcome.take() {
                 Some(Ok((token, expires))) => {
@@ -322,15 +324,11 @@ impl ExecToken {
         }
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, TokenState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// What to do now, starting a renewal where one is due.
     fn next(&self) -> Next {
         let now = Timestamp::now();
         let start = {
-            let mut state = self.state();
+            let mut state = lock(&self.state);
             let expired = now >= state.expires;
             let due = now.saturating_add(RENEW_BEFORE).unwrap_or(Timestamp::MAX) >= state.expires;
             let recent = state

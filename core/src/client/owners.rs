@@ -40,21 +40,11 @@ impl Around for RefuseOwnersAcross {
         request: Request<Body>,
         mut inner: S,
     ) -> Result<Response<AnyBody>, BoxError> {
-        let to = Destination {
-            cluster: &self.cluster,
-            reachability: &self.reachability,
-        };
-        if let Some(check) = checked(&to, &request) {
+        if let Some(check) = checked(&self, &request) {
             check.await?;
         }
         inner.call(request).await
     }
-}
-
-/// The cluster a write goes to, as its client knows it.
-struct Destination<'a> {
-    cluster: &'a ClusterName,
-    reachability: &'a Arc<Reachability>,
 }
 
 /// What is left to read to refuse a write to `to` during a reconcile in
@@ -62,7 +52,7 @@ struct Destination<'a> {
 /// nothing unless it is such a write, else its body. Call it from the task
 /// that sends the request.
 fn checked(
-    to: &Destination<'_>,
+    to: &RefuseOwnersAcross,
     request: &Request<Body>,
 ) -> Option<impl Future<Output = Result<(), OwnerReferenceAcross>> + Send + 'static> {
     if !matches!(
@@ -73,7 +63,7 @@ fn checked(
     }
     let object = reconciling::current()?;
     let owner = object.object.clone()?;
-    if object.cluster == *to.cluster || owner.uid().is_none() {
+    if object.cluster == to.cluster || owner.uid().is_none() {
         return None;
     }
     // A body in one piece, as kube's `Api` sends them; a streamed one is

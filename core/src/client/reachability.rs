@@ -42,7 +42,7 @@ use super::{
     inner::{AnyBody, Around, Below},
     keep_alive::KeepAlive,
 };
-use crate::cluster_name::ClusterName;
+use crate::{cluster_name::ClusterName, panic::lock};
 
 /// How often a cluster that does not answer is asked whether it is back,
 /// for the first [`PROBE_FAST_FOR`] of an outage.
@@ -58,14 +58,6 @@ pub(crate) const PROBE_SLOW_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How long one probe may wait for its answer (a hung server gives none).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A cluster's outages, as its reachability knows them.
-#[derive(Debug, Default)]
-struct Outage {
-    /// While it does not answer: since when (the last thing heard from
-    /// it), why, and when that was noticed.
-    current: Option<Down>,
-}
 
 /// An outage under way.
 #[derive(Debug)]
@@ -84,10 +76,9 @@ pub(crate) struct Reachability {
     down: AtomicBool,
     /// A probe runs (at most one at a time).
     probing: AtomicBool,
-    /// The outage: since when and why the cluster does not answer, and
-    /// when it last answered again after one. `down` flips under this
-    /// lock, so the two always agree.
-    outage: Mutex<Outage>,
+    /// The outage under way, if any. `down` flips under this lock, so the
+    /// two always agree.
+    outage: Mutex<Option<Down>>,
     /// How many times the cluster answered again after it did not.
     recoveries: watch::Sender<u64>,
     /// The clusters that share it are each collected apart (the logical
@@ -123,8 +114,6 @@ impl std::fmt::Debug for Reachability {
 }
 
 impl Reachability {
-    /// For the cluster `cluster`, probed through `client` (its own, not
-    /// one that reports here).
     /// The same, for clusters that share it but are each collected apart
     /// (`apart`), or not.
     pub(crate) fn collected_apart(mut self, apart: bool) -> Self {
@@ -137,6 +126,8 @@ impl Reachability {
         self.apart
     }
 
+    /// For the cluster `cluster`, probed through `client` (its own, not
+    /// one that reports here).
     pub(crate) fn new(cluster: ClusterName, client: ClusterClient) -> Self {
         Self {
             keep_alive: client.keep_alive(),
@@ -218,18 +209,14 @@ impl Reachability {
         !self.down.load(Ordering::SeqCst)
     }
 
-    fn outage(&self) -> std::sync::MutexGuard<'_, Outage> {
-        self.outage.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// For how long, and why, the cluster has not answered; `None` while
     /// it answers.
     pub(crate) fn down(&self) -> Option<(Duration, String)> {
         if self.is_answering() {
             return None;
         }
-        let outage = self.outage();
-        let down = outage.current.as_ref()?;
+        let outage = lock(&self.outage);
+        let down = outage.as_ref()?;
         Some((down.since.elapsed(), down.cause.clone()))
     }
 
@@ -240,8 +227,7 @@ impl Reachability {
         if self.is_answering() {
             return None;
         }
-        let outage = self.outage();
-        Some(outage.current.as_ref()?.noticed.elapsed())
+        Some(lock(&self.outage).as_ref()?.noticed.elapsed())
     }
 
     /// Changes each time the cluster answers again after it did not.
@@ -305,11 +291,11 @@ impl Reachability {
             return;
         }
         let since = {
-            let mut outage = self.outage();
+            let mut outage = lock(&self.outage);
             if !self.down.swap(false, Ordering::SeqCst) {
                 return;
             }
-            outage.current.take().map(|down| down.since)
+            outage.take().map(|down| down.since)
         };
         if self.is_closed() {
             return;
@@ -330,12 +316,12 @@ impl Reachability {
         }
         let cause = cause();
         {
-            let mut outage = self.outage();
+            let mut outage = lock(&self.outage);
             if self.down.swap(true, Ordering::SeqCst) {
                 return false;
             }
             // Down since it was last heard from, not since that was noticed.
-            outage.current = Some(Down {
+            *outage = Some(Down {
                 since: self.last_heard(),
                 cause: cause.clone(),
                 noticed: Instant::now(),
@@ -372,7 +358,7 @@ impl Reachability {
 
     /// How long the probe waits before it asks again.
     fn interval(&self) -> Duration {
-        let noticed = self.outage().current.as_ref().map(|down| down.noticed);
+        let noticed = lock(&self.outage).as_ref().map(|down| down.noticed);
         match noticed {
             Some(noticed) if noticed.elapsed() >= PROBE_FAST_FOR => PROBE_SLOW_INTERVAL,
             _ => PROBE_INTERVAL,

@@ -2,7 +2,6 @@
 //! an HTTP/1.1 one where HTTP/2 cannot carry it.
 
 use std::{
-    error::Error as StdError,
     pin::Pin,
     sync::{
         Arc, Mutex,
@@ -19,6 +18,8 @@ use hyper::body::{Bytes, Incoming};
 use hyper_util::client::legacy::{self, connect::Connection};
 use kube::client::Body;
 use tower::{BoxError, Service, ServiceExt};
+
+use crate::{error::causes, panic::lock};
 
 /// How long a client speaks HTTP/1.1 only after a connection to its server
 /// did not agree to HTTP/2.
@@ -38,10 +39,7 @@ struct State {
 
 impl State {
     fn http2_on(&self) -> bool {
-        let mut off = self
-            .http2_off_until
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut off = lock(&self.http2_off_until);
         match *off {
             Some(until) if Instant::now() < until => false,
             Some(_) => {
@@ -53,10 +51,7 @@ impl State {
     }
 
     fn http2_off(&self) {
-        *self
-            .http2_off_until
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now() + HTTP2_OFF_FOR);
+        *lock(&self.http2_off_until) = Some(Instant::now() + HTTP2_OFF_FOR);
     }
 }
 
@@ -250,13 +245,6 @@ fn unprocessed(error: &legacy::Error) -> bool {
 /// Whether `error` is a connection that did not agree to HTTP/2.
 fn refuses_http2(error: &legacy::Error) -> bool {
     causes(error).any(|cause| cause.is::<NoHttp2>())
-}
-
-/// `error` and its sources, outermost first.
-fn causes<'a>(
-    error: &'a (dyn StdError + 'static),
-) -> impl Iterator<Item = &'a (dyn StdError + 'static)> {
-    std::iter::successors(Some(error), |&error| error.source())
 }
 
 /// A connector whose connections must have agreed on HTTP/2 in the TLS

@@ -49,7 +49,7 @@ use super::{
     stats::RequestStats,
     writes::{RecordWrites, Writes},
 };
-use crate::cluster_name::ClusterName;
+use crate::{cluster_name::ClusterName, panic::lock};
 
 /// What one cluster's client is made of: the client it was engaged with,
 /// and what the stack over it tells and is held back by.
@@ -203,7 +203,7 @@ impl LazyClient {
         self.0
             .made
             .get_or_init(|| {
-                let mut parts = self.0.parts.lock().unwrap_or_else(|e| e.into_inner());
+                let mut parts = lock(&self.0.parts);
                 let (outer, namespace, valid_until) = parts.clone().expect("kept until made");
                 let _entered = self.0.runtime.as_ref().map(tokio::runtime::Handle::enter);
                 let client = Client::new(outer, namespace).with_valid_until(valid_until);

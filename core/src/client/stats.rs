@@ -1,12 +1,11 @@
 //! How many requests each cluster's client made, and how long they took:
 //! the figures, kept per engagement.
 
-use std::{
-    sync::{Mutex, MutexGuard},
-    time::Duration,
-};
+use std::{sync::Mutex, time::Duration};
 
 use http::{Method, StatusCode};
+
+use crate::panic::lock;
 
 /// The upper bounds, in seconds, of the latency histogram's buckets:
 /// client-go's for `rest_client_request_duration_seconds`.
@@ -111,10 +110,6 @@ fn observe(histograms: &mut Vec<RequestLatency>, method: &Method, took: Duration
 }
 
 impl RequestStats {
-    fn tallies(&self) -> MutexGuard<'_, Tallies> {
-        self.tallies.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     pub(super) fn record(
         &self,
         method: &Method,
@@ -122,7 +117,7 @@ impl RequestStats {
         took: Duration,
         host: Option<&str>,
     ) {
-        let mut tallies = self.tallies();
+        let mut tallies = lock(&self.tallies);
         if let Some(host) = host
             && tallies.host.as_deref() != Some(host)
         {
@@ -145,17 +140,17 @@ impl RequestStats {
 
     /// A request with `method` waited `took` for the cluster's budget.
     pub(super) fn waited(&self, method: &Method, took: Duration) {
-        observe(&mut self.tallies().waits, method, took);
+        observe(&mut lock(&self.tallies).waits, method, took);
     }
 
     /// The requests so far, by method and status.
     pub fn counts(&self) -> Vec<RequestCount> {
-        self.tallies().counts.clone()
+        lock(&self.tallies).counts.clone()
     }
 
     /// How long the requests so far took, by method.
     pub fn latencies(&self) -> Vec<RequestLatency> {
-        self.tallies().latencies.clone()
+        lock(&self.tallies).latencies.clone()
     }
 
     /// How long the requests so far waited for the cluster's
@@ -164,23 +159,23 @@ impl RequestStats {
     /// empty for a cluster whose budget is
     /// [`UNLIMITED`](super::RequestBudget::UNLIMITED).
     pub fn budget_waits(&self) -> Vec<RequestLatency> {
-        self.tallies().waits.clone()
+        lock(&self.tallies).waits.clone()
     }
 
     /// The API server's `host:port` as the last counted request addressed
     /// it; `None` where the client is not this crate's own.
     pub fn host(&self) -> Option<String> {
-        self.tallies().host.clone()
+        lock(&self.tallies).host.clone()
     }
 
     /// How many requests so far, whatever their outcome.
     pub fn total(&self) -> u64 {
-        self.tallies().counts.iter().map(|c| c.count).sum()
+        lock(&self.tallies).counts.iter().map(|c| c.count).sum()
     }
 
     /// How many requests the server answered with `429 Too Many Requests`.
     pub fn throttled(&self) -> u64 {
-        self.tallies()
+        lock(&self.tallies)
             .counts
             .iter()
             .filter(|c| c.code == Some(StatusCode::TOO_MANY_REQUESTS))

@@ -428,50 +428,33 @@ impl<K: Watchable> Controller<K> {
         S::Future: Send + 'static,
         S::Error: Into<BoxError>,
     {
-        let Self {
-            fleet,
-            name,
-            triggers,
-            for_trigger,
-            owner: _,
-            problems,
-            clusters,
-            config,
-            error_policy,
-            shutdown,
-            external,
-            reconcile_all,
-            queue_depth,
-            queue_metrics,
-            status,
-            writes: _,
-            _for,
-        } = self;
-        queue_depth.name(name.as_str().into());
-        let own = match for_trigger {
-            Some(trigger) if problems.is_empty() => trigger,
+        self.queue_depth.name(self.name.as_str().into());
+        let own = match self.for_trigger {
+            Some(trigger) if self.problems.is_empty() => trigger,
             _ => {
                 let error = Error::Invalid {
-                    controller: name,
-                    reason: problems.join("; "),
+                    controller: self.name,
+                    reason: self.problems.join("; "),
                 };
                 return futures::future::Either::Left(futures::future::ready(Err(error)));
             }
         };
         let runner = Runner::new(Setup {
-            fleet,
-            error_policy,
-            name,
+            fleet: self.fleet,
+            error_policy: self.error_policy,
+            name: self.name,
             own: Arc::new(own),
-            related: triggers,
-            clusters,
-            config,
-            shutdown: shutdown.unwrap_or_else(|| futures::future::pending().boxed()),
-            external: futures::stream::select_all(external).boxed(),
-            reconcile_all: futures::stream::select_all(reconcile_all).boxed(),
-            queue_depth,
-            queue_metrics: queue_metrics.into_inner(),
-            status,
+            related: self.triggers,
+            clusters: self.clusters,
+            config: self.config,
+            shutdown: self
+                .shutdown
+                .unwrap_or_else(|| futures::future::pending().boxed()),
+            external: futures::stream::select_all(self.external).boxed(),
+            reconcile_all: futures::stream::select_all(self.reconcile_all).boxed(),
+            queue_depth: self.queue_depth,
+            queue_metrics: self.queue_metrics.into_inner(),
+            status: self.status,
         });
         futures::future::Either::Right(runner.run(service))
     }

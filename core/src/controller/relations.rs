@@ -22,23 +22,14 @@ use crate::{
 };
 
 impl<K: Watchable> Controller<K> {
-    /// Adds a trigger for `T`, watched as `watch` says, with `mapper`; a
+    /// Adds a trigger for `T`, watched as `watch` says, with `mapper`, whose
+    /// requests go to the clusters `across` selects when it is `Some`; a
     /// watch built wrong is recorded, and reported when the controller runs.
-    fn add_trigger<T, M>(self, watch: Watch, mapper: impl FnOnce(&Owner) -> M) -> Self
-    where
-        T: Watchable,
-        M: Fn(&ClusterName, &Change<T>) -> Vec<McRequest> + Send + Sync + 'static,
-    {
-        self.add_trigger_across(watch, mapper, None)
-    }
-
-    /// [`add_trigger`](Self::add_trigger), for a trigger whose requests go
-    /// to the clusters `across` selects when it is `Some`.
-    fn add_trigger_across<T, M>(
+    fn add_trigger<T, M>(
         mut self,
         watch: Watch,
-        mapper: impl FnOnce(&Owner) -> M,
         across: Option<(ClusterSelector, trigger::KeyMapper<T>)>,
+        mapper: impl FnOnce(&Owner) -> M,
     ) -> Self
     where
         T: Watchable,
@@ -63,7 +54,7 @@ impl<K: Watchable> Controller<K> {
     /// Also reconciles the owner of every `Child` (by owner reference, same
     /// cluster) when the child changes.
     pub fn owns<Child: Watchable>(self, watch: impl Into<Watch>) -> Self {
-        self.add_trigger(watch.into(), |owner| {
+        self.add_trigger(watch.into(), None, |owner| {
             trigger::for_owners::<Child>(
                 owner.kind.clone(),
                 owner.api_version.clone(),
@@ -87,7 +78,7 @@ impl<K: Watchable> Controller<K> {
     where
         K: kube::Resource<DynamicType = ()>,
     {
-        self.add_trigger(watch.into(), |_| {
+        self.add_trigger(watch.into(), None, |_| {
             |_: &ClusterName, change: &Change<Child>| {
                 crate::ownership::parent::parents_of::<K, Child>(change.object().as_ref())
                     .into_iter()
@@ -98,7 +89,7 @@ impl<K: Watchable> Controller<K> {
 
     /// Like [`owns`](Self::owns), but watches only the children's metadata.
     pub fn owns_metadata<Child: Watchable>(self, watch: impl Into<Watch>) -> Self {
-        self.add_trigger(watch.into(), |owner| {
+        self.add_trigger(watch.into(), None, |owner| {
             trigger::for_owners::<PartialObjectMeta<Child>>(
                 owner.kind.clone(),
                 owner.api_version.clone(),
@@ -139,7 +130,7 @@ impl<K: Watchable> Controller<K> {
         Other: Watchable,
         I: IntoIterator<Item = McRequest>,
     {
-        self.add_trigger(watch.into(), |_| {
+        self.add_trigger(watch.into(), None, |_| {
             move |cluster: &ClusterName, change: &Change<Other>| {
                 mapper(cluster, change.object()).into_iter().collect()
             }
@@ -156,7 +147,7 @@ impl<K: Watchable> Controller<K> {
         Other: Watchable,
         I: IntoIterator<Item = McRequest>,
     {
-        self.add_trigger(watch.into(), |_| {
+        self.add_trigger(watch.into(), None, |_| {
             move |cluster: &ClusterName, change: &Change<PartialObjectMeta<Other>>| {
                 mapper(cluster, change.object()).into_iter().collect()
             }
@@ -200,11 +191,9 @@ impl<K: Watchable> Controller<K> {
     {
         let keys: trigger::KeyMapper<Other> =
             Arc::new(move |cluster, object| mapper(cluster, object).into_iter().collect());
-        self.add_trigger_across(
-            watch.into(),
-            |_| |_: &ClusterName, _: &Change<Other>| Vec::new(),
-            Some((to, keys)),
-        )
+        self.add_trigger(watch.into(), Some((to, keys)), |_| {
+            |_: &ClusterName, _: &Change<Other>| Vec::new()
+        })
     }
 
     /// The RBAC rules this controller needs, as built so far: `get`, `list`

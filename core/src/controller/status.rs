@@ -4,7 +4,7 @@
 use std::{
     collections::HashMap,
     fmt,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
@@ -16,6 +16,7 @@ use crate::{
     cluster::Cluster,
     cluster_name::ClusterName,
     fleet::Fleet,
+    panic::lock,
 };
 
 /// A controller's view of one cluster: whether it serves the cluster yet,
@@ -124,17 +125,13 @@ impl ControllerStatus {
         }
     }
 
-    fn table(&self) -> MutexGuard<'_, Table> {
-        self.inner.table.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn changed(&self) {
         self.inner.changed.send_modify(|n| *n += 1);
     }
 
     /// Every cluster the controller has started on, by name.
     pub fn clusters(&self) -> Vec<ClusterStatus> {
-        let table = self.table();
+        let table = lock(&self.inner.table);
         let mut clusters: Vec<_> = table
             .clusters
             .iter()
@@ -146,7 +143,7 @@ impl ControllerStatus {
 
     /// The controller's view of the cluster `name`, if it has started there.
     pub fn cluster(&self, name: &str) -> Option<ClusterStatus> {
-        let table = self.table();
+        let table = lock(&self.inner.table);
         let (name, served) = table.clusters.get_key_value(name)?;
         Some(status(name, served, table.sync_timeout))
     }
@@ -172,7 +169,7 @@ impl ControllerStatus {
     /// ```
     pub fn not_started(&self) -> Vec<ClusterName> {
         let engaged = self.inner.fleet.clusters();
-        let table = self.table();
+        let table = lock(&self.inner.table);
         let mut waiting: Vec<ClusterName> = engaged
             .iter()
             .filter(|cluster| table.selection.selects(cluster.name()))
@@ -191,7 +188,7 @@ impl ControllerStatus {
     /// Whether the controller serves every engaged cluster it selects.
     pub fn is_synced(&self) -> bool {
         let engaged = self.inner.fleet.clusters();
-        let table = self.table();
+        let table = lock(&self.inner.table);
         engaged
             .iter()
             .filter(|cluster| table.selection.selects(cluster.name()))
@@ -217,7 +214,7 @@ impl ControllerStatus {
     }
 
     pub(crate) fn configure(&self, selection: ClusterSelector, sync_timeout: Duration) {
-        let mut table = self.table();
+        let mut table = lock(&self.inner.table);
         table.selection = selection;
         table.sync_timeout = sync_timeout;
     }
@@ -230,13 +227,15 @@ impl ControllerStatus {
             serving: false,
             watches,
         };
-        self.table().clusters.insert(cluster.name().clone(), served);
+        lock(&self.inner.table)
+            .clusters
+            .insert(cluster.name().clone(), served);
         self.changed();
     }
 
     /// The controller's watches in `name` have synced.
     pub(crate) fn serve(&self, name: &ClusterName) {
-        if let Some(served) = self.table().clusters.get_mut(name) {
+        if let Some(served) = lock(&self.inner.table).clusters.get_mut(name) {
             served.serving = true;
         }
         self.changed();
@@ -244,7 +243,7 @@ impl ControllerStatus {
 
     /// The controller no longer works in `name`.
     pub(crate) fn remove(&self, name: &ClusterName) {
-        self.table().clusters.remove(name);
+        lock(&self.inner.table).clusters.remove(name);
         self.changed();
     }
 }

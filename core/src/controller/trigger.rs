@@ -124,15 +124,10 @@ pub(crate) struct WatchTrigger<T: Watchable> {
 }
 
 impl<T: Watchable> WatchTrigger<T> {
-    /// The watch in `cluster`, started now if none runs there.
-    pub(crate) fn shared(&self, cluster: &Cluster) -> Arc<SharedWatch<T>> {
-        self.watch.watch_in(cluster)
-    }
-
     /// [`Trigger::start`], also handing back the watch itself, typed: the
     /// controller reads each reconcile's object from it.
     pub(crate) fn start_typed(&self, cluster: &Cluster) -> (Arc<SharedWatch<T>>, Started) {
-        let watch = self.shared(cluster);
+        let watch = self.watch.watch_in(cluster);
         let subscribe = {
             let (watch, name) = (watch.clone(), cluster.name().clone());
             let (mapper, filters) = (self.mapper.clone(), self.filters.clone());
@@ -161,7 +156,7 @@ impl<T: Watchable> Trigger for WatchTrigger<T> {
     }
 
     fn known(&self, cluster: &Cluster) -> Vec<McRequest> {
-        let watch = self.shared(cluster);
+        let watch = self.watch.watch_in(cluster);
         let name = cluster.name();
         watch
             .store()
@@ -188,7 +183,8 @@ impl<T: Watchable> Trigger for WatchTrigger<T> {
             return Vec::new();
         }
         let name = source.name();
-        self.shared(source)
+        self.watch
+            .watch_in(source)
             .store()
             .state()
             .into_iter()

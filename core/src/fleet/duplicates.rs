@@ -11,6 +11,7 @@ use crate::{
     cluster::Cluster,
     cluster_name::ClusterName,
     identity::{ClusterIdentity, IdSource},
+    panic::lock,
     problems::Problems,
 };
 
@@ -167,15 +168,10 @@ impl Sameness {
         ClusterName: std::borrow::Borrow<Q>,
         Q: std::hash::Hash + Eq + ?Sized,
     {
-        use std::borrow::Borrow;
-
-        if let Some((name, _)) = self.pending.get_key_value(name) {
-            return Some(name.clone());
-        }
-        self.held
-            .iter()
-            .find(|held| Borrow::<Q>::borrow(&held.name) == name)
-            .map(|held| held.name.clone())
+        let pending = self.pending.get_key_value(name).map(|(name, _)| name);
+        let mut held = self.held.iter().map(|held| &held.name);
+        let held = || held.find(|held| std::borrow::Borrow::<Q>::borrow(*held) == name);
+        pending.or_else(held).cloned()
     }
 
     /// Every name that is a cluster engaged under another.
@@ -185,23 +181,16 @@ impl Sameness {
             let Some((first, rest)) = names.split_first() else {
                 continue;
             };
-            found.extend(rest.iter().map(|name| Duplicate {
-                name: name.clone(),
-                of: first.clone(),
-                id: id.clone(),
-                engaged: true,
-            }));
-            found.extend(
-                self.held
-                    .iter()
-                    .filter(|held| held.id == *id)
-                    .map(|held| Duplicate {
-                        name: held.name.clone(),
-                        of: first.clone(),
-                        id: id.clone(),
-                        engaged: false,
-                    }),
-            );
+            let held = self.held.iter().filter(|held| held.id == *id);
+            let twice = rest.iter().map(|name| (name, true));
+            found.extend(twice.chain(held.map(|held| (&held.name, false))).map(
+                |(name, engaged)| Duplicate {
+                    name: name.clone(),
+                    of: first.clone(),
+                    id: id.clone(),
+                    engaged,
+                },
+            ));
         }
         found.sort_by(|a, b| a.name.cmp(&b.name));
         found
@@ -217,28 +206,20 @@ impl Sameness {
             return;
         };
         self.problems.clear(&source(first));
-        for name in rest {
-            self.problems.report(
-                source(name),
-                format!(
-                    "is the cluster engaged as {:?} (ID {id}): engaged under both names, so each of its objects is reconciled twice; remove one{}",
-                    first.as_str(),
-                    if self.policy == Duplicates::Warn {
-                        ", or set Duplicates::EngageOnce"
-                    } else {
-                        ""
-                    }
-                ),
-            );
-        }
-        for held in self.held.iter().filter(|held| held.id == id) {
-            self.problems.report(
-                source(&held.name),
-                format!(
-                    "is the cluster engaged as {:?} (ID {id}): not engaged under this name while that one is",
-                    first.as_str()
-                ),
-            );
+        let hint = match self.policy {
+            Duplicates::Warn => ", or set Duplicates::EngageOnce",
+            _ => "",
+        };
+        let twice = format!(
+            "engaged under both names, so each of its objects is reconciled twice; remove one{hint}"
+        );
+        let engaged = rest.iter().map(|name| (name, twice.as_str()));
+        let held = self.held.iter().filter(|held| held.id == id);
+        let held = held.map(|held| (&held.name, "not engaged under this name while that one is"));
+        let first = first.as_str();
+        for (name, what) in engaged.chain(held) {
+            let problem = format!("is the cluster engaged as {first:?} (ID {id}): {what}");
+            self.problems.report(source(name), problem);
         }
     }
 }
@@ -274,37 +255,22 @@ pub(super) fn forget(state: &mut State, name: &ClusterName) {
 /// more (it left, or was set aside), the first held back for each, in its
 /// place, with the client it was offered with.
 pub(super) fn engage_heirs(state: &mut State) {
-    for (name, client, id) in heirs(state) {
+    let same = &mut state.same;
+    // The first held back for each cluster.
+    let mut ids = std::collections::HashSet::new();
+    let heirs: Vec<Held> = same
+        .held
+        .extract_if(.., |held| {
+            !same.names.contains_key(&held.id) && ids.insert(held.id.clone())
+        })
+        .collect();
+    for Held { name, id, client } in heirs {
+        state.same.problems.clear(&source(&name));
+        tracing::warn!(cluster = %name, id = %id, "the cluster's engaged name is gone: engaged under this one instead");
         let cluster = Cluster::listing(name.clone(), client, state.lists.clone(), state.budget);
         state.same.register(name, id);
         super::insert_locked(state, cluster);
     }
-}
-
-/// A name held back, to engage in the place of its cluster's name that
-/// left: its name, the client it was offered with, its cluster's ID.
-type Heir = (ClusterName, ClusterClient, String);
-
-/// The names held back whose cluster is engaged under no name any more,
-/// the first held back for each, taken out of those held back.
-fn heirs(state: &mut State) -> Vec<Heir> {
-    let same = &mut state.same;
-    let mut heirs: Vec<Heir> = Vec::new();
-    let mut at = 0;
-    while at < same.held.len() {
-        let held = &same.held[at];
-        let orphan =
-            !same.names.contains_key(&held.id) && !heirs.iter().any(|(_, _, id)| *id == held.id);
-        if orphan {
-            let held = same.held.remove(at);
-            same.problems.clear(&source(&held.name));
-            tracing::warn!(cluster = %held.name, id = %held.id, "the cluster's engaged name is gone: engaged under this one instead");
-            heirs.push((held.name, held.client, held.id));
-        } else {
-            at += 1;
-        }
-    }
-    heirs
 }
 
 /// Engages `cluster`, offered with a client of its own, as `state`'s
@@ -365,7 +331,7 @@ fn read(state: &mut State, cluster: Cluster) {
         let Some(fleet) = fleet.upgrade() else {
             return;
         };
-        let mut state = fleet.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = lock(&fleet);
         found(&mut state, &cluster, read);
     });
     if let Some(earlier) = state.same.reading.insert(name, task.abort_handle()) {
@@ -375,16 +341,13 @@ fn read(state: &mut State, cluster: Cluster) {
 
 fn found(state: &mut State, cluster: &Cluster, read: Result<ClusterIdentity, String>) {
     let name = cluster.name().clone();
-    let current = state
-        .clusters
-        .get(&name)
-        .is_some_and(|engaged| engaged.same_engagement(cluster))
-        || state
-            .same
-            .pending
-            .get(&name)
-            .is_some_and(|pending| pending.same_engagement(cluster));
-    if !current {
+    // Still the one engaged or waiting under its name.
+    let offered = [state.clusters.get(&name), state.same.pending.get(&name)];
+    if !offered
+        .into_iter()
+        .flatten()
+        .any(|offered| offered.same_engagement(cluster))
+    {
         return;
     }
     state.same.reading.remove(&name);
@@ -402,49 +365,38 @@ fn settle(
     pending: Option<Cluster>,
     read: Result<ClusterIdentity, String>,
 ) {
-    let identity = match read {
-        Ok(identity) => identity,
-        Err(error) => {
-            state.same.problems.report(
-                source(name),
-                format!("its identity could not be read ({error}): not checked for duplicates"),
-            );
-            if let Some(pending) = pending {
-                super::insert_locked(state, pending);
+    match read {
+        Err(error) => state.same.problems.report(
+            source(name),
+            format!("its identity could not be read ({error}): not checked for duplicates"),
+        ),
+        Ok(identity) => {
+            let id = identity.id().to_owned();
+            let names = state.same.names.get(&id);
+            let other = names.is_some_and(|names| names.iter().any(|n| n != name));
+            let once = state.same.policy == Duplicates::EngageOnce;
+            if once && other && *name != ClusterName::local() {
+                tracing::debug!(cluster = %name, id = %id, how = %how(&identity), "the cluster is engaged under another name already: held back");
+                if let Some(engaged) = state.clusters.remove(name) {
+                    // The engagement this offer was to replace goes too.
+                    engaged.leave();
+                    state.publish(super::FleetEvent::Disengaged(name.clone()));
+                }
+                if let Some(earlier) = state.same.ids.get(name).cloned() {
+                    state.same.unregister(name, &earlier);
+                }
+                state.same.held.push(Held {
+                    name: name.clone(),
+                    id: id.clone(),
+                    client: cluster.reachability().client().clone(),
+                });
+                cluster.leave();
+                state.same.tell(&id);
+                return;
             }
-            return;
+            state.same.register(name.clone(), id);
         }
-    };
-    let id = identity.id().to_owned();
-    let other = state
-        .same
-        .names
-        .get(&id)
-        .and_then(|names| names.iter().find(|n| *n != name))
-        .cloned();
-    let hold = state.same.policy == Duplicates::EngageOnce
-        && other.is_some()
-        && *name != ClusterName::local();
-    if hold {
-        tracing::debug!(cluster = %name, id = %id, how = %how(&identity), "the cluster is engaged under another name already: held back");
-        if let Some(engaged) = state.clusters.remove(name) {
-            // The engagement this offer was to replace goes too.
-            engaged.leave();
-            state.publish(super::FleetEvent::Disengaged(name.clone()));
-        }
-        if let Some(earlier) = state.same.ids.get(name).cloned() {
-            state.same.unregister(name, &earlier);
-        }
-        state.same.held.push(Held {
-            name: name.clone(),
-            id: id.clone(),
-            client: cluster.reachability().client().clone(),
-        });
-        cluster.leave();
-        state.same.tell(&id);
-        return;
     }
-    state.same.register(name.clone(), id);
     if let Some(pending) = pending {
         super::insert_locked(state, pending);
     }

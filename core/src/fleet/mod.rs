@@ -21,6 +21,7 @@ use crate::{
     cache::{HostView, InitialLists},
     cluster::Cluster,
     cluster_name::ClusterName,
+    panic::lock,
     problems::Problems,
 };
 pub use config::FleetConfig;
@@ -177,29 +178,21 @@ impl Fleet {
     /// assert!(fleet.status().health.is_empty());
     /// ```
     pub fn status(&self) -> FleetStatus {
-        let (clusters, mut health, set_aside, duplicates, initial_lists) = {
-            let state = self.state();
-            let clusters: Vec<Cluster> = state.clusters.values().cloned().collect();
-            let aside: Vec<_> = state
-                .vigil
-                .set_aside
-                .iter()
-                .map(|(name, aside)| (name.clone(), aside.health()))
-                .collect();
-            let mut set_aside: Vec<_> = state.vigil.set_aside.keys().cloned().collect();
-            set_aside.sort();
-            (
-                clusters,
-                aside,
-                set_aside,
-                state.same.duplicates(),
-                state.lists.clone(),
-            )
-        };
+        let state = self.state();
+        let clusters: Vec<Cluster> = state.clusters.values().cloned().collect();
+        let aside = &state.vigil.set_aside;
+        let mut health: Vec<_> = aside
+            .iter()
+            .map(|(name, aside)| (name.clone(), aside.health()))
+            .collect();
+        let mut set_aside: Vec<_> = aside.keys().cloned().collect();
+        set_aside.sort();
+        let (duplicates, initial_lists) = (state.same.duplicates(), state.lists.clone());
+        drop(state);
         // Each cluster's health is read outside the fleet's lock.
         health.extend(
             clusters
-                .into_iter()
+                .iter()
                 .map(|cluster| (cluster.name().clone(), cluster.health())),
         );
         health.sort_by(|(a, _), (b, _)| a.cmp(b));
@@ -212,7 +205,7 @@ impl Fleet {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.inner)
     }
 
     /// The lists bound and request budget a cluster engaged now is given.
@@ -262,13 +255,11 @@ impl Fleet {
     /// # }
     /// ```
     pub fn engagements(&self) -> impl Stream<Item = Cluster> + Send + 'static {
-        let events = self.subscribe().events;
-        futures::stream::unfold(events, |mut events| async move {
-            loop {
-                match events.recv().await? {
-                    FleetEvent::Engaged(cluster) => return Some((cluster, events)),
-                    FleetEvent::Disengaged(_) => {}
-                }
+        let events = tokio_stream::wrappers::UnboundedReceiverStream::new(self.subscribe().events);
+        events.filter_map(|event| async move {
+            match event {
+                FleetEvent::Engaged(cluster) => Some(cluster),
+                FleetEvent::Disengaged(_) => None,
             }
         })
     }
@@ -341,19 +332,11 @@ impl Fleet {
         Q: Hash + Eq + ?Sized,
     {
         let mut state = self.state();
-        let known = state
-            .clusters
-            .get_key_value(name)
-            .map(|(name, _)| name.clone())
-            .or_else(|| state.same.waiting(name))
-            .or_else(|| {
-                state
-                    .vigil
-                    .set_aside
-                    .get_key_value(name)
-                    .map(|(name, _)| name.clone())
-            });
-        let Some(name) = known else {
+        let engaged = state.clusters.get_key_value(name);
+        let aside = state.vigil.set_aside.get_key_value(name);
+        let waiting = || state.same.waiting(name);
+        let known = engaged.map(|(name, _)| name.clone()).or_else(waiting);
+        let Some(name) = known.or(aside.map(|(name, _)| name.clone())) else {
             return false;
         };
         if let Some(aside) = state.vigil.set_aside.remove::<ClusterName>(&name) {

@@ -18,6 +18,7 @@ use crate::{
     cluster::Cluster,
     cluster_name::ClusterName,
     health::ClusterHealth,
+    panic::lock,
 };
 
 /// The fleet's watch over its clusters' answers.
@@ -65,13 +66,9 @@ impl SetAside {
 
     /// `Unreachable`, for as long as it has not answered.
     pub(super) fn health(&self) -> ClusterHealth {
-        match self.reachability.down() {
-            Some((down_for, cause)) => ClusterHealth::Unreachable { down_for, cause },
-            None => ClusterHealth::Unreachable {
-                down_for: self.since.elapsed(),
-                cause: self.cause.clone(),
-            },
-        }
+        let since = || (self.since.elapsed(), self.cause.clone());
+        let (down_for, cause) = self.reachability.down().unwrap_or_else(since);
+        ClusterHealth::Unreachable { down_for, cause }
     }
 }
 
@@ -101,7 +98,7 @@ async fn sweeping(fleet: Weak<Mutex<State>>) {
         let Some(fleet) = fleet.upgrade() else {
             return;
         };
-        let mut state = fleet.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = lock(&fleet);
         sweep(&mut state, Instant::now());
     }
 }
@@ -111,7 +108,7 @@ fn sweep(state: &mut State, now: Instant) {
     // Also where the fleet asks nothing: a cluster's client may.
     for cluster in state.clusters.values() {
         cluster
-            .shared_reachability()
+            .reachability()
             .probe_if_silent(state.vigil.keep_alive, now);
     }
     if let Some(after) = state.vigil.set_aside_after {

@@ -158,18 +158,15 @@ where
             Err(Left(name.clone()).into())
         };
         async move {
-            let outcome = match run {
-                Err(error) => Err(error),
-                Ok(run) => {
-                    let run = std::panic::AssertUnwindSafe(run).catch_unwind();
-                    match tokio::time::timeout(timeout, run).await {
-                        Ok(Ok(outcome)) => outcome,
-                        Ok(Err(panic)) => Err(Panicked(panic_message(panic.as_ref())).into()),
-                        Err(_) => Err(NoAnswer(timeout).into()),
-                    }
+            let outcome = async {
+                let run = std::panic::AssertUnwindSafe(run?).catch_unwind();
+                match tokio::time::timeout(timeout, run).await {
+                    Ok(Ok(outcome)) => outcome,
+                    Ok(Err(panic)) => Err(Panicked(panic_message(panic.as_ref())).into()),
+                    Err(_) => Err(NoAnswer(timeout).into()),
                 }
             };
-            (i, name, outcome)
+            (i, name, outcome.await)
         }
     });
     let mut outcomes: Vec<_> = futures::stream::iter(runs)

@@ -3,7 +3,7 @@
 use std::{
     collections::{HashMap, HashSet},
     fmt,
-    sync::{Arc, Mutex, MutexGuard, Weak},
+    sync::{Arc, Mutex, Weak},
 };
 
 use futures::StreamExt;
@@ -17,6 +17,7 @@ use crate::{
     cluster_name::ClusterName,
     controller::{Watch, watch::Resolved},
     fleet::{Fleet, FleetEvent},
+    panic::lock,
     request::ObjectKey,
 };
 
@@ -119,17 +120,13 @@ struct Inner<K: Watchable> {
 
 impl<K: Watchable> Drop for Inner<K> {
     fn drop(&mut self) {
-        if let Some(task) = self.state().task.take() {
+        if let Some(task) = lock(&self.state).task.take() {
             task.abort();
         }
     }
 }
 
 impl<K: Watchable> Inner<K> {
-    fn state(&self) -> MutexGuard<'_, State<K>> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn selects(&self, name: &ClusterName) -> bool {
         self.watch.clusters().is_none_or(|c| c.selects(name))
     }
@@ -186,7 +183,7 @@ impl<K: Watchable> Clone for FleetStore<K> {
 
 impl<K: Watchable> fmt::Debug for FleetStore<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = self.inner.state();
+        let state = lock(&self.inner.state);
         let mut clusters: Vec<_> = state.watches.keys().collect();
         clusters.sort();
         let mut indexes: Vec<_> = state.indexes.keys().collect();
@@ -240,7 +237,7 @@ impl<K: Watchable> FleetStore<K> {
             subscription.events,
             subscriptions,
         ));
-        inner.state().task = Some(task.abort_handle());
+        lock(&inner.state).task = Some(task.abort_handle());
         Ok(Self { inner })
     }
 
@@ -259,7 +256,7 @@ impl<K: Watchable> FleetStore<K> {
             of: HashMap::new(),
             by_value: HashMap::new(),
         };
-        let mut state = self.inner.state();
+        let mut state = lock(&self.inner.state);
         for (name, (_, watch)) in &state.watches {
             for object in watch.store().state() {
                 index.put(name, &object);
@@ -279,15 +276,7 @@ impl<K: Watchable> FleetStore<K> {
     /// watch has listed.
     pub(crate) fn list_where(&self, keep: impl Fn(&K) -> bool) -> Vec<InCluster<K>> {
         // Read outside the lock, which the task that follows the fleet needs.
-        let stores: Vec<_> = {
-            let state = self.inner.state();
-            state
-                .watches
-                .iter()
-                .map(|(cluster, (_, watch))| (cluster.clone(), watch.store()))
-                .collect()
-        };
-        stores
+        self.per_watch(|cluster, watch| Some((cluster.clone(), watch.store())))
             .into_iter()
             .flat_map(|(cluster, store)| {
                 store
@@ -306,7 +295,7 @@ impl<K: Watchable> FleetStore<K> {
     /// not read that cluster (not engaged, not selected, or not yet seen).
     pub fn in_cluster(&self, cluster: &str) -> Option<Vec<Arc<K>>> {
         let store = {
-            let state = self.inner.state();
+            let state = lock(&self.inner.state);
             state.watches.get(cluster)?.1.store()
         };
         Some(store.state())
@@ -314,7 +303,7 @@ impl<K: Watchable> FleetStore<K> {
 
     /// The object `key` in the cluster `cluster`, if held.
     pub fn get(&self, cluster: &str, key: &ObjectKey) -> Option<Arc<K>> {
-        let state = self.inner.state();
+        let state = lock(&self.inner.state);
         let (_, watch) = state.watches.get(cluster)?;
         watch.store().get(&self.object_ref(key))
     }
@@ -329,7 +318,7 @@ impl<K: Watchable> FleetStore<K> {
     /// lists, say), read [`list`](Self::list) or
     /// [`in_cluster`](Self::in_cluster), which are current.
     pub fn indexed(&self, index: &str, value: &str) -> Option<Vec<InCluster<K>>> {
-        let state = self.inner.state();
+        let state = lock(&self.inner.state);
         let found = state.indexes.get(index)?;
         let Some(keys) = found.by_value.get(value) else {
             return Some(Vec::new());
@@ -356,35 +345,34 @@ impl<K: Watchable> FleetStore<K> {
 
     /// The clusters the store reads, with the state of its watch in each.
     pub fn clusters(&self) -> Vec<(ClusterName, WatchState)> {
-        let state = self.inner.state();
-        state
-            .watches
-            .iter()
-            .map(|(name, (_, watch))| (name.clone(), watch.state()))
-            .collect()
+        self.per_watch(|name, watch| Some((name.clone(), watch.state())))
     }
 
     /// The clusters the store reads whose watch has not synced: their
     /// objects are missing (or partial) in every read.
     pub fn unsynced(&self) -> Vec<ClusterName> {
-        let state = self.inner.state();
-        state
-            .watches
-            .iter()
-            .filter(|(_, (_, watch))| !watch.has_synced())
-            .map(|(name, _)| name.clone())
-            .collect()
+        self.per_watch(|name, watch| (!watch.has_synced()).then(|| name.clone()))
     }
 
     /// Completes once the watches of every cluster the store reads now have
     /// synced. A cluster that cannot sync keeps it waiting: bound it with a
     /// timeout, and see [`unsynced`](Self::unsynced).
     pub async fn synced(&self) {
-        let watches: Vec<Arc<SharedWatch<K>>> = {
-            let state = self.inner.state();
-            state.watches.values().map(|(_, w)| w.clone()).collect()
-        };
+        let watches = self.per_watch(|_, watch| Some(watch.clone()));
         futures::future::join_all(watches.iter().map(|w| w.synced())).await;
+    }
+
+    /// What `each` gives for each cluster the store reads and its watch,
+    /// under the lock.
+    fn per_watch<T>(
+        &self,
+        each: impl Fn(&ClusterName, &Arc<SharedWatch<K>>) -> Option<T>,
+    ) -> Vec<T> {
+        let state = lock(&self.inner.state);
+        let watches = state.watches.iter();
+        watches
+            .filter_map(|(name, (_, watch))| each(name, watch))
+            .collect()
     }
 
     fn object_ref(&self, key: &ObjectKey) -> ObjectRef<K> {
@@ -408,7 +396,7 @@ fn engage<K: Watchable>(
     }
     let watch = inner.watch.watch_in(&cluster);
     subscriptions.insert(name.clone(), watch.subscribe());
-    let mut state = inner.state();
+    let mut state = lock(&inner.state);
     for index in state.indexes.values_mut() {
         index.forget(&name);
     }
@@ -420,7 +408,7 @@ fn disengage<K: Watchable>(
     name: &ClusterName,
     subscriptions: &mut StreamMap<ClusterName, Subscription<K>>,
 ) {
-    let mut state = inner.state();
+    let mut state = lock(&inner.state);
     // A name engaged again already: this event ended an older engagement.
     if state
         .watches
@@ -454,7 +442,7 @@ async fn follow<K: Watchable>(
             }
             Some((cluster, change)) = subscriptions.next(), if !subscriptions.is_empty() => {
                 let Some(inner) = inner.upgrade() else { return };
-                let mut state = inner.state();
+                let mut state = lock(&inner.state);
                 for index in state.indexes.values_mut() {
                     match &change {
                         Change::Listed(object) | Change::Applied(object) => index.put(&cluster, object),

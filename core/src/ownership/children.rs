@@ -22,6 +22,7 @@ use crate::{
     fleet::Fleet,
     fleetwide::{FleetStore, InCluster},
     object_request::ObjectRequest,
+    panic::lock,
     request::McRequest,
 };
 
@@ -98,14 +99,14 @@ where
     }
 
     /// Every child that names the request's object as its parent (by
-    /// cluster, kind, namespace and name), whatever UID it names, in every
-    /// cluster the store reads, each with the parent reference it carries.
-    /// Read from the clusters' stores as they are now: a child that the
-    /// controller has heard of is there.
+    /// cluster, kind, namespace and name), with a UID that `uid` accepts,
+    /// in every cluster the store reads. Read from the clusters' stores as
+    /// they are now: a child that the controller has heard of is there.
     fn named_by<P: Resource<DynamicType = ()>>(
         &self,
         parent: &McRequest,
-    ) -> Vec<(InCluster<C>, ParentRef)> {
+        uid: impl Fn(&str) -> bool,
+    ) -> Vec<InCluster<C>> {
         let key = request_key::<P>(parent);
         // A cheap test before the parse: the parent's name is in its
         // children's annotation as it is, unless JSON escapes it (then the
@@ -119,9 +120,10 @@ where
         self.store
             .list_where(names)
             .into_iter()
-            .filter_map(|child| match ParentRef::of_child(child.object.as_ref()) {
-                Some(Ok(named)) if named.key() == key => Some((child, named)),
-                _ => None,
+            .filter(|child| {
+                ParentRef::of_child(child.object.as_ref())
+                    .and_then(Result::ok)
+                    .is_some_and(|named| named.key() == key && uid(&named.uid))
             })
             .collect()
     }
@@ -133,10 +135,7 @@ where
         &self,
         parent: &ObjectRequest<P>,
     ) -> Vec<InCluster<C>> {
-        self.named_by::<P>(&parent.request)
-            .into_iter()
-            .map(|(child, _)| child)
-            .collect()
+        self.named_by::<P>(&parent.request, |_| true)
     }
 
     /// The children of the request's object as it is now (the UID they
@@ -148,11 +147,7 @@ where
         let Some(uid) = parent.object.as_ref().and_then(|p| p.meta().uid.clone()) else {
             return Vec::new();
         };
-        self.named_by::<P>(&parent.request)
-            .into_iter()
-            .filter(|(_, named)| named.uid == uid)
-            .map(|(child, _)| child)
-            .collect()
+        self.named_by::<P>(&parent.request, |named| named == uid)
     }
 
     /// Deletes every child of the request's object, for its finalizer's
@@ -225,12 +220,7 @@ where
     ) -> Result<Deleted, BoxError> {
         let uid = parent.object.as_ref().and_then(|p| p.meta().uid.clone());
         let read = self.states();
-        let orphans: Vec<_> = self
-            .named_by::<P>(&parent.request)
-            .into_iter()
-            .filter(|(_, named)| uid.as_ref() != Some(&named.uid))
-            .map(|(child, _)| child)
-            .collect();
+        let orphans = self.named_by::<P>(&parent.request, |named| uid.as_deref() != Some(named));
         if !orphans.is_empty() {
             tracing::info!(parent = %parent.request, orphans = orphans.len(), "deleting children whose parent is gone");
         }
@@ -311,7 +301,7 @@ where
         let store = self.store.clone();
         ticks.flat_map(move |()| {
             let synced: HashMap<ClusterName, WatchState> = store.clusters().into_iter().collect();
-            let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
+            let mut pending = lock(&pending);
             pending.retain(|cluster, _| fleet.get(cluster).is_some());
             let mut requests = Vec::new();
             for (cluster, parents) in pending.iter_mut() {
@@ -326,10 +316,7 @@ where
                     .in_cluster(cluster.as_str())
                     .unwrap_or_default()
                     .iter()
-                    .filter_map(|child| match ParentRef::of_child(child.as_ref()) {
-                        Some(Ok(named)) => Some(named.key()),
-                        _ => None,
-                    })
+                    .filter_map(|child| Some(ParentRef::of_child(child.as_ref())?.ok()?.key()))
                     .collect();
                 // A parent with no child left there is done with it.
                 parents.retain(|parent, _| keys.iter().any(|key| key_names(key, parent)));
@@ -351,7 +338,7 @@ where
     /// parent. So a cluster that answers again stays counted for up to one
     /// `sweeps` period.
     pub fn pending(&self) -> usize {
-        let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let pending = lock(&self.pending);
         pending.values().map(HashMap::len).sum()
     }
 

@@ -21,6 +21,7 @@ use crate::{
     cluster_name::ClusterName,
     fleet::Fleet,
     fleetwide::{FleetStore, InCluster, for_each_cluster},
+    panic::lock,
     request::{McRequest, ObjectKey},
 };
 
@@ -65,7 +66,7 @@ pub(super) fn record(
     parent: &McRequest,
     skipped: Option<bool>,
 ) -> bool {
-    let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
+    let mut pending = lock(pending);
     match skipped {
         Some(unanswered) => {
             let entry = pending

@@ -227,13 +227,9 @@ where
 /// a `Children` holds the children of one parent type's controller).
 pub(super) fn key_names(key: &str, parent: &McRequest) -> bool {
     let mut parts = key.split('\n');
-    let (Some(cluster), Some(_), Some(_), Some(namespace), Some(name)) = (
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-    ) else {
+    let [Some(cluster), Some(_), Some(_), Some(namespace), Some(name)] =
+        std::array::from_fn(|_| parts.next())
+    else {
         return false;
     };
     cluster == parent.cluster.as_str()

@@ -13,7 +13,7 @@ use std::{
 use futures::{
     FutureExt, StreamExt, TryFutureExt,
     future::{BoxFuture, poll_fn},
-    stream::FuturesUnordered,
+    stream::{self, BoxStream, FuturesUnordered},
 };
 use tokio_util::time::DelayQueue;
 
@@ -180,40 +180,34 @@ impl Engagements {
         }
         self.generations += 1;
         let generation = self.generations;
-        let build: Build = Arc::new(move || build().map_ok(Into::into).boxed());
         let engaged = self.entries.get(&name).and_then(|e| e.engaged);
-        if engaged == Some(hash) {
-            // Back to the version engaged now, while another was being
-            // built or was held: that one is dropped, this one stays.
-            let source = source.into();
+        let source = source.into();
+        // Back to the version engaged now, while another was being built or
+        // was held: that one is dropped, this one stays; any other is built.
+        let back = engaged == Some(hash);
+        if back {
             self.problems.clear(&source);
-            self.entries.insert(
-                name,
-                Entry {
-                    source,
-                    hash,
-                    generation,
-                    build: None,
-                    engaged,
-                    state: State::Engaged,
-                    problem: None,
-                },
-            );
-            return;
         }
+        let build: Build = Arc::new(move || build().map_ok(Into::into).boxed());
         self.entries.insert(
             name.clone(),
             Entry {
-                source: source.into(),
+                source,
                 hash,
                 generation,
-                build: Some(build.clone()),
+                build: (!back).then(|| build.clone()),
                 engaged,
-                state: State::Building,
+                state: if back {
+                    State::Engaged
+                } else {
+                    State::Building
+                },
                 problem: None,
             },
         );
-        self.start(name, generation, &build);
+        if !back {
+            self.start(name, generation, &build);
+        }
     }
 
     /// The source of `name` gives no version now (its key is gone, or
@@ -395,6 +389,30 @@ impl Engagements {
             self.ready.push_back(ClusterEvent::Disengage { name });
         }
     }
+}
+
+/// The events of a provider's `state`, which holds its [`Engagements`]
+/// (reached through `engagements`) and changes with what two streams say
+/// (the watches of its sources, say): each item of `first` and `second` is
+/// handed, with the state, to the function paired with it, and each event
+/// of the engagements is yielded. The events never end, even if a stream
+/// does. A provider with one source passes `stream::empty()` as the other.
+pub fn drive<S: Send + 'static, A: Send + 'static, B: Send + 'static>(
+    state: S,
+    engagements: fn(&mut S) -> &mut Engagements,
+    (first, on_first): (BoxStream<'static, A>, fn(&mut S, A)),
+    (second, on_second): (BoxStream<'static, B>, fn(&mut S, B)),
+) -> BoxStream<'static, ClusterEvent> {
+    stream::unfold((state, first, second), move |(mut state, mut first, mut second)| async move {
+        loop {
+            tokio::select! {
+                event = engagements(&mut state).next() => return Some((event, (state, first, second))),
+                Some(item) = first.next() => on_first(&mut state, item),
+                Some(item) = second.next() => on_second(&mut state, item),
+            }
+        }
+    })
+    .boxed()
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ mod seen;
 pub use crate::fleet::ClusterEvent;
 pub use crate::problems::Problems;
 pub use build_error::BuildError;
-pub use engagements::Engagements;
+pub use engagements::{Engagements, drive};
 pub use local::LocalProvider;
 pub use programmatic::{ProgrammaticHandle, ProgrammaticProvider};
 pub use request_budget::with_request_budget;

@@ -34,19 +34,6 @@ pub(crate) struct Limits {
     pub(crate) sharing: Sharing,
 }
 
-impl Limits {
-    /// With [`Sharing::InTurn`] and a total limit, the most keys a turn
-    /// runs: eight waves of the slots, at least 64; `None` when clusters
-    /// take turns key by key.
-    pub(super) fn turns(&self) -> Option<usize> {
-        const FLOOR: usize = 64;
-        match (self.sharing, self.concurrency) {
-            (Sharing::InTurn, Some(global)) => Some(global.saturating_mul(8).max(FLOOR)),
-            _ => None,
-        }
-    }
-}
-
 /// What admits a key: the limits, and the state of the token buckets.
 #[derive(Debug)]
 pub(super) struct Admission {
@@ -70,9 +57,14 @@ impl Admission {
     }
 
     /// With [`Sharing::InTurn`] and a total limit, the most keys a turn
-    /// runs; `None` when clusters take turns key by key.
+    /// runs: eight waves of the slots, at least 64; `None` when clusters
+    /// take turns key by key.
     pub(super) fn turns(&self) -> Option<usize> {
-        self.limits.turns()
+        const FLOOR: usize = 64;
+        match (self.limits.sharing, self.limits.concurrency) {
+            (Sharing::InTurn, Some(global)) => Some(global.saturating_mul(8).max(FLOOR)),
+            _ => None,
+        }
     }
 
     /// The key admitted has started: the shared token taken for it is used.
@@ -80,7 +72,8 @@ impl Admission {
         self.shared_token = false;
     }
 
-    /// How many reconciles one cluster may run at once now.
+    /// How many reconciles one cluster may run at once now, with
+    /// [`Sharing::Fair`].
     ///
     /// Unless set explicitly, with a controller-wide limit `G` and `k`
     /// clusters that have work (keys running, or ready and not held), each
@@ -90,16 +83,6 @@ impl Admission {
     /// of them once there are others, or more than its fair share when
     /// several have work. (Slots are counted when keys are admitted; runs
     /// already going are not taken back.)
-    fn cluster_cap(&self, lanes: &Lanes) -> usize {
-        match self.limits.turns() {
-            Some(_) if self.limits.cluster_concurrency.is_none() => {
-                self.limits.concurrency.unwrap_or(usize::MAX)
-            }
-            _ => self.fair_cap(lanes),
-        }
-    }
-
-    /// [`cluster_cap`](Self::cluster_cap) with [`Sharing::Fair`].
     fn fair_cap(&self, lanes: &Lanes) -> usize {
         if let Some(cap) = self.limits.cluster_concurrency {
             return cap.max(1);
@@ -153,16 +136,16 @@ impl Admission {
                 }
             }
         }
-        let cap = self.cluster_cap(lanes);
-        // In turn, a cluster whose keys wait for it to answer again runs
-        // no more than its fair share: its runs hang until they time out.
-        // Otherwise the fair share is the cap already.
-        let unanswering_cap = match self.limits.turns() {
-            Some(_) => self.fair_cap(lanes),
-            None => cap,
+        // In turn, a cluster may use every slot unless its own limit is
+        // set; one whose keys wait for it to answer again runs no more than
+        // its fair share: its runs hang until they time out.
+        let fair = self.fair_cap(lanes);
+        let cap = match (self.turns(), self.limits.concurrency) {
+            (Some(_), Some(global)) if self.limits.cluster_concurrency.is_none() => global,
+            _ => fair,
         };
         lanes.front_admissible(
-            (cap, unanswering_cap),
+            (cap, fair),
             self.limits.cluster_rate_limit,
             &mut self.throttled,
             now,

@@ -5,7 +5,7 @@
 use std::{
     collections::HashMap,
     hash::{BuildHasher, RandomState},
-    task::{Context, Poll},
+    task::{Context, Poll, ready},
     time::Duration,
 };
 
@@ -108,6 +108,13 @@ impl Keys {
         self.states.get_mut(key)
     }
 
+    /// Sets `key`'s phase, if the key is known.
+    pub(super) fn set(&mut self, key: &McRequest, phase: Phase) {
+        if let Some(state) = self.states.get_mut(key) {
+            state.phase = phase;
+        }
+    }
+
     /// A new key, with nothing scheduled yet.
     pub(super) fn insert(&mut self, key: McRequest, reason: ReconcileReason) {
         self.states.insert(
@@ -147,18 +154,13 @@ impl Keys {
 
     /// The next delayed key whose time has come, if it is still known.
     pub(super) fn poll_due(&mut self, cx: &mut Context<'_>) -> Poll<Option<McRequest>> {
-        loop {
-            match self.delayed.poll_expired(cx) {
-                Poll::Ready(Some(expired)) => {
-                    let key = expired.into_inner();
-                    if self.states.contains_key(&key) {
-                        return Poll::Ready(Some(key));
-                    }
-                }
-                Poll::Ready(None) => return Poll::Ready(None),
-                Poll::Pending => return Poll::Pending,
+        while let Some(expired) = ready!(self.delayed.poll_expired(cx)) {
+            let key = expired.into_inner();
+            if self.states.contains_key(&key) {
+                return Poll::Ready(Some(key));
             }
         }
+        Poll::Ready(None)
     }
 
     /// How many keys wait for a time.

@@ -223,21 +223,6 @@ impl Lanes {
         self.metrics.is_some()
     }
 
-    /// Where figures are counted, if they are.
-    pub(super) fn metrics(&self) -> Option<&QueueMetrics> {
-        self.metrics.as_ref()
-    }
-
-    /// One more cluster held.
-    pub(super) fn held_one_more(&mut self) {
-        self.held += 1;
-    }
-
-    /// One fewer cluster held.
-    pub(super) fn held_one_fewer(&mut self) {
-        self.held -= 1;
-    }
-
     /// How many keys are ready.
     pub(super) fn ready(&self) -> usize {
         self.ready
@@ -286,18 +271,11 @@ impl Lanes {
         }
         self.ready += 1;
         self.take_turn(&name);
-        self.refresh(&name);
-    }
-
-    /// Puts a ready key's entry in a higher `lane` under `ticket`: its entry
-    /// in the lower lane goes stale.
-    pub(super) fn promote(&mut self, key: McRequest, lane: Lane, ticket: u64) {
-        let cluster = self.clusters.entry(key.cluster.clone()).or_default();
-        cluster.lane_mut(lane).push_back((ticket, key));
     }
 
     /// Puts `name` in the round-robin if it has ready keys and is neither
-    /// held nor throttled (and is not in it already).
+    /// held nor throttled (and is not in it already); then recounts it
+    /// ([`refresh`](Self::refresh)).
     pub(super) fn take_turn(&mut self, name: &ClusterName) {
         if let Some(cluster) = self.clusters.get_mut(name)
             && cluster.ready > 0
@@ -309,6 +287,7 @@ impl Lanes {
             cluster.in_turns = true;
             self.turns.push_back(name.clone());
         }
+        self.refresh(name);
     }
 
     /// Recounts whether `name` has work, and forgets its entry once it has
@@ -351,6 +330,54 @@ impl Lanes {
         }
         // No longer counted among the clusters with work while it waits.
         self.refresh(&name);
+    }
+
+    /// Holds `cluster`'s keys until [`release`](Self::release): the
+    /// controller serves it but its watches there have not synced.
+    pub(super) fn hold(&mut self, cluster: &ClusterName) {
+        let entry = self.clusters.entry(cluster.clone()).or_default();
+        entry.served = true;
+        if let Some(metrics) = &self.metrics {
+            // A cluster served has its figures from the start.
+            let depth = entry.ready;
+            entry.stats(metrics, cluster).depth(depth);
+        }
+        if !entry.held {
+            entry.held = true;
+            self.held += 1;
+        }
+        self.refresh(cluster);
+    }
+
+    /// Lets `cluster`'s keys run.
+    pub(super) fn release(&mut self, cluster: &ClusterName) {
+        let entry = self.cluster_mut(cluster);
+        if entry.held {
+            entry.held = false;
+            self.held -= 1;
+        }
+        self.take_turn(cluster);
+    }
+
+    /// Lets `cluster`'s keys start again after a
+    /// [`pause_front`](Self::pause_front); nothing if it left meanwhile.
+    pub(super) fn resume(&mut self, cluster: &ClusterName) {
+        let Some(entry) = self.clusters.get_mut(cluster) else {
+            return;
+        };
+        entry.paused = false;
+        self.take_turn(cluster);
+    }
+
+    /// Lets `cluster`'s keys run and stops keeping its entry for it: the
+    /// controller does not serve the cluster (it only receives requests for
+    /// it).
+    pub(super) fn unserve(&mut self, cluster: &ClusterName) {
+        self.release(cluster);
+        if let Some(entry) = self.clusters.get_mut(cluster) {
+            entry.served = false;
+        }
+        self.refresh(cluster);
     }
 
     /// Rotates the round-robin until its front cluster may run a key, taking
@@ -418,7 +445,6 @@ impl Lanes {
         if let Some(cluster) = self.clusters.get_mut(name) {
             cluster.throttled = false;
             self.take_turn(name);
-            self.refresh(name);
         }
     }
 
@@ -455,19 +481,17 @@ impl Lanes {
                 // A drained backlog gives its memory back.
                 *list = VecDeque::new();
             }
-            let since = match keys.get(&key) {
-                Some(KeyState {
-                    phase:
-                        Phase::Ready {
-                            ticket: t, since, ..
-                        },
-                    ..
-                }) if *t == ticket => Some(*since),
-                _ => None,
-            };
-            if let Some(since) = since {
+            // An entry is stale unless it bears the key's ticket.
+            if let Some(KeyState {
+                phase: Phase::Ready {
+                    ticket: t, since, ..
+                },
+                ..
+            }) = keys.get(&key)
+                && *t == ticket
+            {
                 if let (Some(metrics), Some(started)) = (&self.metrics, started) {
-                    cluster.started(metrics, &name, since, started);
+                    cluster.started(metrics, &name, *since, started);
                 }
                 cluster.changed_last = lane == Lane::Changed;
                 cluster.since_echo = match lane {
@@ -504,36 +528,35 @@ impl Lanes {
         }
         self.ready -= 1;
         self.running += 1;
-        let recoveries = cluster.recoveries;
-        let reason = match keys.get_mut(&key) {
-            Some(state) => {
-                state.phase = Phase::Running {
-                    rerun: None,
-                    purged: false,
-                    recoveries,
-                    started,
-                };
-                state.reason.clone()
-            }
-            None => ReconcileReason::Unknown,
+        let running = Phase::Running {
+            rerun: None,
+            purged: false,
+            recoveries: cluster.recoveries,
+            started,
         };
+        keys.set(&key, running);
+        let reason = keys
+            .get(&key)
+            .map_or(ReconcileReason::Unknown, |state| state.reason.clone());
         self.refresh(&name);
         Some((key, reason))
     }
 
-    /// A run of `key` ended: one fewer running, counted in its cluster's
+    /// A run of `key` ended, its next run scheduled already: one fewer
+    /// running. Unless the key was `purged`, it is counted in its cluster's
     /// figures (`retried` if it failed and goes again); a run that failed
     /// for want of an answer (`unanswered`) gives its cluster's turn up
-    /// unless the cluster answered again since it started (`recovered`).
-    /// Its cluster's part is done with by [`after_run`](Self::after_run).
+    /// unless the cluster answered again since it started (`recovered`);
+    /// and the cluster may take its turn again.
     pub(super) fn run_ended(
         &mut self,
-        key: &McRequest,
+        (key, purged): (&McRequest, bool),
         started: Option<Instant>,
         (retried, unanswered, recovered): (bool, bool, bool),
         now: Instant,
     ) {
-        let Some(cluster) = self.clusters.get_mut(&key.cluster) else {
+        self.running -= 1;
+        let Some(cluster) = self.clusters.get_mut(&key.cluster).filter(|_| !purged) else {
             return;
         };
         if let (Some(metrics), Some(started)) = (&self.metrics, started) {
@@ -552,21 +575,8 @@ impl Lanes {
         } else if !cluster.unanswered.is_empty() {
             cluster.unanswered.remove(key);
         }
-    }
-
-    /// Counts one run fewer in all (a purged key's run too).
-    pub(super) fn one_less_running(&mut self) {
-        self.running -= 1;
-    }
-
-    /// The run of a key of `name` is done with: the cluster may take its
-    /// turn again.
-    pub(super) fn after_run(&mut self, name: &ClusterName) {
-        if let Some(cluster) = self.clusters.get_mut(name) {
-            cluster.running -= 1;
-            self.take_turn(name);
-            self.refresh(name);
-        }
+        cluster.running -= 1;
+        self.take_turn(&key.cluster);
     }
 
     /// Forgets `name`'s part: its lanes, its figures and its place in line.

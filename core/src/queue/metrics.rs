@@ -13,7 +13,7 @@ use std::{
 
 use tokio::time::Instant;
 
-use crate::cluster_name::ClusterName;
+use crate::{cluster_name::ClusterName, panic::lock};
 
 /// The upper bounds, in seconds, of the buckets of
 /// [`ClusterQueueMetrics::queue_duration`] and
@@ -85,18 +85,12 @@ impl QueueMetrics {
             .collect();
         clusters
             .into_iter()
-            .map(|(name, stats)| {
-                let figures = stats.read(self.inner.epoch, now);
-                (name, figures)
-            })
+            .map(|(name, stats)| (name, stats.read(self.inner.epoch, now)))
             .collect()
     }
 
     fn registry(&self) -> MutexGuard<'_, HashMap<ClusterName, Arc<ClusterStats>>> {
-        self.inner
-            .clusters
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        lock(&self.inner.clusters)
     }
 
     pub(crate) fn name(&self, controller: Arc<str>) {

@@ -24,15 +24,14 @@
 
 // Its parts, each owning its state: `keys` (`Keys`: each key's state, its
 // timer, its backoff), `lanes` (`Lanes`: each cluster's lanes of ready keys,
-// the round-robin of clusters and the counts; `gate.rs` holds, releases
-// and resumes clusters) and `admission` (`Admission`: the limits and
-// the token buckets' state). What crosses them (a key scheduled, popped or
-// completed; a cluster purged or woken) is `Queue`'s, in `schedule.rs`.
+// the round-robin of clusters, the counts, and which clusters are held) and
+// `admission` (`Admission`: the limits and the token buckets' state). What
+// crosses them (a key scheduled, popped or completed; a cluster purged or
+// woken) is `Queue`'s, in `schedule.rs`.
 
 mod admission;
 mod backoff;
 mod depth;
-mod gate;
 mod keys;
 mod lane;
 mod lanes;

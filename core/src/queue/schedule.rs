@@ -8,6 +8,7 @@ use std::{
 };
 
 use tokio::time::Instant;
+use tokio_util::time::delay_queue::Key;
 
 use super::{
     Lane, Queue,
@@ -30,13 +31,11 @@ impl Queue {
         reason: ReconcileReason,
     ) {
         let at = at.min(Instant::now() + MAX_DELAY);
-        let ticket = self.keys.ticket();
         let Some(state) = self.keys.get_mut(&key) else {
             self.keys.insert(key.clone(), reason);
-            self.enqueue(key, at, lane, ticket);
-            return;
+            return self.enqueue(key, at, lane);
         };
-        let enqueue = match &mut state.phase {
+        match &mut state.phase {
             Phase::Ready {
                 lane: current,
                 since,
@@ -45,47 +44,45 @@ impl Queue {
                 if lane.outranks(*current) {
                     // Promoted: its entry in the lower lane goes stale.
                     let since = *since;
-                    state.phase = Phase::Ready {
-                        ticket,
-                        lane,
-                        since,
-                    };
                     state.reason = reason;
-                    self.lanes.promote(key.clone(), lane, ticket);
+                    let ticket = self.keys.ticket();
+                    self.keys.set(
+                        &key,
+                        Phase::Ready {
+                            ticket,
+                            lane,
+                            since,
+                        },
+                    );
+                    let cluster = self.lanes.cluster_mut(&key.cluster);
+                    cluster.lane_mut(lane).push_back((ticket, key));
                 }
-                false
             }
             Phase::Running { rerun, .. } => {
                 *rerun = Some(match rerun.take() {
                     Some((t, l, first)) => (t.min(at), l.max(lane), first),
                     None => (at, lane, reason),
                 });
-                false
             }
             Phase::Delayed { at: current, slot } => {
-                let sooner = at < *current;
-                if sooner {
+                if at < *current {
                     let slot = *slot;
                     state.reason = reason;
-                    self.keys.undelay(&slot);
-                    self.lanes.cluster_mut(&key.cluster).delayed -= 1;
+                    self.undelay(key, Some(slot), at, lane);
                 }
-                sooner
             }
             Phase::Idle => {
                 state.reason = reason;
-                true
+                self.enqueue(key, at, lane);
             }
-        };
-        if enqueue {
-            self.enqueue(key, at, lane, ticket);
         }
     }
 
-    /// Puts a key whose state exists into a lane under `ticket`, or the
+    /// Puts a key whose state exists into a lane under a new ticket, or the
     /// delay queue.
-    fn enqueue(&mut self, key: McRequest, at: Instant, lane: Lane, ticket: u64) {
+    fn enqueue(&mut self, key: McRequest, at: Instant, lane: Lane) {
         let phase = if at <= Instant::now() {
+            let ticket = self.keys.ticket();
             self.lanes.make_ready(key.clone(), lane, ticket);
             Phase::Ready {
                 ticket,
@@ -96,9 +93,17 @@ impl Queue {
             self.lanes.cluster_mut(&key.cluster).delayed += 1;
             self.keys.delay(key.clone(), at)
         };
-        if let Some(state) = self.keys.get_mut(&key) {
-            state.phase = phase;
+        self.keys.set(&key, phase);
+    }
+
+    /// Takes a delayed key out of the delay queue (its timer `slot`, unless
+    /// that has fired) and enqueues it for `at` in `lane`.
+    fn undelay(&mut self, key: McRequest, slot: Option<Key>, at: Instant, lane: Lane) {
+        if let Some(slot) = slot {
+            self.keys.undelay(&slot);
         }
+        self.lanes.cluster_mut(&key.cluster).delayed -= 1;
+        self.enqueue(key, at, lane);
     }
 
     /// Whether a key may be popped now: moves keys whose delay has passed
@@ -106,9 +111,7 @@ impl Queue {
     /// [`Admission::poll_admit`](super::admission::Admission::poll_admit)).
     pub(super) fn poll_admit(&mut self, cx: &mut Context<'_>) -> bool {
         while let Poll::Ready(Some(key)) = self.keys.poll_due(cx) {
-            self.lanes.cluster_mut(&key.cluster).delayed -= 1;
-            let ticket = self.keys.ticket();
-            self.enqueue(key, Instant::now(), Lane::Changed, ticket);
+            self.undelay(key, None, Instant::now(), Lane::Changed);
         }
         self.admission.poll_admit(cx, &mut self.lanes)
     }
@@ -142,55 +145,40 @@ impl Queue {
         };
         let (rerun, purged, started_at, started) = (rerun.take(), *purged, *recoveries, *started);
         // A purged key's run counts for nothing, its failures included.
-        let failures = match outcome {
-            _ if purged => state.failures,
+        match outcome {
+            _ if purged => {}
             Outcome::Success(_) => {
                 state.failures = 0;
                 state.last_error = 0;
-                0
             }
             Outcome::Failure(_) | Outcome::Unanswered => {
                 state.failures = state.failures.saturating_add(1);
-                state.failures
             }
-            Outcome::Interrupted => state.failures,
-        };
-        self.lanes.one_less_running();
+            Outcome::Interrupted => {}
+        }
+        let failures = state.failures;
         // The cluster answered again while the run waited for it.
         let recovered = self
             .lanes
             .get(&key.cluster)
             .is_some_and(|cluster| cluster.recoveries != started_at);
         let now = Instant::now();
+        let retry = ReconcileReason::ErrorPolicyRequestedRetry;
         let next = match outcome {
             _ if purged => None,
-            Outcome::Interrupted => Some((now, Lane::Changed, ReconcileReason::ClusterReplaced)),
-            Outcome::Success(action) => action.requeue_after().map(|d| {
-                let at = now + d.min(MAX_DELAY);
-                (at, Lane::Changed, ReconcileReason::ReconcilerRequestedRetry)
-            }),
-            Outcome::Failure(_) | Outcome::Unanswered => {
-                let delay = match outcome {
-                    Outcome::Failure(Some(after)) => after,
-                    // The run failed of an outage that is over, and goes
-                    // again at once.
-                    Outcome::Unanswered if recovered => Duration::ZERO,
-                    _ => self.keys.backoff(failures),
-                };
-                let at = now + delay.min(MAX_DELAY);
-                Some((
-                    at,
-                    Lane::Changed,
-                    ReconcileReason::ErrorPolicyRequestedRetry,
-                ))
+            Outcome::Interrupted => Some((Duration::ZERO, ReconcileReason::ClusterReplaced)),
+            Outcome::Success(action) => action
+                .requeue_after()
+                .map(|after| (after, ReconcileReason::ReconcilerRequestedRetry)),
+            Outcome::Failure(Some(after)) => Some((after, retry)),
+            // The run failed of an outage that is over, and goes again at
+            // once.
+            Outcome::Unanswered if recovered => Some((Duration::ZERO, retry)),
+            Outcome::Failure(None) | Outcome::Unanswered => {
+                Some((self.keys.backoff(failures), retry))
             }
-        };
-        if !purged {
-            let retried = matches!(outcome, Outcome::Failure(_) | Outcome::Unanswered);
-            let unanswered = outcome == Outcome::Unanswered;
-            self.lanes
-                .run_ended(key, started, (retried, unanswered, recovered), now);
         }
+        .map(|(after, reason)| (now + after.min(MAX_DELAY), Lane::Changed, reason));
         // The sooner of the two runs, and its reason.
         let next = match (next, rerun) {
             (Some((a, la, ra)), Some((b, lb, rb))) => {
@@ -202,17 +190,20 @@ impl Queue {
         match next {
             Some((at, lane, reason)) => {
                 if let Some(state) = self.keys.get_mut(key) {
-                    state.phase = Phase::Idle;
                     state.reason = reason;
                 }
-                let ticket = self.keys.ticket();
-                self.enqueue(key.clone(), at, lane, ticket);
+                self.enqueue(key.clone(), at, lane);
             }
             None => self.keys.remove(key),
         }
-        if !purged {
-            self.lanes.after_run(&key.cluster);
-        }
+        let retried = matches!(outcome, Outcome::Failure(_) | Outcome::Unanswered);
+        let unanswered = outcome == Outcome::Unanswered;
+        self.lanes.run_ended(
+            (key, purged),
+            started,
+            (retried, unanswered, recovered),
+            now,
+        );
     }
 
     /// The cluster answers again: its keys that wait out their backoff
@@ -238,10 +229,7 @@ impl Queue {
                 continue;
             };
             let slot = *slot;
-            self.keys.undelay(&slot);
-            self.lanes.cluster_mut(cluster).delayed -= 1;
-            let ticket = self.keys.ticket();
-            self.enqueue(key, now, Lane::Changed, ticket);
+            self.undelay(key, Some(slot), now, Lane::Changed);
             woken += 1;
         }
         woken

@@ -1,10 +1,12 @@
 use std::{
     fmt,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
 use tokio::time::Instant;
+
+use crate::panic::lock;
 
 /// A token bucket: `rate` tokens per second, at most `burst` saved up.
 ///
@@ -31,7 +33,7 @@ pub struct TokenBucket {
 
 impl fmt::Debug for TokenBucket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let tokens = self.tokens();
+        let tokens = lock(&self.tokens);
         f.debug_struct("TokenBucket")
             .field("rate", &tokens.rate)
             .field("burst", &tokens.burst)
@@ -50,13 +52,9 @@ impl TokenBucket {
         }
     }
 
-    fn tokens(&self) -> MutexGuard<'_, Tokens> {
-        self.tokens.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Takes a token if one is there at `now`; otherwise says when one will be.
     pub(crate) fn try_take(&self, now: Instant) -> Result<(), Instant> {
-        self.tokens().try_take(now)
+        lock(&self.tokens).try_take(now)
     }
 }
 

@@ -15,7 +15,7 @@ use std::{
     any::Any,
     collections::HashMap,
     fmt,
-    sync::{Arc, Mutex, MutexGuard, Weak},
+    sync::{Arc, Mutex, Weak},
 };
 
 use kube::{Client, api::ObjectMeta, runtime::watcher};
@@ -25,6 +25,7 @@ use super::{Shape, SharedWatch, Watchable};
 use crate::{
     client::{ClusterClient, Parts, Reachability, Writes, counting},
     cluster_name::ClusterName,
+    panic::lock,
 };
 use split::Split;
 
@@ -267,8 +268,7 @@ impl HostCache {
     /// server serves for the host, whatever the number of parts (not
     /// counting a part's own watches of one namespace, split by annotation).
     pub fn watch_count(&self) -> usize {
-        let split = self
-            .split()
+        let split = lock(&self.inner.split)
             .values()
             .filter(|w| w.strong_count() > 0)
             .count();
@@ -279,10 +279,6 @@ impl HostCache {
     /// cluster-scoped kinds, which every namespace's cluster reads whole.
     pub fn cache(&self) -> &ClusterCache {
         &self.inner.cache
-    }
-
-    fn split(&self) -> MutexGuard<'_, HashMap<WatchKey, Weak<dyn Any + Send + Sync>>> {
-        self.inner.split.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The watch of `K` objects in `part`: its part of the host's one watch
@@ -298,47 +294,40 @@ impl HostCache {
         writes: &Arc<Writes>,
     ) -> SharedWatch<K> {
         let key = watch_key::<K>(shape, dyntype, None, config);
-        let split = {
-            let mut watches = self.split();
-            let running = watches
-                .get(&key)
-                .and_then(Weak::upgrade)
-                .and_then(|w| w.downcast::<Split<K>>().ok());
-            match running {
-                Some(split) => split,
-                None => {
-                    watches.retain(|_, w| w.strong_count() > 0);
-                    // What tells the parts apart outlives a transform.
-                    let shape = match &self.inner.by {
-                        SplitBy::Annotation(key) => &Shape {
-                            keep_annotation: Some(key.as_str().into()),
-                            ..shape.clone()
-                        },
-                        SplitBy::Namespace => shape,
-                    };
-                    let events =
-                        self.inner
-                            .cache
-                            .events::<K>(dyntype, None, shape, config, Arc::default());
-                    // Split by namespace, the host's writes are its
-                    // namespaces'; otherwise each part has writes of its own.
-                    let writes = self
-                        .by_namespace()
-                        .then(|| self.inner.cache.writes().clone());
-                    let split = Arc::new(Split::start(
-                        self.inner.cache.cluster.clone(),
-                        self.inner.by.clone(),
-                        dyntype.clone(),
-                        events,
-                        writes,
-                        Some(self.inner.reachability.recoveries()),
-                    ));
-                    let weak: Weak<dyn Any + Send + Sync> = Arc::downgrade(&split) as _;
-                    watches.insert(key, weak);
-                    split
-                }
-            }
-        };
+        let mut watches = lock(&self.inner.split);
+        let running = watches.get(&key).and_then(Weak::upgrade);
+        let split = running.and_then(|w| w.downcast::<Split<K>>().ok());
+        let split = split.unwrap_or_else(|| {
+            watches.retain(|_, w| w.strong_count() > 0);
+            // What tells the parts apart outlives a transform.
+            let shape = match &self.inner.by {
+                SplitBy::Annotation(key) => &Shape {
+                    keep_annotation: Some(key.as_str().into()),
+                    ..shape.clone()
+                },
+                SplitBy::Namespace => shape,
+            };
+            let events = self
+                .inner
+                .cache
+                .events::<K>(dyntype, None, shape, config, Arc::default());
+            // Split by namespace, the host's writes are its namespaces';
+            // otherwise each part has writes of its own.
+            let writes = self
+                .by_namespace()
+                .then(|| self.inner.cache.writes().clone());
+            let split = Arc::new(Split::start(
+                self.inner.cache.cluster.clone(),
+                self.inner.by.clone(),
+                dyntype.clone(),
+                events,
+                writes,
+                Some(self.inner.reachability.recoveries()),
+            ));
+            watches.insert(key, Arc::downgrade(&split) as _);
+            split
+        });
+        drop(watches);
         tracing::debug!(%cluster, part, kind = %K::kind(dyntype), "reading a part of the host's watch");
         split.part(part, writes)
     }

@@ -5,7 +5,7 @@ use std::{
     any::{Any, TypeId},
     collections::HashMap,
     fmt,
-    sync::{Arc, Mutex, MutexGuard, Weak, atomic::AtomicBool},
+    sync::{Arc, Mutex, Weak, atomic::AtomicBool},
 };
 
 use futures::StreamExt;
@@ -22,6 +22,7 @@ use crate::cache::{
 use crate::{
     client::{LazyClient, Reachability, Writes, Written},
     cluster_name::ClusterName,
+    panic::lock,
 };
 
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
@@ -57,6 +58,19 @@ impl Held {
     fn is_live(&self) -> bool {
         self.watch.strong_count() > 0
     }
+}
+
+/// Where a watch lives, as one cluster sees it, and what feeds it.
+enum Place<'a> {
+    /// In the host's own cache, in all namespaces: a cluster-scoped kind,
+    /// for a namespace of a host.
+    Host(&'a ClusterCache),
+    /// Here, a watch of its own, through this cluster's client.
+    Own,
+    /// Here, a part of the host's one watch.
+    Part(&'a HostCache, &'a str),
+    /// Here, fed nothing: a namespace of the host this cluster does not see.
+    Nothing,
 }
 
 /// The watches and stores of one engaged cluster, shared by every controller.
@@ -173,10 +187,6 @@ impl ClusterCache {
         self.view.as_ref().map(|(_, part)| part.as_str())
     }
 
-    fn watches(&self) -> MutexGuard<'_, Watches> {
-        self.watches.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// The shared watch of `K` objects in all namespaces with this
     /// configuration, started now if none runs here.
     pub fn watch<K>(&self, config: &watcher::Config) -> Arc<SharedWatch<K>>
@@ -229,21 +239,16 @@ impl ClusterCache {
         shape: &Shape,
         config: &watcher::Config,
     ) -> Arc<SharedWatch<K>> {
-        let namespace = scope::<K>(namespace);
-        let split = match &self.view {
-            Some((host, own)) if !host.by_namespace() && namespace.is_none() => {
-                // Split by annotation: every kind, in all namespaces.
-                return self.shared(shape, dyntype, None, config, || {
-                    host.part::<K>(dyntype, own, shape, config, &self.cluster, &self.writes)
-                });
+        let (namespace, place) = self.place::<K>(namespace);
+        if let Place::Host(cache) = place {
+            return cache.watch_shaped(dyntype, None, shape, config);
+        }
+        let holds = !matches!(place, Place::Nothing);
+        self.shared(holds, shape, dyntype, namespace, config, || match place {
+            Place::Part(host, own) => {
+                host.part::<K>(dyntype, own, shape, config, &self.cluster, &self.writes)
             }
-            // Split by annotation, in one namespace: a watch of its own,
-            // through its own client.
-            Some((host, _)) if !host.by_namespace() => None,
-            view => view.as_ref(),
-        };
-        let Some((host, own)) = split else {
-            return self.shared(shape, dyntype, namespace, config, || {
+            Place::Own | Place::Host(_) => {
                 let queued = Arc::<AtomicBool>::default();
                 SharedWatch::start(
                     self.cluster.clone(),
@@ -253,34 +258,46 @@ impl ClusterCache {
                     self.writes.clone(),
                     self.recoveries.clone(),
                 )
-            });
-        };
-        if !is_namespaced::<K>() {
-            // Not split by namespace: the host's own.
-            return host.cache().watch_shaped(dyntype, None, shape, config);
-        }
-        match namespace {
-            Some(other) if other != own => {
-                // Another namespace, which this cluster does not see.
-                self.shared_holding(false, shape, dyntype, namespace, config, || {
-                    let nothing = futures::stream::iter([
-                        Ok(watcher::Event::Init),
-                        Ok(watcher::Event::InitDone),
-                    ])
-                    .chain(futures::stream::pending());
-                    SharedWatch::start(
-                        self.cluster.clone(),
-                        dyntype.clone(),
-                        nothing,
-                        Arc::default(),
-                        Arc::default(),
-                        None,
-                    )
-                })
             }
-            _ => self.shared(shape, dyntype, Some(own), config, || {
-                host.part::<K>(dyntype, own, shape, config, &self.cluster, &self.writes)
-            }),
+            Place::Nothing => {
+                let nothing =
+                    futures::stream::iter([Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)])
+                        .chain(futures::stream::pending());
+                SharedWatch::start(
+                    self.cluster.clone(),
+                    dyntype.clone(),
+                    nothing,
+                    Arc::default(),
+                    Arc::default(),
+                    None,
+                )
+            }
+        })
+    }
+
+    /// Where the watch of `K` objects in `namespace` (all for `None`) lives
+    /// for this cluster, and the namespace it is held under here.
+    fn place<'a, K: Resource>(
+        &'a self,
+        namespace: Option<&'a str>,
+    ) -> (Option<&'a str>, Place<'a>) {
+        let namespace = scope::<K>(namespace);
+        match &self.view {
+            None => (namespace, Place::Own),
+            // Split by annotation: every kind, in all namespaces; in one
+            // namespace, a watch of its own, through its own client.
+            Some((host, own)) if !host.by_namespace() => match namespace {
+                None => (None, Place::Part(host, own)),
+                Some(_) => (namespace, Place::Own),
+            },
+            // Not split by namespace: the host's own.
+            Some((host, _)) if !is_namespaced::<K>() => (None, Place::Host(host.cache())),
+            Some((host, own)) => match namespace {
+                // Another namespace, which this cluster does not see.
+                Some(other) if other != own => (namespace, Place::Nothing),
+                // Its own namespace, whether named or not.
+                _ => (Some(own), Place::Part(host, own)),
+            },
         }
     }
 
@@ -304,16 +321,12 @@ impl ClusterCache {
         namespace: Option<&str>,
         config: &watcher::Config,
     ) -> Option<Arc<SharedWatch<K>>> {
-        let namespace = match self.namespace_of() {
-            Some((host, _)) if !is_namespaced::<K>() => {
-                return host.cache().find_with(dyntype, None, config);
-            }
-            // Its own namespace, whether named or not.
-            Some((_, own)) if namespace.is_none() => Some(own),
-            _ => scope::<K>(namespace),
-        };
+        let (namespace, place) = self.place::<K>(namespace);
+        if let Place::Host(cache) = place {
+            return cache.find_with(dyntype, None, config);
+        }
         let key = watch_key::<K>(&Shape::default(), dyntype, namespace, config);
-        let watch = self.watches().get(&key)?.watch.upgrade()?;
+        let watch = lock(&self.watches).get(&key)?.watch.upgrade()?;
         watch.downcast::<SharedWatch<K>>().ok()
     }
 
@@ -340,13 +353,12 @@ impl ClusterCache {
     /// ```
     pub fn store<K: Watchable<DynamicType = ()>>(&self) -> Option<Store<K>> {
         let type_id = TypeId::of::<K>();
-        let cache = match self.namespace_of() {
+        let cache = match self.place::<K>(None).1 {
             // A namespace of a host: its cluster-scoped kinds are the host's.
-            Some((host, _)) if !is_namespaced::<K>() => host.cache(),
+            Place::Host(host) => host,
             _ => self,
         };
-        let mut found = cache
-            .watches()
+        let mut found = lock(&cache.watches)
             .iter()
             .filter(|(key, held)| key.type_id == type_id && held.scope.is_some())
             .filter_map(|(_, held)| held.watch.upgrade())
@@ -360,28 +372,16 @@ impl ClusterCache {
 
     /// How many watches run in this cluster now.
     pub fn watch_count(&self) -> usize {
-        self.watches()
+        lock(&self.watches)
             .values()
             .filter(|held| held.is_live())
             .count()
     }
 
+    /// The watch of this key, started now if none runs here; one that
+    /// `holds` objects or not (a namespace of the host this cluster does not
+    /// see).
     fn shared<T>(
-        &self,
-        shape: &Shape,
-        dyntype: &T::DynamicType,
-        namespace: Option<&str>,
-        config: &watcher::Config,
-        start: impl FnOnce() -> SharedWatch<T>,
-    ) -> Arc<SharedWatch<T>>
-    where
-        T: Resource<DynamicType: TypeInfo> + Clone + Send + Sync + 'static,
-    {
-        self.shared_holding(true, shape, dyntype, namespace, config, start)
-    }
-
-    /// [`shared`](Self::shared), for a watch that holds objects or not.
-    fn shared_holding<T>(
         &self,
         holds: bool,
         shape: &Shape,
@@ -396,7 +396,7 @@ impl ClusterCache {
         // Keyed by the watched type: for metadata watches it is
         // `PartialObjectMeta<K>`, a type of its own, so the keys never clash.
         let key = watch_key::<T>(shape, dyntype, namespace, config);
-        let mut watches = self.watches();
+        let mut watches = lock(&self.watches);
         if let Some(existing) = watches.get(&key).and_then(|held| held.watch.upgrade())
             && let Ok(existing) = existing.downcast::<SharedWatch<T>>()
         {
@@ -422,8 +422,7 @@ impl ClusterCache {
         // the object if its selectors select it as written, or if it holds
         // it now (the write takes it out of the selection: the watch then
         // shows it deleted).
-        let probes: Vec<_> = self
-            .watches()
+        let probes: Vec<_> = lock(&self.watches)
             .values()
             .filter_map(|held| {
                 let scope = held.scope.as_ref().filter(|s| s.covers(written))?;
@@ -445,7 +444,7 @@ impl ClusterCache {
     /// of the resource `written` wrote, in any namespace: else
     /// read-your-writes cannot wait for its writes of that resource here.
     pub(crate) fn holds_resource(&self, written: &Written) -> bool {
-        self.watches().values().any(|held| {
+        lock(&self.watches).values().any(|held| {
             held.is_live() && held.scope.as_ref().is_some_and(|s| s.of_resource(written))
         }) || self
             .namespace_of()
@@ -457,16 +456,11 @@ impl ClusterCache {
     /// and it ran a second without failing.
     pub(crate) fn failing(&self) -> Vec<WatchStatus> {
         // Read out of the lock: a watch let go meanwhile ends here.
-        let probes: Vec<_> = self
-            .watches()
+        let probes: Vec<_> = lock(&self.watches)
             .values()
             .filter_map(|held| held.probe.upgrade())
             .collect();
-        probes
-            .iter()
-            .filter_map(|probe| probe.failure())
-            .map(|failure| failure.status)
-            .collect()
+        probes.iter().filter_map(|probe| probe.failure()).collect()
     }
 }
 

@@ -2,10 +2,10 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{Arc, Mutex},
 };
 
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use kube::{
     Resource,
     runtime::{
@@ -22,7 +22,7 @@ use crate::cache::{
     state::Health,
     watch::{Crossing, Hub, apply},
 };
-use crate::{client::Writes, cluster_name::ClusterName};
+use crate::{client::Writes, cluster_name::ClusterName, panic::lock};
 
 /// One watch of the host, split by part.
 pub(super) struct Split<K: Resource<DynamicType: TypeInfo> + Clone + 'static> {
@@ -186,14 +186,10 @@ where
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Parts<K>> {
-        lock(&self.parts)
-    }
-
     /// The watch of one part, read by a cluster whose writes are `writes`.
     pub(super) fn part(self: Arc<Self>, part: &str, writes: &Arc<Writes>) -> SharedWatch<K> {
         let (store, hub, dyntype, told) = {
-            let mut parts = self.lock();
+            let mut parts = lock(&self.parts);
             let dyntype = parts.dyntype.clone();
             let own_writes = parts.own_writes;
             let own = parts.part(part);
@@ -257,12 +253,6 @@ impl<K: Resource<DynamicType: TypeInfo> + Clone> Drop for Reader<K> {
     }
 }
 
-fn lock<K: Resource<DynamicType: TypeInfo> + Clone>(
-    parts: &Mutex<Parts<K>>,
-) -> MutexGuard<'_, Parts<K>> {
-    parts.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// A part's subscribers, and what to tell them.
 type Told<K> = (Arc<Hub<K>>, Vec<crate::cache::subscription::Note<K>>);
 
@@ -281,24 +271,15 @@ async fn feed<K, S>(
     S: Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
 {
     let mut events = std::pin::pin!(events);
-    while let Some(event) = events.next().await {
-        let event = match event {
-            Ok(event) => event,
-            Err(error) => {
-                let resumed = lock(&parts).health.resumed();
-                let reason = retries.failure(&error, resumed);
-                {
-                    let mut parts = lock(&parts);
-                    parts.health.fail(&reason);
-                    // Every time: a part made since the last change is told too.
-                    parts.tell_health();
-                }
-                retries.wait().await;
-                continue;
-            }
-        };
+    let resumed = || lock(&parts).health.resumed();
+    let fail = |reason: &str| {
+        let mut parts = lock(&parts);
+        parts.health.fail(reason);
+        // Every time: a part made since the last change is told too.
+        parts.tell_health();
+    };
+    while let Some((event, healthy)) = retries.next(&mut events, resumed, fail).await {
         let listed = matches!(event, Event::InitDone);
-        let healthy = retries.heard(&event);
         // Told before and after the event is applied, out of the parts'
         // lock: the writes' lock is never taken inside it.
         let crossings = match &crossing {
@@ -429,7 +410,7 @@ mod tests {
     }
 
     fn namespaces(split: &Split<ConfigMap>) -> Vec<String> {
-        let mut names: Vec<_> = split.lock().by_part.keys().cloned().collect();
+        let mut names: Vec<_> = lock(&split.parts).by_part.keys().cloned().collect();
         names.sort();
         names
     }
@@ -654,7 +635,7 @@ mod tests {
         );
         // Once none reads it, no writes are kept for it.
         drop(two);
-        let parts = split.lock();
+        let parts = lock(&split.parts);
         let part = parts.by_part.get("a").expect("it holds an object");
         assert_eq!((part.readers, part.crossings.len()), (0, 0));
     }

@@ -17,7 +17,7 @@ use std::{
     collections::{BTreeMap, HashMap},
     hash::BuildHasher,
     sync::{
-        Arc, Mutex, MutexGuard, Weak,
+        Arc, Mutex, Weak,
         atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
@@ -26,7 +26,7 @@ use std::{
 use kube::api::ObjectMeta;
 use tokio::{sync::Notify, time::Instant};
 
-use crate::cluster_name::ClusterName;
+use crate::{cluster_name::ClusterName, panic::lock};
 pub(crate) use record::RecordWrites;
 pub(crate) use writer::Writer;
 
@@ -266,10 +266,6 @@ pub(crate) struct Writes {
 }
 
 impl Writes {
-    fn ledger(&self) -> MutexGuard<'_, Ledger> {
-        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn key(&self, group: &str, resource: &str, namespace: Option<&str>, name: &str) -> u64 {
         self.hasher.hash_one((group, resource, namespace, name))
     }
@@ -292,7 +288,7 @@ impl Writes {
     /// Notes that `writer` writes `id` now, until the guard is dropped.
     fn sending(self: &Arc<Self>, id: ObjectId, writer: Arc<str>) -> Sending {
         let key = self.key_of(&id);
-        let mut ledger = self.ledger();
+        let mut ledger = lock(&self.ledger);
         let list = ledger.sending.entry(key).or_default();
         match list.iter_mut().find(|(i, w, _)| *i == id && *w == writer) {
             Some(entry) => entry.2 += 1,
@@ -325,7 +321,7 @@ impl Writes {
             written: Arc::new(written),
             vanished: false,
         };
-        let mut ledger = self.ledger();
+        let mut ledger = lock(&self.ledger);
         ledger.sweep(Instant::now());
         ledger
             .unshown
@@ -344,7 +340,7 @@ impl Writes {
     /// deletion: the flag is set when a watch shows one.
     pub(crate) fn watch_deletion(&self, written: &Written) -> Arc<AtomicBool> {
         let flag = Arc::new(AtomicBool::new(false));
-        let mut ledger = self.ledger();
+        let mut ledger = lock(&self.ledger);
         ledger
             .read
             .entry(self.key_of(&written.id))
@@ -363,7 +359,7 @@ impl Writes {
         }
         let key = self.key(shown.group, shown.resource, shown.namespace, shown.name);
         let now = Instant::now();
-        let mut ledger = self.ledger();
+        let mut ledger = lock(&self.ledger);
         let mut woken = false;
         for group in ledger.unshown.values_mut() {
             let Some(unshown) = group.get_mut(&key) else {
@@ -431,7 +427,7 @@ impl Writes {
             return false;
         }
         let key = self.key(shown.group, shown.resource, shown.namespace, shown.name);
-        let mut ledger = self.ledger();
+        let mut ledger = lock(&self.ledger);
         let sending = ledger
             .sending
             .get(&key)
@@ -463,7 +459,7 @@ impl Writes {
         if !self.is_tracking() {
             return Vec::new();
         }
-        let mut ledger = self.ledger();
+        let mut ledger = lock(&self.ledger);
         let group = (Arc::<str>::from(writer), cluster.clone());
         let Some(unshown) = ledger.unshown.get_mut(&group) else {
             return Vec::new();
@@ -483,7 +479,7 @@ impl Writes {
         if done.is_empty() {
             return;
         }
-        let mut ledger = self.ledger();
+        let mut ledger = lock(&self.ledger);
         for written in done {
             let group = (written.writer.clone(), written.cluster.clone());
             let key = self.key_of(&written.id);
@@ -553,7 +549,7 @@ pub(crate) struct Sending {
 
 impl Drop for Sending {
     fn drop(&mut self) {
-        let mut ledger = self.writes.ledger();
+        let mut ledger = lock(&self.writes.ledger);
         if let Some(list) = ledger.sending.get_mut(&self.key) {
             if let Some(at) = list
                 .iter()

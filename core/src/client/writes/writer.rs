@@ -3,7 +3,7 @@
 use std::{
     collections::{HashMap, HashSet},
     sync::{
-        Arc, Mutex, MutexGuard,
+        Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
     },
     time::Duration,
@@ -11,7 +11,7 @@ use std::{
 
 use tokio::time::Instant;
 
-use crate::cluster_name::ClusterName;
+use crate::{cluster_name::ClusterName, panic::lock};
 
 /// How long after a wait for a cluster's watches ran out the controller
 /// does not wait for them again: a watch that lags or fails there would
@@ -74,10 +74,6 @@ impl Writer {
         }
     }
 
-    fn held(&self) -> MutexGuard<'_, Held> {
-        self.held.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn recount(&self, held: &Held) {
         self.marked.store(held.clusters.len(), Ordering::Release);
     }
@@ -87,10 +83,10 @@ impl Writer {
     /// controller made before in its ledger, its first key looks for them
     /// (it is marked).
     pub(crate) fn serve(&self, cluster: &ClusterName, unshown: impl FnOnce() -> bool) {
-        self.held().served.insert(cluster.clone());
+        lock(&self.held).served.insert(cluster.clone());
         // Asked once served: a write recorded since is marked by `wrote`.
         if unshown() {
-            let mut held = self.held();
+            let mut held = lock(&self.held);
             held.mark(cluster);
             self.recount(&held);
         }
@@ -99,7 +95,7 @@ impl Writer {
     /// A reconcile of a key in `origin` wrote to `target` (the same cluster,
     /// or another), and the write is recorded: both are marked, if served.
     pub(crate) fn wrote(&self, origin: &ClusterName, target: &ClusterName) {
-        let mut held = self.held();
+        let mut held = lock(&self.held);
         held.mark(target);
         if let Some(away) = held.mark(origin)
             && target != origin
@@ -116,7 +112,7 @@ impl Writer {
         if self.marked.load(Ordering::Acquire) == 0 {
             return None;
         }
-        self.held()
+        lock(&self.held)
             .clusters
             .get(origin)
             .map(|(mark, away)| (*mark, away.iter().cloned().collect()))
@@ -125,7 +121,7 @@ impl Writer {
     /// Nothing marked `origin` waits any longer: the mark goes, unless a
     /// write marked it again since it was read (`mark`).
     pub(crate) fn release(&self, origin: &ClusterName, mark: u64) {
-        let mut held = self.held();
+        let mut held = lock(&self.held);
         if held.clusters.get(origin).is_some_and(|(m, _)| *m == mark) {
             held.clusters.remove(origin);
             self.recount(&held);
@@ -135,21 +131,17 @@ impl Writer {
     /// `target` shows what reconciles in `origin` wrote there (or left),
     /// as read under `origin`'s `mark`: a write marking it since keeps it.
     pub(crate) fn settled(&self, origin: &ClusterName, target: &ClusterName, mark: u64) {
-        if let Some((now, away)) = self.held().clusters.get_mut(origin)
+        if let Some((now, away)) = lock(&self.held).clusters.get_mut(origin)
             && *now == mark
         {
             away.remove(target);
         }
     }
 
-    fn timed_out(&self) -> MutexGuard<'_, HashMap<ClusterName, Instant>> {
-        self.timed_out.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// A wait for `cluster`'s watches to show this controller's writes ran
     /// out: its writes there are not waited for again for a while.
     pub(crate) fn gave_up_on(&self, cluster: &ClusterName) {
-        let mut timed_out = self.timed_out();
+        let mut timed_out = lock(&self.timed_out);
         let now = Instant::now();
         timed_out.retain(|_, at| now.saturating_duration_since(*at) < COOLING);
         timed_out.insert(cluster.clone(), now);
@@ -157,7 +149,7 @@ impl Writer {
 
     /// Whether a wait for `cluster`'s watches ran out lately.
     pub(crate) fn is_cooling(&self, cluster: &ClusterName) -> bool {
-        self.timed_out()
+        lock(&self.timed_out)
             .get(cluster)
             .is_some_and(|at| at.elapsed() < COOLING)
     }
@@ -169,11 +161,7 @@ impl Writer {
     pub(crate) fn uncovered(&self, cluster: &ClusterName, written: &super::Written) {
         let id = &written.id;
         let key = (cluster.clone(), id.group.clone(), id.resource.clone());
-        let first = self
-            .uncovered
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key);
+        let first = lock(&self.uncovered).insert(key);
         if first {
             let resource = if id.group.is_empty() {
                 id.resource.clone()
@@ -195,12 +183,9 @@ impl Writer {
 
     /// Forgets `cluster`, which left: as an origin and as a target.
     pub(crate) fn forget(&self, cluster: &ClusterName) {
-        self.timed_out().remove(cluster);
-        self.uncovered
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|(told, _, _)| told != cluster);
-        let mut held = self.held();
+        lock(&self.timed_out).remove(cluster);
+        lock(&self.uncovered).retain(|(told, _, _)| told != cluster);
+        let mut held = lock(&self.held);
         held.served.remove(cluster);
         held.clusters.remove(cluster);
         for (_, away) in held.clusters.values_mut() {

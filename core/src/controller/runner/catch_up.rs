@@ -80,9 +80,7 @@ impl<K: Watchable> CatchUp<K> {
         }
         self.paused.remove(name).is_some()
     }
-}
 
-impl<K: Watchable> CatchUp<K> {
     /// The controller queues keys in `cluster` from now on: its first key
     /// looks for the controller's writes there made before, if any.
     pub(super) fn serve(&self, cluster: &Cluster) {
@@ -102,14 +100,53 @@ impl<K: Watchable> CatchUp<K> {
 
     /// The clusters whose watches have yet to show a write of the
     /// controller's that one of them holds, which the next reconcile in
-    /// `name` waits for (see [`awaiting`]). Empty if none, or if the
-    /// controller does not read its writes.
+    /// `name` waits for: `name` itself, and those its keys' reconciles wrote
+    /// to, but for those where a wait ran out lately. Empty if none, or if
+    /// the controller does not read its writes; without a lookup if no
+    /// write marked `name` (see [`Writer::holds`]), and once none is
+    /// unshown the mark goes.
     pub(super) fn awaiting(
         &self,
         engaged: &HashMap<ClusterName, Cluster>,
         name: &ClusterName,
     ) -> Vec<Cluster> {
-        awaiting(engaged, self.writer.as_ref(), name)
+        let Some(writer) = &self.writer else {
+            return Vec::new();
+        };
+        let Some((mark, away)) = writer.holds(name) else {
+            return Vec::new();
+        };
+        let mut awaiting = Vec::new();
+        let mut unshown_anywhere = false;
+        let mut look = |cluster: &Cluster| {
+            let unshown = !unshown(cluster, writer).is_empty();
+            unshown_anywhere |= unshown;
+            if unshown && !writer.is_cooling(cluster.name()) {
+                awaiting.push(cluster.clone());
+            }
+            unshown
+        };
+        if let Some(own) = engaged.get(name) {
+            look(own);
+        }
+        for target in away {
+            // Read before looking: a write marking it after the look keeps it.
+            let marked = writer.holds(&target);
+            if !engaged.get(&target).is_some_and(&mut look) {
+                writer.settled(name, &target, mark);
+                // Nothing through its client waits: its mark goes too (else a
+                // cluster written to that has no keys of its own stays marked).
+                if let Some((mark, away)) = marked
+                    && away.is_empty()
+                {
+                    writer.release(&target, mark);
+                }
+            }
+        }
+        if !unshown_anywhere {
+            writer.release(name, mark);
+        }
+        awaiting
     }
 
     /// Holds the keys of `paused` (the queue has paused it) until the
@@ -188,55 +225,6 @@ const READ_KEPT: Duration = Duration::from_secs(60);
 fn cache_shows<K: Resource>(cached: Option<&K>, written: &Written) -> bool {
     // A cached version it cannot read leaves the read standing.
     written.shown_by(cached.map(Resource::meta), false)
-}
-
-/// The clusters whose watches have yet to show a write of `writer` that
-/// one of them holds, which the next reconcile in `name` waits for: `name`
-/// itself, and those its keys' reconciles wrote to, but for those where a
-/// wait ran out lately. Empty if none; without a lookup if no write marked
-/// `name` (see [`Writer::holds`]), and once none is unshown the mark goes.
-fn awaiting(
-    engaged: &HashMap<ClusterName, Cluster>,
-    writer: Option<&Arc<Writer>>,
-    name: &ClusterName,
-) -> Vec<Cluster> {
-    let Some(writer) = writer else {
-        return Vec::new();
-    };
-    let Some((mark, away)) = writer.holds(name) else {
-        return Vec::new();
-    };
-    let mut awaiting = Vec::new();
-    let mut unshown_anywhere = false;
-    let mut look = |cluster: &Cluster| {
-        let unshown = !unshown(cluster, writer).is_empty();
-        unshown_anywhere |= unshown;
-        if unshown && !writer.is_cooling(cluster.name()) {
-            awaiting.push(cluster.clone());
-        }
-        unshown
-    };
-    if let Some(own) = engaged.get(name) {
-        look(own);
-    }
-    for target in away {
-        // Read before looking: a write marking it after the look keeps it.
-        let marked = writer.holds(&target);
-        if !engaged.get(&target).is_some_and(&mut look) {
-            writer.settled(name, &target, mark);
-            // Nothing through its client waits: its mark goes too (else a
-            // cluster written to that has no keys of its own stays marked).
-            if let Some((mark, away)) = marked
-                && away.is_empty()
-            {
-                writer.release(&target, mark);
-            }
-        }
-    }
-    if !unshown_anywhere {
-        writer.release(name, mark);
-    }
-    awaiting
 }
 
 /// The writes of `writer` through `cluster`'s client that a synced watch

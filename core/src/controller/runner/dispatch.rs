@@ -15,8 +15,6 @@ use crate::{
     action::Action,
     cache::Watchable,
     client::{Reconciling, reconciling},
-    cluster::Cluster,
-    cluster_name::ClusterName,
     controller::Error,
     object_request::ObjectRequest,
     panic::contain,
@@ -26,22 +24,30 @@ use crate::{
 };
 
 impl<K: Watchable> Runner<K> {
-    /// Takes back every reconcile that ended. Whether any did.
+    /// Takes back every reconcile that ended: its outcome goes to the
+    /// queue. Whether any did.
     pub(super) fn poll_finished(&mut self, cx: &mut Context<'_>) -> bool {
         let mut progress = false;
-        while let Poll::Ready(Some(ended)) = self.tasks.poll_ended(cx) {
-            self.finished(ended);
+        while let Poll::Ready(Some(Ended { key, ran, current })) = self.tasks.poll_ended(cx) {
             progress = true;
+            let outcome = match ran {
+                Ran::Answered(Ok(action)) => Outcome::Success(action),
+                Ran::Answered(Err(error)) => self.failures.failed(&mut self.queue, &key, &*error),
+                Ran::Interrupted => Outcome::Interrupted,
+                Ran::Panicked(message) => {
+                    tracing::error!(controller = %self.name, request = %key, %message, "reconcile panicked; retrying after backoff");
+                    Outcome::Failure(None)
+                }
+            };
+            // Only the run the queue knows as the key's current one counts.
+            if current {
+                match outcome {
+                    Outcome::Interrupted => self.interrupted(&key),
+                    outcome => self.queue.complete(&key, outcome),
+                }
+            }
         }
         progress
-    }
-
-    /// Resumes the clusters whose watches caught up with the controller's
-    /// writes, or whose wait ran out.
-    pub(super) fn poll_caught_up(&mut self, cx: &mut Context<'_>) -> bool {
-        let queue = &mut self.queue;
-        self.catch_up
-            .poll_caught_up(cx, |cluster| queue.resume(cluster))
     }
 
     /// Starts a reconcile for each key the queue admits while the service
@@ -64,11 +70,15 @@ impl<K: Watchable> Runner<K> {
                 .awaiting(self.members.engaged(), next.cluster());
             if !awaited.is_empty() {
                 // Its watches (or those its keys' reconciles wrote to)
-                // have not shown what the controller wrote: its keys wait,
-                // and other clusters' go on.
+                // have not shown what the controller wrote: its keys wait
+                // until they do, and other clusters' go on.
                 let paused = next.cluster().clone();
                 next.pause();
-                self.catch_up_with(&paused, awaited);
+                let cluster = self.members.engaged().get(&paused).cloned();
+                let dyntype = self.members.dyntype();
+                if !cluster.is_some_and(|cluster| self.catch_up.start(cluster, awaited, dyntype)) {
+                    self.queue.resume(&paused);
+                }
                 progress = true;
                 continue;
             }
@@ -95,21 +105,6 @@ impl<K: Watchable> Runner<K> {
         Ok(progress)
     }
 
-    /// Holds the keys of `paused` (the queue has paused it) until the
-    /// watches of `targets` show the controller's writes there.
-    fn catch_up_with(&mut self, paused: &ClusterName, targets: Vec<Cluster>) {
-        let Some(cluster) = self.members.get(paused).cloned() else {
-            self.queue.resume(paused);
-            return;
-        };
-        if !self
-            .catch_up
-            .start(cluster, targets, self.members.dyntype())
-        {
-            self.queue.resume(paused);
-        }
-    }
-
     /// Calls the ready service with `key`, just taken out of the queue.
     fn start<S>(&mut self, service: &mut S, key: McRequest, reason: ReconcileReason)
     where
@@ -117,7 +112,7 @@ impl<K: Watchable> Runner<K> {
         S::Future: Send + 'static,
         S::Error: Into<BoxError>,
     {
-        let Some(cluster) = self.members.get(&key.cluster).cloned() else {
+        let Some(cluster) = self.members.engaged().get(&key.cluster).cloned() else {
             // A key is queued only for a known cluster, and its purge goes
             // with the cluster: nothing to run it against.
             tracing::debug!(controller = %self.name, request = %key, "no cluster for a queued key; dropped");
@@ -139,7 +134,7 @@ impl<K: Watchable> Runner<K> {
         // record its writes under.
         let owner = Reconciling {
             cluster: key.cluster.clone(),
-            reachability: cluster.shared_reachability().clone(),
+            reachability: cluster.reachability().clone(),
             object: request.object.clone().map(|object| object as _),
             writer: self.catch_up.writer(),
         };
@@ -151,10 +146,10 @@ impl<K: Watchable> Runner<K> {
         self.tasks.spawn(key, async move {
             // Nothing starts in a cluster after it has left.
             if !cluster.is_engaged() {
-                return (task_key, None);
+                return (task_key, Ran::Interrupted);
             }
             let result = reconciling(owner, reconcile).await;
-            (task_key, Some(result.map_err(Into::into)))
+            (task_key, Ran::Answered(result.map_err(Into::into)))
         });
     }
 
@@ -167,6 +162,7 @@ impl<K: Watchable> Runner<K> {
         self.queue.complete(key, Outcome::Interrupted);
         let pending = self
             .members
+            .engaged()
             .get(&key.cluster)
             .is_some_and(|cluster| !cluster.is_engaged());
         if pending {
@@ -177,25 +173,5 @@ impl<K: Watchable> Runner<K> {
     fn panicked(&mut self, key: &McRequest, during: &str, message: &str) {
         tracing::error!(controller = %self.name, request = %key, during, %message, "reconcile service panicked; retrying after backoff");
         self.queue.complete(key, Outcome::Failure(None));
-    }
-
-    fn finished(&mut self, ended: Ended) {
-        let Ended { key, ran, current } = ended;
-        let outcome = match ran {
-            Ran::Answered(Ok(action)) => Outcome::Success(action),
-            Ran::Answered(Err(error)) => self.failures.failed(&mut self.queue, &key, &*error),
-            Ran::Interrupted => Outcome::Interrupted,
-            Ran::Panicked(message) => {
-                tracing::error!(controller = %self.name, request = %key, %message, "reconcile panicked; retrying after backoff");
-                Outcome::Failure(None)
-            }
-        };
-        // Only the run the queue knows as the key's current one counts.
-        if current {
-            match outcome {
-                Outcome::Interrupted => self.interrupted(&key),
-                outcome => self.queue.complete(&key, outcome),
-            }
-        }
     }
 }

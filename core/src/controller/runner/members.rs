@@ -134,10 +134,6 @@ impl<K: Watchable> Members<K> {
         self.incoming.poll_next_unpin(cx)
     }
 
-    pub(super) fn get(&self, name: &ClusterName) -> Option<&Cluster> {
-        self.engaged.get(name)
-    }
-
     pub(super) fn engaged(&self) -> &HashMap<ClusterName, Cluster> {
         &self.engaged
     }
@@ -207,8 +203,9 @@ impl<K: Watchable> Members<K> {
                 .filter(|trigger| trigger.runs_in(&name, &self.selection))
                 .map(|trigger| trigger.start(cluster)),
         );
-        let watches: Vec<_> = started.iter().map(|s| s.watch.clone()).collect();
-        if !started.is_empty() {
+        let (watches, subscribes): (Vec<_>, Vec<_>) =
+            started.into_iter().map(|s| (s.watch, s.subscribe)).unzip();
+        if !watches.is_empty() {
             let synced = Box::pin(join_all(watches.iter().map(|w| w.synced())));
             let timeout = self.sync_timeout;
             let gate = stream::unfold(Some(synced), move |synced| async move {
@@ -220,7 +217,6 @@ impl<K: Watchable> Members<K> {
             });
             // Subscribed only once the cluster is served: nothing piles up
             // unread while one of the watches cannot sync.
-            let subscribes: Vec<_> = started.into_iter().map(|s| s.subscribe).collect();
             let requests = stream::once(async move {
                 stream::select_all(
                     subscribes

@@ -44,7 +44,7 @@ use crate::{
     object_request::ObjectRequest,
     queue::{Lane, Queue, QueueDepth, QueueMetrics},
     reason::ReconcileReason,
-    request::{McRequest, ObjectKey},
+    request::McRequest,
 };
 use catch_up::CatchUp;
 use intake::Intake;
@@ -101,42 +101,36 @@ impl<K: Watchable> Drop for Runner<K> {
 
 impl<K: Watchable> Runner<K> {
     pub(super) fn new(setup: Setup<K>) -> Self {
-        let Setup {
-            fleet,
-            error_policy,
-            name,
-            own,
-            related,
-            clusters,
-            config,
-            shutdown,
-            external,
-            reconcile_all,
-            queue_depth,
-            queue_metrics,
-            status,
-        } = setup;
-        let name: Arc<str> = name.into();
+        let name: Arc<str> = setup.name.into();
+        let config = setup.config;
         let mut queue = Queue::new(config.backoff, config.limits);
-        if let Some(metrics) = queue_metrics {
+        if let Some(metrics) = setup.queue_metrics {
             metrics.name(name.clone());
             queue.count_in(metrics);
         }
-        let members = Members::new(fleet, own, related, clusters, config.sync_timeout);
-        status.configure(members.watched_anywhere(), config.sync_timeout);
+        let members = Members::new(
+            setup.fleet,
+            setup.own,
+            setup.related,
+            setup.clusters,
+            config.sync_timeout,
+        );
+        setup
+            .status
+            .configure(members.watched_anywhere(), config.sync_timeout);
         Self {
             queue,
-            queue_depth,
-            status,
+            queue_depth: setup.queue_depth,
+            status: setup.status,
             members,
-            intake: Intake::new(name.clone(), external, reconcile_all),
+            intake: Intake::new(name.clone(), setup.external, setup.reconcile_all),
             tasks: Tasks::default(),
             failures: Failures {
                 controller: name.clone(),
-                policy: error_policy,
+                policy: setup.error_policy,
             },
             catch_up: CatchUp::new(&name, config.read_your_writes),
-            stop: Stop::new(shutdown, config.shutdown_timeout),
+            stop: Stop::new(setup.shutdown, config.shutdown_timeout),
             name,
         }
     }
@@ -182,7 +176,10 @@ impl<K: Watchable> Runner<K> {
         }
         self.poll_intake(cx);
         loop {
-            let mut progress = self.poll_finished(cx) | self.poll_caught_up(cx);
+            let mut progress = self.poll_finished(cx);
+            progress |= self
+                .catch_up
+                .poll_caught_up(cx, |name| self.queue.resume(name));
             match self.stop.poll_drain(cx, self.tasks.len()) {
                 Drain::Running => {}
                 Drain::Draining => return Poll::Pending,
@@ -319,7 +316,11 @@ impl<K: Watchable> Runner<K> {
                 self.accept(request, lane, reason);
             }
             ClusterItem::Request(Dest::Across(to, key), lane, reason) => {
-                self.accept_across(&to, &key, lane, &reason);
+                // In every engaged cluster that `to` selects and where the
+                // controller watches its type.
+                for cluster in self.members.across(&to) {
+                    self.accept(key.clone().in_cluster(cluster), lane, reason.clone());
+                }
             }
         }
     }
@@ -348,20 +349,6 @@ impl<K: Watchable> Runner<K> {
         match self.members.address(request) {
             Ok(request) => self.queue.push(request, lane, reason),
             Err((request, problem)) => self.intake.misaddressed(&request, problem),
-        }
-    }
-
-    /// Queues the request for `key` in every engaged cluster that `to`
-    /// selects and where the controller watches its type.
-    fn accept_across(
-        &mut self,
-        to: &ClusterSelector,
-        key: &ObjectKey,
-        lane: Lane,
-        reason: &ReconcileReason,
-    ) {
-        for cluster in self.members.across(to) {
-            self.accept(key.clone().in_cluster(cluster), lane, reason.clone());
         }
     }
 }

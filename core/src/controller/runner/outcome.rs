@@ -20,18 +20,6 @@ pub(super) struct Failures {
     pub(super) policy: Option<ErrorPolicy>,
 }
 
-/// Asks the error policy, so that a panic in it counts as no answer.
-fn contained_policy(
-    policy: &ErrorPolicy,
-    key: &McRequest,
-    error: &(dyn std::error::Error + Send + Sync + 'static),
-) -> Option<Action> {
-    contain(|| policy(key, error)).unwrap_or_else(|message| {
-        tracing::error!(request = %key, %message, "the error policy panicked; using the backoff");
-        None
-    })
-}
-
 impl Failures {
     /// What a reconcile's error means for its key: nothing more until it
     /// changes if the error is terminal; otherwise what the error policy
@@ -52,10 +40,13 @@ impl Failures {
         // A key that fails again as it did last time is not news: told at
         // `DEBUG` until its error changes or it succeeds.
         let again = queue.failed_again(key, &reason);
-        let chosen = self
-            .policy
-            .as_ref()
-            .and_then(|policy| contained_policy(policy, key, error));
+        // A panic in the error policy counts as no answer.
+        let chosen = self.policy.as_ref().and_then(|policy| {
+            contain(|| policy(key, error)).unwrap_or_else(|message| {
+                tracing::error!(request = %key, %message, "the error policy panicked; using the backoff");
+                None
+            })
+        });
         match chosen.map(|action| action.requeue_after()) {
             Some(None) => {
                 tracing::error!(%controller, request = %key, error = %reason, "reconcile failed; by the error policy it runs again when it changes");

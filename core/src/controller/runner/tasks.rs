@@ -4,17 +4,13 @@
 use std::{
     collections::HashMap,
     future::Future,
-    task::{Context, Poll},
+    task::{Context, Poll, ready},
 };
 
 use tokio::task::{AbortHandle, Id, JoinSet};
 use tower::BoxError;
 
 use crate::{action::Action, cluster_name::ClusterName, panic::panic_message, request::McRequest};
-
-/// A reconcile's key and its result; `None` if its cluster had left (or was
-/// replaced) before it started.
-pub(super) type Finished = (McRequest, Option<Result<Action, BoxError>>);
 
 /// How a run ended.
 pub(super) enum Ran {
@@ -38,7 +34,7 @@ pub(super) struct Ended {
 /// The reconciles running now.
 #[derive(Default)]
 pub(super) struct Tasks {
-    running: JoinSet<Finished>,
+    running: JoinSet<(McRequest, Ran)>,
     keys: HashMap<Id, McRequest>,
     aborts: HashMap<McRequest, AbortHandle>,
 }
@@ -52,7 +48,7 @@ impl Tasks {
     pub(super) fn spawn(
         &mut self,
         key: McRequest,
-        run: impl Future<Output = Finished> + Send + 'static,
+        run: impl Future<Output = (McRequest, Ran)> + Send + 'static,
     ) {
         let abort = self.running.spawn(run);
         self.keys.insert(abort.id(), key.clone());
@@ -74,15 +70,9 @@ impl Tasks {
 
     /// The next run that ended.
     pub(super) fn poll_ended(&mut self, cx: &mut Context<'_>) -> Poll<Option<Ended>> {
-        loop {
-            let joined = match self.running.poll_join_next_with_id(cx) {
-                Poll::Ready(Some(joined)) => joined,
-                Poll::Ready(None) => return Poll::Ready(None),
-                Poll::Pending => return Poll::Pending,
-            };
+        while let Some(joined) = ready!(self.running.poll_join_next_with_id(cx)) {
             let (id, key, ran) = match joined {
-                Ok((id, (key, Some(result)))) => (id, key, Ran::Answered(result)),
-                Ok((id, (key, None))) => (id, key, Ran::Interrupted),
+                Ok((id, (key, ran))) => (id, key, ran),
                 Err(error) => {
                     let id = error.id();
                     let Some(key) = self.keys.get(&id).cloned() else {
@@ -103,5 +93,6 @@ impl Tasks {
             }
             return Poll::Ready(Some(Ended { key, ran, current }));
         }
+        Poll::Ready(None)
     }
 }

@@ -40,11 +40,7 @@ pub async fn client(
     origin: &str,
     context: &str,
 ) -> Result<ClusterClient, KubeconfigError> {
-    let invalid = |reason: String| KubeconfigError::Invalid {
-        origin: origin.to_owned(),
-        context: context.to_owned(),
-        reason,
-    };
+    let invalid = |reason: String| KubeconfigError::invalid(origin, context, reason);
     // One deadline for the whole build: the turn, the plugin, the rest.
     let deadline = tokio::time::Instant::now() + CLIENT_TIMEOUT;
     let too_long = || {
@@ -199,11 +195,8 @@ pub async fn configs(
     for context in &kubeconfig.contexts {
         let name = context.name.clone();
         let config = if configs.iter().any(|(seen, _)| *seen == name) {
-            Err(KubeconfigError::Invalid {
-                origin: origin.to_owned(),
-                context: name.clone(),
-                reason: "another context of that name comes first".to_owned(),
-            })
+            let reason = "another context of that name comes first";
+            Err(KubeconfigError::invalid(origin, &name, reason))
         } else {
             match checked(kubeconfig, &name, origin, policy) {
                 Ok(alone) => load(alone, &name, origin).await,
@@ -226,9 +219,7 @@ async fn load(
     };
     kube::Config::from_custom_kubeconfig(kubeconfig, &options)
         .await
-        .map_err(|error| KubeconfigError::Invalid {
-            origin: origin.to_owned(),
-            context: context.to_owned(),
-            reason: crate::client::error_chain(&error),
+        .map_err(|error| {
+            KubeconfigError::invalid(origin, context, crate::client::error_chain(&error))
         })
 }

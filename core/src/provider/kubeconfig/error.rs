@@ -60,6 +60,16 @@ pub enum KubeconfigError {
 }
 
 impl KubeconfigError {
+    /// [`Invalid`](Self::Invalid): the context `context` of the kubeconfig
+    /// from `origin` gives no cluster, for `reason`.
+    pub(super) fn invalid(origin: &str, context: &str, reason: impl Into<String>) -> Self {
+        Self::Invalid {
+            origin: origin.to_owned(),
+            context: context.to_owned(),
+            reason: reason.into(),
+        }
+    }
+
     /// Where the kubeconfig came from, as the provider named it.
     pub fn origin(&self) -> &str {
         match self {

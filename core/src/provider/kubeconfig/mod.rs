@@ -54,5 +54,7 @@ mod tests;
 
 pub use client::{CLIENT_TIMEOUT, bytes_client, client, configs, current_client};
 pub use error::KubeconfigError;
-pub use parse::{current_context, fingerprint, only, parse, parse_bytes, parse_file, read_file};
+pub use parse::{
+    current_context, fingerprint, only, parse, parse_bytes, parse_file, read_file, secret_bytes,
+};
 pub use policy::{KubeconfigPolicy, check};

@@ -5,9 +5,10 @@
 use std::{
     hash::{BuildHasher, Hash, Hasher},
     path::Path,
-    sync::OnceLock,
+    sync::{Arc, OnceLock},
 };
 
+use k8s_openapi::api::core::v1::Secret;
 use kube::config::Kubeconfig;
 
 use super::error::KubeconfigError;
@@ -56,6 +57,13 @@ pub fn read_file(path: &Path) -> Result<Kubeconfig, KubeconfigError> {
         reason: error.to_string(),
     })?;
     parse_file(&text, path)
+}
+
+/// The bytes `secret` holds under `key`, unless the key is missing or
+/// empty: a kubeconfig for [`bytes_client`](super::bytes_client), say.
+pub fn secret_bytes(secret: &Secret, key: &str) -> Option<Arc<[u8]>> {
+    let value = secret.data.as_ref()?.get(key)?;
+    (!value.0.is_empty()).then(|| Arc::from(value.0.as_slice()))
 }
 
 /// [`parse`]s `text`, read from the file at `path` (its origin in errors),
@@ -113,11 +121,7 @@ pub fn parse_file(text: &str, path: &Path) -> Result<Kubeconfig, KubeconfigError
 /// [`KubeconfigError::Invalid`] if it has no `current-context` and more
 /// than one context, or names a `current-context` it does not define.
 pub fn current_context(kubeconfig: &Kubeconfig, origin: &str) -> Result<String, KubeconfigError> {
-    let invalid = |context: &str, reason: String| KubeconfigError::Invalid {
-        origin: origin.to_owned(),
-        context: context.to_owned(),
-        reason,
-    };
+    let invalid = |context: &str, reason: String| KubeconfigError::invalid(origin, context, reason);
     match (&kubeconfig.current_context, kubeconfig.contexts.as_slice()) {
         (Some(current), contexts) if !current.is_empty() => {
             if contexts.iter().any(|c| &c.name == current) {

@@ -122,11 +122,7 @@ pub(super) fn checked(
     let named = named_context
         .context
         .as_ref()
-        .ok_or_else(|| KubeconfigError::Invalid {
-            origin: origin.to_owned(),
-            context: context.to_owned(),
-            reason: "the context names no cluster".to_owned(),
-        })?;
+        .ok_or_else(|| KubeconfigError::invalid(origin, context, "the context names no cluster"))?;
     let named_cluster = kubeconfig
         .clusters
         .iter()

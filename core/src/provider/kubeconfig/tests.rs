@@ -333,3 +333,20 @@ async fn one_build_at_a_time_for_a_source_however_many_tries_wait() {
     assert!(slots().is_empty(), "a turn kept after its builds ended");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_secret_gives_the_bytes_of_a_key_that_is_there_and_not_empty() {
+    use k8s_openapi::{ByteString, api::core::v1::Secret};
+    let secret = Secret {
+        data: Some(
+            [("full", &b"abc"[..]), ("empty", b"")]
+                .map(|(key, value)| (key.to_owned(), ByteString(value.to_vec())))
+                .into(),
+        ),
+        ..Secret::default()
+    };
+    assert_eq!(secret_bytes(&secret, "full").as_deref(), Some(&b"abc"[..]));
+    assert_eq!(secret_bytes(&secret, "empty"), None);
+    assert_eq!(secret_bytes(&secret, "missing"), None);
+    assert_eq!(secret_bytes(&Secret::default(), "full"), None);
+}
