@@ -8,32 +8,22 @@ use std::{
     time::Duration,
 };
 
-use futures::stream::{self, BoxStream, StreamExt};
+use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::Secret;
 use kube::{ResourceExt, runtime::watcher};
 use kube_fleet::provider::{
-    ClusterEvent, Engagements, Problems, Seen, SourceChange,
+    self, ClusterEvent, Engagements, Problems, Seen, SourceChange,
     kubeconfig::{self, KubeconfigPolicy},
 };
 
 use crate::{ClusterObject, KUBECONFIG_KEY, KUBECONFIG_SUFFIX, Ready};
 
+#[derive(Clone)]
 pub(crate) struct Options<K> {
     pub(crate) namespace: Option<String>,
     pub(crate) policy: KubeconfigPolicy,
     pub(crate) retry: Duration,
     pub(crate) ready: Ready<K>,
-}
-
-impl<K> Clone for Options<K> {
-    fn clone(&self) -> Self {
-        Self {
-            namespace: self.namespace.clone(),
-            policy: self.policy.clone(),
-            retry: self.retry,
-            ready: self.ready.clone(),
-        }
-    }
 }
 
 type Events<K> = BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>;
@@ -56,14 +46,6 @@ pub(crate) struct State<K> {
     engagements: Engagements,
 }
 
-// One at a time, for a moment, on the stack.
-#[allow(clippy::large_enum_variant)]
-enum Input<K> {
-    Event(ClusterEvent),
-    Cluster(Result<watcher::Event<K>, watcher::Error>),
-    Secret(Result<watcher::Event<Secret>, watcher::Error>),
-}
-
 fn key(namespace: Option<String>, name: &str) -> String {
     format!("{}/{name}", namespace.unwrap_or_default())
 }
@@ -74,16 +56,6 @@ fn secret_key(secret: &Secret) -> String {
     let name = secret.name_any();
     let cluster = name.strip_suffix(KUBECONFIG_SUFFIX).unwrap_or(&name);
     key(secret.namespace(), cluster)
-}
-
-/// The name failures of the watch of `Cluster`s are reported under.
-fn clusters_source<K: ClusterObject>() -> String {
-    format!("Clusters ({})", K::api_version(&()))
-}
-
-/// The name failures of the watch of kubeconfig Secrets are reported under.
-fn secrets_source() -> String {
-    format!("Secrets labelled {}", crate::CLUSTER_NAME_LABEL)
 }
 
 fn is_kubeconfig(secret: &Secret) -> bool {
@@ -112,40 +84,23 @@ impl<K: ClusterObject> State<K> {
         clusters: Events<K>,
         secrets: Events<Secret>,
     ) -> BoxStream<'static, ClusterEvent> {
-        stream::unfold(
-            (self, clusters, secrets),
-            |(mut state, mut clusters, mut secrets)| async move {
-                loop {
-                    // The watches retry for ever; they end only if dropped.
-                    let input = tokio::select! {
-                        event = state.engagements.next() => Input::Event(event),
-                        Some(event) = clusters.next() => Input::Cluster(event),
-                        Some(event) = secrets.next() => Input::Secret(event),
-                    };
-                    match input {
-                        Input::Event(event) => return Some((event, (state, clusters, secrets))),
-                        Input::Cluster(event) => state.on_cluster(event),
-                        Input::Secret(event) => state.on_secret(event),
-                    }
-                }
-            },
+        provider::drive(
+            self,
+            |state| &mut state.engagements,
+            (clusters, Self::on_cluster),
+            (secrets, Self::on_secret),
         )
-        .boxed()
     }
 
     fn on_cluster(&mut self, event: Result<watcher::Event<K>, watcher::Error>) {
-        let event = match event {
-            Ok(event) => event,
-            Err(error) => return self.problems.watch(&clusters_source::<K>(), Some(&error)),
-        };
-        self.problems.watch(&clusters_source::<K>(), None);
-        let changes = self
-            .cluster_watch
-            .changes(event, |c: &K| key(c.namespace(), &c.name_any()));
-        for change in changes {
+        let source = format!("Clusters ({})", K::api_version(&()));
+        self.problems.watch(&source, event.as_ref().err());
+        let Ok(event) = event else { return };
+        let cluster_key = |c: &K| key(c.namespace(), &c.name_any());
+        for change in self.cluster_watch.changes(event, cluster_key) {
             let key = match change {
                 SourceChange::Applied(cluster) => {
-                    let key = key(cluster.namespace(), &cluster.name_any());
+                    let key = cluster_key(&cluster);
                     let ready = cluster.meta().deletion_timestamp.is_none()
                         && (self.options.ready)(&cluster);
                     self.clusters.insert(key.clone(), ready);
@@ -161,11 +116,9 @@ impl<K: ClusterObject> State<K> {
     }
 
     fn on_secret(&mut self, event: Result<watcher::Event<Secret>, watcher::Error>) {
-        let event = match event {
-            Ok(event) => event,
-            Err(error) => return self.problems.watch(&secrets_source(), Some(&error)),
-        };
-        self.problems.watch(&secrets_source(), None);
+        let source = format!("Secrets labelled {}", crate::CLUSTER_NAME_LABEL);
+        self.problems.watch(&source, event.as_ref().err());
+        let Ok(event) = event else { return };
         // The cluster's other Secrets (its CA, its service account keys)
         // carry the label too: they are passed over, and kept nowhere.
         let event = match event {
@@ -175,28 +128,17 @@ impl<K: ClusterObject> State<K> {
         };
         let listed = self.secret_watch.listed();
         for change in self.secret_watch.changes(event, secret_key) {
-            let key = match change {
+            let (key, now) = match change {
                 SourceChange::Applied(secret) => {
-                    let key = secret_key(&secret);
-                    let bytes = secret
-                        .data
-                        .as_ref()
-                        .and_then(|data| data.get(KUBECONFIG_KEY))
-                        .map(|value| value.0.as_slice())
-                        .filter(|bytes| !bytes.is_empty())
-                        .map(Arc::from);
+                    let bytes = kubeconfig::secret_bytes(&secret, KUBECONFIG_KEY);
                     let deleting = secret.metadata.deletion_timestamp.is_some();
-                    if deleting {
-                        self.secrets.remove(&key);
-                    } else {
-                        self.secrets.insert(key.clone(), bytes);
-                    }
-                    key
+                    (secret_key(&secret), (!deleting).then_some(bytes))
                 }
-                SourceChange::Deleted(key) => {
-                    self.secrets.remove(&key);
-                    key
-                }
+                SourceChange::Deleted(key) => (key, None),
+            };
+            match now {
+                Some(bytes) => self.secrets.insert(key.clone(), bytes),
+                None => self.secrets.remove(&key),
             };
             self.update(&key);
         }
@@ -216,8 +158,7 @@ impl<K: ClusterObject> State<K> {
             self.problems.clear(&source);
             return;
         };
-        let (namespace, name) = key.split_once('/').unwrap_or(("", key));
-        let secret = format!("Secret {namespace}/{name}{KUBECONFIG_SUFFIX}");
+        let secret = format!("Secret {key}{KUBECONFIG_SUFFIX}");
         match self.secrets.get(key) {
             None if !self.secret_watch.listed() => self.engagements.unwant(key),
             None => {

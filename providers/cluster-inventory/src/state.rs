@@ -8,11 +8,11 @@ use std::{
     time::Duration,
 };
 
-use futures::stream::{self, BoxStream, StreamExt};
+use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::Secret;
 use kube::{ResourceExt, runtime::watcher};
 use kube_fleet::provider::{
-    ClusterEvent, Engagements, Problems, Seen, SourceChange,
+    self, ClusterEvent, Engagements, Problems, Seen, SourceChange,
     kubeconfig::{self, KubeconfigPolicy},
 };
 
@@ -56,16 +56,10 @@ pub(crate) struct State {
     engagements: Engagements,
 }
 
-// One at a time, for a moment, on the stack.
-#[allow(clippy::large_enum_variant)]
-enum Input {
-    Event(ClusterEvent),
-    Profile(Result<watcher::Event<ClusterProfile>, watcher::Error>),
-    Secret(Result<watcher::Event<Secret>, watcher::Error>),
-}
-
-fn key(namespace: Option<String>, name: &str) -> String {
-    format!("{}/{name}", namespace.unwrap_or_default())
+/// An object's `namespace/name`.
+fn key(object: &impl ResourceExt) -> String {
+    let namespace = object.namespace().unwrap_or_default();
+    format!("{namespace}/{}", object.name_any())
 }
 
 impl State {
@@ -89,41 +83,22 @@ impl State {
         profiles: Events<ClusterProfile>,
         secrets: Events<Secret>,
     ) -> BoxStream<'static, ClusterEvent> {
-        stream::unfold(
-            (self, profiles, secrets),
-            |(mut state, mut profiles, mut secrets)| async move {
-                loop {
-                    // The watches retry for ever; they end only if dropped.
-                    let input = tokio::select! {
-                        event = state.engagements.next() => Input::Event(event),
-                        Some(event) = profiles.next() => Input::Profile(event),
-                        Some(event) = secrets.next() => Input::Secret(event),
-                    };
-                    match input {
-                        Input::Event(event) => return Some((event, (state, profiles, secrets))),
-                        Input::Profile(event) => state.on_profile(event),
-                        Input::Secret(event) => state.on_secret(event),
-                    }
-                }
-            },
+        provider::drive(
+            self,
+            |state| &mut state.engagements,
+            (profiles, Self::on_profile),
+            (secrets, Self::on_secret),
         )
-        .boxed()
     }
 
     fn on_profile(&mut self, event: Result<watcher::Event<ClusterProfile>, watcher::Error>) {
         let source = "ClusterProfiles (multicluster.x-k8s.io/v1alpha1)";
-        let event = match event {
-            Ok(event) => event,
-            Err(error) => return self.problems.watch(source, Some(&error)),
-        };
-        self.problems.watch(source, None);
-        let changes = self.profile_watch.changes(event, |p: &ClusterProfile| {
-            key(p.namespace(), &p.name_any())
-        });
-        for change in changes {
+        self.problems.watch(source, event.as_ref().err());
+        let Ok(event) = event else { return };
+        for change in self.profile_watch.changes(event, key) {
             let key = match change {
                 SourceChange::Applied(profile) => {
-                    let key = key(profile.namespace(), &profile.name_any());
+                    let key = key(&profile);
                     let healthy = profile.metadata.deletion_timestamp.is_none()
                         && (self.options.healthy)(&profile);
                     let kubeconfig = match &self.options.credentials {
@@ -152,34 +127,19 @@ impl State {
 
     fn on_secret(&mut self, event: Result<watcher::Event<Secret>, watcher::Error>) {
         let source = format!("Secrets labelled {CONSUMER_LABEL}");
-        let event = match event {
-            Ok(event) => event,
-            Err(error) => return self.problems.watch(&source, Some(&error)),
-        };
-        self.problems.watch(&source, None);
+        self.problems.watch(&source, event.as_ref().err());
+        let Ok(event) = event else { return };
         let listed = self.secret_watch.listed();
-        let changes = self
-            .secret_watch
-            .changes(event, |s: &Secret| key(s.namespace(), &s.name_any()));
-        for change in changes {
+        for change in self.secret_watch.changes(event, key) {
             let (secret_key, now) = match change {
                 SourceChange::Applied(secret) => {
-                    let secret_key = key(secret.namespace(), &secret.name_any());
-                    let profile = secret
-                        .labels()
-                        .get(PROFILE_LABEL)
-                        .cloned()
-                        .unwrap_or_default();
-                    let bytes = secret
-                        .data
-                        .as_ref()
-                        .and_then(|data| data.get(SECRET_KEY))
-                        .map(|value| value.0.as_slice())
-                        .filter(|bytes| !bytes.is_empty())
-                        .map(Arc::from);
-                    let now = (secret.metadata.deletion_timestamp.is_none() && !profile.is_empty())
-                        .then(|| (key(secret.namespace(), &profile), bytes));
-                    (secret_key, now)
+                    let namespace = secret.namespace().unwrap_or_default();
+                    let profile = secret.labels().get(PROFILE_LABEL).filter(|p| !p.is_empty());
+                    let bytes = kubeconfig::secret_bytes(&secret, SECRET_KEY);
+                    let deleting = secret.metadata.deletion_timestamp.is_some();
+                    let now = profile.filter(|_| !deleting);
+                    let now = now.map(|p| (format!("{namespace}/{p}"), bytes));
+                    (key(&secret), now)
                 }
                 SourceChange::Deleted(secret_key) => (secret_key, None),
             };
@@ -253,10 +213,8 @@ impl State {
             }
             (Credentials::Secrets { consumer }, _) => {
                 let secrets = self.secrets.get(key);
-                let labels = || {
-                    let name = key.split_once('/').map_or(key, |(_, n)| n);
-                    format!("{CONSUMER_LABEL}={consumer}, {PROFILE_LABEL}={name}")
-                };
+                let (namespace, profile_name) = key.split_once('/').unwrap_or(("", key));
+                let labels = format!("{CONSUMER_LABEL}={consumer}, {PROFILE_LABEL}={profile_name}");
                 match secrets
                     .map(|s| s.iter().collect::<Vec<_>>())
                     .unwrap_or_default()[..]
@@ -267,8 +225,7 @@ impl State {
                         self.problems.report(
                             &source,
                             format!(
-                                "is healthy, but no Secret in its namespace is labelled {}",
-                                labels()
+                                "is healthy, but no Secret in its namespace is labelled {labels}"
                             ),
                         );
                     }
@@ -287,7 +244,6 @@ impl State {
                     [(name, Some(bytes))] => {
                         let hash = self.hasher.hash_one(&**bytes);
                         let bytes = bytes.clone();
-                        let namespace = key.split_once('/').map_or("", |(ns, _)| ns);
                         let origin =
                             format!("{source}: Secret {namespace}/{name}, key {SECRET_KEY:?}");
                         self.engagements.want(key, source, hash, move || {
@@ -302,9 +258,8 @@ impl State {
                         self.problems.report(
                             &source,
                             format!(
-                                "{} Secrets are labelled {} ({}), and one is wanted",
+                                "{} Secrets are labelled {labels} ({}), and one is wanted",
                                 names.len(),
-                                labels(),
                                 names.join(", ")
                             ),
                         );

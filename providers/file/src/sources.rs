@@ -29,9 +29,24 @@ pub(crate) struct Listing {
 }
 
 impl Listing {
-    fn failed(&mut self, source: &Path, what: String, unseen: PathBuf) {
-        self.problems.push((source.display().to_string(), what));
-        self.unseen.push(unseen);
+    /// `path` cannot be looked at, searched or read, as `what` says: the
+    /// clusters of the files at or below it stay as they are.
+    fn failed(&mut self, path: &Path, what: String) {
+        self.problems.push((path.display().to_string(), what));
+        self.unseen.push(path.to_owned());
+    }
+
+    /// Takes in `path` if it is a file.
+    fn file(&mut self, path: PathBuf) {
+        match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_file() => {
+                self.files.insert(path);
+            }
+            Err(error) if !absent(&error) => {
+                self.failed(&path, format!("cannot be looked at: {error}"));
+            }
+            _ => {}
+        }
     }
 }
 
@@ -49,33 +64,17 @@ pub(crate) fn files(sources: &[PathBuf], names: &[glob::Pattern]) -> Listing {
             if let Err(error) = std::fs::metadata(&base)
                 && !absent(&error)
             {
-                let what = format!("cannot be looked at: {error}");
-                listing.failed(&base, what, base.clone());
+                listing.failed(&base, format!("cannot be looked at: {error}"));
                 continue;
             }
             match glob::glob(pattern) {
-                Ok(paths) => {
-                    for path in paths {
-                        match path.map(|path| (std::fs::metadata(&path), path)) {
-                            Ok((Ok(meta), path)) if meta.is_file() => {
-                                listing.files.insert(path);
-                            }
-                            Ok((Err(error), path)) if !absent(&error) => {
-                                let what = format!("cannot be looked at: {error}");
-                                listing.failed(&path, what, path.clone());
-                            }
-                            Ok(_) => {}
-                            Err(error) => {
-                                let below = error.path().to_owned();
-                                listing.failed(
-                                    &below,
-                                    format!("cannot be searched: {}", error.error()),
-                                    below.clone(),
-                                );
-                            }
-                        }
+                Ok(paths) => paths.for_each(|path| match path {
+                    Ok(path) => listing.file(path),
+                    Err(error) => {
+                        let what = format!("cannot be searched: {}", error.error());
+                        listing.failed(error.path(), what);
                     }
-                }
+                }),
                 Err(error) => listing.problems.push((
                     pattern.to_owned(),
                     format!("not a usable glob pattern: {error}"),
@@ -90,11 +89,7 @@ pub(crate) fn files(sources: &[PathBuf], names: &[glob::Pattern]) -> Listing {
             }
             // Not there (yet): nothing to read, and nothing to report.
             Err(error) if absent(&error) => {}
-            Err(error) => listing.failed(
-                source,
-                format!("cannot be looked at: {error}"),
-                source.clone(),
-            ),
+            Err(error) => listing.failed(source, format!("cannot be looked at: {error}")),
         }
     }
     listing
@@ -105,8 +100,7 @@ fn directory(dir: &Path, names: &[glob::Pattern], listing: &mut Listing) {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(error) => {
-            let what = format!("the directory cannot be read: {error}");
-            listing.failed(dir, what, dir.to_owned());
+            listing.failed(dir, format!("the directory cannot be read: {error}"));
             return;
         }
     };
@@ -114,8 +108,7 @@ fn directory(dir: &Path, names: &[glob::Pattern], listing: &mut Listing) {
         let entry = match entry {
             Ok(entry) => entry,
             Err(error) => {
-                let what = format!("the directory cannot be read whole: {error}");
-                listing.failed(dir, what, dir.to_owned());
+                listing.failed(dir, format!("the directory cannot be read whole: {error}"));
                 continue;
             }
         };
@@ -123,20 +116,8 @@ fn directory(dir: &Path, names: &[glob::Pattern], listing: &mut Listing) {
             .file_name()
             .to_str()
             .is_some_and(|name| names.iter().any(|p| p.matches(name)));
-        if !named {
-            continue;
-        }
-        let path = entry.path();
-        match std::fs::metadata(&path) {
-            Ok(meta) if meta.is_file() => {
-                listing.files.insert(path);
-            }
-            Ok(_) => {}
-            Err(error) if absent(&error) => {}
-            Err(error) => {
-                let what = format!("cannot be looked at: {error}");
-                listing.failed(&path, what, path.clone());
-            }
+        if named {
+            listing.file(entry.path());
         }
     }
 }

@@ -93,28 +93,24 @@ impl State {
             self.start_watching();
             return;
         }
-        if std::mem::take(&mut self.again) {
-            tokio::time::sleep(self.options.debounce).await;
-            if let Some(changes) = &mut self.changes {
-                while changes.try_recv().is_ok() {}
-            }
-            return;
-        }
-        let rescan = tokio::time::sleep(self.options.rescan);
-        let Some(changes) = &mut self.changes else {
-            rescan.await;
-            return;
-        };
-        tokio::select! {
-            noticed = changes.recv() => {
-                if noticed.is_none() {
+        if !std::mem::take(&mut self.again) {
+            let rescan = tokio::time::sleep(self.options.rescan);
+            let Some(changes) = &mut self.changes else {
+                return rescan.await;
+            };
+            tokio::select! {
+                noticed = changes.recv() => if noticed.is_none() {
                     self.changes = None;
                     return;
-                }
-                tokio::time::sleep(self.options.debounce).await;
-                while changes.try_recv().is_ok() {}
+                },
+                () = rescan => return,
             }
-            () = rescan => {}
+        }
+        // A file still changing, or a change noticed: the burst it starts
+        // is read once it is over.
+        tokio::time::sleep(self.options.debounce).await;
+        if let Some(changes) = &mut self.changes {
+            while changes.try_recv().is_ok() {}
         }
     }
 
@@ -221,16 +217,9 @@ impl State {
             self.problems.report(&source, problem);
             current.insert(source);
         }
-        let mut seen: HashSet<ClusterName> = HashSet::new();
         // Clusters of files that could not be seen stay as they are.
-        for unseen in &listing.unseen {
-            seen.extend(
-                self.engaged
-                    .iter()
-                    .filter(|(_, engaged)| engaged.file.starts_with(unseen))
-                    .map(|(name, _)| name.clone()),
-            );
-        }
+        let unseen = |file: &Path| listing.unseen.iter().any(|path| file.starts_with(path));
+        let mut seen = self.clusters_of(unseen);
         self.hashes.retain(|file, _| listing.files.contains(file));
         for ((hash, kubeconfig), file) in read {
             let origin = file.display().to_string();
@@ -255,12 +244,7 @@ impl State {
                 }
             }
             // Until then, its clusters and problems stay as they are.
-            seen.extend(
-                self.engaged
-                    .iter()
-                    .filter(|(_, engaged)| engaged.file == file)
-                    .map(|(name, _)| name.clone()),
-            );
+            seen.extend(self.clusters_of(|engaged| engaged == file));
             let prefix = format!("{origin}{SEPARATOR}");
             current.extend(
                 self.problems
@@ -344,6 +328,12 @@ impl State {
                 Err(error) => self.problems.report(name.as_str(), error.reason()),
             }
         }
+    }
+
+    /// The clusters engaged from the files `of` says yes to.
+    fn clusters_of(&self, of: impl Fn(&Path) -> bool) -> HashSet<ClusterName> {
+        let engaged = self.engaged.iter().filter(|(_, engaged)| of(&engaged.file));
+        engaged.map(|(name, _)| name.clone()).collect()
     }
 
     fn disengage(&mut self, name: ClusterName) {

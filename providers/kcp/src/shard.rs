@@ -4,10 +4,14 @@
 use std::collections::{BTreeSet, HashMap};
 
 use http::Uri;
-use kube::Config;
+use kube::{
+    Api, Config,
+    api::{ApiResource, DynamicObject},
+};
 use kube_fleet::{
     cache::{HostCache, HostView, SplitBy},
     client::ClusterClient,
+    provider::Seen,
 };
 
 use crate::binding::CLUSTER_ANNOTATION;
@@ -22,15 +26,13 @@ pub(crate) struct Shard {
     pub(crate) host: HostCache,
     /// The bindings seen, by the logical cluster they are in.
     pub(crate) bindings: HashMap<String, BTreeSet<String>>,
-    /// The bindings seen since a relist began.
-    pub(crate) relisted: Option<HashMap<String, BTreeSet<String>>>,
+    /// The watch of bindings, each known by `<logical cluster>/<name>`.
+    pub(crate) binding_watch: Seen,
     /// The workspace path of each logical cluster, when clusters are named
     /// by path.
     pub(crate) paths: HashMap<String, String>,
-    /// The paths seen since a relist began.
-    pub(crate) paths_relisted: Option<HashMap<String, String>>,
-    /// Whether the paths have been listed once.
-    pub(crate) paths_listed: bool,
+    /// The watch of LogicalClusters, each known by its logical cluster.
+    pub(crate) path_watch: Seen,
 }
 
 impl Shard {
@@ -50,11 +52,16 @@ impl Shard {
             host: HostCache::split_by(url, all, SplitBy::annotation(CLUSTER_ANNOTATION)),
             through,
             bindings: HashMap::new(),
-            relisted: None,
+            binding_watch: Seen::new(),
             paths: HashMap::new(),
-            paths_relisted: None,
-            paths_listed: false,
+            path_watch: Seen::new(),
         })
+    }
+
+    /// `resource` in every logical cluster of the shard, through its
+    /// wildcard endpoint.
+    pub(crate) fn all(&self, resource: &ApiResource) -> Api<DynamicObject> {
+        Api::all_with(self.host.client(), resource)
     }
 
     /// The logical cluster `name` of this shard, to be engaged: its

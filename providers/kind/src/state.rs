@@ -17,7 +17,7 @@ use futures::{
     stream::{BoxStream, FuturesUnordered},
 };
 use kube_fleet::provider::{
-    ClusterEvent, Problems,
+    BuildError, ClusterEvent, Problems,
     kubeconfig::{self, KubeconfigPolicy},
 };
 use tokio::time::{Instant, Interval};
@@ -310,7 +310,7 @@ async fn judge(options: Arc<Options>, name: String, engaged: Option<u64>) -> Ver
         Ok(yaml) => yaml,
         Err(error) => return Verdict::Unavailable(format!("{origin}: {error}")),
     };
-    let mut kubeconfig = match kubeconfig::parse(&yaml, &origin) {
+    let kubeconfig = match kubeconfig::parse(&yaml, &origin) {
         Ok(kubeconfig) => kubeconfig,
         Err(error) => return Verdict::Unavailable(error.to_string()),
     };
@@ -324,25 +324,16 @@ async fn judge(options: Arc<Options>, name: String, engaged: Option<u64>) -> Ver
     if engaged == Some(fingerprint) {
         return Verdict::Unchanged;
     }
-    // The other contexts are never used: they are not loaded either.
-    kubeconfig.contexts.retain(|c| c.name == context);
-    let config = kubeconfig::configs(&kubeconfig, &origin, &options.policy)
-        .await
-        .into_iter()
-        .find_map(|(named, config)| (named == context).then_some(config));
-    let config = match config {
-        Some(Ok(config)) => config,
-        Some(Err(error)) => return Verdict::Refused(error.to_string()),
-        None => return Verdict::Refused(format!("{origin}: no context {context:?}")),
-    };
-    // Runs an allowed credential plugin, off the runtime's threads and with a
-    // deadline; its error quotes neither the plugin's command line nor what
-    // it printed.
-    match kubeconfig::client(config, &origin, &context).await {
+    // The current context alone is checked and loaded. An allowed credential
+    // plugin runs off the runtime's threads and with a deadline; its error
+    // quotes neither the plugin's command line nor what it printed.
+    match kubeconfig::current_client(&kubeconfig, &origin, &options.policy).await {
         Ok(client) => Verdict::Engage {
             fingerprint,
             client,
         },
-        Err(error) => Verdict::Refused(error.to_string()),
+        Err(BuildError::Refused(problem) | BuildError::Unavailable(problem)) => {
+            Verdict::Refused(problem)
+        }
     }
 }

@@ -167,32 +167,18 @@ impl MultiProvider {
 
     /// `event` of the provider `key`, renamed, and remembered; `None` if that
     /// provider is no longer in it.
-    fn renamed(&mut self, key: &Key, event: ClusterEvent) -> Option<ClusterEvent> {
+    fn renamed(&mut self, key: &Key, mut event: ClusterEvent) -> Option<ClusterEvent> {
         let engaged = self.engaged.get_mut(key)?;
-        let prefix = &key.0;
-        Some(match event {
-            ClusterEvent::Engage { name, client } => {
-                let renamed = prefixed(prefix, &name);
-                engaged.insert(name);
-                ClusterEvent::Engage {
-                    name: renamed,
-                    client,
-                }
-            }
-            ClusterEvent::EngageView { name, view } => {
-                let renamed = prefixed(prefix, &name);
-                engaged.insert(name);
-                ClusterEvent::EngageView {
-                    name: renamed,
-                    view,
-                }
+        match &mut event {
+            ClusterEvent::Engage { name, .. } | ClusterEvent::EngageView { name, .. } => {
+                engaged.insert(std::mem::replace(name, prefixed(&key.0, name)));
             }
             ClusterEvent::Disengage { name } => {
-                let renamed = prefixed(prefix, &name);
-                engaged.remove(&name);
-                ClusterEvent::Disengage { name: renamed }
+                engaged.remove(name);
+                *name = prefixed(&key.0, name);
             }
-        })
+        }
+        Some(event)
     }
 }
 

@@ -61,7 +61,7 @@ use kube::{
 use kube_fleet::{
     ClusterName,
     cache::HostCache,
-    provider::{ClusterEvent, Problems},
+    provider::{ClusterEvent, Problems, Seen, SourceChange},
 };
 
 /// The namespaces of one cluster as clusters: a stream of
@@ -137,7 +137,7 @@ impl Stream for NamespaceProvider {
                 host: this.host.clone(),
                 problems: this.problems.clone(),
                 engaged: HashSet::new(),
-                relisted: None,
+                watch: Seen::new(),
                 ready: VecDeque::new(),
             };
             state.events(namespaces)
@@ -152,8 +152,7 @@ struct State {
     host: HostCache,
     problems: Problems,
     engaged: HashSet<String>,
-    /// The namespaces seen since a relist began.
-    relisted: Option<HashSet<String>>,
+    watch: Seen,
     ready: VecDeque<ClusterEvent>,
 }
 
@@ -180,41 +179,19 @@ impl State {
 
     fn handle(&mut self, event: Result<watcher::Event<Namespace>, watcher::Error>) {
         let event = match event {
-            Ok(event) => {
-                self.problems.clear(&self.source());
-                event
-            }
+            Ok(event) => event,
             Err(error) => {
                 let reason = kube_fleet::client::error_chain(&error);
-                self.problems.report(
-                    self.source(),
-                    format!("the watch of namespaces fails, and is retried: {reason}"),
-                );
-                return;
+                let problem = format!("the watch of namespaces fails, and is retried: {reason}");
+                return self.problems.report(self.source(), problem);
             }
         };
-        match event {
-            watcher::Event::Init => self.relisted = Some(HashSet::new()),
-            watcher::Event::InitApply(namespace) => {
-                if let Some(relisted) = &mut self.relisted {
-                    relisted.insert(namespace.name_any());
-                }
-                self.apply(&namespace);
+        self.problems.clear(&self.source());
+        for change in self.watch.changes(event, ResourceExt::name_any) {
+            match change {
+                SourceChange::Applied(namespace) => self.apply(&namespace),
+                SourceChange::Deleted(name) => self.disengage(&name),
             }
-            watcher::Event::InitDone => {
-                let relisted = self.relisted.take().unwrap_or_default();
-                let gone: Vec<String> = self
-                    .engaged
-                    .iter()
-                    .filter(|name| !relisted.contains(*name))
-                    .cloned()
-                    .collect();
-                for name in gone {
-                    self.disengage(&name);
-                }
-            }
-            watcher::Event::Apply(namespace) => self.apply(&namespace),
-            watcher::Event::Delete(namespace) => self.disengage(&namespace.name_any()),
         }
     }
 

@@ -1,12 +1,12 @@
 //! What the provider knows of the Secrets, and what each change to one does.
 
-use std::{collections::hash_map::RandomState, hash::BuildHasher, sync::Arc};
+use std::{collections::hash_map::RandomState, hash::BuildHasher};
 
 use futures::stream::{self, BoxStream, StreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::{ResourceExt, runtime::watcher};
 use kube_fleet::provider::{
-    ClusterEvent, Engagements, Problems, Seen, SourceChange,
+    self, ClusterEvent, Engagements, Problems, Seen, SourceChange,
     kubeconfig::{self, KubeconfigPolicy},
 };
 
@@ -31,13 +31,6 @@ pub(crate) struct State {
 
 type Secrets = BoxStream<'static, Result<watcher::Event<Secret>, watcher::Error>>;
 
-// One at a time, for a moment, on the stack.
-#[allow(clippy::large_enum_variant)]
-enum Input {
-    Event(ClusterEvent),
-    Secret(Result<watcher::Event<Secret>, watcher::Error>),
-}
-
 impl State {
     pub(crate) fn new(options: Options, problems: Problems) -> Self {
         let engagements = Engagements::new(problems.clone(), options.retry);
@@ -51,20 +44,12 @@ impl State {
     }
 
     pub(crate) fn events(self, secrets: Secrets) -> BoxStream<'static, ClusterEvent> {
-        stream::unfold((self, secrets), |(mut state, mut secrets)| async move {
-            loop {
-                // The watch retries for ever; it ends only if dropped.
-                let input = tokio::select! {
-                    event = state.engagements.next() => Input::Event(event),
-                    event = secrets.next() => Input::Secret(event?),
-                };
-                match input {
-                    Input::Event(event) => return Some((event, (state, secrets))),
-                    Input::Secret(event) => state.handle(event),
-                }
-            }
-        })
-        .boxed()
+        provider::drive(
+            self,
+            |state| &mut state.engagements,
+            (secrets, Self::handle),
+            (stream::empty().boxed(), |_, ()| {}),
+        )
     }
 
     fn watch_source(&self) -> String {
@@ -77,22 +62,16 @@ impl State {
 
     fn handle(&mut self, event: Result<watcher::Event<Secret>, watcher::Error>) {
         let event = match event {
-            Ok(event) => {
-                self.problems.clear(&self.watch_source());
-                event
-            }
+            Ok(event) => event,
             Err(error) => {
-                self.problems.report(
-                    self.watch_source(),
-                    format!(
-                        "the watch of Secrets ({}) fails, and is retried: {}",
-                        self.options.selector,
-                        kube_fleet::client::error_chain(&error)
-                    ),
-                );
-                return;
+                let reason = kube_fleet::client::error_chain(&error);
+                let selector = &self.options.selector;
+                let problem =
+                    format!("the watch of Secrets ({selector}) fails, and is retried: {reason}");
+                return self.problems.report(self.watch_source(), problem);
             }
         };
+        self.problems.clear(&self.watch_source());
         for change in self.watch.changes(event, ResourceExt::name_any) {
             match change {
                 SourceChange::Applied(secret) => self.apply(&secret),
@@ -108,12 +87,7 @@ impl State {
             self.gone(&name);
             return;
         }
-        let bytes = secret
-            .data
-            .as_ref()
-            .and_then(|data| data.get(&self.options.key))
-            .map(|value| value.0.as_slice())
-            .filter(|bytes| !bytes.is_empty());
+        let bytes = kubeconfig::secret_bytes(secret, &self.options.key);
         let Some(bytes) = bytes else {
             // A version built from bytes it no longer holds is never
             // engaged, even if its build is under way.
@@ -127,8 +101,7 @@ impl State {
             );
             return;
         };
-        let hash = self.hasher.hash_one(bytes);
-        let bytes: Arc<[u8]> = Arc::from(bytes);
+        let hash = self.hasher.hash_one(&*bytes);
         let policy = self.options.policy.clone();
         let origin = format!("{source}, key {:?}", self.options.key);
         // Labels, annotations or another key changed: the same version,

@@ -14,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use futures::{StreamExt, stream::BoxStream};
+use futures::{FutureExt, StreamExt, stream::BoxStream};
 use kube::{
     Api, Config, ResourceExt,
     api::{DynamicObject, ListParams},
@@ -24,7 +24,7 @@ use kube_fleet::{
     ClusterName,
     cache::HostCache,
     client::error_chain,
-    provider::{ClusterEvent, Problems},
+    provider::{ClusterEvent, Problems, SourceChange},
 };
 use tokio_stream::StreamMap;
 
@@ -106,20 +106,21 @@ pub(crate) struct State {
     watch_paths: fn(&Shard) -> Events,
 }
 
-/// The shard's watch of LogicalClusters, through its wildcard endpoint.
-fn watch_paths(shard: &Shard) -> Events {
-    let api = Api::<DynamicObject>::all_with(shard.host.client(), &logical_clusters());
-    watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed()
+/// A watch of `api`, retried with backoff.
+fn watch(api: Api<DynamicObject>, config: watcher::Config) -> Events {
+    watcher(api, config).default_backoff().boxed()
 }
 
-/// The shard's watch of APIBindings, through its wildcard endpoint.
-fn watch_bindings(shard: &Shard) -> Events {
-    let api = Api::<DynamicObject>::all_with(shard.host.client(), &api_bindings());
-    watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed()
+/// One input from `asked` if it answers within [`RECHECK`], or none.
+fn answer<T, E>(
+    asked: impl Future<Output = Result<T, E>> + Send + 'static,
+    input: impl FnOnce(T) -> Input + Send + 'static,
+) -> BoxStream<'static, Input> {
+    let answer = async move {
+        let answered = tokio::time::timeout(RECHECK, asked).await;
+        futures::stream::iter(answered.ok().and_then(Result::ok).map(input))
+    };
+    answer.flatten_stream().boxed()
 }
 
 impl State {
@@ -147,8 +148,8 @@ impl State {
             failures: 0,
             inputs: StreamMap::new(),
             ready: VecDeque::new(),
-            watch_bindings,
-            watch_paths,
+            watch_bindings: |shard| watch(shard.all(&api_bindings()), Default::default()),
+            watch_paths: |shard| watch(shard.all(&logical_clusters()), Default::default()),
         }
     }
 
@@ -163,8 +164,7 @@ impl State {
     pub(crate) fn events(self) -> BoxStream<'static, ClusterEvent> {
         let api = Api::<DynamicObject>::all_with(self.workspace.clone(), &endpoint_slices());
         let config = watcher::Config::default().fields(&format!("metadata.name={}", self.slice));
-        let slices = watcher(api, config).default_backoff().boxed();
-        self.events_from(slices)
+        self.events_from(watch(api, config))
     }
 
     /// The cluster events, from the slice's events `slices`.
@@ -400,10 +400,8 @@ impl State {
             if self.inputs.contains_key(&probe) {
                 continue;
             }
-            let bindings = Api::<DynamicObject>::all_with(shard.host.client(), &api_bindings());
-            let paths = self
-                .by_path
-                .then(|| Api::<DynamicObject>::all_with(shard.host.client(), &logical_clusters()));
+            let bindings = shard.all(&api_bindings());
+            let paths = self.by_path.then(|| shard.all(&logical_clusters()));
             let asked = async move {
                 let one = ListParams::default().limit(1);
                 bindings.list(&one).await?;
@@ -414,26 +412,15 @@ impl State {
             };
             // The answer names the failures it was asked after.
             let since = self.failures;
-            let answer = async move {
-                match tokio::time::timeout(RECHECK, asked).await {
-                    Ok(Ok(())) => Some(Input::Answered(since)),
-                    _ => None,
-                }
-            };
-            let answer = futures::stream::once(answer).filter_map(std::future::ready);
-            self.inputs.insert(probe, answer.boxed());
+            self.inputs
+                .insert(probe, answer(asked, move |()| Input::Answered(since)));
         }
         if self.slice_failing && !self.inputs.contains_key(&Source::SliceProbe) {
             let api = Api::<DynamicObject>::all_with(self.workspace.clone(), &endpoint_slices());
             let name = self.slice.clone();
-            let answer = async move {
-                match tokio::time::timeout(RECHECK, api.get_opt(&name)).await {
-                    Ok(Ok(slice)) => Some(Input::Read(slice)),
-                    _ => None,
-                }
-            };
-            let answer = futures::stream::once(answer).filter_map(std::future::ready);
-            self.inputs.insert(Source::SliceProbe, answer.boxed());
+            let read = async move { api.get_opt(&name).await };
+            self.inputs
+                .insert(Source::SliceProbe, answer(read, Input::Read));
         }
         self.add_missing();
     }
@@ -501,48 +488,20 @@ impl State {
         let Some(event) = self.told(Source::Shard(url.clone()), "APIBindings", event) else {
             return;
         };
-        match event {
-            watcher::Event::Init => {
-                if let Some(shard) = self.shards.get_mut(url) {
-                    shard.relisted = Some(HashMap::new());
-                }
-            }
-            watcher::Event::InitApply(binding) => {
-                if let Some(shard) = self.shards.get_mut(url)
-                    && let (Some(relisted), Some(cluster)) =
-                        (shard.relisted.as_mut(), logical_cluster(&binding))
-                {
-                    relisted
-                        .entry(cluster.to_owned())
-                        .or_default()
-                        .insert(binding.name_any());
-                }
-                self.apply(url, &binding);
-            }
-            watcher::Event::Apply(binding) => self.apply(url, &binding),
-            watcher::Event::InitDone => {
-                let Some(shard) = self.shards.get_mut(url) else {
-                    return;
-                };
-                let relisted = shard.relisted.take().unwrap_or_default();
-                let gone: Vec<(String, String)> = shard
-                    .bindings
-                    .iter()
-                    .flat_map(|(cluster, names)| {
-                        let kept = relisted.get(cluster);
-                        names
-                            .iter()
-                            .filter(move |name| !kept.is_some_and(|kept| kept.contains(*name)))
-                            .map(move |name| (cluster.clone(), name.clone()))
-                    })
-                    .collect();
-                for (cluster, name) in gone {
-                    self.remove(url, &cluster, &name);
-                }
-            }
-            watcher::Event::Delete(binding) => {
-                if let Some(cluster) = logical_cluster(&binding) {
-                    self.remove(url, cluster, &binding.name_any());
+        let Some(shard) = self.shards.get_mut(url) else {
+            return;
+        };
+        let key = |binding: &DynamicObject| {
+            let cluster = logical_cluster(binding).unwrap_or_default();
+            format!("{cluster}/{}", binding.name_any())
+        };
+        for change in shard.binding_watch.changes(event, key) {
+            match change {
+                SourceChange::Applied(binding) => self.apply(url, &binding),
+                SourceChange::Deleted(key) => {
+                    // A binding's name holds no `/`.
+                    let (cluster, name) = key.rsplit_once('/').unwrap_or_default();
+                    self.remove(url, cluster, name);
                 }
             }
         }
@@ -614,50 +573,30 @@ impl State {
         let Some(shard) = self.shards.get_mut(url) else {
             return;
         };
-        let path_of = |object: &DynamicObject| {
-            let cluster = logical_cluster(object)?.to_owned();
-            let path = object.annotations().get(PATH_ANNOTATION)?.clone();
-            (!path.is_empty()).then_some((cluster, path))
-        };
-        let deleted = matches!(event, watcher::Event::Delete(_));
-        let changed: Vec<String> = match event {
-            watcher::Event::Init => {
-                shard.paths_relisted = Some(HashMap::new());
-                Vec::new()
-            }
-            watcher::Event::InitApply(object)
-            | watcher::Event::Apply(object)
-            | watcher::Event::Delete(object) => match path_of(&object).filter(|_| !deleted) {
-                Some((cluster, path)) => {
-                    if let Some(relisted) = &mut shard.paths_relisted {
-                        relisted.insert(cluster.clone(), path.clone());
-                    }
-                    shard.paths.insert(cluster.clone(), path);
-                    vec![cluster]
+        let relisted = matches!(event, watcher::Event::InitDone);
+        let key = |object: &DynamicObject| logical_cluster(object).unwrap_or_default().to_owned();
+        let mut changed: Vec<String> = Vec::new();
+        for change in shard.path_watch.changes(event, key) {
+            let (cluster, path) = match change {
+                SourceChange::Applied(object) => {
+                    let path = object.annotations().get(PATH_ANNOTATION);
+                    (key(&object), path.filter(|path| !path.is_empty()).cloned())
                 }
-                // Gone, or its path taken away or made empty: it names nothing.
-                None => logical_cluster(&object)
-                    .and_then(|cluster| shard.paths.remove_entry(cluster))
-                    .map(|(cluster, _)| vec![cluster])
-                    .unwrap_or_default(),
-            },
-            watcher::Event::InitDone => {
-                let relisted = shard.paths_relisted.take().unwrap_or_default();
-                shard.paths_listed = true;
-                let mut changed: Vec<String> = shard
-                    .paths
-                    .keys()
-                    .filter(|cluster| !relisted.contains_key(*cluster))
-                    .cloned()
-                    .collect();
-                shard
-                    .paths
-                    .retain(|cluster, _| relisted.contains_key(cluster));
-                // Those bound whose path is still not known are told.
-                changed.extend(shard.bindings.keys().cloned());
-                changed
+                SourceChange::Deleted(cluster) => (cluster, None),
+            };
+            if let Some(path) = path.filter(|_| !cluster.is_empty()) {
+                shard.paths.insert(cluster.clone(), path);
+            } else if shard.paths.remove(&cluster).is_none() {
+                // Gone, or its path taken away or made empty, and it named
+                // nothing before either.
+                continue;
             }
-        };
+            changed.push(cluster);
+        }
+        if relisted {
+            // Those bound whose path is still not known are told.
+            changed.extend(shard.bindings.keys().cloned());
+        }
         for cluster in changed {
             self.settle(&cluster);
         }
@@ -698,7 +637,7 @@ impl State {
         let unnamed = self.by_path
             && wanted.is_none()
             && taken.is_none()
-            && from.iter().any(|url| self.shards[*url].paths_listed);
+            && from.iter().any(|url| self.shards[*url].path_watch.listed());
         if let Some((name, owner)) = &taken {
             self.problems.report(
                 path_source,
