@@ -20,6 +20,29 @@
 
 #![forbid(unsafe_code)]
 
+/// `get_ref`, `get_mut` and `into_inner` of a service that wraps the one in
+/// its field `inner`.
+macro_rules! inner_accessors {
+    ($service:ident) => {
+        impl<S> $service<S> {
+            /// The inner service.
+            pub fn get_ref(&self) -> &S {
+                &self.inner
+            }
+
+            /// The inner service, mutably.
+            pub fn get_mut(&mut self) -> &mut S {
+                &mut self.inner
+            }
+
+            /// Unwraps the inner service.
+            pub fn into_inner(self) -> S {
+                self.inner
+            }
+        }
+    };
+}
+
 pub mod catch_panic;
 pub mod metrics;
 pub mod recommended;

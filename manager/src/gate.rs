@@ -10,8 +10,9 @@
 //! in flight, so that a Lease is given up only once they have stopped.
 
 use std::{
+    collections::HashMap,
     fmt,
-    sync::Arc,
+    sync::{Arc, Mutex, MutexGuard},
     task::{Context, Poll},
 };
 
@@ -25,14 +26,11 @@ use crate::shard::key_shard;
 
 /// The validity of each cluster this replica runs (with sharding): what
 /// the reconciles' gate reads, and the sharder keeps.
-pub(crate) type Shards = std::sync::Arc<
-    std::sync::Mutex<std::collections::HashMap<kube_fleet::ClusterName, std::sync::Arc<Validity>>>,
->;
+pub(crate) type Shards = Arc<Mutex<HashMap<ClusterName, Arc<Validity>>>>;
 
 /// The validity of each shard this replica holds, for the keys of the hub
 /// clusters (with sharding that has hubs).
-pub(crate) type HubShards =
-    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<u32, Arc<Validity>>>>;
+pub(crate) type HubShards = Arc<Mutex<HashMap<u32, Arc<Validity>>>>;
 
 /// The hub clusters of a sharding: run by every replica, each key under
 /// the validity of its shard.
@@ -84,6 +82,11 @@ impl Validity {
     }
 }
 
+/// `mutex` locked, whether or not a holder panicked.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn is_open(until: Option<Instant>) -> bool {
     until.is_some_and(|until| Instant::now() < until)
 }
@@ -129,18 +132,11 @@ impl Gate {
             }
             Self::Shards(shards, hubs) => {
                 if let Some(hubs) = hubs {
-                    for (_, validity) in hubs
-                        .shards
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .drain()
-                    {
+                    for (_, validity) in lock(&hubs.shards).drain() {
                         validity.close();
                     }
                 }
-                shards
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
+                lock(shards)
                     .drain()
                     .map(|(cluster, validity)| {
                         validity.close();
@@ -157,20 +153,13 @@ impl Gate {
             Self::Leader(validity) => Lookup::Under(validity.clone()),
             Self::Shards(_, Some(hubs)) if hubs.clusters.selects(&request.cluster) => {
                 let shard = key_shard(request.namespace.as_deref(), &request.name, hubs.count);
-                match hubs
-                    .shards
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&shard)
-                {
+                match lock(&hubs.shards).get(&shard) {
                     Some(validity) => Lookup::Under(validity.clone()),
                     None => Lookup::Skip,
                 }
             }
             Self::Shards(shards, _) => Lookup::Under(
-                shards
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
+                lock(shards)
                     .get(&request.cluster)
                     .cloned()
                     .unwrap_or_else(Validity::closed),

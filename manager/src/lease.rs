@@ -118,13 +118,10 @@ impl Observed {
 
     /// A delete that succeeds only if the Lease is still this record.
     pub(crate) fn delete_params(&self) -> DeleteParams {
-        DeleteParams {
-            preconditions: Some(Preconditions {
-                resource_version: self.metadata.resource_version.clone(),
-                uid: self.metadata.uid.clone(),
-            }),
-            ..DeleteParams::default()
-        }
+        DeleteParams::default().preconditions(Preconditions {
+            resource_version: self.metadata.resource_version.clone(),
+            uid: self.metadata.uid.clone(),
+        })
     }
 }
 
@@ -235,13 +232,12 @@ impl LeaseLock {
                 ..spec
             };
             match self.replace(next, &lease.metadata, Instant::now()).await {
-                Ok(_) => {
-                    self.observed = None;
-                    return Ok(());
-                }
+                Ok(_) => {}
                 Err(kube::Error::Api(status)) if status.code == 409 => continue,
                 Err(error) => return Err(error),
             }
+            self.observed = None;
+            return Ok(());
         }
         Ok(())
     }
@@ -259,17 +255,14 @@ impl LeaseLock {
                 return Ok(());
             }
             match self.api.delete(&self.name, &seen.delete_params()).await {
-                Ok(_) => {
-                    self.observed = None;
-                    return Ok(());
-                }
-                Err(kube::Error::Api(status)) if status.code == 404 => {
-                    self.observed = None;
-                    return Ok(());
-                }
+                // Deleted, by this call or before it.
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
                 Err(kube::Error::Api(status)) if status.code == 409 => continue,
                 Err(error) => return Err(error),
             }
+            self.observed = None;
+            return Ok(());
         }
         Ok(())
     }

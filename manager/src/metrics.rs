@@ -10,7 +10,7 @@ use tokio::sync::watch;
 
 use crate::{
     election::Role,
-    gate::HubShards,
+    gate::{HubShards, lock},
     shard::{ShardStatus, shard_of},
 };
 
@@ -98,7 +98,7 @@ impl Collector for ShardGauge {
         )?;
         replicas.encode(family.encode_family(&[("name", self.name.as_str())])?)?;
         if let Some(hubs) = &self.hubs {
-            let held = hubs.lock().unwrap_or_else(|e| e.into_inner()).len();
+            let held = lock(hubs).len();
             let held = ConstGauge::new(held as i64);
             let mut family = encoder.encode_descriptor(
                 "kube_fleet_shard_hub_shards",

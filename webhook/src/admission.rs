@@ -103,24 +103,25 @@ pub(crate) enum Answer<K> {
 }
 
 impl<K> Verdict<K> {
-    /// Admit the request as it is.
-    pub fn allow() -> Self {
+    fn from_answer(answer: Answer<K>) -> Self {
         Self {
-            answer: Answer::Allow,
+            answer,
             warnings: Vec::new(),
         }
+    }
+
+    /// Admit the request as it is.
+    pub fn allow() -> Self {
+        Self::from_answer(Answer::Allow)
     }
 
     /// Refuse the request: the client sees `message`, with HTTP code 403
     /// unless [`code`](Self::code) says otherwise.
     pub fn deny(message: impl Into<String>) -> Self {
-        Self {
-            answer: Answer::Deny {
-                message: message.into(),
-                code: 403,
-            },
-            warnings: Vec::new(),
-        }
+        Self::from_answer(Answer::Deny {
+            message: message.into(),
+            code: 403,
+        })
     }
 
     /// The HTTP code of a denial (400 to 599; others are taken as 403).
@@ -141,10 +142,7 @@ impl<K> Verdict<K> {
     /// as they were. From a validating webhook it is taken as
     /// [`allow`](Self::allow).
     pub fn mutate(object: K) -> Self {
-        Self {
-            answer: Answer::Mutate(Box::new(object)),
-            warnings: Vec::new(),
-        }
+        Self::from_answer(Answer::Mutate(Box::new(object)))
     }
 
     /// A warning for the client, whatever the answer.

@@ -126,7 +126,7 @@ impl Certificates {
     /// Reads or makes the first certificate; `hosts` are the names the
     /// registrations use, for a generated one.
     pub(crate) fn load(&self, hosts: &[String]) -> Result<Loaded, Error> {
-        match &self.source {
+        let (key, ca) = match &self.source {
             Source::Files { cert, key, ca, .. } => {
                 if ca.is_none() {
                     tracing::warn!(
@@ -134,8 +134,7 @@ impl Certificates {
                         "no CA file for the webhook certificate: its own chain is written into the registrations, so a renewed certificate is refused by each cluster until its registration is written again; give the CA (cert-manager's ca.crt) with Certificates::ca_file"
                     );
                 }
-                let read = read_files(cert, key, ca.as_deref())?;
-                Ok(Loaded::new(read.key, read.ca))
+                read_files(cert, key, ca.as_deref())?
             }
             Source::Generated { hosts: extra } => {
                 let mut names: Vec<String> = vec!["localhost".into(), "127.0.0.1".into()];
@@ -144,10 +143,10 @@ impl Certificates {
                         names.push(host.clone());
                     }
                 }
-                let (key, ca) = generate(&names)?;
-                Ok(Loaded::new(key, ca))
+                generate(&names)?
             }
-        }
+        };
+        Ok(Loaded::new(key, ca))
     }
 
     /// Reads the files again every interval while `loaded` is in use, and
@@ -178,17 +177,16 @@ impl Certificates {
                 if now == last {
                     continue;
                 }
+                last = now;
                 match read_files(&cert, &key, ca.as_deref()) {
-                    Ok(read) => {
-                        last = now;
+                    Ok((certified, bundle)) => {
                         tracing::info!(cert = %cert.display(), "serving the webhook certificate read again");
-                        loaded.replace(read.key, read.ca);
+                        loaded.replace(certified, bundle);
                         problem(None);
                     }
                     // A pair being written is read again on the next tick;
                     // until it reads, the last good one is served.
                     Err(error) => {
-                        last = now;
                         tracing::warn!(%error, "the webhook certificate files changed but cannot be served; serving the previous ones");
                         problem(Some(&error));
                     }
@@ -254,12 +252,7 @@ impl ResolvesServerCert for Resolver {
     }
 }
 
-struct Read {
-    key: CertifiedKey,
-    ca: String,
-}
-
-fn read_files(cert: &Path, key: &Path, ca: Option<&Path>) -> Result<Read, Error> {
+fn read_files(cert: &Path, key: &Path, ca: Option<&Path>) -> Result<(CertifiedKey, String), Error> {
     let bad = |path: &Path, reason: String| Error::Certificate {
         path: path.to_owned(),
         reason,
@@ -294,7 +287,7 @@ fn read_files(cert: &Path, key: &Path, ca: Option<&Path>) -> Result<Read, Error>
         }
         None => String::from_utf8_lossy(&cert_pem).into_owned(),
     };
-    Ok(Read { key: certified, ca })
+    Ok((certified, ca))
 }
 
 /// What changes when a file is written: its length and modification time,

@@ -10,7 +10,7 @@ use futures::{FutureExt, future::BoxFuture};
 use kube::{
     Resource,
     core::{
-        DynamicObject, Status, TypeMeta,
+        Status, TypeMeta,
         admission::{AdmissionResponse, AdmissionReview},
         conversion::{ConversionResponse, ConversionReview},
     },
@@ -22,7 +22,7 @@ use tower::{BoxError, Service, ServiceExt};
 use crate::{
     admission::{AdmissionRequest, Answer, Verdict},
     conversion::ConversionRequest,
-    webhook::FailurePolicy,
+    webhook::{FailurePolicy, Webhook},
 };
 
 /// The API server's own wait for a conversion webhook, which no setting
@@ -153,22 +153,16 @@ pub(crate) fn budget(wait: Duration) -> Duration {
     wait.mul_f64(0.8)
 }
 
-/// An admission handler of `K`, erased.
-pub(crate) fn admission<K, S>(
-    name: &str,
-    kind: Kind,
-    policy: FailurePolicy,
-    wait: Duration,
-    service: S,
-) -> Handler
+/// An admission handler of `K` for `webhook`, erased.
+pub(crate) fn admission<K, S>(webhook: &Webhook, kind: Kind, service: S) -> Handler
 where
     K: Resource + Clone + Serialize + DeserializeOwned + Send + Sync + 'static,
     S: Service<AdmissionRequest<K>, Response = Verdict<K>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
 {
-    let webhook: Arc<str> = name.into();
-    let budget = budget(wait);
+    let (policy, budget) = (webhook.failure_policy, budget(webhook.timeout));
+    let webhook: Arc<str> = webhook.name.as_str().into();
     let call = erase(
         webhook.clone(),
         service,
@@ -177,12 +171,9 @@ where
                 Ok(value) => value,
                 Err(error) => {
                     return Reply {
-                        body: encode(
-                            &AdmissionResponse::invalid(format!(
-                                "webhook {webhook:?}: the body is not JSON: {error}"
-                            ))
-                            .into_review(),
-                        ),
+                        body: admission_review(AdmissionResponse::invalid(format!(
+                            "webhook {webhook:?}: the body is not JSON: {error}"
+                        ))),
                         outcome: Outcome::Malformed,
                     };
                 }
@@ -192,13 +183,10 @@ where
             let raw = (kind == Kind::Mutating)
                 .then(|| value.pointer("/request/object").cloned())
                 .flatten();
-            let request = serde_json::from_value::<AdmissionReview<K>>(value)
-                .map_err(|e| e.to_string())
-                .and_then(|review| {
-                    TryInto::<kube::core::admission::AdmissionRequest<K>>::try_into(review)
-                        .map_err(|e| e.to_string())
-                });
-            let request = match request {
+            let request = || -> Result<kube::core::admission::AdmissionRequest<K>, BoxError> {
+                Ok(serde_json::from_value::<AdmissionReview<K>>(value)?.try_into()?)
+            };
+            let request = match request() {
                 Ok(request) => request,
                 Err(error) => {
                     let failed = Failed {
@@ -237,13 +225,10 @@ where
         webhook.clone(),
         service,
         move |service: S, webhook: Arc<str>, body: Bytes, cluster: Cluster| async move {
-            let request = serde_json::from_slice::<ConversionReview>(&body)
-                .map_err(|e| e.to_string())
-                .and_then(|review| {
-                    kube::core::conversion::ConversionRequest::from_review(review)
-                        .map_err(|e| e.to_string())
-                });
-            let request = match request {
+            let request = || -> Result<kube::core::conversion::ConversionRequest, BoxError> {
+                Ok(serde_json::from_slice::<ConversionReview>(&body)?.try_into()?)
+            };
+            let request = match request() {
                 Ok(request) => request,
                 Err(error) => {
                     let status = Status::failure(
@@ -329,11 +314,14 @@ fn uid_of(review: &serde_json::Value) -> String {
         .to_owned()
 }
 
-fn review_types() -> TypeMeta {
-    TypeMeta {
+/// `response` in an `admission.k8s.io/v1` review, encoded.
+fn admission_review(response: AdmissionResponse) -> Vec<u8> {
+    let mut review = response.into_review();
+    review.types = TypeMeta {
         api_version: "admission.k8s.io/v1".into(),
         kind: "AdmissionReview".into(),
-    }
+    };
+    encode(&review)
 }
 
 fn answer<K: Serialize>(
@@ -392,10 +380,8 @@ fn answer<K: Serialize>(
             }
         },
     };
-    let mut review = response.into_review();
-    review.types = review_types();
     Reply {
-        body: encode(&review),
+        body: admission_review(response),
         outcome,
     }
 }
@@ -419,10 +405,8 @@ fn failure(webhook: &str, policy: FailurePolicy, uid: String, failed: Failed) ->
             )]);
         }
     }
-    let mut review: AdmissionReview<DynamicObject> = response.into_review();
-    review.types = review_types();
     Reply {
-        body: encode(&review),
+        body: admission_review(response),
         outcome: failed.outcome,
     }
 }
@@ -434,13 +418,9 @@ pub(crate) fn refuse(kind: Kind, body: &[u8], message: &str) -> Vec<u8> {
     let value: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
     match kind {
         Kind::Conversion => {
-            let uid = value
-                .pointer("/request/uid")
-                .and_then(|uid| uid.as_str())
-                .unwrap_or_default();
             let status = Status::failure(message, "Forbidden").with_code(403);
             let mut response = ConversionResponse::invalid(status);
-            response.uid = uid.to_owned();
+            response.uid = uid_of(&value);
             response.types = Some(TypeMeta {
                 api_version: "apiextensions.k8s.io/v1".into(),
                 kind: "ConversionReview".into(),
@@ -451,9 +431,7 @@ pub(crate) fn refuse(kind: Kind, body: &[u8], message: &str) -> Vec<u8> {
             let mut response = AdmissionResponse::invalid(message);
             response.uid = uid_of(&value);
             response.result = Status::failure(message, "Forbidden").with_code(403);
-            let mut review = response.into_review();
-            review.types = review_types();
-            encode(&review)
+            admission_review(response)
         }
     }
 }

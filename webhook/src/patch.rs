@@ -79,25 +79,13 @@ fn set(target: &mut Value, path: &[String], value: Value, insert: bool) {
         *target = value;
         return;
     };
-    let mut node = target;
-    for token in parents {
-        node = match node {
-            Value::Array(items) => match token.parse::<usize>() {
-                Ok(i) if i < items.len() => &mut items[i],
-                _ => return,
-            },
-            other => {
-                if !other.is_object() {
-                    *other = Value::Object(Map::new());
-                }
-                let Value::Object(map) = other else {
-                    return;
-                };
-                map.entry(token.clone())
-                    .or_insert_with(|| Value::Object(Map::new()))
-            }
-        };
-    }
+    let node = parents.iter().try_fold(target, |node, token| match node {
+        Value::Array(items) => items.get_mut(token.parse::<usize>().ok()?),
+        other => Some(object(other).entry(token.clone()).or_insert(Value::Null)),
+    });
+    let Some(node) = node else {
+        return;
+    };
     match node {
         Value::Array(items) => {
             let at = if last == "-" {
@@ -115,14 +103,17 @@ fn set(target: &mut Value, path: &[String], value: Value, insert: bool) {
             }
         }
         other => {
-            if !other.is_object() {
-                *other = Value::Object(Map::new());
-            }
-            if let Value::Object(map) = other {
-                map.insert(last.clone(), value);
-            }
+            object(other).insert(last.clone(), value);
         }
     }
+}
+
+/// `value` as an object, made an empty one if it is anything else.
+fn object(value: &mut Value) -> &mut Map<String, Value> {
+    if !value.is_object() {
+        *value = Value::Object(Map::new());
+    }
+    value.as_object_mut().expect("made an object")
 }
 
 /// Takes `path` out, if it is there.
@@ -130,25 +121,16 @@ fn take(target: &mut Value, path: &[String]) {
     let Some((last, parents)) = path.split_last() else {
         return;
     };
-    let mut node = target;
-    for token in parents {
-        node = match node {
-            Value::Object(map) => match map.get_mut(token) {
-                Some(next) => next,
-                None => return,
-            },
-            Value::Array(items) => match token.parse::<usize>() {
-                Ok(i) if i < items.len() => &mut items[i],
-                _ => return,
-            },
-            _ => return,
-        };
-    }
+    let node = parents.iter().try_fold(target, |node, token| match node {
+        Value::Object(map) => map.get_mut(token),
+        Value::Array(items) => items.get_mut(token.parse::<usize>().ok()?),
+        _ => None,
+    });
     match node {
-        Value::Object(map) => {
+        Some(Value::Object(map)) => {
             map.remove(last);
         }
-        Value::Array(items) => {
+        Some(Value::Array(items)) => {
             if let Ok(i) = last.parse::<usize>()
                 && i < items.len()
             {

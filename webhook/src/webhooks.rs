@@ -100,7 +100,8 @@ impl Webhooks {
         S::Future: Send + 'static,
         S::Error: Into<BoxError>,
     {
-        self.admission(Kind::Validating, webhook, service)
+        let handler = handler::admission::<K, S>(&webhook, Kind::Validating, service);
+        self.admission::<K>(webhook, handler)
     }
 
     /// Serves `webhook` as a mutating webhook of `K` with `service`: a
@@ -119,37 +120,24 @@ impl Webhooks {
         S::Future: Send + 'static,
         S::Error: Into<BoxError>,
     {
-        self.admission(Kind::Mutating, webhook, service)
+        let handler = handler::admission::<K, S>(&webhook, Kind::Mutating, service);
+        self.admission::<K>(webhook, handler)
     }
 
-    fn admission<K, S>(mut self, kind: Kind, webhook: Webhook, service: S) -> Self
-    where
-        K: Resource<DynamicType = ()>
-            + Clone
-            + Serialize
-            + DeserializeOwned
-            + Send
-            + Sync
-            + 'static,
-        S: Service<AdmissionRequest<K>, Response = Verdict<K>> + Clone + Send + 'static,
-        S::Future: Send + 'static,
-        S::Error: Into<BoxError>,
-    {
+    fn admission<K: Resource<DynamicType = ()>>(
+        mut self,
+        webhook: Webhook,
+        handler: Handler,
+    ) -> Self {
         if !self.check(&webhook.name, webhook.check()) {
             return self;
         }
         let entry = self.entry::<K>(&webhook);
-        match kind {
+        match handler.kind {
             Kind::Mutating => self.mutating.push(entry),
             _ => self.validating.push(entry),
         }
-        self.handlers.push(handler::admission::<K, S>(
-            &webhook.name,
-            kind,
-            webhook.failure_policy,
-            webhook.timeout,
-            service,
-        ));
+        self.handlers.push(handler);
         self
     }
 

@@ -19,22 +19,9 @@ impl<S> CatchPanic<S> {
     pub const fn new(inner: S) -> Self {
         Self { inner }
     }
-
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Unwraps the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
 }
+
+inner_accessors!(CatchPanic);
 
 impl<S, R> Service<R> for CatchPanic<S>
 where

@@ -34,39 +34,33 @@ impl FleetCollector {
 impl Collector for FleetCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let status = self.fleet.status();
-        let health = status.health;
-        let set_aside = status.set_aside.len();
-        let engaged = ConstGauge::new(self.fleet.clusters().len() as i64);
-        let metric = encoder.encode_descriptor(
-            "kube_fleet_engaged_clusters",
-            "Clusters engaged in the fleet",
-            None,
-            engaged.metric_type(),
-        )?;
-        engaged.encode(metric)?;
-        let aside = ConstGauge::new(set_aside as i64);
-        let metric = encoder.encode_descriptor(
-            "kube_fleet_set_aside_clusters",
-            "Clusters set aside for want of an answer, engaged again when they answer",
-            None,
-            aside.metric_type(),
-        )?;
-        aside.encode(metric)?;
-        let duplicates = ConstGauge::new(status.duplicates.len() as i64);
-        let metric = encoder.encode_descriptor(
-            "kube_fleet_duplicate_clusters",
-            "Names offered for a cluster engaged under another name (FleetStatus::duplicates)",
-            None,
-            duplicates.metric_type(),
-        )?;
-        duplicates.encode(metric)?;
+        for (name, help, count) in [
+            (
+                "kube_fleet_engaged_clusters",
+                "Clusters engaged in the fleet",
+                self.fleet.clusters().len(),
+            ),
+            (
+                "kube_fleet_set_aside_clusters",
+                "Clusters set aside for want of an answer, engaged again when they answer",
+                status.set_aside.len(),
+            ),
+            (
+                "kube_fleet_duplicate_clusters",
+                "Names offered for a cluster engaged under another name (FleetStatus::duplicates)",
+                status.duplicates.len(),
+            ),
+        ] {
+            let gauge = ConstGauge::new(count as i64);
+            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+        }
         let mut family = encoder.encode_descriptor(
             "kube_fleet_cluster_health",
             "Each engaged or set-aside cluster's health: 1 under its state (healthy, degraded, unreachable)",
             None,
             MetricType::Gauge,
         )?;
-        for (cluster, health) in &health {
+        for (cluster, health) in &status.health {
             let labels = [("cluster", cluster.as_str()), ("state", health.state())];
             ConstGauge::new(1).encode(family.encode_family(&labels)?)?;
         }

@@ -247,16 +247,10 @@ impl ReconcileMetrics {
         if fleet.get(labels.cluster.as_str()).is_none() {
             return;
         }
-        match series.get_mut(labels.cluster.as_str()) {
-            Some(controllers) => {
-                if !controllers.contains(&labels.controller) {
-                    controllers.insert(labels.controller.clone());
-                }
-            }
-            None => {
-                let controllers = HashSet::from([labels.controller.clone()]);
-                series.insert(labels.cluster.clone(), controllers);
-            }
+        let known = series.get(labels.cluster.as_str());
+        if !known.is_some_and(|controllers| controllers.contains(&labels.controller)) {
+            let controllers = series.entry(labels.cluster.clone()).or_default();
+            controllers.insert(labels.controller.clone());
         }
         record();
     }

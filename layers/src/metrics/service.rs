@@ -26,22 +26,9 @@ impl<S> Metrics<S> {
             controller,
         }
     }
-
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Unwraps the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
 }
+
+inner_accessors!(Metrics);
 
 impl<S, R> Service<R> for Metrics<S>
 where

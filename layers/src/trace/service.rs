@@ -21,22 +21,9 @@ impl<S> Trace<S> {
     pub const fn new(inner: S, controller: Option<Arc<str>>) -> Self {
         Self { inner, controller }
     }
-
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Unwraps the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
 }
+
+inner_accessors!(Trace);
 
 impl<S, R> Service<R> for Trace<S>
 where

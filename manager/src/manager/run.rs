@@ -41,6 +41,7 @@ use crate::{
     readiness::{Readiness, Watched},
     shard::{ShardStatus, Sharding},
     sharder::Sharder,
+    timing::LeaseParams,
 };
 
 /// How long the controllers' cancelled reconciles may take to end before
@@ -274,13 +275,8 @@ async fn coordinate(
     let mut lease = None;
     if let Some(election) = election {
         election.validate()?;
-        let (client, namespace, identity) = lease_site(
-            election.lease.client,
-            election.lease.namespace,
-            election.lease.identity,
-            || format!("leader election Lease {:?}", election.name),
-        )
-        .await?;
+        let what = format!("leader election Lease {:?}", election.name);
+        let (client, namespace, identity) = lease_site(&election.lease, what).await?;
         let lock = LeaseLock::new(
             client,
             &namespace,
@@ -312,13 +308,8 @@ async fn coordinate(
     let mut shard_status = None;
     if let Some(sharding) = sharding {
         sharding.validate()?;
-        let (client, namespace, identity) = lease_site(
-            sharding.lease.client,
-            sharding.lease.namespace,
-            sharding.lease.identity,
-            || format!("sharding {:?}", sharding.name),
-        )
-        .await?;
+        let what = format!("sharding {:?}", sharding.name);
+        let (client, namespace, identity) = lease_site(&sharding.lease, what).await?;
         let shards = Shards::default();
         let hubs = sharding.hubs.map(|clusters| Hubs {
             clusters,
@@ -597,22 +588,17 @@ async fn close(serving: Serving, result: Result<(), Error>) -> Result<(), Error>
 /// The cluster, namespace and identity of a Lease: those given, or the
 /// local cluster's client, its default namespace, and a random identity on
 /// this host. `what` names the Lease in an error.
-async fn lease_site(
-    client: Option<Client>,
-    namespace: Option<String>,
-    identity: Option<String>,
-    what: impl FnOnce() -> String,
-) -> Result<(Client, String, String), Error> {
-    let client = match client {
+async fn lease_site(lease: &LeaseParams, what: String) -> Result<(Client, String, String), Error> {
+    let client = match lease.client.clone() {
         Some(client) => client,
         None => Client::try_default()
             .await
-            .map_err(|source| Error::Client {
-                what: what(),
-                source,
-            })?,
+            .map_err(|source| Error::Client { what, source })?,
     };
-    let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
-    let identity = identity.unwrap_or_else(default_identity);
+    let namespace = lease
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let identity = lease.identity.clone().unwrap_or_else(default_identity);
     Ok((client, namespace, identity))
 }

@@ -11,7 +11,7 @@ use kube_fleet::ClusterName;
 use tokio::time::Instant;
 
 use crate::{
-    gate::Validity,
+    gate::{Validity, lock},
     lease::{Holder, LeaseLock},
     shard::ShardStatus,
     timing::Timings,
@@ -62,10 +62,7 @@ impl Sharder {
                     if let Some(hubs) = &self.hubs
                         && !self.hubs_offered.is_empty()
                     {
-                        hubs.shards
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .insert(shard, validity.clone());
+                        lock(&hubs.shards).insert(shard, validity.clone());
                         took = true;
                     }
                     tracing::info!(shard, clusters = clusters.len(), "running the shard");
@@ -108,10 +105,7 @@ impl Sharder {
             };
             let until = Instant::now().min(owned.until);
             if let Some(hubs) = &self.hubs {
-                hubs.shards
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&shard);
+                lock(&hubs.shards).remove(&shard);
             }
             owned.validity.close();
             for cluster in &owned.clusters {

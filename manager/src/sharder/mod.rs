@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     error::Error,
-    gate::{Hubs, Shards, Validity},
+    gate::{Hubs, Shards, Validity, lock},
     lease::{Holder, LeaseLock, Observed, holder_for, identity_of},
     shard::{ShardStatus, owner, shard_key, shard_of, short_hash},
     timing::Timings,
@@ -264,7 +264,7 @@ impl Sharder {
             };
             engage(&self.fleet, event);
             if let Some(hubs) = &self.hubs {
-                let mut held = hubs.shards.lock().unwrap_or_else(|e| e.into_inner());
+                let mut held = lock(&hubs.shards);
                 if self.hubs_offered.is_empty() {
                     held.clear();
                 } else if first {
@@ -330,10 +330,7 @@ impl Sharder {
         from: Instant,
         until: Instant,
     ) {
-        self.shards
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(cluster.clone(), validity.clone());
+        lock(&self.shards).insert(cluster.clone(), validity.clone());
         self.status.took(cluster, from, until);
         if let Some(event) = self.offered.get(cluster).cloned() {
             engage(&self.fleet, event);
@@ -343,10 +340,7 @@ impl Sharder {
     /// Stops running `cluster`, its stretch of ownership ending at `until`:
     /// no reconcile starts there, and the fleet disengages it.
     fn stop_cluster(&self, cluster: &ClusterName, until: Instant) {
-        self.shards
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(cluster);
+        lock(&self.shards).remove(cluster);
         self.status.gave_up(cluster, until);
         self.fleet.disengage(cluster);
     }

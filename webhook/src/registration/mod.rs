@@ -21,6 +21,7 @@ use kube::{
     api::{DeleteParams, Patch, PatchParams, Preconditions},
 };
 use kube_fleet::{ClusterName, controller::ClusterSelector};
+use serde::{Serialize, de::DeserializeOwned};
 use serde_json::json;
 
 use crate::{server::path_of, token::Tokens};
@@ -36,6 +37,17 @@ pub const SERVER_LABEL: &str = "webhooks.kube-fleet.io/server";
 pub(crate) const WRITER_ANNOTATION: &str = "webhooks.kube-fleet.io/written-by";
 /// The field manager registrations are applied with.
 const FIELD_MANAGER: &str = "kube-fleet-webhooks";
+
+/// A cluster-scoped object registration reads and writes.
+trait Registered:
+    kube::Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug
+{
+}
+
+impl<K> Registered for K where
+    K: kube::Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug
+{
+}
 
 /// A Service in the local cluster that reaches the server.
 #[derive(Clone, Debug)]
@@ -201,16 +213,10 @@ impl Plan {
     /// an uninstall ([`Whose::Any`]) the conversions it set; it touches
     /// nothing that is not the server's.
     pub(crate) async fn unregister(&self, client: &Client, whose: Whose) -> Result<(), String> {
-        self.remove_configuration(
-            &Api::<ValidatingWebhookConfiguration>::all(client.clone()),
-            whose,
-        )
-        .await?;
-        self.remove_configuration(
-            &Api::<MutatingWebhookConfiguration>::all(client.clone()),
-            whose,
-        )
-        .await?;
+        self.remove_configuration::<ValidatingWebhookConfiguration>(client, whose)
+            .await?;
+        self.remove_configuration::<MutatingWebhookConfiguration>(client, whose)
+            .await?;
         // A CRD's conversion stays when a cluster leaves: set back to
         // `None`, the API server would hand out stored objects relabelled,
         // not converted, while refused conversions fail loudly. It goes
@@ -237,13 +243,7 @@ impl Plan {
                 .and_then(|conversion| conversion.webhook)
                 .and_then(|webhook| webhook.client_config)
                 .is_some_and(|config| {
-                    self.is_our_address(
-                        &config.url,
-                        config
-                            .service
-                            .as_ref()
-                            .map(|s| (&s.namespace, &s.name, &s.path)),
-                    )
+                    self.is_our_address(&serde_json::to_value(config).unwrap_or_default())
                 });
             if !ours {
                 continue;
@@ -272,47 +272,33 @@ impl Plan {
 
     /// Whether a conversion webhook's address is one this server writes
     /// (under any token: a restart may have changed the key).
-    fn is_our_address(
-        &self,
-        url: &Option<String>,
-        service: Option<(&String, &String, &Option<String>)>,
-    ) -> bool {
+    fn is_our_address(&self, config: &serde_json::Value) -> bool {
+        let text = |pointer: &str| config.pointer(pointer).and_then(|v| v.as_str());
         let fleet_path = |path: &str| path.starts_with("/fleet/");
-        if let (Some(url), Some(base)) = (url, &self.url)
+        if let (Some(url), Some(base)) = (text("/url"), &self.url)
             && let Some(path) = url.strip_prefix(base.as_str())
         {
             return fleet_path(path);
         }
-        match (service, &self.service) {
-            (Some((namespace, name, path)), Some(ours)) => {
-                *namespace == ours.namespace
-                    && *name == ours.name
-                    && path.as_deref().is_some_and(fleet_path)
-            }
-            _ => false,
-        }
+        self.service.as_ref().is_some_and(|ours| {
+            text("/service/namespace") == Some(ours.namespace.as_str())
+                && text("/service/name") == Some(ours.name.as_str())
+                && text("/service/path").is_some_and(fleet_path)
+        })
     }
 
     /// Writes the configuration `build` makes of `entries` (each given
     /// `cluster`'s address), or removes this server's if there are none.
-    async fn keep_configuration<C>(
+    async fn keep_configuration<C: Registered>(
         &self,
         client: &Client,
         entries: &[MutatingWebhook],
         cluster: &ClusterName,
         ca: &str,
         build: impl FnOnce(ObjectMeta, Vec<MutatingWebhook>) -> C,
-    ) -> Result<(), String>
-    where
-        C: kube::Resource<DynamicType = ()>
-            + Clone
-            + serde::Serialize
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug,
-    {
-        let api = Api::<C>::all(client.clone());
+    ) -> Result<(), String> {
         if entries.is_empty() {
-            return self.remove_configuration(&api, Whose::Any).await;
+            return self.remove_configuration::<C>(client, Whose::Any).await;
         }
         let webhooks = entries
             .iter()
@@ -321,7 +307,7 @@ impl Plan {
                 ..webhook.clone()
             })
             .collect();
-        self.apply(&api, &build(self.metadata(), webhooks)).await
+        self.apply(client, &build(self.metadata(), webhooks)).await
     }
 
     /// Whether `meta`'s object is this process's to remove.
@@ -343,15 +329,8 @@ impl Plan {
         }
     }
 
-    async fn apply<K>(&self, api: &Api<K>, object: &K) -> Result<(), String>
-    where
-        K: kube::Resource<DynamicType = ()>
-            + Clone
-            + serde::Serialize
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug,
-    {
-        let kind = K::kind(&());
+    async fn apply<K: Registered>(&self, client: &Client, object: &K) -> Result<(), String> {
+        let (api, kind) = (Api::<K>::all(client.clone()), K::kind(&()));
         if let Some(existing) = api
             .get_opt(&self.name)
             .await
@@ -373,15 +352,12 @@ impl Plan {
         Ok(())
     }
 
-    async fn remove_configuration<K>(&self, api: &Api<K>, whose: Whose) -> Result<(), String>
-    where
-        K: kube::Resource<DynamicType = ()>
-            + Clone
-            + serde::Serialize
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug,
-    {
-        let kind = K::kind(&());
+    async fn remove_configuration<K: Registered>(
+        &self,
+        client: &Client,
+        whose: Whose,
+    ) -> Result<(), String> {
+        let (api, kind) = (Api::<K>::all(client.clone()), K::kind(&()));
         let Some(existing) = api
             .get_opt(&self.name)
             .await
@@ -395,35 +371,16 @@ impl Plan {
         // Another replica's, written through its own address (a cluster
         // whose shard moved): its to keep.
         let value = serde_json::to_value(&existing).unwrap_or_default();
-        if let Some(config) = value.pointer("/webhooks/0/clientConfig") {
-            let text = |pointer: &str| {
-                config
-                    .pointer(pointer)
-                    .and_then(|v| v.as_str())
-                    .map(str::to_owned)
-            };
-            let url = text("/url");
-            let service = (
-                text("/service/namespace"),
-                text("/service/name"),
-                text("/service/path"),
-            );
-            let service = match &service {
-                (Some(namespace), Some(name), path) => Some((namespace, name, path)),
-                _ => None,
-            };
-            if !self.is_our_address(&url, service) {
-                return Ok(());
-            }
+        if let Some(config) = value.pointer("/webhooks/0/clientConfig")
+            && !self.is_our_address(config)
+        {
+            return Ok(());
         }
         // Only if nobody wrote it since it was read.
-        let delete = DeleteParams {
-            preconditions: Some(Preconditions {
-                resource_version: existing.meta().resource_version.clone(),
-                uid: existing.meta().uid.clone(),
-            }),
-            ..DeleteParams::default()
-        };
+        let delete = DeleteParams::default().preconditions(Preconditions {
+            resource_version: existing.meta().resource_version.clone(),
+            uid: existing.meta().uid.clone(),
+        });
         match api.delete(&self.name, &delete).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
@@ -497,8 +454,8 @@ mod tests {
         );
         assert_eq!(member.service, None);
         assert!(plan.selects(&ClusterName::local()) && plan.selects(&"east/1".into()));
-        assert!(plan.is_our_address(&Some(url), None));
-        assert!(!plan.is_our_address(&Some("https://elsewhere/fleet/x".into()), None));
+        assert!(plan.is_our_address(&json!({ "url": url })));
+        assert!(!plan.is_our_address(&json!({ "url": "https://elsewhere/fleet/x" })));
     }
 
     #[test]
