@@ -4,7 +4,7 @@ use std::{
     fs,
     io::Write,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::{Command, Output, Stdio},
     sync::OnceLock,
     time::{Duration, Instant},
 };
@@ -23,9 +23,11 @@ pub const CACHE_ENV: &str = "KUBE_FLEET_ENVTEST_CACHE";
 
 // The wrapper Go module, embedded so that the build works from wherever the
 // harness is compiled or run.
-const GO_MOD: &str = include_str!("../go/go.mod");
-const GO_SUM: &str = include_str!("../go/go.sum");
-const ETCD_MAIN: &str = include_str!("../go/etcd/main.go");
+const GO_FILES: [(&str, &str); 3] = [
+    ("go.mod", include_str!("../go/go.mod")),
+    ("go.sum", include_str!("../go/go.sum")),
+    ("etcd/main.go", include_str!("../go/etcd/main.go")),
+];
 
 /// Where the harness finds `kube-apiserver` and `etcd`.
 ///
@@ -122,43 +124,6 @@ fn missing_binaries(dir: &Path, why: &str) -> Error {
 /// Builds both binaries into `dir`, unless another process did so while this
 /// one waited for the lock.
 fn build(dir: &Path) -> Result<()> {
-    let _lock = lock_cache_dir(dir, "kube-apiserver and etcd")?;
-    if Binaries::in_dir(dir).is_ok() {
-        return Ok(());
-    }
-
-    let go_version = Command::new("go")
-        .arg("version")
-        .output()
-        .map_err(|e| missing_binaries(dir, &format!("`go` could not be run ({e})")))?;
-    if !go_version.status.success() {
-        return Err(missing_binaries(
-            dir,
-            &format!("`go version` failed ({})", go_version.status),
-        ));
-    }
-
-    let src = dir.join("src");
-    let write = |name: &str, text: &str| {
-        let path = src.join(name);
-        fs::create_dir_all(path.parent().expect("a file in src has a parent"))
-            .and_then(|()| fs::write(&path, text))
-            .map_err(|e| Error::io(format!("writing {}", path.display()), e))
-    };
-    write("go.mod", GO_MOD)?;
-    write("go.sum", GO_SUM)?;
-    write("etcd/main.go", ETCD_MAIN)?;
-    let out = dir.join("build");
-    let log = dir.join("build.log");
-
-    let started = Instant::now();
-    progress(format_args!(
-        "building kube-apiserver {KUBERNETES_VERSION} and etcd {ETCD_VERSION} with {} \
-         (first run only, a few minutes); log: {}",
-        String::from_utf8_lossy(&go_version.stdout).trim(),
-        log.display()
-    ));
-    run_go(&src, &log, "mod download", &["mod", "download"], started)?;
     let ldflags = format!(
         "-s -w -X k8s.io/component-base/version.gitVersion={KUBERNETES_VERSION} \
          -X k8s.io/component-base/version.gitMajor=1 \
@@ -166,30 +131,77 @@ fn build(dir: &Path) -> Result<()> {
          -X k8s.io/component-base/version.gitTreeState=clean",
         minor = KUBERNETES_VERSION.split('.').nth(1).unwrap_or_default()
     );
-    let out_arg = format!("{}/", out.display());
-    run_go(
-        &src,
-        &log,
-        "build",
+    go_build(
+        dir,
+        &format!("kube-apiserver {KUBERNETES_VERSION} and etcd {ETCD_VERSION}"),
+        |go_version| {
+            let why = match go_version {
+                Ok(version) if version.status.success() => return Ok(version),
+                Ok(version) => format!("`go version` failed ({})", version.status),
+                Err(e) => format!("`go` could not be run ({e})"),
+            };
+            Err(missing_binaries(dir, &why))
+        },
+        &GO_FILES,
         &[
-            "build",
-            "-trimpath",
             "-ldflags",
             &ldflags,
-            "-o",
-            &out_arg,
             "k8s.io/kubernetes/cmd/kube-apiserver",
             "./etcd",
         ],
-        started,
-    )?;
-    for binary in ["kube-apiserver", "etcd"] {
+        &["kube-apiserver", "etcd"],
+    )
+}
+
+/// Builds `binaries`, of `what`, into the cache directory `dir` with the
+/// machine's `go`, unless another process did so while this one waited for
+/// the lock: `files` make a Go module in `dir/src`, and `go build` runs
+/// there with the flags and packages `args`. `go_version` checks what
+/// `go version` gave before the build begins.
+pub(crate) fn go_build(
+    dir: &Path,
+    what: &str,
+    go_version: impl FnOnce(std::io::Result<Output>) -> Result<Output>,
+    files: &[(&str, &str)],
+    args: &[&str],
+    binaries: &[&str],
+) -> Result<()> {
+    let names = binaries.join(" and ");
+    let _lock = lock_cache_dir(dir, &names)?;
+    if binaries.iter().all(|binary| dir.join(binary).is_file()) {
+        return Ok(());
+    }
+    let go_version = go_version(Command::new("go").arg("version").output())?;
+    let src = dir.join("src");
+    for (name, text) in files {
+        let path = src.join(name);
+        fs::create_dir_all(path.parent().expect("a file in src has a parent"))
+            .and_then(|()| fs::write(&path, text))
+            .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+    }
+    let out = dir.join("build");
+    let log = dir.join("build.log");
+    let started = Instant::now();
+    progress(format_args!(
+        "building {what} with {} (first run only, a few minutes); log: {}",
+        String::from_utf8_lossy(&go_version.stdout).trim(),
+        log.display()
+    ));
+    let out_arg = format!("{}/", out.display());
+    let build = [&["build", "-trimpath", "-o", &out_arg][..], args].concat();
+    for (step, args) in [
+        ("mod download", &["mod", "download"][..]),
+        ("build", &build),
+    ] {
+        run_go(what, &src, &log, step, args, started)?;
+    }
+    for binary in binaries {
         let (from, to) = (out.join(binary), dir.join(binary));
         fs::rename(&from, &to)
             .map_err(|e| Error::io(format!("moving {} to {}", from.display(), to.display()), e))?;
     }
     progress(format_args!(
-        "built kube-apiserver and etcd in {}; cached in {}",
+        "built {names} in {}; cached in {}",
         elapsed(started),
         dir.display()
     ));
@@ -216,7 +228,7 @@ pub(crate) async fn found_once<T: Clone + Send + Sync + 'static>(
 /// Makes the cache directory `dir` and locks it for a build of `what`,
 /// waiting (and saying so) while another process builds there: the lock
 /// holds until the file it returns is dropped.
-pub(crate) fn lock_cache_dir(dir: &Path, what: &str) -> Result<fs::File> {
+fn lock_cache_dir(dir: &Path, what: &str) -> Result<fs::File> {
     fs::create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating cache directory {}", dir.display()), e))?;
     let lock_path = dir.join(".lock");
@@ -233,21 +245,9 @@ pub(crate) fn lock_cache_dir(dir: &Path, what: &str) -> Result<fs::File> {
     Ok(lock)
 }
 
-/// Runs one `go` step of building the API servers; see [`run_go_for`].
-fn run_go(src: &Path, log: &Path, step: &str, args: &[&str], started: Instant) -> Result<()> {
-    run_go_for(
-        &format!("kube-apiserver {KUBERNETES_VERSION} and etcd {ETCD_VERSION}"),
-        src,
-        log,
-        step,
-        args,
-        started,
-    )
-}
-
 /// Runs one `go` step of building `what`, appending its output to `log`
 /// and reporting progress on stderr until it ends.
-pub(crate) fn run_go_for(
+fn run_go(
     what: &str,
     src: &Path,
     log: &Path,
@@ -308,11 +308,11 @@ pub(crate) fn run_go_for(
 
 /// Writes a line to the process's real stderr, past the test harness's
 /// output capture, so that a long first build shows what it is doing.
-pub(crate) fn progress(message: std::fmt::Arguments<'_>) {
+fn progress(message: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stderr().lock(), "envtest: {message}");
 }
 
-pub(crate) fn elapsed(since: Instant) -> String {
+fn elapsed(since: Instant) -> String {
     let secs = since.elapsed().as_secs();
     format!("{}m{:02}s", secs / 60, secs % 60)
 }

@@ -9,7 +9,7 @@ use kube::{
     runtime::wait::{await_condition, conditions::is_crd_established},
 };
 
-use crate::{DEFAULT_START_TIMEOUT, Error, Result};
+use crate::{DEFAULT_START_TIMEOUT, Error, Result, process::Deadline};
 
 const FIELD_MANAGER: &str = "kube-fleet-envtest";
 
@@ -91,11 +91,11 @@ pub(crate) async fn install(
             .map_err(|e| Error::kube(format!("applying CRD {name} to {cluster}"), e))?;
         installed.push(crd);
     }
-    let deadline = Instant::now() + timeout;
+    let started = Instant::now();
     for crd in &installed {
         let name = crd.name_any();
         let established = await_condition(api.clone(), &name, is_crd_established());
-        match tokio::time::timeout_at(deadline.into(), established).await {
+        match tokio::time::timeout_at((started + timeout).into(), established).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {
                 return Err(Error::io(
@@ -111,7 +111,7 @@ pub(crate) async fn install(
                 });
             }
         }
-        wait_served(client, cluster, crd, deadline, timeout).await?;
+        wait_served(client, cluster, crd, started, timeout).await?;
     }
     Ok(())
 }
@@ -122,26 +122,21 @@ async fn wait_served(
     client: &Client,
     cluster: &str,
     crd: &CustomResourceDefinition,
-    deadline: Instant,
+    started: Instant,
     timeout: Duration,
 ) -> Result<()> {
     let plural = &crd.spec.names.plural;
     for version in crd.spec.versions.iter().filter(|v| v.served) {
         let group_version = format!("{}/{}", crd.spec.group, version.name);
+        let what = format!("{plural}.{group_version} in {cluster} to be served");
+        let deadline = Deadline::new(what, started, timeout, Duration::from_millis(50));
         loop {
-            let last_error = match client.list_api_group_resources(&group_version).await {
+            let why = match client.list_api_group_resources(&group_version).await {
                 Ok(list) if list.resources.iter().any(|r| &r.name == plural) => break,
                 Ok(_) => format!("{plural} not yet listed"),
                 Err(e) => e.to_string(),
             };
-            if Instant::now() >= deadline {
-                return Err(Error::Timeout {
-                    what: format!("{plural}.{group_version} in {cluster} to be served"),
-                    after: timeout,
-                    last_error: Some(last_error),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            deadline.not_yet(Some(why)).await?;
         }
     }
     Ok(())

@@ -9,7 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::{
     Error, Result,
-    process::{Process, free_port},
+    process::{Deadline, Process, free_port},
 };
 
 /// A running etcd, listening on 127.0.0.1 only.
@@ -58,24 +58,19 @@ impl Etcd {
     }
 
     async fn wait_healthy(&mut self, timeout: Duration) -> Result<()> {
-        let started = Instant::now();
-        let mut last_error = None;
-        while started.elapsed() < timeout {
+        let interval = Duration::from_millis(50);
+        let deadline = Deadline::new("etcd", Instant::now(), timeout, interval);
+        loop {
             if let Some(exited) = self.process.exit_error() {
                 return Err(exited);
             }
-            match health(self.port).await {
+            let why = match health(self.port).await {
                 Ok(true) => return Ok(()),
-                Ok(false) => last_error = Some("/health did not report healthy".to_owned()),
-                Err(e) => last_error = Some(e.to_string()),
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok(false) => "/health did not report healthy".to_owned(),
+                Err(e) => e.to_string(),
+            };
+            deadline.not_yet(Some(why)).await?;
         }
-        Err(Error::Timeout {
-            what: "etcd".to_owned(),
-            after: timeout,
-            last_error,
-        })
     }
 }
 

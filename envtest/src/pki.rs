@@ -22,24 +22,11 @@ pub(crate) struct Pki {
     pub(crate) service_account_pub: String,
 }
 
-impl std::fmt::Debug for Pki {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pki").finish_non_exhaustive()
-    }
-}
-
 /// A cluster's CA, kept with its key for as long as the cluster lives, so that
 /// it can sign client certificates for any user.
 pub(crate) struct CertificateAuthority {
     cert: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-impl std::fmt::Debug for CertificateAuthority {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CertificateAuthority")
-            .finish_non_exhaustive()
-    }
+    pub(crate) issuer: Issuer<'static, KeyPair>,
 }
 
 /// A client certificate and its key, PEM-encoded.
@@ -48,11 +35,19 @@ pub(crate) struct ClientCertificate {
     pub(crate) key: String,
 }
 
-impl std::fmt::Debug for ClientCertificate {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientCertificate").finish_non_exhaustive()
-    }
+/// A `Debug` of each type that names it and none of its keys.
+macro_rules! opaque_debug {
+    ($($type:ty),*) => {$(
+        impl std::fmt::Debug for $type {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($type)).finish_non_exhaustive()
+            }
+        }
+    )*};
 }
+pub(crate) use opaque_debug;
+
+opaque_debug!(Pki, CertificateAuthority, ClientCertificate);
 
 fn key(what: &'static str) -> Result<KeyPair> {
     KeyPair::generate().map_err(|source| Error::Certificate { what, source })
@@ -69,22 +64,10 @@ impl Pki {
     pub(crate) fn generate(cluster: &str) -> Result<Self> {
         let cert_err = |what| move |source| Error::Certificate { what, source };
 
-        let ca_key = key("CA key")?;
-        let mut ca_params = CertificateParams::default();
-        ca_params.distinguished_name = named(&format!("envtest CA for {cluster}"));
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let ca_cert = ca_params
-            .self_signed(&ca_key)
-            .map_err(cert_err("CA certificate"))?;
-        let ca = CertificateAuthority {
-            cert: ca_cert.pem(),
-            issuer: Issuer::new(ca_params, ca_key),
-        };
+        let ca = CertificateAuthority::new(
+            Some(named(&format!("envtest CA for {cluster}"))),
+            ("CA key", "CA certificate"),
+        )?;
 
         // IP SAN 127.0.0.1: valid on any port, so also through fault proxies.
         let serving_key = key("serving key")?;
@@ -114,6 +97,35 @@ impl Pki {
 }
 
 impl CertificateAuthority {
+    /// A new self-signed CA, whose subject is `name` if one is given;
+    /// `what` names its key and its certificate in errors.
+    pub(crate) fn new(
+        name: Option<DistinguishedName>,
+        what: (&'static str, &'static str),
+    ) -> Result<Self> {
+        let key = key(what.0)?;
+        let mut params = CertificateParams::default();
+        if let Some(name) = name {
+            params.distinguished_name = name;
+        }
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let cert = params
+            .self_signed(&key)
+            .map_err(|source| Error::Certificate {
+                what: what.1,
+                source,
+            })?;
+        Ok(Self {
+            cert: cert.pem(),
+            issuer: Issuer::new(params, key),
+        })
+    }
+
     /// The CA certificate, PEM-encoded.
     pub(crate) fn cert(&self) -> &str {
         &self.cert

@@ -6,6 +6,7 @@ use std::{
     net::TcpListener,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
+    time::{Duration, Instant},
 };
 
 use crate::{Error, Result};
@@ -127,4 +128,45 @@ pub(crate) fn free_port() -> Result<u16> {
         .and_then(|listener| listener.local_addr())
         .map(|addr| addr.port())
         .map_err(|e| Error::io("finding a free port on 127.0.0.1", e))
+}
+
+/// A wait for something to be ready, given up `timeout` after `started`.
+pub(crate) struct Deadline {
+    what: String,
+    started: Instant,
+    timeout: Duration,
+    interval: Duration,
+}
+
+impl Deadline {
+    /// Waiting for `what`, asking every `interval`.
+    pub(crate) fn new(
+        what: impl Into<String>,
+        started: Instant,
+        timeout: Duration,
+        interval: Duration,
+    ) -> Self {
+        let what = what.into();
+        Self {
+            what,
+            started,
+            timeout,
+            interval,
+        }
+    }
+
+    /// It is not ready yet, for `why` if that is known: fails with
+    /// [`Error::Timeout`], reporting `why` as the last error, once the time
+    /// is up; else waits the interval before it is asked again.
+    pub(crate) async fn not_yet(&self, why: Option<String>) -> Result<()> {
+        if self.started.elapsed() >= self.timeout {
+            return Err(Error::Timeout {
+                what: self.what.clone(),
+                after: self.timeout,
+                last_error: why,
+            });
+        }
+        tokio::time::sleep(self.interval).await;
+        Ok(())
+    }
 }

@@ -1,12 +1,12 @@
 //! Certificates for servers a test starts and the API servers call: a
 //! webhook server, an aggregated API.
 
-use rcgen::{
-    BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, SanType,
-};
+use rcgen::{CertificateParams, ExtendedKeyUsagePurpose, KeyPair, SanType};
 
-use crate::{Error, Result};
+use crate::{
+    Error, Result,
+    pki::{CertificateAuthority, opaque_debug},
+};
 
 /// A CA of its own, and the serving certificates it signs: what a server
 /// started by a test presents, with the CA bundle its registrations carry.
@@ -19,16 +19,7 @@ use crate::{Error, Result};
 /// assert_ne!(first.der, renewed.der);
 /// assert!(ca.cert_pem().starts_with("-----BEGIN CERTIFICATE-----"));
 /// ```
-pub struct TestCa {
-    cert: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-impl std::fmt::Debug for TestCa {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TestCa").finish_non_exhaustive()
-    }
-}
+pub struct TestCa(CertificateAuthority);
 
 /// A serving certificate and its key, PEM-encoded, and the certificate's
 /// DER (to compare with what a server presents).
@@ -42,37 +33,17 @@ pub struct ServingCertificate {
     pub der: Vec<u8>,
 }
 
-impl std::fmt::Debug for ServingCertificate {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServingCertificate").finish_non_exhaustive()
-    }
-}
+opaque_debug!(TestCa, ServingCertificate);
 
 impl TestCa {
     /// A new CA.
     pub fn new() -> Result<Self> {
-        let failed = |source| Error::Certificate {
-            what: "test CA",
-            source,
-        };
-        let mut params = CertificateParams::default();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let key = KeyPair::generate().map_err(failed)?;
-        let cert = params.self_signed(&key).map_err(failed)?;
-        Ok(Self {
-            cert: cert.pem(),
-            issuer: Issuer::new(params, key),
-        })
+        CertificateAuthority::new(None, ("test CA", "test CA")).map(Self)
     }
 
     /// The CA's certificate, PEM: the bundle a client trusts.
     pub fn cert_pem(&self) -> &str {
-        &self.cert
+        self.0.cert()
     }
 
     /// A serving certificate for `hosts` (DNS names or IP addresses), with
@@ -92,7 +63,7 @@ impl TestCa {
         }
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let key = KeyPair::generate().map_err(failed)?;
-        let cert = params.signed_by(&key, &self.issuer).map_err(failed)?;
+        let cert = params.signed_by(&key, &self.0.issuer).map_err(failed)?;
         Ok(ServingCertificate {
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),

@@ -40,11 +40,12 @@ impl TestCluster {
         };
         let apply = PatchParams::apply("kube-fleet-envtest").force();
         let accounts = Api::<ServiceAccount>::namespaced(self.client(), "default");
+        let metadata = ObjectMeta {
+            name: Some(account.to_owned()),
+            ..ObjectMeta::default()
+        };
         let service_account = ServiceAccount {
-            metadata: ObjectMeta {
-                name: Some(account.to_owned()),
-                ..ObjectMeta::default()
-            },
+            metadata: metadata.clone(),
             ..ServiceAccount::default()
         };
         accounts
@@ -52,10 +53,7 @@ impl TestCluster {
             .await
             .map_err(failed("making the account"))?;
         let binding = ClusterRoleBinding {
-            metadata: ObjectMeta {
-                name: Some(account.to_owned()),
-                ..ObjectMeta::default()
-            },
+            metadata,
             role_ref: RoleRef {
                 api_group: Some("rbac.authorization.k8s.io".to_owned()),
                 kind: "ClusterRole".to_owned(),

@@ -27,7 +27,7 @@ use crate::{
     fault::{FaultProxy, Traffic},
     kubeconfig,
     pki::{CertificateAuthority, Pki},
-    process::{Process, free_port},
+    process::{Deadline, Process, free_port},
 };
 
 /// One API server of an [`Envtest`](crate::Envtest) fleet.
@@ -306,26 +306,25 @@ impl TestCluster {
                 Err(e) => Err(e.to_string()),
             }
         };
-        let started = Instant::now();
-        let mut last_error = None;
-        while started.elapsed() < self.timeout {
+        let (started, interval) = (Instant::now(), Duration::from_millis(100));
+        let what = format!("kube-apiserver of cluster {}", self.name);
+        let deadline = Deadline::new(what, started, self.timeout, interval);
+        let mut why = None;
+        loop {
             let exited = self.process().as_mut().and_then(Process::exit_error);
             if let Some(exited) = exited {
                 return Err(exited);
             }
             let left = self.timeout.saturating_sub(started.elapsed());
-            match tokio::time::timeout(left, ready()).await {
+            why = match tokio::time::timeout(left, ready()).await {
                 Ok(Ok(())) => return Ok(()),
-                Ok(Err(e)) => last_error = Some(e),
-                Err(_) => last_error = Some("no answer".to_owned()),
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+                Ok(Err(error)) => Some(error),
+                // Out of time before it was asked: the last answer says why.
+                Err(_) if left.is_zero() => why,
+                Err(_) => Some("no answer".to_owned()),
+            };
+            deadline.not_yet(why.clone()).await?;
         }
-        Err(Error::Timeout {
-            what: format!("kube-apiserver of cluster {}", self.name),
-            after: self.timeout,
-            last_error,
-        })
     }
 
     /// An admin client for the API server's own port.
@@ -334,9 +333,7 @@ impl TestCluster {
     /// and kube's trace layer, which logs each refused connection and each
     /// `500` of `/readyz` while the API server starts as an ERROR.
     fn readiness_probe(&self) -> Result<Client> {
-        let server = format!("https://{}", self.proxy.upstream());
-        let kubeconfig = kubeconfig::with_server(&self.kubeconfig, &server);
-        let config = kubeconfig::config(kubeconfig, &self.name)?;
+        let config = kubeconfig::config(self.direct_kubeconfig(), &self.name)?;
         let https = config
             .rustls_https_connector()
             .map_err(|e| Error::kube(format!("building a client for cluster {}", self.name), e))?;

@@ -1,16 +1,13 @@
 //! Finding, or building once and caching, the `kcp` binary.
 
 use std::{
-    fs,
     path::{Path, PathBuf},
-    process::Command,
     sync::OnceLock,
-    time::Instant,
 };
 
 use crate::{
     Binaries, Error, Result,
-    assets::{elapsed, found_once, lock_cache_dir, progress, run_go_for},
+    assets::{found_once, go_build},
 };
 
 /// The kcp release the harness builds.
@@ -66,63 +63,18 @@ impl KcpBinary {
 }
 
 fn build(dir: &Path) -> Result<()> {
-    let _lock = lock_cache_dir(dir, "kcp")?;
-    if dir.join("kcp").is_file() {
-        return Ok(());
-    }
-    let go_version = Command::new("go").arg("version").output().map_err(|e| {
-        Error::MissingBinaries(format!(
-            "kcp is needed to run a kcp server, and `go` could not be run ({e}); install Go, or set {KCP_ENV} to a kcp {KCP_VERSION} binary"
-        ))
-    })?;
-    let src = dir.join("src");
-    for (name, text) in [("go.mod", GO_MOD), ("go.sum", GO_SUM)] {
-        let path = src.join(name);
-        fs::create_dir_all(&src)
-            .and_then(|()| fs::write(&path, text))
-            .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
-    }
-    let log = dir.join("build.log");
-    let started = Instant::now();
-    progress(format_args!(
-        "building kcp {KCP_VERSION} with {} (first run only, a few minutes); log: {}",
-        String::from_utf8_lossy(&go_version.stdout).trim(),
-        log.display()
-    ));
-    let what = format!("kcp {KCP_VERSION}");
-    run_go_for(
-        &what,
-        &src,
-        &log,
-        "mod download",
-        &["mod", "download"],
-        started,
-    )?;
-    let out = src.join("kcp");
-    let out_arg = out.display().to_string();
-    run_go_for(
-        &what,
-        &src,
-        &log,
-        "build",
-        &[
-            "build",
-            "-trimpath",
-            "-ldflags",
-            "-s -w",
-            "-o",
-            &out_arg,
-            "github.com/kcp-dev/kcp/cmd/kcp",
-        ],
-        started,
-    )?;
-    let to = dir.join("kcp");
-    fs::rename(&out, &to)
-        .map_err(|e| Error::io(format!("moving {} to {}", out.display(), to.display()), e))?;
-    progress(format_args!(
-        "built kcp in {}; cached in {}",
-        elapsed(started),
-        dir.display()
-    ));
-    Ok(())
+    go_build(
+        dir,
+        &format!("kcp {KCP_VERSION}"),
+        |go_version| {
+            go_version.map_err(|e| {
+                Error::MissingBinaries(format!(
+                    "kcp is needed to run a kcp server, and `go` could not be run ({e}); install Go, or set {KCP_ENV} to a kcp {KCP_VERSION} binary"
+                ))
+            })
+        },
+        &[("go.mod", GO_MOD), ("go.sum", GO_SUM)],
+        &["-ldflags", "-s -w", "github.com/kcp-dev/kcp/cmd/kcp"],
+        &["kcp"],
+    )
 }

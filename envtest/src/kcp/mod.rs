@@ -21,7 +21,7 @@ use tempfile::TempDir;
 
 use crate::{
     Error, Result,
-    process::{Process, free_port},
+    process::{Deadline, Process, free_port},
 };
 
 /// An APIExport `example.io` of a namespaced `Widget`
@@ -93,6 +93,13 @@ impl Kcp {
         )?;
         let kubeconfig_path = root.join("admin.kubeconfig");
         let started = Instant::now();
+        let interval = Duration::from_millis(200);
+        let deadline = Deadline::new(
+            "kcp's admin kubeconfig",
+            started,
+            KCP_START_TIMEOUT,
+            interval,
+        );
         let kubeconfig = loop {
             if let Some(error) = process.exit_error() {
                 return Err(error);
@@ -100,14 +107,7 @@ impl Kcp {
             if let Ok(kubeconfig) = Kubeconfig::read_from(&kubeconfig_path) {
                 break kubeconfig;
             }
-            if started.elapsed() > KCP_START_TIMEOUT {
-                return Err(Error::Timeout {
-                    what: "kcp's admin kubeconfig".into(),
-                    after: KCP_START_TIMEOUT,
-                    last_error: None,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            deadline.not_yet(None).await?;
         };
         let kcp = Self {
             admin: OnceLock::new(),
@@ -119,38 +119,22 @@ impl Kcp {
         };
         // Bootstrapped once the root workspace type exists.
         let root = kcp.client("root").await?;
-        let types = Api::<DynamicObject>::all_with(
-            root,
-            &resource(
-                "tenancy.kcp.io",
-                "v1alpha1",
-                "WorkspaceType",
-                "workspacetypes",
-            ),
-        );
-        let mut last_error: Option<String>;
+        let types = objects(root, "tenancy.kcp.io/v1alpha1", "WorkspaceType");
+        let (what, interval) = ("kcp's root workspace", Duration::from_millis(250));
+        let deadline = Deadline::new(what, started, KCP_START_TIMEOUT, interval);
         loop {
             // Workspaces under root are of the type universal by default.
             let (root, universal) = (
                 types.get_opt("root").await,
                 types.get_opt("universal").await,
             );
-            match (root, universal) {
+            let missing = "the root and universal WorkspaceTypes are not there yet";
+            let why = match (root, universal) {
                 (Ok(Some(_)), Ok(Some(_))) => break,
-                (Err(error), _) | (_, Err(error)) => last_error = Some(error.to_string()),
-                _ => {
-                    last_error =
-                        Some("the root and universal WorkspaceTypes are not there yet".to_owned());
-                }
-            }
-            if started.elapsed() > KCP_START_TIMEOUT {
-                return Err(Error::Timeout {
-                    what: "kcp's root workspace".into(),
-                    after: KCP_START_TIMEOUT,
-                    last_error,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
+                (Err(error), _) | (_, Err(error)) => error.to_string(),
+                _ => missing.to_owned(),
+            };
+            deadline.not_yet(Some(why)).await?;
         }
         Ok(kcp)
     }
@@ -256,10 +240,7 @@ impl Kcp {
     /// until it is ready, and returns its logical cluster's name.
     pub async fn create_workspace(&self, name: &str) -> Result<String> {
         let root = self.client("root").await?;
-        let workspaces = Api::<DynamicObject>::all_with(
-            root,
-            &resource("tenancy.kcp.io", "v1alpha1", "Workspace", "workspaces"),
-        );
+        let workspaces = objects(root, "tenancy.kcp.io/v1alpha1", "Workspace");
         let workspace: DynamicObject = serde_json::from_value(serde_json::json!({
             "apiVersion": "tenancy.kcp.io/v1alpha1",
             "kind": "Workspace",
@@ -274,7 +255,9 @@ impl Kcp {
             )
             .await
             .map_err(|e| Error::kube(format!("creating kcp workspace {name}"), e))?;
-        let started = Instant::now();
+        let interval = Duration::from_millis(200);
+        let what = format!("kcp workspace {name}");
+        let deadline = Deadline::new(what, Instant::now(), KCP_START_TIMEOUT, interval);
         loop {
             let current = workspaces
                 .get(name)
@@ -286,14 +269,7 @@ impl Kcp {
             {
                 return Ok(cluster.to_owned());
             }
-            if started.elapsed() > KCP_START_TIMEOUT {
-                return Err(Error::Timeout {
-                    what: format!("kcp workspace {name}"),
-                    after: KCP_START_TIMEOUT,
-                    last_error: Some(format!("phase {phase:?}")),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            deadline.not_yet(Some(format!("phase {phase:?}"))).await?;
         }
     }
 
@@ -307,15 +283,7 @@ impl Kcp {
             let object: DynamicObject = serde_json::from_value(document)
                 .map_err(|source| Error::CrdDecode { index: 0, source })?;
             let types = object.types.clone().unwrap_or_default();
-            let (group, version) = types
-                .api_version
-                .split_once('/')
-                .unwrap_or(("", types.api_version.as_str()));
-            let plural = format!("{}s", types.kind.to_lowercase());
-            let api = Api::<DynamicObject>::all_with(
-                client.clone(),
-                &resource(group, version, &types.kind, &plural),
-            );
+            let api = objects(client.clone(), &types.api_version, &types.kind);
             let name = object.metadata.name.clone().unwrap_or_default();
             api.patch(
                 &name,
@@ -338,40 +306,25 @@ impl Kcp {
     /// workspace binds the export.
     pub async fn endpoints(&self, path: &str, export: &str) -> Result<Vec<String>> {
         let client = self.client(path).await?;
-        let slices = Api::<DynamicObject>::all_with(
-            client,
-            &resource(
-                "apis.kcp.io",
-                "v1alpha1",
-                "APIExportEndpointSlice",
-                "apiexportendpointslices",
-            ),
-        );
-        let started = Instant::now();
+        let slices = objects(client, "apis.kcp.io/v1alpha1", "APIExportEndpointSlice");
+        let interval = Duration::from_millis(200);
+        let what = format!("the endpoints of APIExport {export}");
+        let deadline = Deadline::new(what, Instant::now(), KCP_START_TIMEOUT, interval);
         loop {
-            if let Some(slice) = slices
+            let slice = slices
                 .get_opt(export)
                 .await
-                .map_err(|e| Error::kube(format!("reading the endpoint slice {export}"), e))?
-            {
-                let urls: Vec<String> = slice.data["status"]["endpoints"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|endpoint| endpoint["url"].as_str().map(str::to_owned))
-                    .collect();
-                if !urls.is_empty() {
-                    return Ok(urls);
-                }
+                .map_err(|e| Error::kube(format!("reading the endpoint slice {export}"), e))?;
+            let urls: Vec<String> = slice
+                .iter()
+                .flat_map(|slice| slice.data["status"]["endpoints"].as_array())
+                .flatten()
+                .filter_map(|endpoint| endpoint["url"].as_str().map(str::to_owned))
+                .collect();
+            if !urls.is_empty() {
+                return Ok(urls);
             }
-            if started.elapsed() > KCP_START_TIMEOUT {
-                return Err(Error::Timeout {
-                    what: format!("the endpoints of APIExport {export}"),
-                    after: KCP_START_TIMEOUT,
-                    last_error: None,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            deadline.not_yet(None).await?;
         }
     }
 
@@ -438,6 +391,11 @@ impl Kcp {
     }
 }
 
-fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+/// The objects of `kind` in `api_version` through `client`, whose plural is
+/// the kind in lower case with an `s`.
+fn objects(client: Client, api_version: &str, kind: &str) -> Api<DynamicObject> {
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    let plural = format!("{}s", kind.to_lowercase());
+    Api::all_with(client, &ApiResource::from_gvk_with_plural(&gvk, &plural))
 }
