@@ -71,6 +71,17 @@ impl Kcp {
     /// `universal` WorkspaceTypes are there).
     pub async fn start() -> Result<Self> {
         let binary = KcpBinary::find().await?;
+        for last in [false, false, true] {
+            if let Some(kcp) = Self::launch(&binary, last).await? {
+                return Ok(kcp);
+            }
+        }
+        unreachable!("the last attempt gives kcp or an error")
+    }
+
+    /// Starts kcp on ports free now; `None` if another process took one of
+    /// them in the meantime (kcp exits), unless this is the `last` attempt.
+    async fn launch(binary: &KcpBinary, last: bool) -> Result<Option<Self>> {
         let dir = tempfile::Builder::new()
             .prefix("kube-fleet-kcp-")
             .tempdir()
@@ -102,7 +113,8 @@ impl Kcp {
         );
         let kubeconfig = loop {
             if let Some(error) = process.exit_error() {
-                return Err(error);
+                let retry = process.lost_port_race() && !last;
+                return if retry { Ok(None) } else { Err(error) };
             }
             if let Ok(kubeconfig) = Kubeconfig::read_from(&kubeconfig_path) {
                 break kubeconfig;
@@ -136,7 +148,7 @@ impl Kcp {
             };
             deadline.not_yet(Some(why)).await?;
         }
-        Ok(kcp)
+        Ok(Some(kcp))
     }
 
     /// The server's base URL (`https://127.0.0.1:PORT`).
