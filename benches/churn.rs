@@ -12,7 +12,7 @@
 //! ConfigMaps (or `--objects`); one controller watches ConfigMaps in every
 //! cluster. Each
 //! cycle engages ten clusters under new names, each with its own client
-//! (`kube_fleet::client::cluster_client`),
+//! (`kube_multicluster::client::cluster_client`),
 //! waits until the controller serves them, and disengages them. The
 //! process's resident memory is read after a first round of cycles (the
 //! baseline: the runtime, TLS and allocator have warmed up) and after each
@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::watcher;
-use kube_fleet::envtest::Envtest;
-use kube_fleet::{Action, Controller, Fleet, ObjectRequest, provider::ProgrammaticProvider};
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::{Action, Controller, Fleet, ObjectRequest, provider::ProgrammaticProvider};
 use tower::{BoxError, service_fn};
 
 mod os;
@@ -53,9 +53,9 @@ async fn main() -> Result<(), BoxError> {
     let config = setup::direct_config(cluster).await?;
 
     // Every cluster is a name for one API server, on purpose.
-    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
-        duplicates: kube_fleet::Duplicates::Ignore,
-        ..kube_fleet::FleetConfig::default()
+    let fleet = Fleet::with_config(kube_multicluster::FleetConfig {
+        duplicates: kube_multicluster::Duplicates::Ignore,
+        ..kube_multicluster::FleetConfig::default()
     });
     let (provider, handle) = ProgrammaticProvider::new();
     tokio::spawn({
@@ -79,7 +79,7 @@ async fn main() -> Result<(), BoxError> {
         for name in &names {
             handle.engage(
                 name.as_str(),
-                kube_fleet::client::cluster_client(config.clone())?,
+                kube_multicluster::client::cluster_client(config.clone())?,
             );
         }
         while status.clusters().iter().filter(|c| c.serving).count() < AT_ONCE {

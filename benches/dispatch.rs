@@ -47,12 +47,12 @@ use kube::runtime::{
     reflector::{ObjectRef, store::Writer},
     watcher,
 };
-use kube_fleet::envtest::Envtest;
-use kube_fleet::layers::{
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::layers::{
     metrics::{ReconcileMetrics, WorkqueueMetrics},
     recommended::RecommendedLayer,
 };
-use kube_fleet::{
+use kube_multicluster::{
     Action, Controller, Fleet, McRequest, ObjectRequest,
     controller::{Config, DEFAULT_CLUSTER_CONCURRENCY},
     queue::TokenBucket,

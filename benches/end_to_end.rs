@@ -50,13 +50,13 @@
 //! cluster's client built from the `kube::Config` its kubeconfig file gives,
 //! through envtest's proxy (the address users are given), and a
 //! label-selected watch of all namespaces (a selector every ConfigMap
-//! passes, `!bench.kube-fleet.dev/skip`, so the same objects are watched).
+//! passes, `!bench.kube-multicluster.dev/skip`, so the same objects are watched).
 //!
 //! Otherwise the controller reaches the API servers past envtest's in-process fault
 //! proxy, so that the proxy's work is not counted as ours, with clients from
-//! `kube_fleet::client::cluster_client` (one HTTP/2 connection per cluster)
+//! `kube_multicluster::client::cluster_client` (one HTTP/2 connection per cluster)
 //! unless `--http1` asks for kube's own; `--kube-client` engages finished
-//! `kube::Client`s from `kube_fleet::client::client` instead, which the
+//! `kube::Client`s from `kube_multicluster::client::client` instead, which the
 //! fleet wraps in a request queue of its own.
 
 use std::{
@@ -73,8 +73,8 @@ use kube::{
     api::{ObjectMeta, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
-use kube_fleet::envtest::Envtest;
-use kube_fleet::{
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::{
     Action, Controller, Fleet, ObjectRequest,
     cache::{HostCache, HostView},
     controller::DEFAULT_CLUSTER_CONCURRENCY,
@@ -87,7 +87,7 @@ mod setup;
 
 use os::{cpu_seconds, reset_peak, status_kib};
 
-const LABEL: &str = "bench.kube-fleet.dev/seen";
+const LABEL: &str = "bench.kube-multicluster.dev/seen";
 
 fn servers_cpu(pids: &[u32]) -> f64 {
     pids.iter().map(|pid| cpu_seconds(&pid.to_string())).sum()
@@ -192,9 +192,9 @@ async fn main() -> Result<(), BoxError> {
     });
 
     let fleet = if std::env::args().any(|a| a == "--unbudgeted") {
-        Fleet::with_config(kube_fleet::FleetConfig {
-            request_budget: kube_fleet::client::RequestBudget::UNLIMITED,
-            ..kube_fleet::FleetConfig::default()
+        Fleet::with_config(kube_multicluster::FleetConfig {
+            request_budget: kube_multicluster::client::RequestBudget::UNLIMITED,
+            ..kube_multicluster::FleetConfig::default()
         })
     } else {
         Fleet::new()
@@ -204,9 +204,10 @@ async fn main() -> Result<(), BoxError> {
         let fleet = fleet.clone();
         async move { fleet.run(provider).await }
     });
-    let mut config = kube_fleet::controller::Config::default().read_your_writes(read_your_writes);
+    let mut config =
+        kube_multicluster::controller::Config::default().read_your_writes(read_your_writes);
     if in_turn {
-        config = config.sharing(kube_fleet::queue::Sharing::InTurn);
+        config = config.sharing(kube_multicluster::queue::Sharing::InTurn);
     }
     match concurrency {
         None => {}
@@ -219,13 +220,13 @@ async fn main() -> Result<(), BoxError> {
         watcher::Config::default()
     };
     if as_user {
-        watch = watch.labels("!bench.kube-fleet.dev/skip");
+        watch = watch.labels("!bench.kube-multicluster.dev/skip");
     }
     let controller = Controller::<ConfigMap>::new(&fleet, watch).with_config(config);
     // Counted per cluster, as the manager counts them.
     let mut registry = prometheus_client::registry::Registry::default();
     if std::env::args().any(|a| a == "--queue-metrics") {
-        kube_fleet::layers::metrics::WorkqueueMetrics::register(&mut registry)
+        kube_multicluster::layers::metrics::WorkqueueMetrics::register(&mut registry)
             .add(controller.queue_metrics());
     }
     let controller = tokio::spawn(controller.run(reconcile));

@@ -28,9 +28,9 @@ use std::{
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::watcher;
-use kube_fleet::envtest::Envtest;
-use kube_fleet::manager::{LeaderElection, LeaseParams, Manager};
-use kube_fleet::{
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::manager::{LeaderElection, LeaseParams, Manager};
+use kube_multicluster::{
     Action, Controller, Duplicates, Fleet, ObjectRequest, controller::Config,
     provider::ProgrammaticProvider,
 };
@@ -56,13 +56,13 @@ fn replica(
     seen: Arc<Seen>,
 ) -> tokio::task::JoinHandle<()> {
     // Every cluster is a name for one of a few API servers, on purpose.
-    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
+    let fleet = Fleet::with_config(kube_multicluster::FleetConfig {
         duplicates: Duplicates::Ignore,
-        ..kube_fleet::FleetConfig::default()
+        ..kube_multicluster::FleetConfig::default()
     });
     let (provider, handle) = ProgrammaticProvider::new();
     for (cluster, config) in configs {
-        let client = kube_fleet::client::cluster_client(config.clone()).expect("a client");
+        let client = kube_multicluster::client::cluster_client(config.clone()).expect("a client");
         handle.engage(cluster.as_str(), client);
     }
     let election = LeaderElection::new("failover").lease(

@@ -22,8 +22,8 @@ use kube::{
     api::{ObjectMeta, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
-use kube_fleet::Cluster;
-use kube_fleet::envtest::Envtest;
+use kube_multicluster::Cluster;
+use kube_multicluster::envtest::Envtest;
 use tower::BoxError;
 
 mod os;

@@ -14,7 +14,7 @@
 //!
 //! Real API servers (envtest), each with 20 ConfigMaps in its `default`
 //! namespace; every cluster is a name for one of them, taken in turn, with
-//! its own client (`kube_fleet::client::cluster_client` on the server's kubeconfig, so its
+//! its own client (`kube_multicluster::client::cluster_client` on the server's kubeconfig, so its
 //! own connection), engaged through a `ProgrammaticProvider`. One typed
 //! controller watches ConfigMaps in `default` in every cluster. One
 //! cluster is engaged and served first (the baseline: runtime, TLS and
@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Client, Config, runtime::watcher};
-use kube_fleet::envtest::Envtest;
-use kube_fleet::{
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::{
     Action, Controller, Fleet, ObjectRequest, controller::Watch, provider::ProgrammaticProvider,
 };
 use tower::{BoxError, service_fn};
@@ -78,8 +78,8 @@ async fn main() -> Result<(), BoxError> {
             other => clusters = other.parse().unwrap_or(clusters),
         }
     }
-    let defaults = kube_fleet::FleetConfig::default();
-    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
+    let defaults = kube_multicluster::FleetConfig::default();
+    let fleet = Fleet::with_config(kube_multicluster::FleetConfig {
         initial_lists: match lists {
             Some(0) => usize::MAX,
             Some(n) => n,
@@ -87,14 +87,14 @@ async fn main() -> Result<(), BoxError> {
         },
         keep_alive: match keep_alive {
             Some(0) => None,
-            Some(seconds) => Some(kube_fleet::client::KeepAlive::new(
+            Some(seconds) => Some(kube_multicluster::client::KeepAlive::new(
                 Duration::from_secs(seconds),
-                kube_fleet::client::KeepAlive::DEFAULT.timeout(),
+                kube_multicluster::client::KeepAlive::DEFAULT.timeout(),
             )),
             None => defaults.keep_alive,
         },
         // Every cluster is a name for one of a few API servers, on purpose.
-        duplicates: kube_fleet::Duplicates::Ignore,
+        duplicates: kube_multicluster::Duplicates::Ignore,
         ..defaults.clone()
     });
     let bound = fleet.status().initial_lists.limit();
@@ -144,7 +144,7 @@ async fn main() -> Result<(), BoxError> {
 
     handle.engage(
         "cluster-00000",
-        kube_fleet::client::cluster_client(configs[0].clone())?,
+        kube_multicluster::client::cluster_client(configs[0].clone())?,
     );
     while serving() < 1 {
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -161,7 +161,7 @@ async fn main() -> Result<(), BoxError> {
         let config = configs[i % configs.len()].clone();
         handle.engage(
             format!("cluster-{i:05}"),
-            kube_fleet::client::cluster_client(config)?,
+            kube_multicluster::client::cluster_client(config)?,
         );
     }
     let built = began.elapsed();

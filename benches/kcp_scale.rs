@@ -42,7 +42,7 @@ use kube::{
     api::{ObjectMeta, PostParams},
     runtime::watcher,
 };
-use kube_fleet::{
+use kube_multicluster::{
     Action, Controller, Fleet, ObjectRequest,
     envtest::{KCP_EXAMPLE_EXPORT, Kcp},
     providers::kcp::KcpProvider,

@@ -13,9 +13,9 @@
 //! ```
 //!
 //! Every cluster has a distinct name and its own client (from
-//! `kube_fleet::client::cluster_client`, which the fleet finishes with its
+//! `kube_multicluster::client::cluster_client`, which the fleet finishes with its
 //! counting; with `--kube-client` a finished `kube::Client` from
-//! `kube_fleet::client::client`, which the fleet wraps; kube's own with
+//! `kube_multicluster::client::client`, which the fleet wraps; kube's own with
 //! `--http1`), all pointing at one
 //! real API server (envtest) whose `default` namespace holds 20 ConfigMaps.
 //! One controller watches ConfigMaps in every cluster (in the `default`
@@ -36,7 +36,7 @@
 //! `--bare` measures what the same watch costs with no fleet and no
 //! controller: per cluster, a client and kube's own `watcher` feeding a
 //! `reflector` store, as a kube-runtime program would hold them. The
-//! difference to the default is what kube-fleet itself adds.
+//! difference to the default is what kube-multicluster itself adds.
 
 use std::{
     sync::{
@@ -52,8 +52,8 @@ use kube::{
     api::{ObjectMeta, PostParams},
     runtime::watcher,
 };
-use kube_fleet::envtest::Envtest;
-use kube_fleet::{
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::{
     Action, Controller, Fleet, ObjectRequest, client::ClusterClient, controller::Watch,
     provider::ProgrammaticProvider,
 };
@@ -112,7 +112,7 @@ impl Options {
         if self.http1 || self.kube_client {
             return Ok(self.client(config)?.into());
         }
-        Ok(kube_fleet::client::cluster_client(config.clone())?)
+        Ok(kube_multicluster::client::cluster_client(config.clone())?)
     }
 
     fn watcher(&self) -> watcher::Config {
@@ -198,9 +198,9 @@ async fn measure(
         return measure_bare(config, clusters, options).await;
     }
     // Every cluster is a name for one API server, on purpose.
-    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
-        duplicates: kube_fleet::Duplicates::Ignore,
-        ..kube_fleet::FleetConfig::default()
+    let fleet = Fleet::with_config(kube_multicluster::FleetConfig {
+        duplicates: kube_multicluster::Duplicates::Ignore,
+        ..kube_multicluster::FleetConfig::default()
     });
     let (provider, handle) = ProgrammaticProvider::new();
     let provider_task = tokio::spawn({
@@ -208,7 +208,11 @@ async fn measure(
         async move { fleet.run(provider).await }
     });
     let watch = if options.as_user {
-        Watch::new(options.watcher().labels("bench.kube-fleet.dev/per-cluster"))
+        Watch::new(
+            options
+                .watcher()
+                .labels("bench.kube-multicluster.dev/per-cluster"),
+        )
     } else {
         Watch::new(options.watcher()).in_namespace(options.namespace)
     };
@@ -282,9 +286,9 @@ async fn main() -> Result<(), BoxError> {
         "client: {}; watching ConfigMaps in namespace {:?}",
         match (options.http1, options.bare) {
             (true, false) => "kube's, HTTP/1.1",
-            (false, false) => "kube_fleet::client, HTTP/2",
+            (false, false) => "kube_multicluster::client, HTTP/2",
             (true, true) => "kube's, HTTP/1.1, bare kube watchers (no fleet)",
-            (false, true) => "kube_fleet::client, HTTP/2, bare kube watchers (no fleet)",
+            (false, true) => "kube_multicluster::client, HTTP/2, bare kube watchers (no fleet)",
         },
         options.namespace
     );
@@ -299,7 +303,13 @@ async fn main() -> Result<(), BoxError> {
         let config_map = ConfigMap {
             metadata: ObjectMeta {
                 name: Some(format!("cm-{i}")),
-                labels: Some([("bench.kube-fleet.dev/per-cluster".into(), "yes".into())].into()),
+                labels: Some(
+                    [(
+                        "bench.kube-multicluster.dev/per-cluster".into(),
+                        "yes".into(),
+                    )]
+                    .into(),
+                ),
                 ..ObjectMeta::default()
             },
             ..ConfigMap::default()

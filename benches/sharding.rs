@@ -24,9 +24,9 @@ use std::{
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Client, runtime::watcher};
-use kube_fleet::envtest::Envtest;
-use kube_fleet::manager::{Error, LeaseParams, Manager, ShardStatus, Sharding};
-use kube_fleet::{Action, Controller, Fleet, ObjectRequest, provider::ProgrammaticProvider};
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::manager::{Error, LeaseParams, Manager, ShardStatus, Sharding};
+use kube_multicluster::{Action, Controller, Fleet, ObjectRequest, provider::ProgrammaticProvider};
 use tokio::{sync::oneshot, task::JoinHandle};
 use tower::{BoxError, service_fn};
 
@@ -53,9 +53,9 @@ fn start(
     last: &Last,
 ) -> Replica {
     // Every cluster is a name for one API server, on purpose.
-    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
-        duplicates: kube_fleet::Duplicates::Ignore,
-        ..kube_fleet::FleetConfig::default()
+    let fleet = Fleet::with_config(kube_multicluster::FleetConfig {
+        duplicates: kube_multicluster::Duplicates::Ignore,
+        ..kube_multicluster::FleetConfig::default()
     });
     let (provider, handle) = ProgrammaticProvider::new();
     for (cluster, client) in clusters {

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Client, api::ObjectList};
-use kube_fleet::envtest::Envtest;
+use kube_multicluster::envtest::Envtest;
 use tower::BoxError;
 
 mod os;
@@ -50,7 +50,7 @@ async fn main() -> Result<(), BoxError> {
 
     let env = Envtest::start(1).await?;
     let cluster = &env.clusters()[0];
-    let client = kube_fleet::client::client(setup::direct_config(cluster).await?)?;
+    let client = kube_multicluster::client::client(setup::direct_config(cluster).await?)?;
     setup::fill(client.clone(), objects).await?;
     // Warm both paths (and the watch cache) up.
     for accept in [JSON, PROTOBUF] {

@@ -25,9 +25,9 @@ use kube::{
     api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
     config::Kubeconfig,
 };
-use kube_fleet::Fleet;
-use kube_fleet::envtest::{Envtest, TestCluster};
-use kube_fleet::providers::cluster_api::{
+use kube_multicluster::Fleet;
+use kube_multicluster::envtest::{Envtest, TestCluster};
+use kube_multicluster::providers::cluster_api::{
     CLUSTER_NAME_LABEL, ClusterApiProvider, KUBECONFIG_KEY,
     v1beta2::{Cluster, ClusterSpec},
 };

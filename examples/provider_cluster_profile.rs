@@ -27,9 +27,9 @@ use kube::{
     Api, CustomResourceExt,
     api::{DeleteParams, Patch, PatchParams, PostParams},
 };
-use kube_fleet::Fleet;
-use kube_fleet::envtest::Envtest;
-use kube_fleet::providers::cluster_inventory::{
+use kube_multicluster::Fleet;
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::providers::cluster_inventory::{
     AccessConfig, ClusterProfileProvider, EXEC_EXTENSION,
     v1alpha1::{ClusterManager, ClusterProfile, ClusterProfileSpec},
 };

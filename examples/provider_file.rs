@@ -19,9 +19,9 @@ mod support;
 use std::path::Path;
 
 use kube::config::Kubeconfig;
-use kube_fleet::Fleet;
-use kube_fleet::envtest::Envtest;
-use kube_fleet::providers::file::FileProvider;
+use kube_multicluster::Fleet;
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::providers::file::FileProvider;
 use tower::BoxError;
 
 #[tokio::main]

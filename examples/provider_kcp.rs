@@ -24,7 +24,7 @@ use kube::{
     Api,
     api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind},
 };
-use kube_fleet::{
+use kube_multicluster::{
     Fleet,
     envtest::{KCP_EXAMPLE_EXPORT, Kcp},
     providers::kcp::KcpProvider,

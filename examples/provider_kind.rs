@@ -17,9 +17,9 @@ mod support;
 
 use std::{os::unix::fs::PermissionsExt, time::Duration};
 
-use kube_fleet::Fleet;
-use kube_fleet::envtest::Envtest;
-use kube_fleet::providers::kind::KindProvider;
+use kube_multicluster::Fleet;
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::providers::kind::KindProvider;
 use tower::BoxError;
 
 /// Answers as kind does, from the files beside it.

@@ -15,11 +15,11 @@ mod support;
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ObjectMeta, PostParams};
-use kube_fleet::Fleet;
-use kube_fleet::envtest::Envtest;
-use kube_fleet::providers::file::FileProvider;
-use kube_fleet::providers::multi::MultiProvider;
-use kube_fleet::providers::namespace::NamespaceProvider;
+use kube_multicluster::Fleet;
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::providers::file::FileProvider;
+use kube_multicluster::providers::multi::MultiProvider;
+use kube_multicluster::providers::namespace::NamespaceProvider;
 use tower::BoxError;
 
 #[tokio::main]

@@ -19,9 +19,9 @@ use kube::{
     Api, Client,
     api::{DeleteParams, ObjectMeta, PostParams},
 };
-use kube_fleet::Fleet;
-use kube_fleet::envtest::Envtest;
-use kube_fleet::providers::namespace::NamespaceProvider;
+use kube_multicluster::Fleet;
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::providers::namespace::NamespaceProvider;
 use tower::BoxError;
 
 #[tokio::main]

@@ -24,9 +24,9 @@ use kube::{
     api::{DeleteParams, ObjectMeta, Patch, PatchParams},
     config::Kubeconfig,
 };
-use kube_fleet::Fleet;
-use kube_fleet::envtest::Envtest;
-use kube_fleet::providers::secret::{DEFAULT_KEY, DEFAULT_LABEL, SecretProvider};
+use kube_multicluster::Fleet;
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::providers::secret::{DEFAULT_KEY, DEFAULT_LABEL, SecretProvider};
 use tower::BoxError;
 
 const NAMESPACE: &str = "default";

@@ -16,7 +16,7 @@
 //! (`/healthz`, `/readyz`, `/metrics`, on `127.0.0.1:8080` by default) under
 //! one shutdown signal.
 //!
-//! The reconciler labels each ConfigMap marked `kube-fleet.dev/quickstart=true`
+//! The reconciler labels each ConfigMap marked `kube-multicluster.dev/quickstart=true`
 //! with the name of the cluster it lives in, and logs one line per reconcile.
 //!
 //! With no arguments it starts three clusters (real `kube-apiserver`s on one
@@ -24,7 +24,7 @@
 //! fourth cluster and removes the first. With `--kubeconfig` it engages one
 //! cluster per context, named `path+context`, follows the file as it changes
 //! (contexts added, removed or changed), and touches only ConfigMaps you mark:
-//! `kubectl label configmap NAME kube-fleet.dev/quickstart=true`.
+//! `kubectl label configmap NAME kube-multicluster.dev/quickstart=true`.
 //! Ctrl-C shuts it down gracefully.
 
 use std::{error::Error, net::SocketAddr, path::PathBuf, time::Duration};
@@ -36,11 +36,11 @@ use kube::{
     config::Kubeconfig,
     runtime::watcher,
 };
-use kube_fleet::envtest::Envtest;
-use kube_fleet::layers::{metrics::ReconcileMetrics, recommended::RecommendedLayer};
-use kube_fleet::manager::{LeaderElection, Manager};
-use kube_fleet::providers::file::FileProvider;
-use kube_fleet::{
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::layers::{metrics::ReconcileMetrics, recommended::RecommendedLayer};
+use kube_multicluster::manager::{LeaderElection, Manager};
+use kube_multicluster::providers::file::FileProvider;
+use kube_multicluster::{
     Action, Controller, Fleet, ObjectRequest,
     client::ClusterClient,
     controller,
@@ -48,8 +48,8 @@ use kube_fleet::{
 };
 use tower::{BoxError, ServiceBuilder, service_fn};
 
-const MARK: &str = "kube-fleet.dev/quickstart";
-const CLUSTER_LABEL: &str = "kube-fleet.dev/cluster";
+const MARK: &str = "kube-multicluster.dev/quickstart";
+const CLUSTER_LABEL: &str = "kube-multicluster.dev/cluster";
 
 /// Labels a ConfigMap with its cluster's name; the same code for every cluster.
 ///
@@ -90,7 +90,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
     // Coloured on a terminal only: a file or a pipe gets plain text.
     tracing_subscriber::fmt()
         .with_env_filter(
-            std::env::var("RUST_LOG").unwrap_or_else(|_| "kube_fleet=info,quickstart=info".into()),
+            std::env::var("RUST_LOG")
+                .unwrap_or_else(|_| "kube_multicluster=info,quickstart=info".into()),
         )
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
@@ -208,9 +209,9 @@ async fn local_fleet(
 /// HTTP/2 connection for all its watches and requests, finished by the
 /// fleet as it engages the cluster.
 fn fleet_client(kubeconfig: &Kubeconfig) -> Result<ClusterClient, Box<dyn Error>> {
-    Ok(kube_fleet::client::cluster_client(Config::try_from(
-        kubeconfig.clone(),
-    )?)?)
+    Ok(kube_multicluster::client::cluster_client(
+        Config::try_from(kubeconfig.clone())?,
+    )?)
 }
 
 async fn create_marked(client: Client, count: usize) -> Result<(), kube::Error> {

@@ -28,7 +28,7 @@ use kube::{
     Api, Client, CustomResource,
     api::{ApiResource, DynamicObject, GroupVersionKind, PostParams},
 };
-use kube_fleet::{
+use kube_multicluster::{
     Fleet,
     controller::ClusterSelector,
     envtest::Envtest,
@@ -135,7 +135,7 @@ async fn main() -> Result<(), BoxError> {
     let fleet = Fleet::new();
     for cluster in env.clusters() {
         cluster
-            .install_crds(kube_fleet::envtest::crds_from_yaml(CRD)?)
+            .install_crds(kube_multicluster::envtest::crds_from_yaml(CRD)?)
             .await?;
         fleet.engage(cluster.name(), cluster.client());
     }

@@ -14,7 +14,7 @@
 //!
 //! use k8s_openapi::api::core::v1::ConfigMap;
 //! use kube::runtime::watcher;
-//! use kube_fleet::{Action, Controller, Fleet, ObjectRequest, provider::LocalProvider};
+//! use kube_multicluster::{Action, Controller, Fleet, ObjectRequest, provider::LocalProvider};
 //! use tower::{BoxError, service_fn};
 //!
 //! # async fn example() -> Result<(), BoxError> {
@@ -44,10 +44,10 @@
 //!
 //! ```no_run
 //! use kube::{api::DynamicObject, discovery::Scope};
-//! use kube_fleet::{Action, Controller, Fleet, ObjectRequest, controller::Watch};
+//! use kube_multicluster::{Action, Controller, Fleet, ObjectRequest, controller::Watch};
 //! use tower::{BoxError, service_fn};
 //!
-//! # async fn example(fleet: Fleet) -> Result<(), kube_fleet::controller::Error> {
+//! # async fn example(fleet: Fleet) -> Result<(), kube_multicluster::controller::Error> {
 //! Controller::<DynamicObject>::new(
 //!     &fleet,
 //!     Watch::default().discover("example.com", "Widget", Scope::Namespaced),
@@ -63,7 +63,7 @@
 //! ```
 //!
 //! Tests and examples run against real API servers started by
-//! `kube_fleet::envtest` (the `envtest` feature).
+//! `kube_multicluster::envtest` (the `envtest` feature).
 //!
 //! # Clients and TLS
 //!
@@ -84,7 +84,7 @@
 //! # One dependency, features for the rest
 //!
 //! This crate is the runtime (every item at its root and in its modules
-//! comes from `kube-fleet-core`), and re-exports the other crates of the
+//! comes from `kube-multicluster-core`), and re-exports the other crates of the
 //! project behind a feature each:
 //!
 //! | feature | module | what it adds |
@@ -104,10 +104,10 @@
 //!
 //! ```toml
 //! [dependencies]
-//! kube-fleet = { git = "https://github.com/kube-fleet/kube-fleet", features = ["manager", "provider-kind"] }
+//! kube-multicluster = { git = "https://github.com/kube-multicluster/kube-multicluster", features = ["manager", "provider-kind"] }
 //!
 //! [dev-dependencies]
-//! kube-fleet = { git = "https://github.com/kube-fleet/kube-fleet", features = ["envtest"] }
+//! kube-multicluster = { git = "https://github.com/kube-multicluster/kube-multicluster", features = ["envtest"] }
 //! ```
 //!
 //! The TLS features (`rustls-tls` and `ring` by default, `aws-lc-rs`,
@@ -116,23 +116,23 @@
 #![forbid(unsafe_code)]
 
 #[doc(inline)]
-pub use kube_fleet_core::*;
+pub use kube_multicluster_core::*;
 
 #[cfg(feature = "layers")]
 #[doc(inline)]
-pub use kube_fleet_layers as layers;
+pub use kube_multicluster_layers as layers;
 
 #[cfg(feature = "manager")]
 #[doc(inline)]
-pub use kube_fleet_manager as manager;
+pub use kube_multicluster_manager as manager;
 
 #[cfg(feature = "webhooks")]
 #[doc(inline)]
-pub use kube_fleet_webhook as webhook;
+pub use kube_multicluster_webhook as webhook;
 
 #[cfg(feature = "envtest")]
 #[doc(inline)]
-pub use kube_fleet_envtest as envtest;
+pub use kube_multicluster_envtest as envtest;
 
 /// The cluster providers, each behind its `provider-*` feature. The
 /// runtime's own ([`provider::LocalProvider`],
@@ -140,28 +140,28 @@ pub use kube_fleet_envtest as envtest;
 pub mod providers {
     #[cfg(feature = "provider-cluster-api")]
     #[doc(inline)]
-    pub use kube_fleet_provider_cluster_api as cluster_api;
+    pub use kube_multicluster_provider_cluster_api as cluster_api;
     #[cfg(feature = "provider-cluster-inventory")]
     #[doc(inline)]
-    pub use kube_fleet_provider_cluster_inventory as cluster_inventory;
+    pub use kube_multicluster_provider_cluster_inventory as cluster_inventory;
     #[cfg(feature = "provider-file")]
     #[doc(inline)]
-    pub use kube_fleet_provider_file as file;
+    pub use kube_multicluster_provider_file as file;
     #[cfg(feature = "provider-kcp")]
     #[doc(inline)]
-    pub use kube_fleet_provider_kcp as kcp;
+    pub use kube_multicluster_provider_kcp as kcp;
     #[cfg(feature = "provider-kind")]
     #[doc(inline)]
-    pub use kube_fleet_provider_kind as kind;
+    pub use kube_multicluster_provider_kind as kind;
     #[cfg(feature = "provider-multi")]
     #[doc(inline)]
-    pub use kube_fleet_provider_multi as multi;
+    pub use kube_multicluster_provider_multi as multi;
     #[cfg(feature = "provider-namespace")]
     #[doc(inline)]
-    pub use kube_fleet_provider_namespace as namespace;
+    pub use kube_multicluster_provider_namespace as namespace;
     #[cfg(feature = "provider-secret")]
     #[doc(inline)]
-    pub use kube_fleet_provider_secret as secret;
+    pub use kube_multicluster_provider_secret as secret;
 }
 
 /// The README's code, compiled with the doc tests so that what it shows

@@ -14,12 +14,12 @@ use kube::{
     api::{DeleteParams, ListParams, PostParams, VersionMatch},
     config::{KubeConfigOptions, Kubeconfig},
 };
-use kube_fleet::envtest::Envtest;
-use kube_fleet::layers::metrics::ClientMetrics;
-use kube_fleet::{Fleet, client};
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::layers::metrics::ClientMetrics;
+use kube_multicluster::{Fleet, client};
 use prometheus_client::{encoding::text::encode, registry::Registry};
 
-/// A client over kube-fleet's own stack, retrying as configured, for the
+/// A client over kube-multicluster's own stack, retrying as configured, for the
 /// fleet to finish.
 async fn fleet_client(kubeconfig: Kubeconfig, retry: bool) -> client::ClusterClient {
     let mut config =
@@ -50,14 +50,14 @@ async fn each_clusters_requests_are_counted_under_its_name_and_go_when_it_leaves
     let cluster = &env.clusters()[0];
     // Two names for one API server, on purpose; and no identity reads
     // among the requests counted.
-    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
-        duplicates: kube_fleet::Duplicates::Ignore,
-        ..kube_fleet::FleetConfig::default()
+    let fleet = Fleet::with_config(kube_multicluster::FleetConfig {
+        duplicates: kube_multicluster::Duplicates::Ignore,
+        ..kube_multicluster::FleetConfig::default()
     });
     let mut registry = Registry::default();
     ClientMetrics::register(&mut registry, fleet.clone());
 
-    // Two engagements of one API server: one through kube-fleet's client,
+    // Two engagements of one API server: one through kube-multicluster's client,
     // one through kube's own (HTTP/1.1), which is counted from outside.
     let own = fleet.engage(
         "own",
@@ -247,9 +247,9 @@ async fn a_throttled_cluster_waits_as_retry_after_asks_and_is_counted_alone() {
     assert!(retry_after >= 1, "Retry-After: {retry_after}");
 
     // No identity reads among the requests counted.
-    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
-        duplicates: kube_fleet::Duplicates::Ignore,
-        ..kube_fleet::FleetConfig::default()
+    let fleet = Fleet::with_config(kube_multicluster::FleetConfig {
+        duplicates: kube_multicluster::Duplicates::Ignore,
+        ..kube_multicluster::FleetConfig::default()
     });
     let mut registry = Registry::default();
     ClientMetrics::register(&mut registry, fleet.clone());

@@ -10,8 +10,8 @@ use kube::{
     api::{ObjectMeta, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
-use kube_fleet::envtest::Envtest;
-use kube_fleet::{
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::{
     ClusterName, Controller, Fleet, McRequest, ObjectRequest, cache::WatchState,
     controller::ClusterSelector, provider::LocalProvider,
 };
@@ -109,7 +109,7 @@ async fn a_removed_cluster_loses_its_watches_queue_and_running_reconciles() {
                         }));
                         std::future::pending::<()>().await;
                     }
-                    Ok::<_, tower::BoxError>(kube_fleet::Action::await_change())
+                    Ok::<_, tower::BoxError>(kube_multicluster::Action::await_change())
                 }
             },
         ));
@@ -397,7 +397,7 @@ async fn re_engaging_a_name_replaces_the_cluster_and_its_watches() {
 
 #[tokio::test]
 async fn a_terminal_error_waits_for_the_object_to_change() {
-    use kube_fleet::{Action, TerminalError};
+    use kube_multicluster::{Action, TerminalError};
 
     let env = Envtest::start(1).await.unwrap();
     let client = env.clusters()[0].client();
@@ -494,7 +494,7 @@ async fn a_clusters_store_is_its_controllers_watch_whatever_its_selector() {
     let (service, mut rx) = support::recorder::<ObjectRequest<ConfigMap>>();
     let selected = watcher::Config::default().labels("app=on");
     running.spawn(
-        kube_fleet::Controller::<ConfigMap>::new(&running.fleet, selected.clone()),
+        kube_multicluster::Controller::<ConfigMap>::new(&running.fleet, selected.clone()),
         service,
     );
     running.provider.engage("east", client);

@@ -11,8 +11,8 @@ use kube::{
     api::{ApiResource, DynamicObject, GroupVersionKind, PostParams},
     discovery::Scope,
 };
-use kube_fleet::envtest::Envtest;
-use kube_fleet::{Controller, ObjectRequest, controller::Watch};
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::{Controller, ObjectRequest, controller::Watch};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use support::*;
@@ -21,7 +21,7 @@ use support::*;
 /// this type.
 #[derive(CustomResource, Clone, Debug, Deserialize, Serialize, JsonSchema)]
 #[kube(
-    group = "dynamic.kube-fleet.dev",
+    group = "dynamic.kube-multicluster.dev",
     version = "v1",
     kind = "Gadget",
     namespaced
@@ -32,7 +32,7 @@ struct GadgetSpec {
 
 fn gadgets() -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk(
-        "dynamic.kube-fleet.dev",
+        "dynamic.kube-multicluster.dev",
         "v1",
         "Gadget",
     ))
@@ -67,7 +67,7 @@ async fn a_dynamic_controller_reconciles_where_its_crd_exists_and_starts_where_i
                 object.data["spec"]["size"].as_u64(),
             ));
         }
-        async { Ok::<_, tower::BoxError>(kube_fleet::Action::await_change()) }
+        async { Ok::<_, tower::BoxError>(kube_multicluster::Action::await_change()) }
     });
     let controller = Controller::<DynamicObject>::new(
         &running.fleet,
@@ -154,7 +154,7 @@ async fn a_dynamic_owner_is_reconciled_when_its_children_change() {
 
 #[tokio::test]
 async fn a_dynamic_watch_without_its_resource_is_a_clear_error() {
-    let fleet = kube_fleet::Fleet::new();
+    let fleet = kube_multicluster::Fleet::new();
     let (service, _rx) = recorder::<ObjectRequest<DynamicObject>>();
     let error = Controller::<DynamicObject>::new(&fleet, kube::runtime::watcher::Config::default())
         .run(service)
@@ -174,7 +174,7 @@ mod v2 {
 
     #[derive(CustomResource, Clone, Debug, Deserialize, Serialize, JsonSchema)]
     #[kube(
-        group = "dynamic.kube-fleet.dev",
+        group = "dynamic.kube-multicluster.dev",
         version = "v2",
         kind = "Gadget",
         namespaced
@@ -205,11 +205,11 @@ async fn a_kind_found_by_discovery_is_watched_at_the_version_each_cluster_serves
             let version = object.types.as_ref().map(|t| t.api_version.clone());
             let _ = tx.send((request.request.clone(), version));
         }
-        async { Ok::<_, tower::BoxError>(kube_fleet::Action::await_change()) }
+        async { Ok::<_, tower::BoxError>(kube_multicluster::Action::await_change()) }
     });
     let controller = Controller::<DynamicObject>::new(
         &running.fleet,
-        Watch::default().discover("dynamic.kube-fleet.dev", "Gadget", Scope::Namespaced),
+        Watch::default().discover("dynamic.kube-multicluster.dev", "Gadget", Scope::Namespaced),
     );
     let status = controller.status();
     running.spawn(controller, service);
@@ -228,11 +228,11 @@ async fn a_kind_found_by_discovery_is_watched_at_the_version_each_cluster_serves
         std::collections::HashMap::from([
             (
                 "cluster-0".to_owned(),
-                Some("dynamic.kube-fleet.dev/v1".to_owned())
+                Some("dynamic.kube-multicluster.dev/v1".to_owned())
             ),
             (
                 "cluster-1".to_owned(),
-                Some("dynamic.kube-fleet.dev/v2".to_owned())
+                Some("dynamic.kube-multicluster.dev/v2".to_owned())
             ),
         ])
     );
@@ -263,7 +263,7 @@ mod alpha {
 
     #[derive(CustomResource, Clone, Debug, Deserialize, Serialize, JsonSchema)]
     #[kube(
-        group = "dynamic.kube-fleet.dev",
+        group = "dynamic.kube-multicluster.dev",
         version = "v1alpha1",
         kind = "Gizmo",
         namespaced
@@ -280,7 +280,7 @@ type Versions = tokio::sync::mpsc::UnboundedReceiver<(String, Option<String>)>;
 fn versions_seen() -> (
     impl tower::Service<
         ObjectRequest<DynamicObject>,
-        Response = kube_fleet::Action,
+        Response = kube_multicluster::Action,
         Error = tower::BoxError,
         Future: Send + 'static,
     > + Send
@@ -293,7 +293,7 @@ fn versions_seen() -> (
             let version = object.types.as_ref().map(|t| t.api_version.clone());
             let _ = tx.send((request.request.name.clone(), version));
         }
-        async { Ok::<_, tower::BoxError>(kube_fleet::Action::await_change()) }
+        async { Ok::<_, tower::BoxError>(kube_multicluster::Action::await_change()) }
     });
     (service, rx)
 }
@@ -340,7 +340,7 @@ async fn a_discovered_kind_follows_its_crd_to_a_new_version_and_to_older_ones() 
     running.spawn(
         Controller::<DynamicObject>::new(
             &running.fleet,
-            Watch::default().discover("dynamic.kube-fleet.dev", "Gadget", Scope::Namespaced),
+            Watch::default().discover("dynamic.kube-multicluster.dev", "Gadget", Scope::Namespaced),
         ),
         gadgets,
     );
@@ -348,7 +348,7 @@ async fn a_discovered_kind_follows_its_crd_to_a_new_version_and_to_older_ones() 
     running.spawn(
         Controller::<DynamicObject>::new(
             &running.fleet,
-            Watch::default().discover("dynamic.kube-fleet.dev", "Gizmo", Scope::Namespaced),
+            Watch::default().discover("dynamic.kube-multicluster.dev", "Gizmo", Scope::Namespaced),
         ),
         gizmos,
     );
@@ -357,13 +357,13 @@ async fn a_discovered_kind_follows_its_crd_to_a_new_version_and_to_older_ones() 
         version_of(&mut gizmos_seen, "gizmo", PATIENCE)
             .await
             .as_deref(),
-        Some("dynamic.kube-fleet.dev/v1alpha1")
+        Some("dynamic.kube-multicluster.dev/v1alpha1")
     );
     assert_eq!(
         version_of(&mut gadgets_seen, "old", PATIENCE)
             .await
             .as_deref(),
-        Some("dynamic.kube-fleet.dev/v1")
+        Some("dynamic.kube-multicluster.dev/v1")
     );
 
     // The Gadget CRD goes, and comes back serving v2 only.
@@ -388,7 +388,7 @@ async fn a_discovered_kind_follows_its_crd_to_a_new_version_and_to_older_ones() 
         version_of(&mut gadgets_seen, "new", std::time::Duration::from_secs(90))
             .await
             .as_deref(),
-        Some("dynamic.kube-fleet.dev/v2"),
+        Some("dynamic.kube-multicluster.dev/v2"),
         "the watch found the new version"
     );
 }

@@ -14,8 +14,8 @@ use kube::{
         watcher,
     },
 };
-use kube_fleet::envtest::Envtest;
-use kube_fleet::{Action, Controller, Fleet, ObjectRequest};
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::{Action, Controller, Fleet, ObjectRequest};
 use support::{PATIENCE, create_config_map};
 use tower::{BoxError, service_fn};
 

@@ -13,8 +13,8 @@ use kube::{
     api::{ObjectMeta, PostParams},
     runtime::watcher,
 };
-use kube_fleet::envtest::Envtest;
-use kube_fleet::{
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::{
     Fleet, ObjectKey,
     fleetwide::{FleetStore, for_each_cluster},
 };

@@ -1,7 +1,7 @@
 //! Cluster health on real API servers: healthy while it answers and its
 //! watches run, degraded while a watch fails there, unreachable while its
 //! API server is cut off or hangs, and healthy again once it answers; told
-//! in `Fleet::status().health` and in `kube_fleet_cluster_health`.
+//! in `Fleet::status().health` and in `kube_multicluster_cluster_health`.
 
 mod support;
 
@@ -12,9 +12,9 @@ use kube::{
     api::{ApiResource, DynamicObject, GroupVersionKind},
     runtime::watcher,
 };
-use kube_fleet::envtest::Envtest;
-use kube_fleet::layers::metrics::FleetCollector;
-use kube_fleet::{
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::layers::metrics::FleetCollector;
+use kube_multicluster::{
     Cluster, Fleet,
     client::{ClientOptions, KeepAlive},
     health::ClusterHealth,
@@ -72,7 +72,7 @@ async fn a_clusters_health_follows_what_its_client_and_watches_find() {
     .await;
     let text = scrape(&registry);
     assert!(
-        text.contains(r#"kube_fleet_cluster_health{cluster="east",state="degraded"} 1"#),
+        text.contains(r#"kube_multicluster_cluster_health{cluster="east",state="degraded"} 1"#),
         "{text}"
     );
     drop(widget_watch);
@@ -88,7 +88,7 @@ async fn a_clusters_health_follows_what_its_client_and_watches_find() {
     .await;
     let text = scrape(&registry);
     assert!(
-        text.contains(r#"kube_fleet_cluster_health{cluster="east",state="unreachable"} 1"#),
+        text.contains(r#"kube_multicluster_cluster_health{cluster="east",state="unreachable"} 1"#),
         "{text}"
     );
     link.restore();
@@ -122,8 +122,8 @@ async fn a_clusters_health_follows_what_its_client_and_watches_find() {
 
 /// A client through `link` that finds a hung server within seconds.
 async fn client_through(
-    link: &kube_fleet::envtest::FaultyLink,
-) -> kube_fleet::client::ClusterClient {
+    link: &kube_multicluster::envtest::FaultyLink,
+) -> kube_multicluster::client::ClusterClient {
     let mut config =
         kube::Config::from_custom_kubeconfig(link.kubeconfig().clone(), &Default::default())
             .await
@@ -141,23 +141,23 @@ async fn client_through(
 /// A client through `link` as the providers build them: the default
 /// keep-alive, kube's connect timeout.
 async fn default_client_through(
-    link: &kube_fleet::envtest::FaultyLink,
-) -> kube_fleet::client::ClusterClient {
+    link: &kube_multicluster::envtest::FaultyLink,
+) -> kube_multicluster::client::ClusterClient {
     let config =
         kube::Config::from_custom_kubeconfig(link.kubeconfig().clone(), &Default::default())
             .await
             .unwrap();
-    kube_fleet::client::cluster_client(config).unwrap()
+    kube_multicluster::client::cluster_client(config).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_cluster_that_is_gone_is_found_by_its_keep_alive() {
     let env = Envtest::start(1).await.unwrap();
     let link = env.clusters()[0].link().unwrap();
-    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
+    let fleet = Fleet::with_config(kube_multicluster::FleetConfig {
         keep_alive: None,
-        duplicates: kube_fleet::Duplicates::Ignore,
-        ..kube_fleet::FleetConfig::default()
+        duplicates: kube_multicluster::Duplicates::Ignore,
+        ..kube_multicluster::FleetConfig::default()
     });
     // Nothing asks it anything: no watch, no request, no identity read.
     let east = fleet.engage("east", default_client_through(&link).await);
@@ -171,10 +171,10 @@ async fn a_quiet_cluster_that_is_gone_is_found_by_its_keep_alive() {
 
     // The same cluster, gone as quietly, in a fleet that asks the silent.
     let quick = KeepAlive::new(Duration::from_secs(1), Duration::from_secs(1));
-    let asking = Fleet::with_config(kube_fleet::FleetConfig {
+    let asking = Fleet::with_config(kube_multicluster::FleetConfig {
         keep_alive: Some(quick),
-        duplicates: kube_fleet::Duplicates::Ignore,
-        ..kube_fleet::FleetConfig::default()
+        duplicates: kube_multicluster::Duplicates::Ignore,
+        ..kube_multicluster::FleetConfig::default()
     });
     let asked = asking.engage("east", default_client_through(&link).await);
     // Its bound is 1 s + 1 s and the sweep's second, far below the default
@@ -196,10 +196,10 @@ async fn a_quiet_cluster_that_is_gone_is_found_by_its_keep_alive() {
     becomes(&asked, "healthy once restored", ClusterHealth::is_healthy).await;
 
     // A cluster's own terms hold whatever the fleet's are.
-    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
+    let fleet = Fleet::with_config(kube_multicluster::FleetConfig {
         keep_alive: None,
-        duplicates: kube_fleet::Duplicates::Ignore,
-        ..kube_fleet::FleetConfig::default()
+        duplicates: kube_multicluster::Duplicates::Ignore,
+        ..kube_multicluster::FleetConfig::default()
     });
     let west = fleet.engage(
         "west",
@@ -225,8 +225,8 @@ async fn served_through_links(
     env: &Envtest,
 ) -> (
     support::Running,
-    tokio::sync::mpsc::UnboundedReceiver<kube_fleet::McRequest>,
-    Vec<kube_fleet::envtest::FaultyLink>,
+    tokio::sync::mpsc::UnboundedReceiver<kube_multicluster::McRequest>,
+    Vec<kube_multicluster::envtest::FaultyLink>,
 ) {
     let mut running = support::Running::new();
     let reconciled = running.config_maps();
@@ -375,9 +375,9 @@ async fn a_cluster_unreachable_for_too_long_is_set_aside_and_engaged_again_when_
     let env = Envtest::start(2).await.unwrap();
     let (east_server, west_server) = (&env.clusters()[0], &env.clusters()[1]);
     let link = east_server.link().unwrap();
-    let mut running = support::Running::with_config(kube_fleet::FleetConfig {
+    let mut running = support::Running::with_config(kube_multicluster::FleetConfig {
         set_aside_after: Some(Duration::from_secs(2)),
-        ..kube_fleet::FleetConfig::default()
+        ..kube_multicluster::FleetConfig::default()
     });
     let fleet = running.fleet.clone();
     let mut registry = Registry::default();
@@ -406,9 +406,9 @@ async fn a_cluster_unreachable_for_too_long_is_set_aside_and_engaged_again_when_
     assert_eq!(health[1], ("west".into(), ClusterHealth::Healthy));
     let text = scrape(&registry);
     for series in [
-        "kube_fleet_engaged_clusters 1",
-        "kube_fleet_set_aside_clusters 1",
-        r#"kube_fleet_cluster_health{cluster="east",state="unreachable"} 1"#,
+        "kube_multicluster_engaged_clusters 1",
+        "kube_multicluster_set_aside_clusters 1",
+        r#"kube_multicluster_cluster_health{cluster="east",state="unreachable"} 1"#,
     ] {
         assert!(text.contains(series), "{series} in {text}");
     }

@@ -11,8 +11,8 @@ use kube::{
     api::{DeleteParams, ObjectMeta, PostParams},
     runtime::watcher,
 };
-use kube_fleet::envtest::Envtest;
-use kube_fleet::{Controller, Fleet, McRequest, cache::HostCache};
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::{Controller, Fleet, McRequest, cache::HostCache};
 use support::{PATIENCE, recorder, watches_served};
 
 async fn namespace(client: &kube::Client, name: &str) {
@@ -77,7 +77,7 @@ async fn each_namespace_sees_its_own_objects_over_one_shared_watch() {
     for ns in ["team-a", "team-b", "team-c"] {
         fleet.engage_view(ns, host.view(ns));
     }
-    let (reconciler, mut reconciles) = recorder::<kube_fleet::ObjectRequest<ConfigMap>>();
+    let (reconciler, mut reconciles) = recorder::<kube_multicluster::ObjectRequest<ConfigMap>>();
     let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default());
     let status = controller.status();
     let running = tokio::spawn(controller.run(reconciler));
@@ -193,7 +193,7 @@ async fn a_cluster_scoped_kind_is_seen_whole_by_each_namespace() {
         api::{ApiResource, DynamicObject, GroupVersionKind},
         core::discovery::Scope,
     };
-    use kube_fleet::controller::Watch;
+    use kube_multicluster::controller::Watch;
 
     let env = Envtest::start(1).await.unwrap();
     let admin = env.clusters()[0].client();
@@ -204,7 +204,8 @@ async fn a_cluster_scoped_kind_is_seen_whole_by_each_namespace() {
     fleet.engage_view("team-a", host.view("team-a"));
     fleet.engage_view("team-b", host.view("team-b"));
     let namespaces = ApiResource::from_gvk(&GroupVersionKind::gvk("", "v1", "Namespace"));
-    let (reconciler, mut reconciles) = recorder::<kube_fleet::ObjectRequest<DynamicObject>>();
+    let (reconciler, mut reconciles) =
+        recorder::<kube_multicluster::ObjectRequest<DynamicObject>>();
     let controller = Controller::<DynamicObject>::new(
         &fleet,
         Watch::default().resource(namespaces, Scope::Cluster),

@@ -12,8 +12,8 @@ use kube::{
     api::{ListParams, Patch, PatchParams, WatchParams},
     runtime::watcher,
 };
-use kube_fleet::envtest::{Envtest, FaultyLink};
-use kube_fleet::{
+use kube_multicluster::envtest::{Envtest, FaultyLink};
+use kube_multicluster::{
     Action, Controller, McRequest, ObjectRequest,
     client::{self, ClientOptions, KeepAlive},
 };

@@ -12,8 +12,8 @@ use kube::{
     Api, Client,
     api::{ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams},
 };
-use kube_fleet::envtest::{Envtest, TestCluster, crds_from_yaml};
-use kube_fleet::{
+use kube_multicluster::envtest::{Envtest, TestCluster, crds_from_yaml};
+use kube_multicluster::{
     Cluster, Fleet,
     identity::{ClusterIdentity, IdSource, IdentityError},
     rbac::{Permissions, Rule, Scope},

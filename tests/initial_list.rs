@@ -6,8 +6,8 @@ mod support;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Client, runtime::watcher};
-use kube_fleet::Controller;
-use kube_fleet::envtest::Envtest;
+use kube_multicluster::Controller;
+use kube_multicluster::envtest::Envtest;
 use support::{
     Running, create_config_map, expect_all, lists_served, recorder, request,
     streaming_lists_served, watches_served,
@@ -96,7 +96,7 @@ async fn a_streaming_list_longer_than_its_watch_timeout_falls_back_to_pages() {
     use std::time::Duration;
 
     use kube::api::{ObjectMeta, PostParams};
-    use kube_fleet::{cache::Transform, controller::Watch};
+    use kube_multicluster::{cache::Transform, controller::Watch};
 
     let env = Envtest::start(1).await.unwrap();
     let cluster = env.clusters()[0].name().to_owned();
@@ -148,15 +148,15 @@ async fn an_engage_storm_lists_a_bounded_number_at_once_and_an_unreachable_clust
         time::Duration,
     };
 
-    use kube_fleet::{Action, Fleet, ObjectRequest};
+    use kube_multicluster::{Action, Fleet, ObjectRequest};
     use tower::{BoxError, service_fn};
 
     let env = Envtest::start(1).await.expect("envtest");
     let cluster = &env.clusters()[0];
     create(&cluster.client(), &["storm"]).await;
-    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
+    let fleet = Fleet::with_config(kube_multicluster::FleetConfig {
         initial_lists: 2,
-        ..kube_fleet::FleetConfig::default()
+        ..kube_multicluster::FleetConfig::default()
     });
     assert_eq!(fleet.status().initial_lists.limit(), 2);
     // Refuses connections: each of its lists fails, and gives its permit
@@ -208,7 +208,7 @@ async fn a_cluster_that_hangs_holds_the_last_permit_for_thirty_seconds_and_the_o
  {
     use std::time::Duration;
 
-    use kube_fleet::{Action, Fleet, ObjectRequest, cache::WatchState, controller::Config};
+    use kube_multicluster::{Action, Fleet, ObjectRequest, cache::WatchState, controller::Config};
     use tower::{BoxError, service_fn};
 
     let env = Envtest::start(1).await.expect("envtest");
@@ -228,9 +228,9 @@ async fn a_cluster_that_hangs_holds_the_last_permit_for_thirty_seconds_and_the_o
     ))
     .unwrap();
 
-    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
+    let fleet = Fleet::with_config(kube_multicluster::FleetConfig {
         initial_lists: 1,
-        ..kube_fleet::FleetConfig::default()
+        ..kube_multicluster::FleetConfig::default()
     });
     let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default())
         .with_config(Config::default().sync_timeout(Duration::from_secs(1)));

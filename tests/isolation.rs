@@ -19,8 +19,8 @@ use kube::{
     api::{ObjectMeta, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
-use kube_fleet::envtest::Envtest;
-use kube_fleet::{
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::{
     Action, Controller, McRequest, ObjectRequest, cache::WatchState, controller::Config,
 };
 use schemars::JsonSchema;
@@ -31,7 +31,7 @@ use tower::{BoxError, service_fn};
 
 #[derive(CustomResource, Clone, Debug, Deserialize, Serialize, JsonSchema)]
 #[kube(
-    group = "test.kube-fleet.dev",
+    group = "test.kube-multicluster.dev",
     version = "v1",
     kind = "Widget",
     namespaced
@@ -87,7 +87,7 @@ async fn a_cluster_without_a_crd_serves_other_controllers_and_the_crd_is_picked_
         panic!("{cluster}");
     };
     assert!(
-        reason.contains("Widget (test.kube-fleet.dev/v1) is not served by this cluster"),
+        reason.contains("Widget (test.kube-multicluster.dev/v1) is not served by this cluster"),
         "{reason}"
     );
     assert!(!reason.contains("Failed to parse"), "{reason}");

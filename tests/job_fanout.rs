@@ -16,8 +16,8 @@ use kube::{
     Api, Client, CustomResourceExt,
     api::{DeleteParams, PostParams},
 };
-use kube_fleet::envtest::{Envtest, TestCluster};
-use kube_fleet::{
+use kube_multicluster::envtest::{Envtest, TestCluster};
+use kube_multicluster::{
     ClusterName, Fleet,
     ownership::{PARENT_ANNOTATION, PARENT_UID_LABEL},
     provider::{ProgrammaticHandle, ProgrammaticProvider},

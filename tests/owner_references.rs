@@ -15,8 +15,8 @@ use kube::{
     api::{ObjectMeta, PostParams},
     runtime::watcher,
 };
-use kube_fleet::envtest::Envtest;
-use kube_fleet::{
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::{
     Action, Controller, ObjectRequest,
     apply::apply,
     ownership::{OwnerReferenceAcross, ParentRef},
@@ -73,7 +73,7 @@ async fn a_child_in_another_cluster_with_an_owner_reference_to_its_parent_is_ref
                 .expect("the member is engaged");
             let mut child = config_map("child");
             child.metadata.owner_references = Some(vec![parent.controller_owner_ref(&()).unwrap()]);
-            let into = |cluster: &kube_fleet::Cluster| {
+            let into = |cluster: &kube_multicluster::Cluster| {
                 Api::<ConfigMap>::default_namespaced(cluster.client())
             };
             let across = apply(&into(&member), "copier", &child).await;

@@ -14,8 +14,8 @@ use kube::{
     api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
-use kube_fleet::envtest::Envtest;
-use kube_fleet::{
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::{
     Action, ClusterName, Controller, Fleet, ObjectRequest,
     controller::{ClusterSelector, Watch},
     finalizer::Event,
@@ -357,7 +357,7 @@ async fn a_skipped_cluster_is_named_once_with_every_cause() {
     m1.create(&PostParams::default(), &child).await.unwrap();
     let request = ObjectRequest::new(
         hub_cluster,
-        kube_fleet::McRequest::new(ClusterName::local(), Some("default"), "p"),
+        kube_multicluster::McRequest::new(ClusterName::local(), Some("default"), "p"),
         Some(Arc::new(parent)),
     );
     eventually("the child in the member's store", || async {

@@ -16,8 +16,8 @@ use std::{
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Client, Config, runtime::watcher};
-use kube_fleet::envtest::Envtest;
-use kube_fleet::{
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::{
     Action, ClusterName, Controller, Fleet, FleetEvent, ObjectRequest,
     provider::ProgrammaticProvider,
 };

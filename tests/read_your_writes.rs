@@ -16,8 +16,8 @@ use kube::{
     api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
-use kube_fleet::envtest::Envtest;
-use kube_fleet::{
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::{
     Action, Cluster, ClusterName, Controller, Fleet, McRequest, ObjectRequest, ReconcileReason,
     controller::{ClusterSelector, Config, Watch},
 };
@@ -466,7 +466,7 @@ async fn namespaces_of_one_host_each_read_their_own_writes() {
         }
     };
     tokio::spawn(controller.run(tower::service_fn(reconcile)));
-    let host = kube_fleet::cache::HostCache::new("host", host_client.clone());
+    let host = kube_multicluster::cache::HostCache::new("host", host_client.clone());
     for namespace in namespaces {
         fleet.engage_view(namespace, host.view(namespace));
     }

@@ -19,13 +19,13 @@ use kube::{
     api::{ListParams, Patch, PatchParams},
     runtime::watcher,
 };
-use kube_fleet::envtest::Envtest;
-use kube_fleet::{Action, Controller, ObjectRequest, controller::Config, queue::Backoff};
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::{Action, Controller, ObjectRequest, controller::Config, queue::Backoff};
 use support::{Running, capture_warnings, create_config_map, lines_with};
 use tower::BoxError;
 
 const OBJECTS: usize = 40;
-const ROUND: &str = "kube-fleet.dev/round";
+const ROUND: &str = "kube-multicluster.dev/round";
 
 /// The round each ConfigMap of `api` was last reconciled in.
 async fn rounds(api: &Api<ConfigMap>) -> Vec<u64> {

@@ -16,9 +16,9 @@ use kube::{
     api::{ObjectMeta, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
-use kube_fleet::envtest::Envtest;
-use kube_fleet::layers::metrics::ClientMetrics;
-use kube_fleet::{
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::layers::metrics::ClientMetrics;
+use kube_multicluster::{
     Action, Controller, ObjectRequest,
     client::{RequestBudget, RequestStats},
 };
@@ -89,7 +89,7 @@ async fn a_write_loop_in_one_cluster_stays_within_its_budget_and_slows_no_other(
     let controller =
         Controller::<ConfigMap>::new(&running.fleet, watcher::Config::default().labels(LABEL));
     running.spawn(controller, reconcile);
-    let config = |cluster: &kube_fleet::envtest::TestCluster| {
+    let config = |cluster: &kube_multicluster::envtest::TestCluster| {
         kube::Config::try_from(cluster.kubeconfig().clone()).expect("a valid kubeconfig")
     };
     // Ten writes a second after five at once in the spinning cluster; the
@@ -97,13 +97,13 @@ async fn a_write_loop_in_one_cluster_stays_within_its_budget_and_slows_no_other(
     let budget = RequestBudget::DEFAULT.writes(10.0, 5);
     running.provider.engage(
         spinning.name(),
-        kube_fleet::client::cluster_client(config(spinning))
+        kube_multicluster::client::cluster_client(config(spinning))
             .unwrap()
             .with_budget(budget),
     );
     running.provider.engage(
         calm.name(),
-        kube_fleet::client::cluster_client(config(calm)).unwrap(),
+        kube_multicluster::client::cluster_client(config(calm)).unwrap(),
     );
 
     Api::<ConfigMap>::default_namespaced(spinning.client())

@@ -13,8 +13,8 @@ use kube::{
     Api,
     api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
 };
-use kube_fleet::envtest::Envtest;
-use kube_fleet::{ClusterName, Fleet, provider::ProgrammaticProvider};
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::{ClusterName, Fleet, provider::ProgrammaticProvider};
 use serde_json::json;
 
 fn data(value: &str) -> BTreeMap<String, ByteString> {

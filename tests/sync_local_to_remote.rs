@@ -13,8 +13,8 @@ use kube::{
     Api,
     api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
 };
-use kube_fleet::envtest::Envtest;
-use kube_fleet::{
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::{
     Fleet,
     ownership::ParentRef,
     provider::{ProgrammaticHandle, ProgrammaticProvider},

@@ -9,8 +9,8 @@ use kube::{
     api::{ObjectMeta, PostParams},
     runtime::watcher,
 };
-use kube_fleet::envtest::Envtest;
-use kube_fleet::{Action, Controller, ObjectRequest, cache::Transform, controller::Watch};
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::{Action, Controller, ObjectRequest, cache::Transform, controller::Watch};
 use support::{
     PATIENCE, Running, config_map, create_config_map, expect_all, recorder, request, watches_served,
 };

@@ -12,8 +12,8 @@ use kube::{
     api::{Patch, PatchParams, PostParams},
     runtime::{reflector::ObjectRef, watcher},
 };
-use kube_fleet::envtest::Envtest;
-use kube_fleet::{Action, Controller, ObjectRequest, ReconcileReason};
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::{Action, Controller, ObjectRequest, ReconcileReason};
 use support::*;
 use tokio::sync::mpsc;
 use tower::BoxError;
@@ -199,7 +199,7 @@ async fn create_namespace(client: kube::Client, name: &str) {
 
 #[tokio::test]
 async fn a_namespaced_controller_sees_only_its_namespace_and_needs_only_a_role_there() {
-    use kube_fleet::controller::Watch;
+    use kube_multicluster::controller::Watch;
 
     let env = Envtest::start(1).await.unwrap();
     let cluster = &env.clusters()[0];
@@ -229,7 +229,7 @@ async fn a_namespaced_controller_sees_only_its_namespace_and_needs_only_a_role_t
 
     let mut seen = expect_all(
         &mut rx,
-        [kube_fleet::McRequest::new(
+        [kube_multicluster::McRequest::new(
             "cluster-0",
             Some("team-a"),
             "in-team-a",
@@ -250,7 +250,7 @@ async fn a_namespaced_controller_sees_only_its_namespace_and_needs_only_a_role_t
     seen.extend(
         expect_all(
             &mut rx,
-            [kube_fleet::McRequest::new(
+            [kube_multicluster::McRequest::new(
                 "cluster-0",
                 Some("team-a"),
                 "later-in-team-a",
@@ -268,7 +268,7 @@ async fn a_namespaced_controller_sees_only_its_namespace_and_needs_only_a_role_t
 
 #[tokio::test]
 async fn a_hub_and_spoke_controller_watches_parents_in_the_hub_and_children_in_members() {
-    use kube_fleet::{
+    use kube_multicluster::{
         ClusterName, McRequest,
         controller::{ClusterSelector, Watch},
     };
@@ -283,7 +283,7 @@ async fn a_hub_and_spoke_controller_watches_parents_in_the_hub_and_children_in_m
         create_config_map(member.client(), "job").await;
     }
 
-    let fleet = kube_fleet::Fleet::new();
+    let fleet = kube_multicluster::Fleet::new();
     let (service, mut rx) = recorder::<ObjectRequest<ConfigMap>>();
     let (children_tx, mut children) = mpsc::unbounded_channel::<ClusterName>();
     // Parents: ConfigMaps in the hub. Children: Secrets in the members,
@@ -371,7 +371,7 @@ async fn a_hub_and_spoke_controller_watches_parents_in_the_hub_and_children_in_m
 async fn requests_naming_objects_the_watch_cannot_hold_are_dropped_not_read_as_deleted() {
     use k8s_openapi::api::core::v1::Secret;
     use kube::Resource;
-    use kube_fleet::{McRequest, controller::Watch};
+    use kube_multicluster::{McRequest, controller::Watch};
 
     let env = Envtest::start(1).await.unwrap();
     let admin = env.clusters()[0].client();
@@ -448,7 +448,7 @@ async fn requests_naming_objects_the_watch_cannot_hold_are_dropped_not_read_as_d
 
 #[tokio::test]
 async fn a_retry_after_a_conflict_gets_the_object_as_the_watch_holds_it_now() {
-    use kube_fleet::layers::recommended::RecommendedLayer;
+    use kube_multicluster::layers::recommended::RecommendedLayer;
     use std::sync::Mutex;
 
     let env = Envtest::start(1).await.unwrap();
@@ -520,7 +520,7 @@ async fn a_retry_after_a_conflict_gets_the_object_as_the_watch_holds_it_now() {
 #[tokio::test]
 async fn a_cluster_with_only_related_watches_takes_no_share_of_the_slots() {
     use k8s_openapi::api::core::v1::Secret;
-    use kube_fleet::{
+    use kube_multicluster::{
         McRequest,
         controller::{ClusterSelector, Config, Watch},
     };
@@ -645,7 +645,7 @@ async fn an_object_recreated_while_the_connection_was_cut_is_reconciled_after_a_
 
 #[tokio::test]
 async fn cached_objects_drop_their_managed_fields_unless_a_watch_keeps_them() {
-    use kube_fleet::controller::Watch;
+    use kube_multicluster::controller::Watch;
 
     let env = Envtest::start(1).await.unwrap();
     let client = env.clusters()[0].client();

@@ -8,7 +8,7 @@ use std::{sync::Arc, time::Duration};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, Client, api::PostParams};
-use kube_fleet::{
+use kube_multicluster::{
     Fleet,
     envtest::Envtest,
     manager::{Error, LeaderElection, LeaseParams, Manager, Role},
@@ -44,7 +44,7 @@ struct Replica {
     endpoints: u16,
     stop: Option<oneshot::Sender<()>>,
     run: JoinHandle<Result<(), Error>>,
-    status: kube_fleet::manager::ElectionStatus,
+    status: kube_multicluster::manager::ElectionStatus,
 }
 
 /// The files every replica serves from, as a mounted Secret gives them:
@@ -56,9 +56,10 @@ struct Tls {
 
 impl Tls {
     fn new(what: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("kube-fleet-{what}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("kube-multicluster-{what}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let ca = kube_fleet::envtest::TestCa::new().unwrap();
+        let ca = kube_multicluster::envtest::TestCa::new().unwrap();
         let serving = ca.serving(&["127.0.0.1"]).unwrap();
         std::fs::write(dir.join("tls.crt"), &serving.cert_pem).unwrap();
         std::fs::write(dir.join("tls.key"), &serving.key_pem).unwrap();
@@ -97,7 +98,7 @@ fn replica(
     let mut webhooks = Webhooks::new("replicated")
         .validate(
             Webhook::new(VALIDATE)
-                .operations([kube_fleet::webhook::Operation::Create])
+                .operations([kube_multicluster::webhook::Operation::Create])
                 .object_selector(
                     k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
                         match_labels: Some([("checked".to_owned(), "yes".to_owned())].into()),
@@ -349,9 +350,9 @@ async fn the_roles_carry_the_rights_registration_needs() {
     let webhooks = Webhooks::new("roles")
         .validate(Webhook::new(VALIDATE), service_fn(validate))
         .convert(
-            kube_fleet::webhook::Conversion::new("widgets.example.com"),
+            kube_multicluster::webhook::Conversion::new("widgets.example.com"),
             service_fn(
-                |request: kube_fleet::webhook::ConversionRequest| async move {
+                |request: kube_multicluster::webhook::ConversionRequest| async move {
                     Ok::<_, BoxError>(request.into_objects())
                 },
             ),
@@ -360,7 +361,7 @@ async fn the_roles_carry_the_rights_registration_needs() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let manager = Manager::new(&fleet).webhooks_on(webhooks, listener);
     let permissions = manager.permissions();
-    use kube_fleet::rbac::{Rule, Scope};
+    use kube_multicluster::rbac::{Rule, Scope};
     let members = permissions.rules(Scope::Members);
     for rule in [
         Rule::new(

@@ -9,7 +9,7 @@ use kube::{
     Api, Client,
     api::{ObjectMeta, PostParams},
 };
-use kube_fleet::envtest::TestCluster;
+use kube_multicluster::envtest::TestCluster;
 use tower::BoxError;
 
 /// The admin configuration of `cluster`, pointed at its API server itself:
@@ -23,28 +23,28 @@ pub(crate) async fn direct_config(cluster: &TestCluster) -> Result<kube::Config,
 }
 
 /// A client from `config`: kube's own over HTTP/1.1 if `http1`, else
-/// `kube_fleet::client`'s.
+/// `kube_multicluster::client`'s.
 pub(crate) fn client(config: kube::Config, http1: bool) -> Result<Client, BoxError> {
     Ok(if http1 {
         Client::try_from(config)?
     } else {
-        kube_fleet::client::client(config)?
+        kube_multicluster::client::client(config)?
     })
 }
 
 /// What a cluster is engaged with from `config`: kube's own client over
-/// HTTP/1.1 if `http1`; a finished `kube_fleet::client` if `finished` (the
+/// HTTP/1.1 if `http1`; a finished `kube_multicluster::client` if `finished` (the
 /// fleet wraps it in a queue of its own); else a
-/// `kube_fleet::client::cluster_client`, which the fleet finishes.
+/// `kube_multicluster::client::cluster_client`, which the fleet finishes.
 pub(crate) fn engaged(
     config: kube::Config,
     http1: bool,
     finished: bool,
-) -> Result<kube_fleet::client::ClusterClient, BoxError> {
+) -> Result<kube_multicluster::client::ClusterClient, BoxError> {
     Ok(if http1 || finished {
         client(config, http1)?.into()
     } else {
-        kube_fleet::client::cluster_client(config)?
+        kube_multicluster::client::cluster_client(config)?
     })
 }
 

@@ -4,7 +4,7 @@ use std::time::Duration;
 ///
 /// ```
 /// use std::time::Duration;
-/// use kube_fleet::Action;
+/// use kube_multicluster::Action;
 ///
 /// assert_eq!(Action::requeue(Duration::from_secs(300)).requeue_after(), Some(Duration::from_secs(300)));
 /// assert_eq!(Action::await_change().requeue_after(), None);

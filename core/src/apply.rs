@@ -16,7 +16,7 @@
 //! ```no_run
 //! use k8s_openapi::{api::core::v1::ConfigMap, apimachinery::pkg::apis::meta::v1::Condition};
 //! use kube::Api;
-//! use kube_fleet::apply::{apply, set_condition};
+//! use kube_multicluster::apply::{apply, set_condition};
 //!
 //! # async fn example(api: Api<ConfigMap>) -> Result<(), kube::Error> {
 //! let mut config_map = ConfigMap::default();

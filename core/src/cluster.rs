@@ -39,7 +39,7 @@ use crate::{
 ///
 /// ```
 /// # async fn example(client: kube::Client) {
-/// use kube_fleet::Cluster;
+/// use kube_multicluster::Cluster;
 ///
 /// let cluster = Cluster::new("east", client);
 /// assert_eq!(cluster.name(), "east");
@@ -232,7 +232,7 @@ impl Cluster {
     /// [`ClusterCache::find`] to name one by its configuration.
     ///
     /// ```no_run
-    /// # fn example(cluster: kube_fleet::Cluster) {
+    /// # fn example(cluster: kube_multicluster::Cluster) {
     /// use k8s_openapi::api::core::v1::ConfigMap;
     ///
     /// if let Some(store) = cluster.store::<ConfigMap>() {
@@ -303,7 +303,7 @@ impl Cluster {
     /// one host has the host's identity.
     ///
     /// ```no_run
-    /// # async fn example(cluster: kube_fleet::Cluster) -> Result<(), kube_fleet::identity::IdentityError> {
+    /// # async fn example(cluster: kube_multicluster::Cluster) -> Result<(), kube_multicluster::identity::IdentityError> {
     /// let identity = cluster.identity().await?;
     /// tracing::info!(
     ///     cluster = %cluster.name(),
@@ -367,7 +367,7 @@ impl Cluster {
     /// Whether it answers and its watches run: see [`ClusterHealth`].
     ///
     /// ```no_run
-    /// # fn example(cluster: kube_fleet::Cluster) {
+    /// # fn example(cluster: kube_multicluster::Cluster) {
     /// if !cluster.health().is_healthy() {
     ///     eprintln!("{}: {}", cluster.name(), cluster.health());
     /// }

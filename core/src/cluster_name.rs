@@ -6,7 +6,7 @@ use std::{borrow::Borrow, fmt, sync::Arc};
 /// cluster, [`ClusterName::local`], as in controller-runtime.
 ///
 /// ```
-/// use kube_fleet::ClusterName;
+/// use kube_multicluster::ClusterName;
 ///
 /// let name = ClusterName::new("kind-east");
 /// assert_eq!(name.as_str(), "kind-east");

@@ -10,7 +10,7 @@ use tower::BoxError;
 /// reconciler:
 ///
 /// ```
-/// use kube_fleet::{Action, McRequest, TerminalError};
+/// use kube_multicluster::{Action, McRequest, TerminalError};
 /// use tower::BoxError;
 ///
 /// async fn reconcile(request: McRequest) -> Result<Action, BoxError> {

@@ -22,7 +22,7 @@
 //!
 //! ```no_run
 //! use k8s_openapi::api::core::v1::ConfigMap;
-//! use kube_fleet::{Action, ObjectRequest, finalizer::Event};
+//! use kube_multicluster::{Action, ObjectRequest, finalizer::Event};
 //! use tower::BoxError;
 //!
 //! async fn reconcile(request: ObjectRequest<ConfigMap>) -> Result<Action, BoxError> {
@@ -238,7 +238,7 @@ where
     /// ```no_run
     /// use k8s_openapi::api::core::v1::ConfigMap;
     /// use kube::ResourceExt;
-    /// use kube_fleet::{Action, ObjectRequest, finalizer::Event};
+    /// use kube_multicluster::{Action, ObjectRequest, finalizer::Event};
     /// use tower::BoxError;
     ///
     /// async fn reconcile(request: ObjectRequest<ConfigMap>) -> Result<Action, BoxError> {

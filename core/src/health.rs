@@ -25,8 +25,8 @@ use std::{fmt, time::Duration};
 /// running for a second).
 ///
 /// ```no_run
-/// # fn example(fleet: kube_fleet::Fleet) {
-/// use kube_fleet::health::ClusterHealth;
+/// # fn example(fleet: kube_multicluster::Fleet) {
+/// use kube_multicluster::health::ClusterHealth;
 ///
 /// for (cluster, health) in fleet.status().health {
 ///     match health {
@@ -62,7 +62,7 @@ pub enum ClusterHealth {
 
 impl ClusterHealth {
     /// `healthy`, `degraded` or `unreachable`: the `state` label of
-    /// `kube_fleet_cluster_health`.
+    /// `kube_multicluster_cluster_health`.
     pub fn state(&self) -> &'static str {
         match self {
             Self::Healthy => "healthy",

@@ -9,7 +9,7 @@
 //! the cluster has one, else the UID of its `kube-system` namespace.
 //!
 //! ```no_run
-//! # async fn example(fleet: kube_fleet::Fleet) -> Result<(), kube_fleet::identity::IdentityError> {
+//! # async fn example(fleet: kube_multicluster::Fleet) -> Result<(), kube_multicluster::identity::IdentityError> {
 //! let east = fleet.get("east").expect("engaged");
 //! let identity = east.identity().await?;
 //! println!("{} is {identity} ({:?})", east.name(), identity.source());
@@ -39,8 +39,8 @@ const KUBE_SYSTEM: &str = "kube-system";
 /// It displays as its [`id`](Self::id).
 ///
 /// ```no_run
-/// # async fn example(cluster: kube_fleet::Cluster) -> Result<(), kube_fleet::identity::IdentityError> {
-/// use kube_fleet::identity::IdSource;
+/// # async fn example(cluster: kube_multicluster::Cluster) -> Result<(), kube_multicluster::identity::IdentityError> {
+/// use kube_multicluster::identity::IdSource;
 ///
 /// let identity = cluster.identity().await?;
 /// match identity.source() {
@@ -116,7 +116,7 @@ impl ClusterIdentity {
     /// ```
     /// use k8s_openapi::api::core::v1::ConfigMap;
     /// use kube::runtime::watcher;
-    /// use kube_fleet::{Controller, Fleet, identity::ClusterIdentity, rbac::{Rule, Scope}};
+    /// use kube_multicluster::{Controller, Fleet, identity::ClusterIdentity, rbac::{Rule, Scope}};
     ///
     /// let controller = Controller::<ConfigMap>::new(&Fleet::new(), watcher::Config::default());
     /// let mut permissions = controller.permissions();

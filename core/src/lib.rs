@@ -1,8 +1,8 @@
-//! The runtime core of kube-fleet: the fleet of engaged clusters, their
+//! The runtime core of kube-multicluster: the fleet of engaged clusters, their
 //! clients and shared caches, controllers, their queues and runners, and the
 //! patterns built on them.
 //!
-//! Depend on `kube-fleet`, which re-exports all of this crate at its root
+//! Depend on `kube-multicluster`, which re-exports all of this crate at its root
 //! beside the layers, the manager and the providers (each behind a
 //! feature); the examples here are written against it.
 
@@ -21,6 +21,7 @@ mod fleet;
 pub mod fleetwide;
 pub mod health;
 pub mod identity;
+mod names;
 mod object_request;
 pub mod ownership;
 mod panic;
@@ -40,6 +41,7 @@ pub use error::TerminalError;
 pub use fleet::{
     Duplicate, Duplicates, Fleet, FleetConfig, FleetEvent, FleetStatus, FleetSubscription,
 };
+pub use names::{METRIC_PREFIX, PREFIX};
 pub use object_request::ObjectRequest;
 pub use panic::panic_message;
 pub use reason::ReconcileReason;

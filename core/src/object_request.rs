@@ -28,7 +28,7 @@ use crate::{
 ///
 /// ```
 /// use k8s_openapi::api::core::v1::ConfigMap;
-/// use kube_fleet::{Action, ObjectRequest};
+/// use kube_multicluster::{Action, ObjectRequest};
 /// use tower::BoxError;
 ///
 /// async fn reconcile(request: ObjectRequest<ConfigMap>) -> Result<Action, BoxError> {
@@ -69,11 +69,14 @@ pub struct ObjectRequest<K> {
 
 impl<K> ObjectRequest<K> {
     /// The recorder of Kubernetes Events in the request's cluster, reported
-    /// by the request's controller (`kube-fleet` outside a controller); see
+    /// by the request's controller (`kube-multicluster.dev/controller` outside a controller); see
     /// [`Cluster::recorder`].
     pub fn recorder(&self) -> kube::runtime::events::Recorder {
-        self.cluster
-            .recorder(self.controller.as_deref().unwrap_or("kube-fleet"))
+        self.cluster.recorder(
+            self.controller
+                .as_deref()
+                .unwrap_or(crate::prefixed!("controller")),
+        )
     }
 
     /// A request for `request`'s object in `cluster`, for reason
@@ -126,7 +129,7 @@ impl<K: kube::Resource<DynamicType = ()>> ObjectRequest<K> {
     /// ```
     /// use k8s_openapi::api::core::v1::ConfigMap;
     /// use kube::runtime::events::{Event, EventType};
-    /// use kube_fleet::{Action, ObjectRequest};
+    /// use kube_multicluster::{Action, ObjectRequest};
     /// use tower::BoxError;
     ///
     /// async fn reconcile(request: ObjectRequest<ConfigMap>) -> Result<Action, BoxError> {

@@ -32,7 +32,7 @@ pub(crate) fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 ///
 /// ```
 /// let payload = std::panic::catch_unwind(|| panic!("boom {}", 1)).unwrap_err();
-/// assert_eq!(kube_fleet::panic_message(payload.as_ref()), "boom 1");
+/// assert_eq!(kube_multicluster::panic_message(payload.as_ref()), "boom 1");
 /// ```
 pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(message) = payload.downcast_ref::<&str>() {

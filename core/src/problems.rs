@@ -14,7 +14,7 @@ use crate::client::error_chain;
 /// test. Cloneable; the clones share one set.
 ///
 /// ```
-/// use kube_fleet::provider::Problems;
+/// use kube_multicluster::provider::Problems;
 ///
 /// let problems = Problems::new();
 /// problems.report("Secret fleet/east", "no key \"kubeconfig\"");
@@ -57,7 +57,7 @@ impl Problems {
     /// key "kubeconfig": not a kubeconfig`) is kept without it.
     ///
     /// ```
-    /// use kube_fleet::provider::Problems;
+    /// use kube_multicluster::provider::Problems;
     ///
     /// let problems = Problems::new();
     /// problems.report("Secret fleet/east", "Secret fleet/east, key \"kubeconfig\": not a kubeconfig");
@@ -101,7 +101,7 @@ impl Problems {
     /// watch is retried with backoff meanwhile), or nothing once it works.
     ///
     /// ```
-    /// use kube_fleet::provider::Problems;
+    /// use kube_multicluster::provider::Problems;
     ///
     /// let problems = Problems::new();
     /// let failed = kube::runtime::watcher::Error::NoResourceVersion;
@@ -143,7 +143,7 @@ impl Problems {
     /// each change, and returns them.
     ///
     /// ```no_run
-    /// # async fn example(problems: kube_fleet::provider::Problems) {
+    /// # async fn example(problems: kube_multicluster::provider::Problems) {
     /// let problems = problems
     ///     .wait_for(|set| set.keys().any(|source| source.contains("east")))
     ///     .await;

@@ -24,7 +24,7 @@
 //! ```
 //! use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 //! use kube::runtime::watcher;
-//! use kube_fleet::{Controller, Fleet, rbac::{Rule, Scope}};
+//! use kube_multicluster::{Controller, Fleet, rbac::{Rule, Scope}};
 //!
 //! let controller = Controller::<ConfigMap>::new(&Fleet::new(), watcher::Config::default())
 //!     .owns::<Secret>(watcher::Config::default())
@@ -82,7 +82,7 @@ pub(crate) fn is_verb(verb: &str) -> bool {
 /// groups (`""` is the core group), as a `PolicyRule` says it.
 ///
 /// ```
-/// use kube_fleet::rbac::Rule;
+/// use kube_multicluster::rbac::Rule;
 ///
 /// let rule = Rule::new("apps", "deployments", ["patch", "get"]);
 /// assert_eq!(rule.verbs, ["get", "patch"]);
@@ -176,7 +176,7 @@ pub enum Scope {
 /// [`to_yaml`](Self::to_yaml).
 ///
 /// ```
-/// use kube_fleet::rbac::{Permissions, Rule, Scope};
+/// use kube_multicluster::rbac::{Permissions, Rule, Scope};
 ///
 /// let mut permissions = Permissions::default();
 /// permissions.grant(Scope::Local, Rule::new("", "configmaps", ["get", "list"]));
@@ -246,7 +246,7 @@ impl Permissions {
     /// The ClusterRole `name` that grants the rules of `scope`.
     ///
     /// ```
-    /// use kube_fleet::rbac::{Permissions, Rule, Scope};
+    /// use kube_multicluster::rbac::{Permissions, Rule, Scope};
     ///
     /// let mut permissions = Permissions::default();
     /// permissions.grant(Scope::Members, Rule::new("", "configmaps", ["get", "list", "watch"]));
@@ -270,7 +270,7 @@ impl Permissions {
     /// member clusters, each headed by the notes as comments.
     ///
     /// ```
-    /// use kube_fleet::rbac::{Permissions, Rule, Scope};
+    /// use kube_multicluster::rbac::{Permissions, Rule, Scope};
     ///
     /// let mut permissions = Permissions::default();
     /// permissions.grant(Scope::Members, Rule::new("", "configmaps", ["get", "list", "watch"]));

@@ -20,7 +20,7 @@ use std::{fmt, sync::Arc};
 /// `ClusterReplaced` and `OwnWrite`.
 ///
 /// ```
-/// use kube_fleet::ReconcileReason;
+/// use kube_multicluster::ReconcileReason;
 ///
 /// assert_eq!(ReconcileReason::ObjectUpdated.to_string(), "object updated");
 /// assert_eq!(

@@ -11,7 +11,7 @@ use crate::cluster_name::ClusterName;
 /// `cluster://<cluster>/<name>` for a cluster-scoped object.
 ///
 /// ```
-/// use kube_fleet::McRequest;
+/// use kube_multicluster::McRequest;
 ///
 /// let request = McRequest::new("east", Some("default"), "web");
 /// assert_eq!(request.to_string(), "cluster://east/default/web");
@@ -65,7 +65,7 @@ impl fmt::Display for McRequest {
 /// [`Controller::watches_across`](crate::Controller::watches_across)).
 ///
 /// ```
-/// use kube_fleet::{McRequest, ObjectKey};
+/// use kube_multicluster::{McRequest, ObjectKey};
 ///
 /// let key = ObjectKey::new(Some("default"), "web");
 /// assert_eq!(key.in_cluster("east".into()), McRequest::new("east", Some("default"), "web"));

@@ -27,7 +27,7 @@ const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 /// use tokio_util::sync::CancellationToken;
 ///
 /// let stop = CancellationToken::new();
-/// let mut open = kube_fleet::serve(listener, 64, &stop, "the greeting", |mut stream| async move {
+/// let mut open = kube_multicluster::serve(listener, 64, &stop, "the greeting", |mut stream| async move {
 ///     let _ = stream.write_all(b"hello\n").await;
 /// })
 /// .await;

@@ -2,8 +2,8 @@
 //! to every API server ready, and how long dropping it takes.
 //!
 //! ```text
-//! cargo bench -p kube-fleet-envtest --bench fleet_start            # 5 rounds
-//! cargo bench -p kube-fleet-envtest --bench fleet_start -- 10      # 10 rounds
+//! cargo bench -p kube-multicluster-envtest --bench fleet_start            # 5 rounds
+//! cargo bench -p kube-multicluster-envtest --bench fleet_start -- 10      # 10 rounds
 //! ```
 //!
 //! The binaries are found or built before the first round, so a first build
@@ -11,10 +11,10 @@
 
 use std::time::{Duration, Instant};
 
-use kube_fleet_envtest::{Binaries, Envtest};
+use kube_multicluster_envtest::{Binaries, Envtest};
 
 #[tokio::main]
-async fn main() -> kube_fleet_envtest::Result<()> {
+async fn main() -> kube_multicluster_envtest::Result<()> {
     // `cargo bench` passes `--bench`; the first number given is the round count.
     let rounds = std::env::args()
         .skip(1)

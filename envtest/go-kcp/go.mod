@@ -2,7 +2,7 @@
 // kcp v0.28.0 replaces k8s.io/* with its fork of Kubernetes; its own go.mod's
 // replaces only hold in the main module, so they are repeated here. The
 // checksum database does not answer for these modules: go.sum pins them.
-module kube-fleet.local/kcp-binary
+module kube-multicluster.local/kcp-binary
 
 go 1.24.0
 

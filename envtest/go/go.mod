@@ -1,6 +1,6 @@
 // Builds the kube-apiserver and etcd binaries that the envtest harness runs.
 // The Kubernetes release is pinned here; ../src/assets.rs names the same versions.
-module kube-fleet.local/envtest-binaries
+module kube-multicluster.local/envtest-binaries
 
 go 1.26.0
 

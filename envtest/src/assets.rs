@@ -19,7 +19,7 @@ pub const ETCD_VERSION: &str = "v3.6.8";
 /// Environment variable naming a directory that already holds both binaries.
 pub const ASSETS_ENV: &str = "KUBEBUILDER_ASSETS";
 /// Environment variable that overrides where built binaries are cached.
-pub const CACHE_ENV: &str = "KUBE_FLEET_ENVTEST_CACHE";
+pub const CACHE_ENV: &str = "KUBE_MULTICLUSTER_ENVTEST_CACHE";
 
 // The wrapper Go module, embedded so that the build works from wherever the
 // harness is compiled or run.
@@ -37,8 +37,8 @@ const GO_FILES: [(&str, &str); 3] = [
 /// the machine's `go` and caches them for later runs.
 ///
 /// ```no_run
-/// # async fn example() -> kube_fleet_envtest::Result<()> {
-/// let binaries = kube_fleet_envtest::Binaries::find().await?;
+/// # async fn example() -> kube_multicluster_envtest::Result<()> {
+/// let binaries = kube_multicluster_envtest::Binaries::find().await?;
 /// println!("kube-apiserver at {}", binaries.kube_apiserver.display());
 /// # Ok(())
 /// # }
@@ -84,14 +84,14 @@ impl Binaries {
 
     /// The directory where built binaries of the pinned versions are cached.
     ///
-    /// `KUBE_FLEET_ENVTEST_CACHE` if set, otherwise `kube-fleet/envtest` in the
+    /// `KUBE_MULTICLUSTER_ENVTEST_CACHE` if set, otherwise `kube-multicluster/envtest` in the
     /// user's cache directory (`$XDG_CACHE_HOME` or `~/.cache` on Linux), with
     /// one subdirectory per pair of versions.
     pub fn cache_dir() -> PathBuf {
         let root = std::env::var_os(CACHE_ENV)
             .map(PathBuf::from)
-            .or_else(|| dirs::cache_dir().map(|d| d.join("kube-fleet").join("envtest")))
-            .unwrap_or_else(|| std::env::temp_dir().join("kube-fleet-envtest"));
+            .or_else(|| dirs::cache_dir().map(|d| d.join("kube-multicluster").join("envtest")))
+            .unwrap_or_else(|| std::env::temp_dir().join("kube-multicluster-envtest"));
         root.join(format!("k8s-{KUBERNETES_VERSION}-etcd-{ETCD_VERSION}"))
     }
 

@@ -11,7 +11,10 @@ use kube::{
 
 use crate::{DEFAULT_START_TIMEOUT, Error, Result, process::Deadline};
 
-const FIELD_MANAGER: &str = "kube-fleet-envtest";
+/// The field manager of everything the harness applies to its clusters:
+/// CRDs, credentials and kcp's objects. It takes the prefix every name of the
+/// crate family takes (`kube_multicluster::PREFIX`).
+pub const FIELD_MANAGER: &str = "kube-multicluster.dev/envtest";
 
 /// Parses CRDs from YAML, one per document (`---` between documents).
 ///
@@ -19,7 +22,7 @@ const FIELD_MANAGER: &str = "kube-fleet-envtest";
 /// `CustomResourceDefinition` is an error naming its position.
 ///
 /// ```
-/// let crds = kube_fleet_envtest::crds_from_yaml(r#"
+/// let crds = kube_multicluster_envtest::crds_from_yaml(r#"
 /// apiVersion: apiextensions.k8s.io/v1
 /// kind: CustomResourceDefinition
 /// metadata: { name: widgets.example.com }
@@ -59,9 +62,9 @@ pub fn crds_from_yaml(yaml: &str) -> Result<Vec<CustomResourceDefinition>> {
 /// waits until each is established and its resource is served.
 ///
 /// ```no_run
-/// # async fn example(client: kube::Client) -> kube_fleet_envtest::Result<()> {
+/// # async fn example(client: kube::Client) -> kube_multicluster_envtest::Result<()> {
 /// let yaml = std::fs::read_to_string("crds/widgets.yaml").unwrap();
-/// kube_fleet_envtest::install_crds(&client, kube_fleet_envtest::crds_from_yaml(&yaml)?).await?;
+/// kube_multicluster_envtest::install_crds(&client, kube_multicluster_envtest::crds_from_yaml(&yaml)?).await?;
 /// # Ok(())
 /// # }
 /// ```

@@ -21,8 +21,8 @@ pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(120);
 /// also when a test panics.
 ///
 /// ```no_run
-/// # async fn example() -> kube_fleet_envtest::Result<()> {
-/// use kube_fleet_envtest::Envtest;
+/// # async fn example() -> kube_multicluster_envtest::Result<()> {
+/// use kube_multicluster_envtest::Envtest;
 ///
 /// let mut fleet = Envtest::start(3).await?;
 /// assert_eq!(fleet.cluster("cluster-1").map(|c| c.name()), Some("cluster-1"));
@@ -50,10 +50,10 @@ pub struct Envtest {
 /// Configures an [`Envtest`] before it starts.
 ///
 /// ```no_run
-/// # async fn example() -> kube_fleet_envtest::Result<()> {
+/// # async fn example() -> kube_multicluster_envtest::Result<()> {
 /// use std::time::Duration;
 ///
-/// let fleet = kube_fleet_envtest::Envtest::builder()
+/// let fleet = kube_multicluster_envtest::Envtest::builder()
 ///     .clusters(["hub", "member-a", "member-b"])
 ///     .start_timeout(Duration::from_secs(60))
 ///     .start()
@@ -179,8 +179,8 @@ impl EnvtestBuilder {
     /// `--disable-admission-plugins`, which envtest sets) add up.
     ///
     /// ```no_run
-    /// # async fn example() -> kube_fleet_envtest::Result<()> {
-    /// let fleet = kube_fleet_envtest::Envtest::builder()
+    /// # async fn example() -> kube_multicluster_envtest::Result<()> {
+    /// let fleet = kube_multicluster_envtest::Envtest::builder()
     ///     .clusters(["plain"])
     ///     .apiserver_arg("--feature-gates=WatchList=false")
     ///     .start()
@@ -217,7 +217,7 @@ impl EnvtestBuilder {
             None => Binaries::find().await?,
         };
         let dir = tempfile::Builder::new()
-            .prefix("kube-fleet-envtest-")
+            .prefix("kube-multicluster-envtest-")
             .tempdir()
             .map_err(|e| Error::io("creating the fleet's temporary directory", e))?;
         let etcd = Etcd::start(&binaries.etcd, dir.path(), self.start_timeout).await?;

@@ -11,7 +11,7 @@
 //! ```no_run
 //! use k8s_openapi::api::core::v1::ConfigMap;
 //! use kube::{Api, api::PostParams};
-//! use kube_fleet_envtest::Envtest;
+//! use kube_multicluster_envtest::Envtest;
 //!
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! let fleet = Envtest::start(3).await?;
@@ -43,7 +43,7 @@
 //!
 //! use k8s_openapi::api::core::v1::Namespace;
 //! use kube::{Api, Client};
-//! use kube_fleet_envtest::Envtest;
+//! use kube_multicluster_envtest::Envtest;
 //!
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! let default_namespace = |client: Client| async move {
@@ -80,7 +80,7 @@
 //! use k8s_openapi::api::core::v1::ConfigMap;
 //! use kube::{Api, api::ListParams};
 //!
-//! let fleet = kube_fleet_envtest::Envtest::start(1).await?;
+//! let fleet = kube_multicluster_envtest::Envtest::start(1).await?;
 //! let alice = fleet.clusters()[0].client_for("alice", &["developers"])?;
 //! let list = Api::<ConfigMap>::default_namespaced(alice).list(&ListParams::default()).await;
 //! assert!(matches!(list, Err(kube::Error::Api(status)) if status.code == 403));
@@ -118,7 +118,7 @@ mod serving;
 
 pub use assets::{ASSETS_ENV, Binaries, CACHE_ENV, ETCD_VERSION, KUBERNETES_VERSION};
 pub use cluster::TestCluster;
-pub use crd::{crds_from_yaml, install_crds};
+pub use crd::{FIELD_MANAGER, crds_from_yaml, install_crds};
 pub use envtest::{DEFAULT_START_TIMEOUT, Envtest, EnvtestBuilder};
 pub use error::{Error, Result};
 pub use kcp::{KCP_ENV, KCP_EXAMPLE_EXPORT, KCP_START_TIMEOUT, KCP_VERSION, Kcp, KcpBinary};

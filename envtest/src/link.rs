@@ -24,11 +24,11 @@ use crate::{
 /// Dropping the link closes its port and every connection through it.
 ///
 /// ```no_run
-/// # async fn example() -> kube_fleet_envtest::Result<()> {
+/// # async fn example() -> kube_multicluster_envtest::Result<()> {
 /// use k8s_openapi::api::core::v1::Namespace;
 /// use kube::Api;
 ///
-/// let fleet = kube_fleet_envtest::Envtest::start(1).await?;
+/// let fleet = kube_multicluster_envtest::Envtest::start(1).await?;
 /// let cluster = &fleet.clusters()[0];
 /// let link = cluster.link()?;
 /// // Give the code under test `link.client()` (or `link.kubeconfig()`).

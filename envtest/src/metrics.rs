@@ -9,8 +9,8 @@
 /// let text = r#"apiserver_longrunning_requests{resource="configmaps",scope="cluster",verb="WATCH"} 2
 /// apiserver_longrunning_requests{resource="configmaps",scope="namespace",verb="WATCH"} 1
 /// apiserver_longrunning_requests{resource="secrets",scope="cluster",verb="WATCH"} 5"#;
-/// assert_eq!(kube_fleet_envtest::metric_sum(text, "apiserver_longrunning_requests", "configmaps", "WATCH"), 3);
-/// assert_eq!(kube_fleet_envtest::watches_served(text, "secrets"), 5);
+/// assert_eq!(kube_multicluster_envtest::metric_sum(text, "apiserver_longrunning_requests", "configmaps", "WATCH"), 3);
+/// assert_eq!(kube_multicluster_envtest::watches_served(text, "secrets"), 5);
 /// ```
 pub fn metric_sum(metrics: &str, metric: &str, resource: &str, verb: &str) -> u64 {
     let series = format!("{metric}{{");

@@ -13,7 +13,7 @@ use crate::{
 /// Two certificates of one CA stand for a renewal.
 ///
 /// ```
-/// let ca = kube_fleet_envtest::TestCa::new().unwrap();
+/// let ca = kube_multicluster_envtest::TestCa::new().unwrap();
 /// let first = ca.serving(&["127.0.0.1", "localhost"]).unwrap();
 /// let renewed = ca.serving(&["127.0.0.1", "localhost"]).unwrap();
 /// assert_ne!(first.der, renewed.der);

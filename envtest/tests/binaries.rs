@@ -2,7 +2,7 @@
 
 use std::process::Command;
 
-const CLI: &str = env!("CARGO_BIN_EXE_kube-fleet-envtest");
+const CLI: &str = env!("CARGO_BIN_EXE_kube-multicluster-envtest");
 
 #[test]
 fn without_go_or_assets_the_error_says_how_to_provide_them() {
@@ -11,7 +11,7 @@ fn without_go_or_assets_the_error_says_how_to_provide_them() {
     let out = Command::new(CLI)
         .arg("install")
         .env_remove("KUBEBUILDER_ASSETS")
-        .env("KUBE_FLEET_ENVTEST_CACHE", cache.path())
+        .env("KUBE_MULTICLUSTER_ENVTEST_CACHE", cache.path())
         .env("PATH", empty_path.path())
         .output()
         .unwrap();

@@ -10,7 +10,7 @@ use kube::{
     api::{ListParams, ObjectMeta, PostParams, WatchEvent, WatchParams},
     config::KubeConfigOptions,
 };
-use kube_fleet_envtest::{Envtest, TestCluster};
+use kube_multicluster_envtest::{Envtest, TestCluster};
 
 /// How long a request to a hung cluster is given to prove it gets no answer.
 const HUNG: Duration = Duration::from_secs(2);

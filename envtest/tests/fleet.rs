@@ -8,7 +8,7 @@ use kube::{
     api::{ListParams, ObjectMeta, PostParams},
     config::{KubeConfigOptions, Kubeconfig},
 };
-use kube_fleet_envtest::{Envtest, Error};
+use kube_multicluster_envtest::{Envtest, Error};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -106,7 +106,7 @@ async fn kubeconfig_file_reaches_the_same_cluster() {
 
 #[derive(CustomResource, Clone, Debug, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[kube(
-    group = "envtest.kube-fleet.dev",
+    group = "envtest.kube-multicluster.dev",
     version = "v1",
     kind = "Gadget",
     namespaced
@@ -142,14 +142,14 @@ async fn crds_install_and_their_objects_round_trip() {
 
     // From YAML, into the other cluster only.
     let yaml = "---\n".to_owned() + &serde_json::to_string(&Gadget::crd()).unwrap() + "\n---\n";
-    let crds = kube_fleet_envtest::crds_from_yaml(&yaml).expect("YAML parses");
+    let crds = kube_multicluster_envtest::crds_from_yaml(&yaml).expect("YAML parses");
     assert_eq!(crds.len(), 1);
     let in_b: Api<Gadget> = Api::default_namespaced(b.client());
     assert!(
         in_b.list(&ListParams::default()).await.is_err(),
         "B has no Gadget CRD yet"
     );
-    kube_fleet_envtest::install_crds(&b.client(), crds)
+    kube_multicluster_envtest::install_crds(&b.client(), crds)
         .await
         .expect("CRD installs from YAML");
     assert!(

@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
-use kube_fleet_envtest::{KCP_EXAMPLE_EXPORT, Kcp};
+use kube_multicluster_envtest::{KCP_EXAMPLE_EXPORT, Kcp};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_export_bound_in_two_workspaces_is_listed_across_both() {

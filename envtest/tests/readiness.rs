@@ -8,7 +8,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use kube_fleet_envtest::Envtest;
+use kube_multicluster_envtest::Envtest;
 use tracing_subscriber::{filter::LevelFilter, util::SubscriberInitExt};
 
 /// Collects formatted events in memory.

@@ -11,7 +11,7 @@ use kube::{
     Api, Client,
     api::{ListParams, ObjectMeta, PostParams},
 };
-use kube_fleet_envtest::Envtest;
+use kube_multicluster_envtest::Envtest;
 
 async fn list_config_maps(client: Client, namespace: &str) -> kube::Result<Vec<ConfigMap>> {
     Api::<ConfigMap>::namespaced(client, namespace)

@@ -16,7 +16,7 @@ use kube::{
     api::{ObjectMeta, PostParams},
     runtime::watcher,
 };
-use kube_fleet::{
+use kube_multicluster::{
     Action, Cluster, ClusterName, Controller, Fleet, ObjectRequest,
     apply::apply_status,
     cache::WatchState,

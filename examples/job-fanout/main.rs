@@ -17,8 +17,8 @@ use kube::{
     Api, CustomResourceExt,
     api::{DeleteParams, PostParams},
 };
-use kube_fleet::envtest::Envtest;
-use kube_fleet::{ClusterName, Fleet, provider::ProgrammaticProvider};
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::{ClusterName, Fleet, provider::ProgrammaticProvider};
 use tower::BoxError;
 
 #[tokio::main]

@@ -1,4 +1,4 @@
-//! Secrets labelled `kube-fleet.dev/mirror=true` in the reference cluster are
+//! Secrets labelled `kube-multicluster.dev/mirror=true` in the reference cluster are
 //! mirrored into every other cluster: updates propagate, a mirror edited by
 //! hand is put back, and deleting the source deletes the mirrors.
 //!
@@ -16,8 +16,8 @@ use kube::{
     Api,
     api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
 };
-use kube_fleet::envtest::Envtest;
-use kube_fleet::{ClusterName, Fleet, provider::ProgrammaticProvider};
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::{ClusterName, Fleet, provider::ProgrammaticProvider};
 use serde_json::json;
 use tower::BoxError;
 

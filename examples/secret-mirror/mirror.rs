@@ -1,4 +1,4 @@
-//! The secret mirror: Secrets labelled `kube-fleet.dev/mirror=true` in the
+//! The secret mirror: Secrets labelled `kube-multicluster.dev/mirror=true` in the
 //! reference cluster (the local one) are mirrored into every other cluster.
 
 #![allow(dead_code, unreachable_pub)]
@@ -11,7 +11,7 @@ use kube::{
     api::{DeleteParams, ObjectMeta, PostParams, Preconditions},
     runtime::watcher,
 };
-use kube_fleet::{
+use kube_multicluster::{
     Action, Controller, Fleet, ObjectKey, ObjectRequest,
     controller::{ClusterSelector, Watch},
     fleetwide::FleetStore,
@@ -19,9 +19,9 @@ use kube_fleet::{
 use tower::{BoxError, service_fn};
 
 /// The label that asks for a Secret of the reference cluster to be mirrored.
-pub const MIRROR: &str = "kube-fleet.dev/mirror";
+pub const MIRROR: &str = "kube-multicluster.dev/mirror";
 /// The label every mirror carries.
-pub const MIRRORED: &str = "kube-fleet.dev/mirrored";
+pub const MIRRORED: &str = "kube-multicluster.dev/mirrored";
 
 /// The sources: labelled Secrets in the reference cluster.
 fn sources() -> Watch {
@@ -58,7 +58,7 @@ async fn reconcile(
 ) -> Result<Action, BoxError> {
     // Until the reference cluster's Secrets are known, a missing source
     // proves nothing: never delete a mirror on a guess.
-    let local = kube_fleet::ClusterName::local();
+    let local = kube_multicluster::ClusterName::local();
     if store.in_cluster(local.as_str()).is_none() || !store.unsynced().is_empty() {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }

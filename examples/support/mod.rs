@@ -11,10 +11,10 @@ use kube::{
     api::{ObjectMeta, PostParams},
     runtime::watcher,
 };
-use kube_fleet::{Action, Controller, Fleet, ObjectRequest};
+use kube_multicluster::{Action, Controller, Fleet, ObjectRequest};
 use tower::{BoxError, service_fn};
 
-/// Logs to stderr, `info` for the examples and kube-fleet unless `RUST_LOG`
+/// Logs to stderr, `info` for the examples and kube-multicluster unless `RUST_LOG`
 /// says otherwise; coloured on a terminal only, so that a file or a pipe
 /// gets plain text.
 pub fn logging() {

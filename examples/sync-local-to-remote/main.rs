@@ -1,4 +1,4 @@
-//! The hub pushes ConfigMaps labelled `kube-fleet.dev/sync=true` to every
+//! The hub pushes ConfigMaps labelled `kube-multicluster.dev/sync=true` to every
 //! provider cluster, and a second controller, in each of those clusters,
 //! reverts drift.
 //!
@@ -16,8 +16,8 @@ use kube::{
     Api,
     api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
 };
-use kube_fleet::envtest::Envtest;
-use kube_fleet::{Fleet, provider::ProgrammaticProvider};
+use kube_multicluster::envtest::Envtest;
+use kube_multicluster::{Fleet, provider::ProgrammaticProvider};
 use serde_json::json;
 use tower::BoxError;
 

@@ -1,5 +1,5 @@
 //! Two controllers: `push`, in the hub, copies ConfigMaps labelled
-//! `kube-fleet.dev/sync=true` into every provider cluster; `revert`, in each
+//! `kube-multicluster.dev/sync=true` into every provider cluster; `revert`, in each
 //! provider cluster, puts back a copy that drifted from the hub's and deletes
 //! a copy whose hub ConfigMap is gone.
 
@@ -14,7 +14,7 @@ use kube::{
     api::{DeleteParams, ObjectMeta, Preconditions},
     runtime::watcher,
 };
-use kube_fleet::{
+use kube_multicluster::{
     Action, ClusterName, Controller, Fleet, ObjectKey, ObjectRequest,
     apply::apply,
     controller::{ClusterSelector, Watch},
@@ -25,14 +25,14 @@ use kube_fleet::{
 use tower::{BoxError, service_fn};
 
 /// The label that asks for a hub ConfigMap to be pushed.
-pub const SYNC: &str = "kube-fleet.dev/sync";
+pub const SYNC: &str = "kube-multicluster.dev/sync";
 /// The field manager of the copies.
 const MANAGER: &str = "sync-local-to-remote";
 /// The finalizer that deletes the copies before a hub ConfigMap goes.
-pub const FINALIZER: &str = "kube-fleet.dev/sync";
+pub const FINALIZER: &str = "kube-multicluster.dev/sync";
 
 /// The label on every copy.
-pub const COPY: &str = "kube-fleet.dev/sync-copy";
+pub const COPY: &str = "kube-multicluster.dev/sync-copy";
 
 /// The hub's ConfigMaps, all of them: one whose label is removed must still
 /// be seen, to delete its copies and release its finalizer.

@@ -1,4 +1,4 @@
-//! Tower layers for reconcilers run by [`kube_fleet`].
+//! Tower layers for reconcilers run by [`kube_multicluster`].
 //!
 //! Each layer is an ordinary [`tower_layer::Layer`], so it stacks with
 //! `tower::ServiceBuilder` and with tower's own middleware. They work on the
@@ -16,7 +16,7 @@
 //! its docs explain; `docs/layers.md` in the repository walks a request
 //! through the stack.
 //!
-//! [`ObjectRequest`]: kube_fleet::ObjectRequest
+//! [`ObjectRequest`]: kube_multicluster::ObjectRequest
 
 #![forbid(unsafe_code)]
 

@@ -1,4 +1,4 @@
-use kube_fleet::{McRequest, ObjectRequest, ReconcileReason};
+use kube_multicluster::{McRequest, ObjectRequest, ReconcileReason};
 
 /// A request that names the object to reconcile: what layers that log,
 /// count or limit by cluster read from whatever request type they sit on.

@@ -8,8 +8,8 @@ use std::{
     task::{Context, Poll},
 };
 
-use kube_fleet::{Action, McRequest};
-use kube_fleet_layers::catch_panic::{CatchPanicLayer, Panicked};
+use kube_multicluster::{Action, McRequest};
+use kube_multicluster_layers::catch_panic::{CatchPanicLayer, Panicked};
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt, service_fn};
 
 fn request(name: &str) -> McRequest {

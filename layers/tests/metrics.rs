@@ -5,8 +5,8 @@ use std::time::Duration;
 #[path = "../../tests/support/empty_api.rs"]
 mod empty_api;
 
-use kube_fleet::{Action, McRequest};
-use kube_fleet_layers::{
+use kube_multicluster::{Action, McRequest};
+use kube_multicluster_layers::{
     catch_panic::CatchPanicLayer,
     metrics::{MetricsLayer, ReconcileMetrics},
 };
@@ -85,8 +85,8 @@ async fn reconciles_are_counted_by_cluster_and_result_and_timed() {
 async fn queue_depths_and_engaged_clusters_are_read_at_each_scrape() {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::runtime::watcher;
-    use kube_fleet::{Controller, Fleet, ObjectRequest};
-    use kube_fleet_layers::metrics::{FleetCollector, QueueDepths};
+    use kube_multicluster::{Controller, Fleet, ObjectRequest};
+    use kube_multicluster_layers::metrics::{FleetCollector, QueueDepths};
 
     let mut registry = Registry::default();
     let fleet = Fleet::new();
@@ -118,7 +118,10 @@ async fn queue_depths_and_engaged_clusters_are_read_at_each_scrape() {
         text.contains(r#"workqueue_depth{name="widgets",controller="widgets"} 2"#),
         "{text}"
     );
-    assert!(text.contains("kube_fleet_engaged_clusters 1"), "{text}");
+    assert!(
+        text.contains("kube_multicluster_engaged_clusters 1"),
+        "{text}"
+    );
     task.abort();
 }
 
@@ -134,8 +137,8 @@ fn cluster_series(registry: &Registry) -> Vec<String> {
 
 /// Waits until each of `names` has been reconciled.
 async fn wait_for(
-    reconciled: &mut tokio::sync::mpsc::UnboundedReceiver<kube_fleet::ClusterName>,
-    names: std::collections::HashSet<kube_fleet::ClusterName>,
+    reconciled: &mut tokio::sync::mpsc::UnboundedReceiver<kube_multicluster::ClusterName>,
+    names: std::collections::HashSet<kube_multicluster::ClusterName>,
 ) {
     let mut missing = names;
     tokio::time::timeout(Duration::from_secs(60), async {
@@ -157,9 +160,9 @@ async fn series_of_clusters_that_left_are_dropped_and_the_count_returns_to_where
         api::{ObjectMeta, PostParams},
         runtime::watcher,
     };
-    use kube_fleet::{ClusterName, Controller, Fleet, ObjectRequest};
-    use kube_fleet_envtest::Envtest;
-    use kube_fleet_layers::metrics::MetricsLayer;
+    use kube_multicluster::{ClusterName, Controller, Fleet, ObjectRequest};
+    use kube_multicluster_envtest::Envtest;
+    use kube_multicluster_layers::metrics::MetricsLayer;
 
     const NAMES: usize = 1500;
     const AT_ONCE: usize = 100;
@@ -226,16 +229,16 @@ async fn series_of_clusters_that_left_are_dropped_and_the_count_returns_to_where
 
 #[tokio::test]
 async fn following_a_fleet_keeps_nothing_of_it_alive_once_both_are_dropped() {
-    use kube_fleet::Fleet;
+    use kube_multicluster::Fleet;
 
     let (idle, mut handle) = tower_test::mock::pair::<
         http::Request<kube::client::Body>,
         http::Response<kube::client::Body>,
     >();
     // No identity read: the mock answers nothing, and must see no request.
-    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
-        duplicates: kube_fleet::Duplicates::Ignore,
-        ..kube_fleet::FleetConfig::default()
+    let fleet = Fleet::with_config(kube_multicluster::FleetConfig {
+        duplicates: kube_multicluster::Duplicates::Ignore,
+        ..kube_multicluster::FleetConfig::default()
     });
     fleet.engage("east", kube::Client::new(idle, "default"));
     let metrics = ReconcileMetrics::new(&mut Registry::default()).follow(&fleet);

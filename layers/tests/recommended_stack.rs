@@ -14,11 +14,11 @@ use kube::{
     api::{ObjectMeta, PostParams},
     runtime::watcher,
 };
-use kube_fleet::{
+use kube_multicluster::{
     Action, Controller, Fleet, ObjectRequest, controller::Config, provider::ProgrammaticProvider,
 };
-use kube_fleet_envtest::Envtest;
-use kube_fleet_layers::{
+use kube_multicluster_envtest::Envtest;
+use kube_multicluster_layers::{
     metrics::{FleetCollector, QueueDepths, ReconcileMetrics},
     recommended::RecommendedLayer,
 };
@@ -133,7 +133,10 @@ async fn failures_and_panics_back_off_recover_and_are_counted() {
     assert_eq!(metrics.count("configmaps", "cluster-2", "error"), 0);
     let mut text = String::new();
     encode(&mut text, &registry).unwrap();
-    assert!(text.contains("kube_fleet_engaged_clusters 3"), "{text}");
+    assert!(
+        text.contains("kube_multicluster_engaged_clusters 3"),
+        "{text}"
+    );
     assert!(
         text.contains(r#"workqueue_depth{name="configmaps",controller="configmaps"}"#),
         "{text}"

@@ -7,8 +7,8 @@ use std::{
 };
 
 use kube::core::{Status, response::StatusDetails};
-use kube_fleet::{Action, McRequest};
-use kube_fleet_layers::retry::TransientErrors;
+use kube_multicluster::{Action, McRequest};
+use kube_multicluster_layers::retry::TransientErrors;
 use tokio::time::Instant;
 use tower::{BoxError, ServiceBuilder, ServiceExt, retry::RetryLayer, service_fn};
 

@@ -12,10 +12,10 @@ use std::{
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::watcher;
-use kube_fleet::{
+use kube_multicluster::{
     Action, Controller, Fleet, McRequest, ObjectRequest, controller::Config, queue::Backoff,
 };
-use kube_fleet_layers::retry::TransientErrors;
+use kube_multicluster_layers::retry::TransientErrors;
 use tokio::{sync::mpsc, time::Instant};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tower::{

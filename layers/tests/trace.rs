@@ -5,8 +5,8 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use kube_fleet::{Action, McRequest};
-use kube_fleet_layers::trace::TraceLayer;
+use kube_multicluster::{Action, McRequest};
+use kube_multicluster_layers::trace::TraceLayer;
 use tower::{BoxError, ServiceBuilder, ServiceExt, service_fn};
 use tracing::{
     Subscriber,

@@ -44,7 +44,7 @@ use crate::{
 ///
 /// ```
 /// use std::time::Duration;
-/// use kube_fleet_manager::{LeaderElection, LeaseParams};
+/// use kube_multicluster_manager::{LeaderElection, LeaseParams};
 ///
 /// let election = LeaderElection::new("my-operator").lease(
 ///     LeaseParams::default()
@@ -99,7 +99,7 @@ impl LeaderElection {
     /// tests; the same handle before and while the manager runs.
     ///
     /// ```
-    /// use kube_fleet_manager::{LeaderElection, Role};
+    /// use kube_multicluster_manager::{LeaderElection, Role};
     ///
     /// let election = LeaderElection::new("my-operator");
     /// assert_eq!(election.status().role(), Role::Standby);
@@ -165,7 +165,7 @@ impl ElectionStatus {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
-    /// use kube_fleet_manager::{LeaderElection, Role};
+    /// use kube_multicluster_manager::{LeaderElection, Role};
     ///
     /// let status = LeaderElection::new("my-operator").status();
     /// // A standby before its manager runs.
@@ -186,7 +186,7 @@ impl ElectionStatus {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
     /// use futures::StreamExt;
-    /// use kube_fleet_manager::{LeaderElection, Role};
+    /// use kube_multicluster_manager::{LeaderElection, Role};
     ///
     /// let status = LeaderElection::new("my-operator").status();
     /// let mut roles = std::pin::pin!(status.changes());

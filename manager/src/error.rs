@@ -36,7 +36,7 @@ pub enum Error {
         /// The controller's name.
         controller: String,
         /// Its error.
-        source: kube_fleet::controller::Error,
+        source: kube_multicluster::controller::Error,
     },
     /// A controller's task panicked; the others were stopped.
     #[error("controller {controller:?} panicked: {message}")]
@@ -59,5 +59,5 @@ pub enum Error {
     /// URL or a webhook it refuses, named in the error.
     #[cfg(feature = "webhooks")]
     #[error(transparent)]
-    Webhooks(#[from] kube_fleet_webhook::Error),
+    Webhooks(#[from] kube_multicluster_webhook::Error),
 }

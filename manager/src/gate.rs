@@ -17,8 +17,8 @@ use std::{
 };
 
 use futures::{FutureExt, future::BoxFuture};
-use kube_fleet::{Action, ClusterName, McRequest, controller::ClusterSelector};
-use kube_fleet_layers::AsMcRequest;
+use kube_multicluster::{Action, ClusterName, McRequest, controller::ClusterSelector};
+use kube_multicluster_layers::AsMcRequest;
 use tokio::{sync::watch, time::Instant};
 use tower::{BoxError, Layer, Service};
 
@@ -312,7 +312,7 @@ where
 mod tests {
     use std::time::Duration;
 
-    use kube_fleet::{Action, McRequest};
+    use kube_multicluster::{Action, McRequest};
     use tokio::time::Instant;
     use tower::{BoxError, Layer, ServiceExt, service_fn};
 

@@ -35,7 +35,7 @@ pub(crate) async fn serve(
     endpoints: Arc<Endpoints>,
     stop: CancellationToken,
 ) {
-    let mut open = kube_fleet::serve(
+    let mut open = kube_multicluster::serve(
         listener,
         MAX_CONNECTIONS,
         &stop,

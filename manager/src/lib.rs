@@ -1,18 +1,18 @@
-//! One entry point for a `kube-fleet` operator.
+//! One entry point for a `kube-multicluster` operator.
 //!
 //! A [`Manager`] runs a fleet's providers, any number of controllers, the
 //! HTTP endpoints and, if asked, [leader election](LeaderElection), under
 //! one shutdown signal, and returns the first fatal error. It is optional:
-//! everything it does can be done by hand with `kube-fleet`'s own types.
+//! everything it does can be done by hand with `kube-multicluster`'s own types.
 //!
 //! ```no_run
 //! use std::time::Duration;
 //!
 //! use k8s_openapi::api::core::v1::ConfigMap;
 //! use kube::runtime::watcher;
-//! use kube_fleet::{Action, Controller, Fleet, ObjectRequest, provider::LocalProvider};
-//! use kube_fleet_layers::metrics::ReconcileMetrics;
-//! use kube_fleet_manager::{LeaderElection, Manager};
+//! use kube_multicluster::{Action, Controller, Fleet, ObjectRequest, provider::LocalProvider};
+//! use kube_multicluster_layers::metrics::ReconcileMetrics;
+//! use kube_multicluster_manager::{LeaderElection, Manager};
 //! use tower::{BoxError, service_fn};
 //!
 //! # async fn example() -> Result<(), BoxError> {

@@ -42,10 +42,10 @@ impl Collector for LeaderGauge {
     }
 }
 
-/// `kube_fleet_shard_owned{name, cluster, shard}`: 1 per cluster this
+/// `kube_multicluster_shard_owned{name, cluster, shard}`: 1 per cluster this
 /// replica runs now under the sharding `name` (its shard's Lease held),
-/// `kube_fleet_shard_replicas{name}`: the live replicas it saw last,
-/// itself included, and with hubs `kube_fleet_shard_hub_shards{name}`: the
+/// `kube_multicluster_shard_replicas{name}`: the live replicas it saw last,
+/// itself included, and with hubs `kube_multicluster_shard_hub_shards{name}`: the
 /// shards whose hub keys it runs now.
 #[derive(Debug)]
 pub(crate) struct ShardGauge {
@@ -75,7 +75,7 @@ impl ShardGauge {
 impl Collector for ShardGauge {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let mut family = encoder.encode_descriptor(
-            "kube_fleet_shard_owned",
+            kube_multicluster::metric_name!("shard_owned"),
             "Each cluster this replica runs now: 1 under its shard",
             None,
             MetricType::Gauge,
@@ -91,7 +91,7 @@ impl Collector for ShardGauge {
         }
         let replicas = ConstGauge::new(self.status.replicas().len() as i64);
         let mut family = encoder.encode_descriptor(
-            "kube_fleet_shard_replicas",
+            kube_multicluster::metric_name!("shard_replicas"),
             "The live replicas of the sharding this replica saw last, itself included",
             None,
             replicas.metric_type(),
@@ -101,7 +101,7 @@ impl Collector for ShardGauge {
             let held = lock(hubs).len();
             let held = ConstGauge::new(held as i64);
             let mut family = encoder.encode_descriptor(
-                "kube_fleet_shard_hub_shards",
+                kube_multicluster::metric_name!("shard_hub_shards"),
                 "The shards whose hub keys this replica runs now",
                 None,
                 held.metric_type(),

@@ -8,7 +8,7 @@ use std::{
     },
 };
 
-use kube_fleet::{Fleet, controller::ControllerStatus};
+use kube_multicluster::{Fleet, controller::ControllerStatus};
 use tokio::sync::watch;
 
 use crate::election::Role;
@@ -37,7 +37,7 @@ pub(crate) struct Readiness {
     pub(crate) strict: bool,
     /// The webhook server, which every replica serves.
     #[cfg(feature = "webhooks")]
-    pub(crate) webhooks: Option<kube_fleet_webhook::WebhookStatus>,
+    pub(crate) webhooks: Option<kube_multicluster_webhook::WebhookStatus>,
 }
 
 impl Readiness {
@@ -134,7 +134,7 @@ impl Readiness {
         if unwell.len() > UNWELL_TOLD {
             let _ = writeln!(
                 lines,
-                "and {} more clusters not healthy (kube_fleet_cluster_health)",
+                "and {} more clusters not healthy (kube_multicluster_cluster_health)",
                 unwell.len() - UNWELL_TOLD
             );
         }

@@ -6,7 +6,7 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
-use kube_fleet::{ClusterName, controller::ClusterSelector};
+use kube_multicluster::{ClusterName, controller::ClusterSelector};
 use tokio::time::Instant;
 
 use crate::{error::Error, timing::LeaseParams};
@@ -76,7 +76,7 @@ use crate::{error::Error, timing::LeaseParams};
 /// own and its shards'.
 ///
 /// ```
-/// use kube_fleet_manager::{LeaseParams, Sharding};
+/// use kube_multicluster_manager::{LeaseParams, Sharding};
 ///
 /// let sharding = Sharding::new("my-operator")
 ///     .lease(LeaseParams::default().namespace("operators").identity("replica-0"))
@@ -134,7 +134,7 @@ impl Sharding {
     ///
     /// Every replica engages the hubs and watches them whole; a replica
     /// skips the hub keys of shards it does not hold (the reconcile
-    /// returns [`Action::await_change`](kube_fleet::Action::await_change)
+    /// returns [`Action::await_change`](kube_multicluster::Action::await_change)
     /// without running) and, in a round in which it takes shards, queues
     /// every key its controllers know again, so those of its new shards
     /// run. While a hub is offered every shard has a Lease. Every replica
@@ -145,8 +145,8 @@ impl Sharding {
     /// operations guide, "A hub sharded by key").
     ///
     /// ```
-    /// use kube_fleet::{ClusterName, controller::ClusterSelector};
-    /// use kube_fleet_manager::Sharding;
+    /// use kube_multicluster::{ClusterName, controller::ClusterSelector};
+    /// use kube_multicluster_manager::Sharding;
     ///
     /// let sharding = Sharding::new("my-operator")
     ///     .hub(ClusterSelector::matching(|name| *name == ClusterName::local()));

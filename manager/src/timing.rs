@@ -18,7 +18,7 @@ use crate::error::Error;
 ///
 /// ```
 /// use std::time::Duration;
-/// use kube_fleet_manager::{LeaderElection, LeaseParams};
+/// use kube_multicluster_manager::{LeaderElection, LeaseParams};
 ///
 /// let lease = LeaseParams::default()
 ///     .namespace("operators")

@@ -1,4 +1,4 @@
-//! The Grafana dashboard in `docs/dashboards/kube-fleet.json` loads: it is
+//! The Grafana dashboard in `docs/dashboards/kube-multicluster.json` loads: it is
 //! a well-formed dashboard whose variables are all defined, and every
 //! metric its queries name is one a running manager exports on `/metrics`
 //! (a sharded one and one under leader election, over a real API server).
@@ -16,16 +16,16 @@ use kube::{
     api::{Patch, PatchParams},
     runtime::watcher,
 };
-use kube_fleet::{
+use kube_multicluster::{
     Action, Controller, Fleet, ObjectRequest, controller::ClusterSelector,
     provider::ProgrammaticProvider,
 };
-use kube_fleet_envtest::Envtest;
-use kube_fleet_layers::{
+use kube_multicluster_envtest::Envtest;
+use kube_multicluster_layers::{
     catch_panic::CatchPanicLayer,
     metrics::{MetricsLayer, ReconcileMetrics},
 };
-use kube_fleet_manager::{LeaderElection, LeaseParams, Manager, Sharding};
+use kube_multicluster_manager::{LeaderElection, LeaseParams, Manager, Sharding};
 use serde_json::Value;
 use support::{
     PATIENCE, config_maps,
@@ -34,7 +34,7 @@ use support::{
 use tokio::sync::oneshot;
 use tower::{BoxError, ServiceBuilder, service_fn};
 
-const DASHBOARD: &str = include_str!("../../docs/dashboards/kube-fleet.json");
+const DASHBOARD: &str = include_str!("../../docs/dashboards/kube-multicluster.json");
 
 /// Grafana's own variables, which a dashboard need not define.
 const BUILTIN: [&str; 3] = ["__rate_interval", "__interval", "__range"];
@@ -184,7 +184,7 @@ async fn scrape(env: &Envtest, coordinate: impl FnOnce(Manager) -> Manager) -> S
             && text.contains(
                 r#"workqueue_depth{name="configmaps",controller="configmaps",cluster="east"}"#,
             )
-            && text.contains(r#"kube_fleet_read_your_writes_writes_total{cluster="east"}"#)
+            && text.contains(r#"kube_multicluster_read_your_writes_writes_total{cluster="east"}"#)
         {
             break text;
         }
@@ -212,10 +212,14 @@ fn queries_name_metrics_and_skip_functions_labels_and_ranges() {
         names,
         BTreeSet::from(["workqueue_queue_duration_seconds_bucket".to_owned()])
     );
-    let names = metrics_in("sum by (instance) (kube_fleet_engaged_clusters) / on (instance) up");
+    let names =
+        metrics_in("sum by (instance) (kube_multicluster_engaged_clusters) / on (instance) up");
     assert_eq!(
         names,
-        BTreeSet::from(["kube_fleet_engaged_clusters".to_owned(), "up".to_owned()])
+        BTreeSet::from([
+            "kube_multicluster_engaged_clusters".to_owned(),
+            "up".to_owned()
+        ])
     );
 }
 
@@ -314,7 +318,9 @@ async fn the_dashboard_reads_only_metrics_the_manager_exports() {
     );
     // What a sharded replica says of its clusters.
     assert!(
-        sharded.contains(r#"kube_fleet_shard_owned{name="dashboard-shards",cluster="east",shard="#),
+        sharded.contains(
+            r#"kube_multicluster_shard_owned{name="dashboard-shards",cluster="east",shard="#
+        ),
         "{sharded}"
     );
     assert!(
@@ -322,7 +328,7 @@ async fn the_dashboard_reads_only_metrics_the_manager_exports() {
         "{led}"
     );
     assert!(
-        sharded.contains(r#"kube_fleet_shard_hub_shards{name="dashboard-shards"}"#),
+        sharded.contains(r#"kube_multicluster_shard_hub_shards{name="dashboard-shards"}"#),
         "{sharded}"
     );
 }

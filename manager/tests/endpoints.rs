@@ -8,10 +8,10 @@ use std::time::Duration;
 use hyper::StatusCode;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{CustomResource, CustomResourceExt, runtime::watcher};
-use kube_fleet::{Controller, Fleet, provider::ProgrammaticProvider};
-use kube_fleet_envtest::Envtest;
-use kube_fleet_layers::metrics::{MetricsLayer, ReconcileMetrics};
-use kube_fleet_manager::Manager;
+use kube_multicluster::{Controller, Fleet, provider::ProgrammaticProvider};
+use kube_multicluster_envtest::Envtest;
+use kube_multicluster_layers::metrics::{MetricsLayer, ReconcileMetrics};
+use kube_multicluster_manager::Manager;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use support::{
@@ -59,7 +59,7 @@ async fn endpoints_report_health_readiness_by_cluster_and_metrics() {
         )
         .controller(
             Controller::<Widget>::new(&fleet, watcher::Config::default()).named("widgets"),
-            service_fn(|_| async { Ok::<_, BoxError>(kube_fleet::Action::await_change()) }),
+            service_fn(|_| async { Ok::<_, BoxError>(kube_multicluster::Action::await_change()) }),
         );
     let run = tokio::spawn(manager.run());
     let endpoints = Endpoints::new(port);
@@ -111,7 +111,10 @@ async fn endpoints_report_health_readiness_by_cluster_and_metrics() {
     }
     let (status, text) = endpoints.get("/metrics").await.expect("/metrics answers");
     assert_eq!(status, StatusCode::OK);
-    assert!(text.contains("kube_fleet_engaged_clusters 2"), "{text}");
+    assert!(
+        text.contains("kube_multicluster_engaged_clusters 2"),
+        "{text}"
+    );
     for cluster in ["cluster-0", "cluster-1"] {
         // Each cluster's two keys were added and run once, and wait for
         // their requeue in 300 s: delayed, not ready, so not in the depth.
@@ -175,7 +178,7 @@ async fn strict_readiness_holds_the_process_unready_while_a_cluster_cannot_sync(
         .strict_readiness()
         .controller(
             Controller::<Widget>::new(&fleet, watcher::Config::default()).named("widgets"),
-            service_fn(|_| async { Ok::<_, BoxError>(kube_fleet::Action::await_change()) }),
+            service_fn(|_| async { Ok::<_, BoxError>(kube_multicluster::Action::await_change()) }),
         );
     let run = tokio::spawn(manager.run());
     let endpoints = Endpoints::new(port);

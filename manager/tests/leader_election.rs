@@ -22,9 +22,11 @@ use kube::{
     api::{ObjectMeta, PostParams},
     runtime::watcher,
 };
-use kube_fleet::{Controller, Fleet, controller::Config};
-use kube_fleet_envtest::Envtest;
-use kube_fleet_manager::{ElectionStatus, Error, LeaderElection, LeaseParams, Manager, Role};
+use kube_multicluster::{Controller, Fleet, controller::Config};
+use kube_multicluster_envtest::Envtest;
+use kube_multicluster_manager::{
+    ElectionStatus, Error, LeaderElection, LeaseParams, Manager, Role,
+};
 use support::{PATIENCE, Records, assert_no_overlap, config_maps};
 use tokio::{sync::oneshot, task::JoinHandle, time::Instant};
 

@@ -23,13 +23,13 @@ use kube::{
     api::{ListParams, ObjectMeta, PostParams},
     runtime::watcher,
 };
-use kube_fleet::{
+use kube_multicluster::{
     Action, ClusterName, Controller, Fleet, ObjectKey, ObjectRequest,
     controller::{ClusterSelector, Watch},
     provider::{ProgrammaticHandle, ProgrammaticProvider},
 };
-use kube_fleet_envtest::Envtest;
-use kube_fleet_manager::{Error, LeaseParams, Manager, ShardStatus, Sharding};
+use kube_multicluster_envtest::Envtest;
+use kube_multicluster_manager::{Error, LeaseParams, Manager, ShardStatus, Sharding};
 use support::{
     PATIENCE, Records, assert_no_overlap, config_maps,
     endpoints::{Endpoints, listener},
@@ -236,7 +236,7 @@ async fn hub_keys_and_members_are_sharded_and_a_dead_replicas_share_of_both_move
         let (_, metrics) = replica.endpoints.get("/metrics").await.unwrap();
         let line = metrics
             .lines()
-            .find(|l| l.starts_with("kube_fleet_shard_hub_shards{"))
+            .find(|l| l.starts_with("kube_multicluster_shard_hub_shards{"))
             .unwrap_or_else(|| panic!("no hub shards gauge: {metrics}"));
         held += line.rsplit(' ').next().unwrap().parse::<u32>().unwrap();
     }

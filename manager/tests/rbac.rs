@@ -22,13 +22,13 @@ use kube::{
     api::{ObjectMeta, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
-use kube_fleet::{
+use kube_multicluster::{
     Action, ClusterName, Controller, Fleet, ObjectRequest,
     controller::{ClusterSelector, ControllerStatus, Watch},
     rbac::{Permissions, Rule, Scope},
 };
-use kube_fleet_envtest::{Envtest, TestCluster};
-use kube_fleet_manager::{Error, Manager};
+use kube_multicluster_envtest::{Envtest, TestCluster};
+use kube_multicluster_manager::{Error, Manager};
 use support::PATIENCE;
 use tokio::{sync::oneshot, task::JoinHandle, time::Instant};
 use tower::{BoxError, service_fn};

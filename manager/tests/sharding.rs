@@ -22,12 +22,12 @@ use kube::{
     api::{ListParams, ObjectMeta, PostParams},
     runtime::watcher,
 };
-use kube_fleet::{
+use kube_multicluster::{
     Controller, Fleet,
     provider::{ProgrammaticHandle, ProgrammaticProvider},
 };
-use kube_fleet_envtest::Envtest;
-use kube_fleet_manager::{Error, LeaseParams, Manager, Ownership, ShardStatus, Sharding};
+use kube_multicluster_envtest::Envtest;
+use kube_multicluster_manager::{Error, LeaseParams, Manager, Ownership, ShardStatus, Sharding};
 use support::{PATIENCE, Records, assert_no_overlap, config_maps};
 use tokio::{sync::oneshot, task::JoinHandle, time::Instant};
 
@@ -325,7 +325,7 @@ async fn three_replicas_split_nine_clusters_and_recover_from_a_dead_one() {
 /// The set's Leases, by name.
 async fn leases(client: &Client, set: &str) -> BTreeMap<String, Lease> {
     Api::<Lease>::namespaced(client.clone(), "default")
-        .list(&ListParams::default().labels(&format!("kube-fleet.dev/shards={set}")))
+        .list(&ListParams::default().labels(&format!("kube-multicluster.dev/shards={set}")))
         .await
         .expect("the Leases")
         .items
@@ -339,7 +339,7 @@ fn kind(lease: &Lease) -> &str {
         .metadata
         .labels
         .as_ref()
-        .and_then(|l| l.get("kube-fleet.dev/lease"))
+        .and_then(|l| l.get("kube-multicluster.dev/lease"))
         .map_or("", String::as_str)
 }
 
@@ -348,7 +348,7 @@ fn shard_of(lease: &Lease) -> Option<u32> {
         .metadata
         .annotations
         .as_ref()
-        .and_then(|a| a.get("kube-fleet.dev/shard"))
+        .and_then(|a| a.get("kube-multicluster.dev/shard"))
         .and_then(|shard| shard.parse().ok())
 }
 
@@ -371,8 +371,8 @@ fn lease(
             name: Some(format!("{set}-{name}")),
             labels: Some(
                 [
-                    ("kube-fleet.dev/shards".to_owned(), set.to_owned()),
-                    ("kube-fleet.dev/lease".to_owned(), kind.to_owned()),
+                    ("kube-multicluster.dev/shards".to_owned(), set.to_owned()),
+                    ("kube-multicluster.dev/lease".to_owned(), kind.to_owned()),
                 ]
                 .into(),
             ),
@@ -437,7 +437,7 @@ async fn leases_of_replicas_and_clusters_that_left_are_deleted_and_a_restarted_r
             SET,
             "member-ghost",
             "member",
-            ("kube-fleet.dev/shard-count", "64"),
+            ("kube-multicluster.dev/shard-count", "64"),
             "ghost_0",
             1,
         ),
@@ -451,7 +451,7 @@ async fn leases_of_replicas_and_clusters_that_left_are_deleted_and_a_restarted_r
             SET,
             "cluster-orphan",
             "cluster",
-            ("kube-fleet.dev/cluster", "long-gone"),
+            ("kube-multicluster.dev/cluster", "long-gone"),
             "ghost_0",
             1,
         ),
@@ -644,7 +644,7 @@ async fn a_replica_runs_nothing_beside_one_counting_other_shards_or_of_an_earlie
             SET,
             "replica-earlier",
             "replica",
-            ("kube-fleet.dev/note", "earlier"),
+            ("kube-multicluster.dev/note", "earlier"),
             "earlier_0",
             3,
         ),

@@ -11,8 +11,8 @@ use kube::{
     api::{ObjectMeta, PostParams},
     runtime::watcher,
 };
-use kube_fleet::envtest::{Envtest, TestCluster};
-use kube_fleet::{
+use kube_multicluster::envtest::{Envtest, TestCluster};
+use kube_multicluster::{
     Action, Controller, Fleet, McRequest,
     cache::WatchState,
     controller::{ClusterStatus, ControllerStatus},
@@ -52,7 +52,7 @@ impl Keyed for McRequest {
     }
 }
 
-impl<K: Send + Sync + 'static> Keyed for kube_fleet::ObjectRequest<K> {
+impl<K: Send + Sync + 'static> Keyed for kube_multicluster::ObjectRequest<K> {
     fn key(self) -> McRequest {
         self.request
     }
@@ -148,7 +148,7 @@ pub async fn all_lists_served(client: &Client, resource: &str) -> u64 {
 async fn api_server_count(client: &Client, metric: &str, resource: &str, verb: &str) -> u64 {
     let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
     let metrics = client.request_text(request).await.expect("GET /metrics");
-    kube_fleet::envtest::metric_sum(&metrics, metric, resource, verb)
+    kube_multicluster::envtest::metric_sum(&metrics, metric, resource, verb)
 }
 
 /// Waits until `status` shows the cluster `name` failing, and returns it.
@@ -177,18 +177,18 @@ pub async fn failing_reason(status: &ControllerStatus, name: &str) -> String {
     }
 }
 
-/// A client for `cluster` from its kubeconfig, as `kube_fleet::client`
+/// A client for `cluster` from its kubeconfig, as `kube_multicluster::client`
 /// builds them: one HTTP/2 connection, through the cluster's fault proxy.
 pub fn http2_client(cluster: &TestCluster) -> Client {
     let config = kube::Config::try_from(cluster.kubeconfig().clone()).expect("a valid kubeconfig");
-    kube_fleet::client::client(config).expect("a client")
+    kube_multicluster::client::client(config).expect("a client")
 }
 
 /// [`http2_client`], for the fleet to finish (one request queue in front of
 /// it, with the cluster's counting).
-pub fn cluster_client(cluster: &TestCluster) -> kube_fleet::client::ClusterClient {
+pub fn cluster_client(cluster: &TestCluster) -> kube_multicluster::client::ClusterClient {
     let config = kube::Config::try_from(cluster.kubeconfig().clone()).expect("a valid kubeconfig");
-    kube_fleet::client::cluster_client(config).expect("a client")
+    kube_multicluster::client::cluster_client(config).expect("a client")
 }
 
 /// A fleet fed by a programmatic provider, with its task.
@@ -210,11 +210,11 @@ impl Drop for Running {
 
 impl Running {
     pub fn new() -> Self {
-        Self::with_config(kube_fleet::FleetConfig::default())
+        Self::with_config(kube_multicluster::FleetConfig::default())
     }
 
     /// As [`new`](Self::new), with a fleet made with `config`.
-    pub fn with_config(config: kube_fleet::FleetConfig) -> Self {
+    pub fn with_config(config: kube_multicluster::FleetConfig) -> Self {
         let fleet = Fleet::with_config(config);
         let (provider, handle) = ProgrammaticProvider::new();
         let task = tokio::spawn({
@@ -248,9 +248,11 @@ impl Running {
 
     pub fn spawn<K, S>(&mut self, controller: Controller<K>, service: S)
     where
-        K: kube_fleet::cache::Watchable,
-        S: tower::Service<kube_fleet::ObjectRequest<K>, Response = kube_fleet::Action>
-            + Send
+        K: kube_multicluster::cache::Watchable,
+        S: tower::Service<
+                kube_multicluster::ObjectRequest<K>,
+                Response = kube_multicluster::Action,
+            > + Send
             + 'static,
         S::Future: Send + 'static,
         S::Error: Into<tower::BoxError>,

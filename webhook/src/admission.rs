@@ -3,7 +3,7 @@
 use std::{ops::Deref, sync::Arc};
 
 use kube::Resource;
-use kube_fleet::Cluster;
+use kube_multicluster::Cluster;
 
 pub use kube::core::admission::Operation;
 
@@ -81,7 +81,7 @@ impl<K: Resource> std::fmt::Display for AdmissionRequest<K> {
 ///
 /// ```
 /// use k8s_openapi::api::core::v1::ConfigMap;
-/// use kube_fleet_webhook::Verdict;
+/// use kube_multicluster_webhook::Verdict;
 ///
 /// let denied: Verdict<ConfigMap> = Verdict::deny("the name is taken").code(409);
 /// assert!(!denied.is_allowed());

@@ -43,7 +43,7 @@ pub const DEFAULT_RELOAD_EVERY: Duration = Duration::from_secs(10);
 /// certificate file's whole chain.
 ///
 /// ```
-/// use kube_fleet_webhook::Certificates;
+/// use kube_multicluster_webhook::Certificates;
 ///
 /// let mounted = Certificates::files("/tls/tls.crt", "/tls/tls.key").ca_file("/tls/ca.crt");
 /// let made = Certificates::generate();
@@ -311,7 +311,7 @@ fn generate(hosts: &[String]) -> Result<(CertifiedKey, String), Error> {
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca_params
         .distinguished_name
-        .push(DnType::CommonName, "kube-fleet webhook CA");
+        .push(DnType::CommonName, "kube-multicluster webhook CA");
     ca_params.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
         KeyUsagePurpose::CrlSign,
@@ -335,7 +335,7 @@ fn generate(hosts: &[String]) -> Result<(CertifiedKey, String), Error> {
     }
     params
         .distinguished_name
-        .push(DnType::CommonName, "kube-fleet webhook server");
+        .push(DnType::CommonName, "kube-multicluster webhook server");
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     let key = KeyPair::generate().map_err(failed)?;
     let cert = params.signed_by(&key, &issuer).map_err(failed)?;

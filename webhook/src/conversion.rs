@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use kube_fleet::Cluster;
+use kube_multicluster::Cluster;
 
 /// One conversion request, from the cluster that sent it: objects stored at
 /// one version of a custom resource, to be returned at

@@ -15,7 +15,7 @@ use kube::{
         conversion::{ConversionResponse, ConversionReview},
     },
 };
-use kube_fleet::Cluster;
+use kube_multicluster::Cluster;
 use serde::{Serialize, de::DeserializeOwned};
 use tower::{BoxError, Service, ServiceExt};
 
@@ -112,7 +112,7 @@ where
         }),
         Ok(Err(panic)) => Err(Failed {
             outcome: Outcome::Panic,
-            message: format!("panicked: {}", kube_fleet::panic_message(&*panic)),
+            message: format!("panicked: {}", kube_multicluster::panic_message(&*panic)),
         }),
         Err(_) => Err(Failed {
             outcome: Outcome::Timeout,

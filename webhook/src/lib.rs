@@ -13,7 +13,7 @@
 //!   connection.
 //! - **Which cluster is asking**: each cluster is registered with a URL of
 //!   its own, carrying a secret token made for it. The request is served
-//!   with that [`Cluster`](kube_fleet::Cluster) (its client, its caches);
+//!   with that [`Cluster`](kube_multicluster::Cluster) (its client, its caches);
 //!   a request with another cluster's token, or none, is denied without
 //!   the handler seeing it.
 //! - **Certificates** come from files that are read again when they change
@@ -26,14 +26,14 @@
 //!   asked, in every member through the server's external URL
 //!   ([`Webhooks::external_url`]).
 //!
-//! With `kube-fleet`'s manager, `Manager::webhooks` serves them on every
+//! With `kube-multicluster`'s manager, `Manager::webhooks` serves them on every
 //! replica and writes the registrations from the leader; this crate's
 //! [`Webhooks::start`] does it by hand.
 //!
 //! ```no_run
 //! use k8s_openapi::api::core::v1::ConfigMap;
-//! use kube_fleet::Fleet;
-//! use kube_fleet_webhook::{AdmissionRequest, Verdict, Webhook, Webhooks};
+//! use kube_multicluster::Fleet;
+//! use kube_multicluster_webhook::{AdmissionRequest, Verdict, Webhook, Webhooks};
 //! use tower::{BoxError, service_fn};
 //!
 //! # async fn example(fleet: Fleet) -> Result<(), BoxError> {

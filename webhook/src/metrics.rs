@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use kube_fleet::{Cluster, ClusterName};
+use kube_multicluster::{Cluster, ClusterName};
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
@@ -139,12 +139,12 @@ impl Metrics {
             inner.in_flight.clone(),
         );
         registry.register(
-            "kube_fleet_webhook_answers",
+            kube_multicluster::metric_name!("webhook_answers"),
             "How requests were answered, by webhook, cluster and outcome (allowed, mutated, denied, converted, error, panic, timeout, malformed)",
             inner.outcomes.clone(),
         );
         registry.register(
-            "kube_fleet_webhook_refused",
+            kube_multicluster::metric_name!("webhook_refused"),
             "Requests refused before a handler saw them, by webhook and reason (token, not_engaged, unknown_webhook, bad_request)",
             inner.refused.clone(),
         );

@@ -3,7 +3,7 @@
 
 use std::{collections::HashMap, net::SocketAddr, sync::Arc, time::Duration};
 
-use kube_fleet::{ClusterName, Fleet, FleetEvent};
+use kube_multicluster::{ClusterName, Fleet, FleetEvent};
 use prometheus_client::registry::Registry;
 use tokio::task::AbortHandle;
 use tokio_rustls::{

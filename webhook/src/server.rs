@@ -18,7 +18,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::{Method, Request, Response, StatusCode, body::Incoming, header, service::service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use kube_fleet::{ClusterName, Fleet};
+use kube_multicluster::{ClusterName, Fleet};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
@@ -61,7 +61,7 @@ pub(crate) async fn serve(
     stop: CancellationToken,
     drain: Duration,
 ) {
-    let mut connections = kube_fleet::serve(
+    let mut connections = kube_multicluster::serve(
         listener,
         MAX_CONNECTIONS,
         &stop,

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use kube_fleet::ClusterName;
+use kube_multicluster::ClusterName;
 use ring::{hmac, rand::SecureRandom};
 
 use crate::error::Error;
@@ -71,7 +71,7 @@ impl Tokens {
 }
 
 fn message(cluster: &ClusterName) -> Vec<u8> {
-    let mut message = b"kube-fleet webhook cluster\0".to_vec();
+    let mut message = b"kube-multicluster webhook cluster\0".to_vec();
     message.extend_from_slice(cluster.as_str().as_bytes());
     message
 }

@@ -46,7 +46,7 @@ impl FailurePolicy {
 ///
 /// ```
 /// use std::time::Duration;
-/// use kube_fleet_webhook::{FailurePolicy, Operation, Webhook};
+/// use kube_multicluster_webhook::{FailurePolicy, Operation, Webhook};
 ///
 /// let webhook = Webhook::new("validate.widgets.example.com")
 ///     .operations([Operation::Create, Operation::Update, Operation::Delete])
@@ -165,7 +165,7 @@ impl Webhook {
 /// `spec.conversion` in each cluster it registers in.
 ///
 /// ```
-/// use kube_fleet_webhook::Conversion;
+/// use kube_multicluster_webhook::Conversion;
 ///
 /// let conversion = Conversion::new("widgets.example.com");
 /// assert_eq!(conversion.name(), "widgets.example.com");

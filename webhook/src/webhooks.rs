@@ -5,7 +5,7 @@ use std::{collections::HashMap, path::PathBuf, sync::Arc};
 
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, WebhookClientConfig};
 use kube::Resource;
-use kube_fleet::{
+use kube_multicluster::{
     ClusterName, Fleet,
     controller::ClusterSelector,
     rbac::{Permissions, Rule, Scope},
@@ -262,8 +262,8 @@ impl Webhooks {
     /// [external URL](Self::external_url)).
     ///
     /// ```
-    /// use kube_fleet::rbac::{Rule, Scope};
-    /// use kube_fleet_webhook::Webhooks;
+    /// use kube_multicluster::rbac::{Rule, Scope};
+    /// use kube_multicluster_webhook::Webhooks;
     ///
     /// let permissions = Webhooks::new("my-operator")
     ///     .external_url("https://webhooks.example.com")

@@ -8,9 +8,11 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kube::{Api, api::PostParams};
-use kube_fleet::{ClusterName, Fleet};
-use kube_fleet_envtest::Envtest;
-use kube_fleet_webhook::{Certificates, Error, FailurePolicy, SERVER_LABEL, Webhook, Webhooks};
+use kube_multicluster::{ClusterName, Fleet};
+use kube_multicluster_envtest::Envtest;
+use kube_multicluster_webhook::{
+    Certificates, Error, FailurePolicy, SERVER_LABEL, Webhook, Webhooks,
+};
 use support::*;
 use tower::service_fn;
 
@@ -270,7 +272,7 @@ async fn a_handler_that_panics_hangs_or_fails_is_answered_for_in_time() {
             service_fn(validate),
         )
         .external_url(&url)
-        .members(kube_fleet::controller::ClusterSelector::All)
+        .members(kube_multicluster::controller::ClusterSelector::All)
         .start(&fleet, listener, None)
         .unwrap();
     let path = path_of(
@@ -306,7 +308,8 @@ async fn a_handler_that_panics_hangs_or_fails_is_answered_for_in_time() {
 #[tokio::test]
 async fn bad_files_urls_and_names_are_refused_at_start_naming_them() {
     let fleet = Fleet::new();
-    let dir = std::env::temp_dir().join(format!("kube-fleet-webhook-{}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("kube-multicluster-webhook-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let missing = dir.join("missing.crt");
     let garbage = dir.join("garbage.crt");
@@ -385,7 +388,7 @@ async fn a_certificate_rotated_on_disk_is_served_without_a_failed_request() {
     let client = cluster.client();
 
     let dir = tempdir("rotation");
-    let ca = kube_fleet_envtest::TestCa::new().unwrap();
+    let ca = kube_multicluster_envtest::TestCa::new().unwrap();
     let first = ca.serving(&["127.0.0.1"]).unwrap();
     let second = ca.serving(&["127.0.0.1"]).unwrap();
     let (cert, key, ca_file) = (dir.join("tls.crt"), dir.join("tls.key"), dir.join("ca.crt"));
@@ -584,8 +587,10 @@ async fn two_hundred_concurrent_requests_from_three_clusters_are_all_answered() 
 }
 
 fn tempdir(what: &str) -> std::path::PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("kube-fleet-webhook-{what}-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "kube-multicluster-webhook-{what}-{}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }

@@ -45,11 +45,11 @@
 //! client's connect timeout; one that refuses, at once.
 //!
 //! ```no_run
-//! # async fn example(cluster: kube_fleet::Cluster) {
+//! # async fn example(cluster: kube_multicluster::Cluster) {
 //! use futures::StreamExt;
 //! use k8s_openapi::api::core::v1::ConfigMap;
 //! use kube::runtime::watcher;
-//! use kube_fleet::cache::{Change, WatchState};
+//! use kube_multicluster::cache::{Change, WatchState};
 //!
 //! let watch = cluster.cache().watch::<ConfigMap>(&watcher::Config::default());
 //! let mut changes = watch.subscribe();

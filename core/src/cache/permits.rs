@@ -39,9 +39,9 @@ use tokio::{
 /// again during an engage storm waits behind the storm's lists.
 ///
 /// ```
-/// use kube_fleet::Fleet;
+/// use kube_multicluster::Fleet;
 ///
-/// let fleet = Fleet::with_config(kube_fleet::FleetConfig { initial_lists: 16, ..kube_fleet::FleetConfig::default() });
+/// let fleet = Fleet::with_config(kube_multicluster::FleetConfig { initial_lists: 16, ..kube_multicluster::FleetConfig::default() });
 /// let lists = fleet.status().initial_lists;
 /// assert_eq!(lists.limit(), 16);
 /// assert_eq!(lists.in_flight(), 0);

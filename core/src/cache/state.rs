@@ -3,7 +3,7 @@ use std::fmt;
 /// Where a watch stands: still listing, in step with its cluster, or failing.
 ///
 /// ```
-/// use kube_fleet::cache::WatchState;
+/// use kube_multicluster::cache::WatchState;
 ///
 /// let failing = WatchState::Failing { reason: "forbidden".into() };
 /// assert_eq!(failing.to_string(), "failing: forbidden");

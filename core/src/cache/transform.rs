@@ -41,7 +41,7 @@ use kube::{Resource, api::ObjectMeta};
 /// ```
 /// use k8s_openapi::api::core::v1::Secret;
 /// use kube::runtime::watcher;
-/// use kube_fleet::{Controller, Fleet, cache::Transform, controller::Watch};
+/// use kube_multicluster::{Controller, Fleet, cache::Transform, controller::Watch};
 ///
 /// # fn example(fleet: &Fleet) -> Controller<Secret> {
 /// // The reconciler needs to know which Secrets exist, not what they hold.

@@ -91,8 +91,8 @@ mod sealed {
 /// ```
 /// use k8s_openapi::api::core::v1::{ConfigMap, Node};
 ///
-/// assert!(kube_fleet::cache::is_namespaced::<ConfigMap>());
-/// assert!(!kube_fleet::cache::is_namespaced::<Node>());
+/// assert!(kube_multicluster::cache::is_namespaced::<ConfigMap>());
+/// assert!(!kube_multicluster::cache::is_namespaced::<Node>());
 /// ```
 pub fn is_namespaced<K: Resource>() -> bool {
     // `Resource::Scope` need not be 'static, so no TypeId: its name tells.

@@ -54,7 +54,7 @@ use crate::panic::lock;
 /// fleet's, of their own.
 ///
 /// ```
-/// use kube_fleet::client::RequestBudget;
+/// use kube_multicluster::client::RequestBudget;
 ///
 /// // Writes held to 20 a second after 40 at once; reads as by default.
 /// let budget = RequestBudget::DEFAULT.writes(20.0, 40);

@@ -41,7 +41,7 @@ pub(crate) type Stack = BoxCloneSyncService<Request<Body>, Response<AnyBody>, Bo
 ///
 /// ```
 /// # async fn example() -> Result<(), kube::Error> {
-/// use kube_fleet::{Fleet, client};
+/// use kube_multicluster::{Fleet, client};
 ///
 /// let config = kube::Config::infer().await.map_err(kube::Error::InferConfig)?;
 /// let fleet = Fleet::new();
@@ -106,7 +106,7 @@ impl ClusterClient {
     ///
     /// ```
     /// # async fn example(config: kube::Config) -> Result<(), kube::Error> {
-    /// use kube_fleet::client::{RequestBudget, cluster_client};
+    /// use kube_multicluster::client::{RequestBudget, cluster_client};
     ///
     /// let client = cluster_client(config)?.with_budget(RequestBudget::DEFAULT.writes(50.0, 100));
     /// assert_eq!(client.budget().and_then(|b| b.write_rate()), Some((50.0, 100)));
@@ -129,7 +129,7 @@ impl ClusterClient {
     /// ```
     /// # async fn example(config: kube::Config) -> Result<(), kube::Error> {
     /// use std::time::Duration;
-    /// use kube_fleet::client::{KeepAlive, cluster_client};
+    /// use kube_multicluster::client::{KeepAlive, cluster_client};
     ///
     /// let far = KeepAlive::new(Duration::from_secs(30), Duration::from_secs(15));
     /// let client = cluster_client(config)?.with_keep_alive(far);
@@ -159,7 +159,7 @@ impl ClusterClient {
     ///
     /// ```
     /// # async fn example(config: kube::Config) -> Result<(), Box<dyn std::error::Error>> {
-    /// use kube_fleet::client::cluster_client;
+    /// use kube_multicluster::client::cluster_client;
     ///
     /// let server = cluster_client(config)?;
     /// let tenant = server.clone().under_path("/clusters/2x5qrt7c")?;

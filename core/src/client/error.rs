@@ -20,7 +20,7 @@ use crate::{cluster_name::ClusterName, error::causes};
 /// struct Outer(#[source] std::io::Error);
 ///
 /// let error = Outer(std::io::Error::other("connection refused"));
-/// assert_eq!(kube_fleet::client::error_chain(&error), "reconcile failed: connection refused");
+/// assert_eq!(kube_multicluster::client::error_chain(&error), "reconcile failed: connection refused");
 /// ```
 pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     // A credential plugin's failure quotes its command line, its
@@ -149,7 +149,7 @@ fn is_tls_failure(error: &(dyn std::error::Error + 'static)) -> bool {
 /// `kube::Error::Service` holding this error:
 ///
 /// ```
-/// use kube_fleet::ownership::OwnerReferenceAcross;
+/// use kube_multicluster::ownership::OwnerReferenceAcross;
 ///
 /// fn refused(error: &kube::Error) -> Option<&OwnerReferenceAcross> {
 ///     match error {

@@ -25,7 +25,7 @@ use std::time::Duration;
 ///
 /// ```
 /// use std::time::Duration;
-/// use kube_fleet::client::KeepAlive;
+/// use kube_multicluster::client::KeepAlive;
 ///
 /// let keep_alive = KeepAlive::new(Duration::from_secs(5), Duration::from_secs(3));
 /// assert_eq!(keep_alive.interval(), Duration::from_secs(5));

@@ -27,7 +27,7 @@
 //! ```no_run
 //! # async fn example() -> Result<(), kube::Error> {
 //! let config = kube::Config::infer().await.map_err(kube::Error::InferConfig)?;
-//! let client = kube_fleet::client::client(config)?;
+//! let client = kube_multicluster::client::client(config)?;
 //! # Ok(())
 //! # }
 //! ```
@@ -131,7 +131,7 @@ pub fn cluster_client(config: Config) -> Result<ClusterClient, kube::Error> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use kube_fleet::client::{ClientOptions, KeepAlive};
+/// use kube_multicluster::client::{ClientOptions, KeepAlive};
 ///
 /// let options = ClientOptions::default()
 ///     .keep_alive(KeepAlive::new(Duration::from_secs(5), Duration::from_secs(3)));

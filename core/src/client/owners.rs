@@ -264,8 +264,8 @@ mod tests {
     fn the_uid_elsewhere_or_taken_out_is_no_owner_reference() {
         // The marks `ParentRef::adopt` sets, and an Event about the parent.
         assert!(!names(&json!({"metadata": {
-            "labels": {"kube-fleet.dev/parent-uid": UID},
-            "annotations": {"kube-fleet.dev/parent": format!("{{\"uid\":\"{UID}\"}}")},
+            "labels": {"kube-multicluster.dev/parent-uid": UID},
+            "annotations": {"kube-multicluster.dev/parent": format!("{{\"uid\":\"{UID}\"}}")},
         }})));
         assert!(!names(
             &json!({"involvedObject": owner(), "reason": "Copied"})

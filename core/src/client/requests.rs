@@ -50,7 +50,7 @@ struct Pending {
     method: Method,
     host: Option<String>,
     started: Instant,
-    /// Counted below the cluster's client, inside kube-fleet's stack.
+    /// Counted below the cluster's client, inside kube-multicluster's stack.
     inside: bool,
     ended: bool,
 }

@@ -57,7 +57,7 @@ pub struct RequestLatency {
 /// built by hand) each request counts once, with its final status, and
 /// without the server's host.
 ///
-/// `kube_fleet_layers::metrics::ClientMetrics` reports them as client-go's
+/// `kube_multicluster_layers::metrics::ClientMetrics` reports them as client-go's
 /// `rest_client_requests_total` and `rest_client_request_duration_seconds`,
 /// labelled with the cluster.
 ///
@@ -66,7 +66,7 @@ pub struct RequestLatency {
 /// # async fn main() {
 /// # let (idle, _) = tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
 /// # let client = kube::Client::new(idle, "default");
-/// let fleet = kube_fleet::Fleet::new();
+/// let fleet = kube_multicluster::Fleet::new();
 /// let east = fleet.engage("east", client);
 /// assert_eq!(east.requests().total(), 0);
 /// assert_eq!(east.requests().throttled(), 0);

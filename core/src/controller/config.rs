@@ -43,7 +43,7 @@ const MAX_READ_YOUR_WRITES_WAIT: Duration = Duration::from_secs(60);
 ///
 /// ```
 /// use std::time::Duration;
-/// use kube_fleet::{
+/// use kube_multicluster::{
 ///     controller::Config,
 ///     queue::{Backoff, TokenBucket},
 /// };
@@ -200,7 +200,7 @@ impl Config {
     /// cluster. A standby then costs what the leader's watches cost.
     ///
     /// ```
-    /// use kube_fleet::controller::Config;
+    /// use kube_multicluster::controller::Config;
     ///
     /// let config = Config::default().warm_standby(true);
     /// assert!(config.is_warm_standby());
@@ -271,7 +271,7 @@ impl Config {
     /// turn it off where reconciles never read what they wrote.
     ///
     /// ```
-    /// use kube_fleet::controller::Config;
+    /// use kube_multicluster::controller::Config;
     ///
     /// assert!(Config::default().reads_your_writes().is_some());
     /// let config = Config::default().read_your_writes(false);
@@ -291,7 +291,7 @@ impl Config {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use kube_fleet::controller::Config;
+    /// use kube_multicluster::controller::Config;
     ///
     /// let config = Config::default().read_your_writes_within(Duration::from_secs(1));
     /// assert_eq!(config.reads_your_writes(), Some(Duration::from_secs(1)));

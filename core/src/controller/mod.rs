@@ -11,10 +11,10 @@
 //!
 //! use k8s_openapi::api::core::v1::ConfigMap;
 //! use kube::runtime::watcher;
-//! use kube_fleet::{Action, Controller, Fleet, ObjectRequest, controller::Config};
+//! use kube_multicluster::{Action, Controller, Fleet, ObjectRequest, controller::Config};
 //! use tower::{BoxError, service_fn};
 //!
-//! # async fn example(fleet: Fleet) -> Result<(), kube_fleet::controller::Error> {
+//! # async fn example(fleet: Fleet) -> Result<(), kube_multicluster::controller::Error> {
 //! let reconcile = service_fn(|request: ObjectRequest<ConfigMap>| async move {
 //!     match &request.object {
 //!         Some(config_map) => println!("{request}: {:?}", config_map.data),
@@ -199,7 +199,7 @@ impl<K: Watchable> Controller<K> {
     /// ```
     /// # use k8s_openapi::api::core::v1::ConfigMap;
     /// # use kube::runtime::watcher;
-    /// # use kube_fleet::{Controller, Fleet};
+    /// # use kube_multicluster::{Controller, Fleet};
     /// let controller = Controller::<ConfigMap>::new(&Fleet::new(), watcher::Config::default());
     /// assert_eq!(controller.name(), "configmap");
     /// ```
@@ -265,7 +265,7 @@ impl<K: Watchable> Controller<K> {
     /// # use std::time::Duration;
     /// # use k8s_openapi::api::core::v1::ConfigMap;
     /// # use kube::runtime::watcher;
-    /// # use kube_fleet::{Controller, Fleet};
+    /// # use kube_multicluster::{Controller, Fleet};
     /// # fn example(fleet: &Fleet) -> Controller<ConfigMap> {
     /// // A resync every ten minutes.
     /// let every_ten_minutes = futures::stream::unfold((), |()| async {
@@ -291,14 +291,14 @@ impl<K: Watchable> Controller<K> {
     /// ```no_run
     /// # use k8s_openapi::api::core::v1::ConfigMap;
     /// # use kube::runtime::watcher;
-    /// # use kube_fleet::{Controller, Fleet};
+    /// # use kube_multicluster::{Controller, Fleet};
     /// # async fn example(fleet: Fleet, leading: impl std::future::Future<Output = ()>) {
     /// let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default());
     /// let warm = tokio::spawn(controller.warm_up());
     /// leading.await;
     /// // The controller finds its watches synced in every cluster.
-    /// # let service = tower::service_fn(|_: kube_fleet::ObjectRequest<ConfigMap>| async {
-    /// #     Ok::<_, tower::BoxError>(kube_fleet::Action::await_change())
+    /// # let service = tower::service_fn(|_: kube_multicluster::ObjectRequest<ConfigMap>| async {
+    /// #     Ok::<_, tower::BoxError>(kube_multicluster::Action::await_change())
     /// # });
     /// controller.run(service).await.unwrap();
     /// # warm.abort();
@@ -330,7 +330,7 @@ impl<K: Watchable> Controller<K> {
     /// workqueue names with a `cluster` label. Asking for it turns the
     /// counting on for this controller (it costs a few atomic additions
     /// and two clock reads per key run; `docs/benchmarks.md`); every call
-    /// gives the same handle. The [`Manager`](https://docs.rs/kube-fleet-manager)
+    /// gives the same handle. The [`Manager`](https://docs.rs/kube-multicluster-manager)
     /// asks for it for every controller it runs.
     pub fn queue_metrics(&self) -> queue::QueueMetrics {
         self.queue_metrics.get_or_init(Default::default).clone()
@@ -353,7 +353,7 @@ impl<K: Watchable> Controller<K> {
     /// # use std::time::Duration;
     /// # use k8s_openapi::api::core::v1::ConfigMap;
     /// # use kube::runtime::watcher;
-    /// # use kube_fleet::{Action, Controller, Fleet};
+    /// # use kube_multicluster::{Action, Controller, Fleet};
     /// # fn example(fleet: &Fleet) -> Controller<ConfigMap> {
     /// Controller::<ConfigMap>::new(fleet, watcher::Config::default())
     ///     .error_policy(|_request, error| {

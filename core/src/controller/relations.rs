@@ -108,7 +108,7 @@ impl<K: Watchable> Controller<K> {
     /// ```no_run
     /// # use k8s_openapi::api::core::v1::{ConfigMap, Secret};
     /// # use kube::runtime::watcher;
-    /// # use kube_fleet::{Controller, Fleet, McRequest};
+    /// # use kube_multicluster::{Controller, Fleet, McRequest};
     /// # fn example(fleet: &Fleet, members: Vec<String>) {
     /// // A Secret in the hub asks for a ConfigMap of the same name in every member.
     /// Controller::<ConfigMap>::new(fleet, watcher::Config::default())
@@ -168,7 +168,7 @@ impl<K: Watchable> Controller<K> {
     /// ```no_run
     /// # use k8s_openapi::api::core::v1::ConfigMap;
     /// # use kube::runtime::watcher;
-    /// # use kube_fleet::{Controller, Fleet, ObjectKey, controller::{ClusterSelector, Watch}};
+    /// # use kube_multicluster::{Controller, Fleet, ObjectKey, controller::{ClusterSelector, Watch}};
     /// # fn example(fleet: &Fleet) -> Controller<ConfigMap> {
     /// let in_hub = Watch::new(watcher::Config::default().labels("copy=everywhere"))
     ///     .in_clusters(ClusterSelector::Local);
@@ -215,7 +215,7 @@ impl<K: Watchable> Controller<K> {
     /// ```
     /// use k8s_openapi::api::core::v1::{ConfigMap, Secret};
     /// use kube::{discovery::Scope as KindScope, runtime::watcher};
-    /// use kube_fleet::{Controller, Fleet, controller::{ClusterSelector, Watch}};
+    /// use kube_multicluster::{Controller, Fleet, controller::{ClusterSelector, Watch}};
     ///
     /// let controller = Controller::<ConfigMap>::new(&Fleet::new(), watcher::Config::default())
     ///     .watches::<Secret, _>(Watch::default().in_clusters(ClusterSelector::Local), |_, _| None)
@@ -262,7 +262,7 @@ impl<K: Watchable> Controller<K> {
     /// ```
     /// use k8s_openapi::api::core::v1::ConfigMap;
     /// use kube::runtime::watcher;
-    /// use kube_fleet::{Controller, Fleet, rbac::{Rule, Scope}};
+    /// use kube_multicluster::{Controller, Fleet, rbac::{Rule, Scope}};
     ///
     /// let controller = Controller::<ConfigMap>::new(&Fleet::new(), watcher::Config::default())
     ///     .writes::<ConfigMap>(&["patch", "update"]);

@@ -21,7 +21,7 @@ impl ClusterSelector {
     /// The clusters whose names pass `filter`.
     ///
     /// ```
-    /// let members = kube_fleet::controller::ClusterSelector::matching(|name| name.as_str().starts_with("member-"));
+    /// let members = kube_multicluster::controller::ClusterSelector::matching(|name| name.as_str().starts_with("member-"));
     /// assert!(members.selects(&"member-a".into()));
     /// assert!(!members.selects(&"hub".into()));
     /// ```

@@ -61,11 +61,11 @@ impl fmt::Display for ClusterStatus {
 /// failing and why). Cheap to clone; for logs, health checks and tests.
 ///
 /// ```no_run
-/// # async fn example(fleet: kube_fleet::Fleet) {
+/// # async fn example(fleet: kube_multicluster::Fleet) {
 /// use std::time::Duration;
 /// use k8s_openapi::api::core::v1::ConfigMap;
 /// use kube::runtime::watcher;
-/// use kube_fleet::{Action, Controller, ObjectRequest};
+/// use kube_multicluster::{Action, Controller, ObjectRequest};
 /// use tower::{BoxError, service_fn};
 ///
 /// let controller = Controller::<ConfigMap>::new(&fleet, watcher::Config::default());
@@ -155,7 +155,7 @@ impl ControllerStatus {
     /// ```
     /// # use k8s_openapi::api::core::v1::ConfigMap;
     /// # use kube::runtime::watcher;
-    /// # use kube_fleet::{Controller, Fleet};
+    /// # use kube_multicluster::{Controller, Fleet};
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
     /// let fleet = Fleet::new();

@@ -23,7 +23,7 @@ use crate::{
 /// ```
 /// use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
 /// use kube::runtime::watcher;
-/// use kube_fleet::{Controller, Fleet, McRequest, controller::{ClusterSelector, Watch}};
+/// use kube_multicluster::{Controller, Fleet, McRequest, controller::{ClusterSelector, Watch}};
 ///
 /// # fn example(fleet: &Fleet) -> Controller<ConfigMap> {
 /// // Hub and spoke: the ConfigMaps that describe the work live in the local
@@ -38,7 +38,7 @@ use crate::{
 ///     Watch::default().in_clusters(ClusterSelector::Provided),
 ///     |_member, deployment| {
 ///         let parent = deployment.metadata.labels.as_ref()?.get("fleet-job")?.clone();
-///         Some(McRequest::new(kube_fleet::ClusterName::local(), Some("fleet-jobs"), parent))
+///         Some(McRequest::new(kube_multicluster::ClusterName::local(), Some("fleet-jobs"), parent))
 ///     },
 /// )
 /// # }
@@ -96,7 +96,7 @@ impl Watch {
     ///
     /// ```
     /// use kube::{api::{ApiResource, GroupVersionKind}, discovery::Scope};
-    /// use kube_fleet::controller::Watch;
+    /// use kube_multicluster::controller::Watch;
     ///
     /// let widgets = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
     /// let watch = Watch::default().resource(widgets, Scope::Namespaced);
@@ -132,7 +132,7 @@ impl Watch {
     ///
     /// ```
     /// use kube::discovery::Scope;
-    /// use kube_fleet::controller::Watch;
+    /// use kube_multicluster::controller::Watch;
     ///
     /// let watch = Watch::default().discover("example.com", "Widget", Scope::Namespaced);
     /// ```
@@ -161,7 +161,7 @@ impl Watch {
     ///
     /// ```
     /// use k8s_openapi::api::core::v1::ConfigMap;
-    /// use kube_fleet::{cache::Transform, controller::Watch};
+    /// use kube_multicluster::{cache::Transform, controller::Watch};
     ///
     /// // Only the keys matter to this controller, not the values.
     /// let keys_only = Transform::object(|cm: &mut ConfigMap| {

@@ -14,7 +14,7 @@ use crate::{
 ///
 /// ```
 /// use std::time::Duration;
-/// use kube_fleet::{Duplicates, Fleet, FleetConfig, client::RequestBudget};
+/// use kube_multicluster::{Duplicates, Fleet, FleetConfig, client::RequestBudget};
 ///
 /// let fleet = Fleet::with_config(FleetConfig {
 ///     initial_lists: 16,

@@ -34,7 +34,7 @@ const IDENTITY_RETRY: Duration = Duration::from_secs(1);
 /// objects twice, from two queues, at once.
 ///
 /// ```
-/// use kube_fleet::{Duplicates, Fleet, FleetConfig};
+/// use kube_multicluster::{Duplicates, Fleet, FleetConfig};
 ///
 /// let fleet = Fleet::with_config(FleetConfig {
 ///     duplicates: Duplicates::EngageOnce,

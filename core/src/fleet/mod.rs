@@ -69,7 +69,7 @@ pub struct FleetSubscription {
 ///
 /// ```no_run
 /// # async fn example(client: kube::Client) {
-/// use kube_fleet::Fleet;
+/// use kube_multicluster::Fleet;
 ///
 /// let fleet = Fleet::new();
 /// let east = fleet.engage("east", client);
@@ -174,7 +174,7 @@ impl Fleet {
     /// clusters set aside, the duplicates and the lists in flight.
     ///
     /// ```
-    /// let fleet = kube_fleet::Fleet::new();
+    /// let fleet = kube_multicluster::Fleet::new();
     /// assert!(fleet.status().health.is_empty());
     /// ```
     pub fn status(&self) -> FleetStatus {
@@ -248,7 +248,7 @@ impl Fleet {
     /// # use futures::StreamExt;
     /// # use k8s_openapi::api::core::v1::ConfigMap;
     /// # use kube::runtime::watcher;
-    /// # use kube_fleet::{Controller, Fleet};
+    /// # use kube_multicluster::{Controller, Fleet};
     /// # fn example(fleet: &Fleet) -> Controller<ConfigMap> {
     /// Controller::<ConfigMap>::new(fleet, watcher::Config::default())
     ///     .reconcile_all_on(fleet.engagements().map(|_| ()))
@@ -360,7 +360,7 @@ impl Fleet {
     /// not be read, so that it was not checked.
     ///
     /// ```
-    /// let fleet = kube_fleet::Fleet::new();
+    /// let fleet = kube_multicluster::Fleet::new();
     /// assert!(fleet.problems().current().is_empty());
     /// ```
     pub fn problems(&self) -> Problems {
@@ -387,7 +387,7 @@ impl Fleet {
     ///
     /// ```no_run
     /// # async fn example() -> Result<(), kube::Error> {
-    /// use kube_fleet::{Fleet, provider::{LocalProvider, ProgrammaticProvider}};
+    /// use kube_multicluster::{Fleet, provider::{LocalProvider, ProgrammaticProvider}};
     ///
     /// let fleet = Fleet::new();
     /// let local = LocalProvider::try_default().await?;

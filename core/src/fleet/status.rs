@@ -9,7 +9,7 @@ use super::Duplicate;
 /// Read with [`Fleet::status`](super::Fleet::status).
 ///
 /// ```
-/// let status = kube_fleet::Fleet::new().status();
+/// let status = kube_multicluster::Fleet::new().status();
 /// assert!(status.health.is_empty());
 /// assert!(status.set_aside.is_empty() && status.duplicates.is_empty());
 /// assert_eq!(status.initial_lists.in_flight(), 0);

@@ -129,7 +129,7 @@ pub(crate) fn shown(name: &ClusterName) -> &str {
 ///
 /// ```no_run
 /// # use std::time::Duration;
-/// # use kube_fleet::{Fleet, fleetwide::for_each_cluster};
+/// # use kube_multicluster::{Fleet, fleetwide::for_each_cluster};
 /// # async fn example(fleet: Fleet) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 /// let versions = for_each_cluster(fleet.clusters(), 16, Duration::from_secs(10), |cluster| async move {
 ///     Ok(cluster.client().apiserver_version().await?.git_version)

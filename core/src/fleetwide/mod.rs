@@ -14,7 +14,7 @@
 //!
 //! use k8s_openapi::api::core::v1::Secret;
 //! use kube::runtime::watcher;
-//! use kube_fleet::{Fleet, fleetwide::{FleetStore, for_each_cluster}};
+//! use kube_multicluster::{Fleet, fleetwide::{FleetStore, for_each_cluster}};
 //!
 //! # async fn example(fleet: Fleet) {
 //! // Every Secret of the fleet, indexed by type.

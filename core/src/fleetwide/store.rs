@@ -156,7 +156,7 @@ impl<K: Watchable> Inner<K> {
 /// ```no_run
 /// use k8s_openapi::api::core::v1::Pod;
 /// use kube::runtime::watcher;
-/// use kube_fleet::{Fleet, fleetwide::FleetStore};
+/// use kube_multicluster::{Fleet, fleetwide::FleetStore};
 ///
 /// # fn example(fleet: Fleet) {
 /// let pods = FleetStore::<Pod>::new(&fleet, watcher::Config::default()).with_index(

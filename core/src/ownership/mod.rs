@@ -34,7 +34,7 @@
 //!
 //! use k8s_openapi::api::core::v1::ConfigMap;
 //! use kube::{Api, ResourceExt, api::{Patch, PatchParams}, runtime::watcher};
-//! use kube_fleet::{
+//! use kube_multicluster::{
 //!     Action, Controller, Fleet, ObjectRequest,
 //!     controller::{ClusterSelector, Watch},
 //!     finalizer::Event,

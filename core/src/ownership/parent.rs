@@ -15,10 +15,10 @@ use crate::{
 /// The annotation on a child that names its parent in another cluster:
 /// JSON with `cluster`, `apiVersion`, `kind`, `namespace` (for a namespaced
 /// parent), `name` and `uid`.
-pub const PARENT_ANNOTATION: &str = "kube-fleet.dev/parent";
+pub const PARENT_ANNOTATION: &str = crate::prefixed!("parent");
 
 /// The label on a child that holds its parent's UID.
-pub const PARENT_UID_LABEL: &str = "kube-fleet.dev/parent-uid";
+pub const PARENT_UID_LABEL: &str = crate::prefixed!("parent-uid");
 
 /// A parent in some cluster, as its children in other clusters name it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -45,7 +45,7 @@ type Build = Arc<dyn Fn() -> BoxFuture<'static, Result<ClusterClient, BuildError
 ///
 /// ```
 /// use std::time::Duration;
-/// use kube_fleet::provider::{
+/// use kube_multicluster::provider::{
 ///     ClusterEvent, Engagements, Problems,
 ///     kubeconfig::{self, KubeconfigPolicy},
 /// };
@@ -224,7 +224,7 @@ impl Engagements {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use kube_fleet::provider::{ClusterEvent, Engagements, Problems};
+    /// use kube_multicluster::provider::{ClusterEvent, Engagements, Problems};
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -12,7 +12,7 @@ use crate::{client::ClusterClient, cluster_name::ClusterName};
 ///
 /// ```no_run
 /// # async fn example() -> Result<(), kube::Error> {
-/// use kube_fleet::{Fleet, provider::LocalProvider};
+/// use kube_multicluster::{Fleet, provider::LocalProvider};
 ///
 /// let fleet = Fleet::new();
 /// let local = LocalProvider::try_default().await?;

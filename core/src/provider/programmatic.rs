@@ -14,7 +14,7 @@ use crate::{client::ClusterClient, cluster_name::ClusterName};
 ///
 /// ```no_run
 /// # async fn example(east: kube::Client) {
-/// use kube_fleet::{Fleet, provider::ProgrammaticProvider};
+/// use kube_multicluster::{Fleet, provider::ProgrammaticProvider};
 ///
 /// let fleet = Fleet::new();
 /// let (provider, handle) = ProgrammaticProvider::new();

@@ -13,7 +13,7 @@ use crate::client::RequestBudget;
 /// these clusters only.
 ///
 /// ```
-/// use kube_fleet::{Fleet, client::RequestBudget, provider::{ProgrammaticProvider, with_request_budget}};
+/// use kube_multicluster::{Fleet, client::RequestBudget, provider::{ProgrammaticProvider, with_request_budget}};
 ///
 /// # async fn example() {
 /// let (provider, handle) = ProgrammaticProvider::new();

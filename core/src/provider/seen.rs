@@ -22,7 +22,7 @@ pub enum SourceChange<K> {
 /// ```
 /// use k8s_openapi::api::core::v1::Secret;
 /// use kube::{ResourceExt, api::ObjectMeta, runtime::watcher::Event};
-/// use kube_fleet::provider::{Seen, SourceChange};
+/// use kube_multicluster::provider::{Seen, SourceChange};
 ///
 /// let secret = |name: &str| Secret {
 ///     metadata: ObjectMeta { name: Some(name.into()), ..ObjectMeta::default() },

@@ -13,7 +13,7 @@ use std::{
 ///
 /// ```
 /// use std::time::Duration;
-/// use kube_fleet::queue::Backoff;
+/// use kube_multicluster::queue::Backoff;
 ///
 /// let backoff = Backoff::default();
 /// assert_eq!(backoff.delay(1), Duration::from_millis(5));

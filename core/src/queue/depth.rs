@@ -11,7 +11,7 @@ use std::sync::{
 /// ```
 /// # use k8s_openapi::api::core::v1::ConfigMap;
 /// # use kube::runtime::watcher;
-/// # use kube_fleet::{Controller, Fleet};
+/// # use kube_multicluster::{Controller, Fleet};
 /// let controller = Controller::<ConfigMap>::new(&Fleet::new(), watcher::Config::default());
 /// let depth = controller.queue_depth();
 /// assert_eq!(depth.get(), 0);

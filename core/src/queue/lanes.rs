@@ -26,7 +26,7 @@ use crate::{cluster_name::ClusterName, reason::ReconcileReason, request::McReque
 /// ([`Config::sharing`](crate::controller::Config::sharing)).
 ///
 /// ```
-/// use kube_fleet::{controller::Config, queue::Sharing};
+/// use kube_multicluster::{controller::Config, queue::Sharing};
 ///
 /// // Ten kind clusters on a laptop: one API server busy at a time.
 /// let config = Config::default().concurrency(16).sharing(Sharing::InTurn);

@@ -38,7 +38,7 @@ pub const WORKQUEUE_BUCKETS: [f64; 12] = [
 /// ```
 /// # use k8s_openapi::api::core::v1::ConfigMap;
 /// # use kube::runtime::watcher;
-/// # use kube_fleet::{Controller, Fleet};
+/// # use kube_multicluster::{Controller, Fleet};
 /// let controller = Controller::<ConfigMap>::new(&Fleet::new(), watcher::Config::default());
 /// let metrics = controller.queue_metrics();
 /// assert!(metrics.clusters().is_empty());

@@ -16,7 +16,7 @@ use crate::panic::lock;
 /// so one bucket given to several controllers is one budget for all of them.
 ///
 /// ```
-/// use kube_fleet::{controller::Config, queue::TokenBucket};
+/// use kube_multicluster::{controller::Config, queue::TokenBucket};
 ///
 /// // At most 50 reconciles per second (bursts of 100) across two controllers...
 /// let shared = TokenBucket::new(50.0, 100);

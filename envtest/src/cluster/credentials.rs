@@ -18,7 +18,7 @@ impl TestCluster {
     ///
     /// ```no_run
     /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-    /// let fleet = kube_fleet_envtest::Envtest::start(1).await?;
+    /// let fleet = kube_multicluster_envtest::Envtest::start(1).await?;
     /// let token = fleet.clusters()[0].admin_token("fleet").await?;
     /// # Ok(())
     /// # }
@@ -38,7 +38,7 @@ impl TestCluster {
             );
             move |e| Error::kube(what, e)
         };
-        let apply = PatchParams::apply("kube-fleet-envtest").force();
+        let apply = PatchParams::apply(crate::FIELD_MANAGER).force();
         let accounts = Api::<ServiceAccount>::namespaced(self.client(), "default");
         let metadata = ObjectMeta {
             name: Some(account.to_owned()),
@@ -100,7 +100,7 @@ impl TestCluster {
     ///
     /// ```no_run
     /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-    /// let fleet = kube_fleet_envtest::Envtest::start(1).await?;
+    /// let fleet = kube_multicluster_envtest::Envtest::start(1).await?;
     /// // A plugin that takes two seconds to answer.
     /// let slow = fleet.clusters()[0].exec_kubeconfig("sleep 2")?;
     /// let config = kube::Config::from_custom_kubeconfig(slow, &Default::default()).await?;
@@ -147,7 +147,7 @@ impl TestCluster {
     ///
     /// ```no_run
     /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-    /// let fleet = kube_fleet_envtest::Envtest::start(1).await?;
+    /// let fleet = kube_multicluster_envtest::Envtest::start(1).await?;
     /// let kubeconfig = fleet.clusters()[0].kubeconfig_for("alice", &["developers"])?;
     /// std::fs::write("alice.kubeconfig", serde_json::to_string(&kubeconfig)?)?;
     /// # Ok(())
@@ -174,7 +174,7 @@ impl TestCluster {
     /// use k8s_openapi::api::core::v1::ConfigMap;
     /// use kube::{Api, api::ListParams};
     ///
-    /// let fleet = kube_fleet_envtest::Envtest::start(1).await?;
+    /// let fleet = kube_multicluster_envtest::Envtest::start(1).await?;
     /// let alice = fleet.clusters()[0].client_for("alice", &[])?;
     /// let err = Api::<ConfigMap>::default_namespaced(alice)
     ///     .list(&ListParams::default())

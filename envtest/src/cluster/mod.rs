@@ -45,11 +45,11 @@ use crate::{
 /// same when the API server restarts.
 ///
 /// ```no_run
-/// # async fn example() -> kube_fleet_envtest::Result<()> {
+/// # async fn example() -> kube_multicluster_envtest::Result<()> {
 /// use k8s_openapi::api::core::v1::ConfigMap;
 /// use kube::{Api, api::ListParams};
 ///
-/// let fleet = kube_fleet_envtest::Envtest::start(2).await?;
+/// let fleet = kube_multicluster_envtest::Envtest::start(2).await?;
 /// for cluster in fleet.clusters() {
 ///     let config_maps: Api<ConfigMap> = Api::default_namespaced(cluster.client());
 ///     let list = config_maps.list(&ListParams::default()).await.expect("list");
@@ -211,7 +211,7 @@ impl TestCluster {
     /// use k8s_openapi::{ByteString, api::core::v1::Secret};
     /// use kube::{Api, api::{ObjectMeta, PostParams}};
     ///
-    /// let fleet = kube_fleet_envtest::Envtest::start(2).await?;
+    /// let fleet = kube_multicluster_envtest::Envtest::start(2).await?;
     /// let (hub, east) = (&fleet.clusters()[0], &fleet.clusters()[1]);
     /// let secret = Secret {
     ///     metadata: ObjectMeta { name: Some("east".into()), ..ObjectMeta::default() },
@@ -376,12 +376,12 @@ impl TestCluster {
     /// notice only through their own timeouts.
     ///
     /// ```no_run
-    /// # async fn example() -> kube_fleet_envtest::Result<()> {
+    /// # async fn example() -> kube_multicluster_envtest::Result<()> {
     /// use std::time::Duration;
     /// use k8s_openapi::api::core::v1::ConfigMap;
     /// use kube::{Api, api::ListParams};
     ///
-    /// let fleet = kube_fleet_envtest::Envtest::start(1).await?;
+    /// let fleet = kube_multicluster_envtest::Envtest::start(1).await?;
     /// let cluster = &fleet.clusters()[0];
     /// let config_maps: Api<ConfigMap> = Api::default_namespaced(cluster.client());
     /// let all = ListParams::default();
@@ -404,11 +404,11 @@ impl TestCluster {
     /// quickly with a connection error until [`restore`](Self::restore).
     ///
     /// ```no_run
-    /// # async fn example() -> kube_fleet_envtest::Result<()> {
+    /// # async fn example() -> kube_multicluster_envtest::Result<()> {
     /// use k8s_openapi::api::core::v1::Namespace;
     /// use kube::Api;
     ///
-    /// let fleet = kube_fleet_envtest::Envtest::start(1).await?;
+    /// let fleet = kube_multicluster_envtest::Envtest::start(1).await?;
     /// let cluster = &fleet.clusters()[0];
     /// let namespaces: Api<Namespace> = Api::all(cluster.client());
     ///
@@ -445,7 +445,7 @@ impl TestCluster {
     /// A kube-derive `CustomResource` gives its CRD with `K::crd()`:
     ///
     /// ```no_run
-    /// # async fn example(cluster: &kube_fleet_envtest::TestCluster) -> kube_fleet_envtest::Result<()> {
+    /// # async fn example(cluster: &kube_multicluster_envtest::TestCluster) -> kube_multicluster_envtest::Result<()> {
     /// use kube::{CustomResource, CustomResourceExt};
     /// use schemars::JsonSchema;
     /// use serde::{Deserialize, Serialize};

@@ -35,8 +35,8 @@ pub const KCP_START_TIMEOUT: Duration = Duration::from_secs(120);
 /// A running kcp server; stopped (and its directory removed) when dropped.
 ///
 /// ```no_run
-/// # async fn example() -> kube_fleet_envtest::Result<()> {
-/// let kcp = kube_fleet_envtest::Kcp::start().await?;
+/// # async fn example() -> kube_multicluster_envtest::Result<()> {
+/// let kcp = kube_multicluster_envtest::Kcp::start().await?;
 /// let name = kcp.create_workspace("tenant-a").await?; // its logical cluster
 /// let tenant = kcp.client("root:tenant-a").await?;
 /// # let _ = (name, tenant);
@@ -83,7 +83,7 @@ impl Kcp {
     /// them in the meantime (kcp exits), unless this is the `last` attempt.
     async fn launch(binary: &KcpBinary, last: bool) -> Result<Option<Self>> {
         let dir = tempfile::Builder::new()
-            .prefix("kube-fleet-kcp-")
+            .prefix("kube-multicluster-kcp-")
             .tempdir()
             .map_err(|e| Error::io("creating kcp's temporary directory", e))?;
         let (port, etcd_client, etcd_peer) = (free_port()?, free_port()?, free_port()?);
@@ -262,7 +262,7 @@ impl Kcp {
         workspaces
             .patch(
                 name,
-                &PatchParams::apply("kube-fleet-envtest"),
+                &PatchParams::apply(crate::FIELD_MANAGER),
                 &Patch::Apply(&workspace),
             )
             .await
@@ -299,7 +299,7 @@ impl Kcp {
             let name = object.metadata.name.clone().unwrap_or_default();
             api.patch(
                 &name,
-                &PatchParams::apply("kube-fleet-envtest").force(),
+                &PatchParams::apply(crate::FIELD_MANAGER).force(),
                 &Patch::Apply(&object),
             )
             .await
@@ -357,10 +357,10 @@ impl Kcp {
     /// claims, named `resource` for the core group or `resource.group`.
     ///
     /// ```no_run
-    /// # async fn example(kcp: kube_fleet_envtest::Kcp) -> kube_fleet_envtest::Result<()> {
+    /// # async fn example(kcp: kube_multicluster_envtest::Kcp) -> kube_multicluster_envtest::Result<()> {
     /// kcp.create_workspace("provider").await?;
     /// kcp.create_workspace("tenant-a").await?;
-    /// kcp.apply("root:provider", kube_fleet_envtest::KCP_EXAMPLE_EXPORT).await?;
+    /// kcp.apply("root:provider", kube_multicluster_envtest::KCP_EXAMPLE_EXPORT).await?;
     /// kcp.bind("root:tenant-a", "root:provider", "example.io", &[("configmaps", true)]).await?;
     /// # Ok(())
     /// # }

@@ -10,7 +10,7 @@ pub struct Panicked {
 impl Panicked {
     pub(crate) fn from_payload(payload: Box<dyn Any + Send>) -> Self {
         Self {
-            message: kube_fleet::panic_message(payload.as_ref()),
+            message: kube_multicluster::panic_message(payload.as_ref()),
         }
     }
 

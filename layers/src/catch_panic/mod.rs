@@ -6,8 +6,8 @@
 //! count it as a panic.
 //!
 //! ```
-//! use kube_fleet::{Action, McRequest};
-//! use kube_fleet_layers::catch_panic::{CatchPanicLayer, Panicked};
+//! use kube_multicluster::{Action, McRequest};
+//! use kube_multicluster_layers::catch_panic::{CatchPanicLayer, Panicked};
 //! use tower::{BoxError, ServiceBuilder, ServiceExt, service_fn};
 //!
 //! # #[tokio::main(flavor = "current_thread")]

@@ -1,4 +1,4 @@
-use kube_fleet::{
+use kube_multicluster::{
     Fleet,
     client::{LATENCY_BUCKETS, RequestLatency, RequestStats, WriteWaits},
 };
@@ -21,31 +21,31 @@ use prometheus_client::{
 ///   buckets ([`LATENCY_BUCKETS`]);
 /// - `rest_client_rate_limiter_duration_seconds{cluster, verb, host}`: how
 ///   long each waited for its cluster's
-///   [`RequestBudget`](kube_fleet::client::RequestBudget) before it was
+///   [`RequestBudget`](kube_multicluster::client::RequestBudget) before it was
 ///   sent ([`RequestStats::budget_waits`]), in the same buckets; none for a
 ///   cluster without a budget;
-/// - `kube_fleet_read_your_writes_writes_total{cluster}`,
-///   `kube_fleet_read_your_writes_waits_total{cluster}`,
-///   `kube_fleet_read_your_writes_wait_seconds_total{cluster}` and
-///   `kube_fleet_read_your_writes_timeouts_total{cluster}`: the writes of
+/// - `kube_multicluster_read_your_writes_writes_total{cluster}`,
+///   `kube_multicluster_read_your_writes_waits_total{cluster}`,
+///   `kube_multicluster_read_your_writes_wait_seconds_total{cluster}` and
+///   `kube_multicluster_read_your_writes_timeouts_total{cluster}`: the writes of
 ///   reconciles that read their own writes, the times their controllers
 ///   held the cluster's reconciles for its watches to show them, how long,
 ///   and the waits that ran out
-///   ([`Cluster::read_your_writes`](kube_fleet::Cluster::read_your_writes);
+///   ([`Cluster::read_your_writes`](kube_multicluster::Cluster::read_your_writes);
 ///   namespaces of one host each report their host's), for each cluster
 ///   where a controller wrote or waited.
 ///
-/// `kube-fleet-manager`'s `Manager` registers it already: register it
+/// `kube-multicluster-manager`'s `Manager` registers it already: register it
 /// yourself only in a registry of your own, and once (a second collector
 /// would repeat every series).
 ///
 /// `host` is the API server's `host:port`, empty where the cluster's client
-/// is not kube-fleet's own (see [`RequestStats`]). A cluster's series go
+/// is not kube-multicluster's own (see [`RequestStats`]). A cluster's series go
 /// when it leaves the fleet, and start from zero when it is engaged again.
 ///
 /// ```
-/// use kube_fleet::Fleet;
-/// use kube_fleet_layers::metrics::ClientMetrics;
+/// use kube_multicluster::Fleet;
+/// use kube_multicluster_layers::metrics::ClientMetrics;
 /// use prometheus_client::registry::Registry;
 ///
 /// let mut registry = Registry::default();
@@ -96,22 +96,22 @@ impl Collector for ClientMetrics {
 
         let read_your_writes: [(&str, &str, ReadWrites); 4] = [
             (
-                "kube_fleet_read_your_writes_writes",
+                kube_multicluster::metric_name!("read_your_writes_writes"),
                 "Writes of reconciles whose controllers read their own writes, by cluster",
                 |w| ConstCounter::new(w.writes as f64),
             ),
             (
-                "kube_fleet_read_your_writes_waits",
+                kube_multicluster::metric_name!("read_your_writes_waits"),
                 "Times a controller held a cluster's reconciles until its watches showed the controller's writes",
                 |w| ConstCounter::new(w.waits as f64),
             ),
             (
-                "kube_fleet_read_your_writes_wait_seconds",
+                kube_multicluster::metric_name!("read_your_writes_wait_seconds"),
                 "How long controllers held a cluster's reconciles for its watches to show their writes",
                 |w| ConstCounter::new(w.waited_seconds),
             ),
             (
-                "kube_fleet_read_your_writes_timeouts",
+                kube_multicluster::metric_name!("read_your_writes_timeouts"),
                 "Waits for a cluster's watches to show a controller's writes that ran out",
                 |w| ConstCounter::new(w.timeouts as f64),
             ),

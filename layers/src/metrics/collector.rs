@@ -1,6 +1,6 @@
 use std::sync::{Arc, Mutex};
 
-use kube_fleet::{Fleet, queue::QueueDepth};
+use kube_multicluster::{Fleet, queue::QueueDepth};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric},
@@ -8,15 +8,15 @@ use prometheus_client::{
     registry::Registry,
 };
 
-/// Reports, at each scrape, `kube_fleet_engaged_clusters`, the number of
-/// clusters the fleet has engaged, `kube_fleet_set_aside_clusters`, the
-/// number it has [set aside](kube_fleet::FleetConfig::set_aside_after) for
-/// want of an answer, `kube_fleet_duplicate_clusters`, the names offered
+/// Reports, at each scrape, `kube_multicluster_engaged_clusters`, the number of
+/// clusters the fleet has engaged, `kube_multicluster_set_aside_clusters`, the
+/// number it has [set aside](kube_multicluster::FleetConfig::set_aside_after) for
+/// want of an answer, `kube_multicluster_duplicate_clusters`, the names offered
 /// for a cluster engaged under another
-/// ([`FleetStatus::duplicates`](kube_fleet::FleetStatus::duplicates)), and
-/// `kube_fleet_cluster_health{cluster, state}`: one
+/// ([`FleetStatus::duplicates`](kube_multicluster::FleetStatus::duplicates)), and
+/// `kube_multicluster_cluster_health{cluster, state}`: one
 /// series per engaged or set-aside cluster, of value 1, whose `state` is
-/// its [`ClusterHealth::state`](kube_fleet::health::ClusterHealth::state)
+/// its [`ClusterHealth::state`](kube_multicluster::health::ClusterHealth::state)
 /// (`healthy`, `degraded` or `unreachable`); a cluster's series goes when it
 /// leaves.
 #[derive(Debug)]
@@ -36,17 +36,17 @@ impl Collector for FleetCollector {
         let status = self.fleet.status();
         for (name, help, count) in [
             (
-                "kube_fleet_engaged_clusters",
+                kube_multicluster::metric_name!("engaged_clusters"),
                 "Clusters engaged in the fleet",
                 self.fleet.clusters().len(),
             ),
             (
-                "kube_fleet_set_aside_clusters",
+                kube_multicluster::metric_name!("set_aside_clusters"),
                 "Clusters set aside for want of an answer, engaged again when they answer",
                 status.set_aside.len(),
             ),
             (
-                "kube_fleet_duplicate_clusters",
+                kube_multicluster::metric_name!("duplicate_clusters"),
                 "Names offered for a cluster engaged under another name (FleetStatus::duplicates)",
                 status.duplicates.len(),
             ),
@@ -55,7 +55,7 @@ impl Collector for FleetCollector {
             gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
         }
         let mut family = encoder.encode_descriptor(
-            "kube_fleet_cluster_health",
+            kube_multicluster::metric_name!("cluster_health"),
             "Each engaged or set-aside cluster's health: 1 under its state (healthy, degraded, unreachable)",
             None,
             MetricType::Gauge,
@@ -78,8 +78,8 @@ impl Collector for FleetCollector {
 /// ```
 /// # use k8s_openapi::api::core::v1::ConfigMap;
 /// # use kube::runtime::watcher;
-/// # use kube_fleet::{Controller, Fleet};
-/// use kube_fleet_layers::metrics::QueueDepths;
+/// # use kube_multicluster::{Controller, Fleet};
+/// use kube_multicluster_layers::metrics::QueueDepths;
 /// use prometheus_client::registry::Registry;
 ///
 /// let mut registry = Registry::default();

@@ -9,7 +9,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower::BoxError;
 
-use kube_fleet::Action;
+use kube_multicluster::Action;
 
 use super::{
     ReconcileMetrics,

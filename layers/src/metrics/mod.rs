@@ -7,7 +7,7 @@
 //!
 //! - `controller_runtime_reconcile_total{controller, cluster, result}`:
 //!   reconciles by result: `success`, `error`, `requeue` (an
-//!   [`Action::requeue`](kube_fleet::Action::requeue) of zero) or
+//!   [`Action::requeue`](kube_multicluster::Action::requeue) of zero) or
 //!   `requeue_after`;
 //! - `controller_runtime_reconcile_errors_total{controller, cluster}`:
 //!   reconciles that failed, panics included;
@@ -23,20 +23,20 @@
 //! leaves, and a reconcile that ends after its cluster left is not recorded.
 //! Without it, series are kept for every cluster name ever seen.
 //!
-//! [`FleetCollector`] adds `kube_fleet_engaged_clusters`, read from the fleet
-//! at each scrape, with `kube_fleet_cluster_health{cluster, state}`;
+//! [`FleetCollector`] adds `kube_multicluster_engaged_clusters`, read from the fleet
+//! at each scrape, with `kube_multicluster_cluster_health{cluster, state}`;
 //! [`WorkqueueMetrics`] adds controller-runtime's workqueue metrics
 //! (`workqueue_depth`, `workqueue_adds_total`, ...) per controller and
 //! cluster from each controller's
-//! [`QueueMetrics`](kube_fleet::queue::QueueMetrics) (or [`QueueDepths`],
+//! [`QueueMetrics`](kube_multicluster::queue::QueueMetrics) (or [`QueueDepths`],
 //! `workqueue_depth{name, controller}` alone, per controller); and
 //! [`ClientMetrics`] adds client-go's `rest_client_requests_total` and
 //! `rest_client_request_duration_seconds` per cluster. The registry encodes
 //! to the Prometheus text format with `prometheus_client::encoding::text::encode`.
 //!
 //! ```
-//! use kube_fleet::{Action, Fleet, McRequest};
-//! use kube_fleet_layers::metrics::{FleetCollector, MetricsLayer, ReconcileMetrics};
+//! use kube_multicluster::{Action, Fleet, McRequest};
+//! use kube_multicluster_layers::metrics::{FleetCollector, MetricsLayer, ReconcileMetrics};
 //! use prometheus_client::{encoding::text::encode, registry::Registry};
 //! use tower::{BoxError, ServiceBuilder, ServiceExt, service_fn};
 //!
@@ -59,7 +59,7 @@
 //! let mut text = String::new();
 //! encode(&mut text, &registry).unwrap();
 //! assert!(text.contains(r#"controller_runtime_reconcile_total{controller="configmaps",cluster="east",result="success"} 1"#));
-//! assert!(text.contains("kube_fleet_engaged_clusters 1"));
+//! assert!(text.contains("kube_multicluster_engaged_clusters 1"));
 //!
 //! // When the cluster leaves, so do its series.
 //! fleet.disengage("east");

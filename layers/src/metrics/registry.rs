@@ -6,7 +6,7 @@ use std::{
     },
 };
 
-use kube_fleet::{Fleet, FleetEvent};
+use kube_multicluster::{Fleet, FleetEvent};
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, histogram::Histogram},

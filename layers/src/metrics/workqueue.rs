@@ -1,6 +1,6 @@
 use std::sync::{Arc, Mutex};
 
-use kube_fleet::{
+use kube_multicluster::{
     ClusterName,
     queue::{ClusterQueueMetrics, DurationHistogram, QueueMetrics, WORKQUEUE_BUCKETS},
 };
@@ -27,7 +27,7 @@ pub const WORKQUEUE_METRICS: [&str; 7] = [
 /// Reports, at each scrape, each added controller's queue cluster by
 /// cluster, under controller-runtime's workqueue names with a `cluster`
 /// label ([`WORKQUEUE_METRICS`]), from its
-/// [`QueueMetrics`](kube_fleet::queue::QueueMetrics):
+/// [`QueueMetrics`](kube_multicluster::queue::QueueMetrics):
 ///
 /// - `workqueue_depth`: keys ready to run, waiting for their turn (not
 ///   those delayed until a requeue or retry, nor those running), as
@@ -54,8 +54,8 @@ pub const WORKQUEUE_METRICS: [&str; 7] = [
 /// ```
 /// # use k8s_openapi::api::core::v1::ConfigMap;
 /// # use kube::runtime::watcher;
-/// # use kube_fleet::{Controller, Fleet};
-/// use kube_fleet_layers::metrics::WorkqueueMetrics;
+/// # use kube_multicluster::{Controller, Fleet};
+/// use kube_multicluster_layers::metrics::WorkqueueMetrics;
 /// use prometheus_client::registry::Registry;
 ///
 /// let mut registry = Registry::default();
@@ -79,7 +79,7 @@ impl WorkqueueMetrics {
     }
 
     /// Reports `queue` (from
-    /// [`Controller::queue_metrics`](kube_fleet::Controller::queue_metrics))
+    /// [`Controller::queue_metrics`](kube_multicluster::Controller::queue_metrics))
     /// under its controller's name.
     pub fn add(&self, queue: QueueMetrics) {
         self.controllers

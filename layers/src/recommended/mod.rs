@@ -24,18 +24,18 @@
 //! The controller's name is given once, to `Controller::named`: the request
 //! carries it to the span and the metrics. Concurrency and rate limits are not
 //! layers: the controller's queue applies them per cluster before a key
-//! leaves it (see `kube_fleet::controller::Config`). The stack works on any
+//! leaves it (see `kube_multicluster::controller::Config`). The stack works on any
 //! request that implements [`AsMcRequest`](crate::AsMcRequest) and `Clone`,
 //! so it also wraps a stack of plain `McRequest`s.
 //!
 //! ```
 //! use k8s_openapi::api::core::v1::ConfigMap;
 //! use kube::runtime::watcher;
-//! use kube_fleet::{Action, Controller, Fleet, ObjectRequest};
-//! use kube_fleet_layers::recommended::RecommendedLayer;
+//! use kube_multicluster::{Action, Controller, Fleet, ObjectRequest};
+//! use kube_multicluster_layers::recommended::RecommendedLayer;
 //! use tower::{BoxError, ServiceBuilder, service_fn};
 //!
-//! # async fn example(fleet: Fleet) -> Result<(), kube_fleet::controller::Error> {
+//! # async fn example(fleet: Fleet) -> Result<(), kube_multicluster::controller::Error> {
 //! let service = ServiceBuilder::new()
 //!     .layer(RecommendedLayer::new())
 //!     .service(service_fn(|request: ObjectRequest<ConfigMap>| async move {
@@ -49,7 +49,7 @@
 //! # }
 //! ```
 //!
-//! [`ObjectRequest<K>`]: kube_fleet::ObjectRequest
+//! [`ObjectRequest<K>`]: kube_multicluster::ObjectRequest
 
 mod layer;
 mod refresh;

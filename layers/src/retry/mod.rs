@@ -11,8 +11,8 @@
 //! controller's queue, which backs the key off for longer.
 //!
 //! ```
-//! use kube_fleet::{Action, McRequest};
-//! use kube_fleet_layers::retry::TransientErrors;
+//! use kube_multicluster::{Action, McRequest};
+//! use kube_multicluster_layers::retry::TransientErrors;
 //! use tower::{BoxError, ServiceBuilder, retry::RetryLayer, service_fn};
 //!
 //! let service = ServiceBuilder::new()

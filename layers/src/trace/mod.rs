@@ -9,8 +9,8 @@
 //! controller's name can then be given to the layer.
 //!
 //! ```
-//! use kube_fleet::{Action, McRequest};
-//! use kube_fleet_layers::trace::TraceLayer;
+//! use kube_multicluster::{Action, McRequest};
+//! use kube_multicluster_layers::trace::TraceLayer;
 //! use tower::{BoxError, ServiceBuilder, service_fn};
 //!
 //! let service = ServiceBuilder::new()

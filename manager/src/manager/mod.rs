@@ -12,7 +12,7 @@ use std::{
 };
 
 use futures::{FutureExt, Stream, StreamExt, future::BoxFuture, stream::BoxStream};
-use kube_fleet::{
+use kube_multicluster::{
     Action, Controller, Duplicates, Fleet, ObjectRequest,
     cache::Watchable,
     controller::ControllerStatus,
@@ -20,7 +20,7 @@ use kube_fleet::{
     provider::ClusterEvent,
     rbac::{Permissions, Rule, Scope},
 };
-use kube_fleet_layers::metrics::{ClientMetrics, FleetCollector, WorkqueueMetrics};
+use kube_multicluster_layers::metrics::{ClientMetrics, FleetCollector, WorkqueueMetrics};
 use prometheus_client::registry::Registry;
 use tower::{BoxError, Layer, Service};
 
@@ -34,7 +34,7 @@ type Start = Box<
     dyn FnOnce(
             BoxFuture<'static, ()>,
             Gate,
-        ) -> BoxFuture<'static, Result<(), kube_fleet::controller::Error>>
+        ) -> BoxFuture<'static, Result<(), kube_multicluster::controller::Error>>
         + Send,
 >;
 
@@ -47,7 +47,7 @@ struct Added {
     start: Start,
     /// Its watches kept synced from the manager's start, for a controller
     /// configured as a warm standby.
-    warm: Option<kube_fleet::controller::WarmUp>,
+    warm: Option<kube_multicluster::controller::WarmUp>,
 }
 
 enum Address {
@@ -60,7 +60,7 @@ enum Address {
 /// and leader election under one shutdown signal, and returns the first
 /// fatal error; see the [crate docs](crate).
 ///
-/// Everything it does can be done by hand with `kube-fleet`'s own types:
+/// Everything it does can be done by hand with `kube-multicluster`'s own types:
 /// `Fleet::run` for each provider, `Controller::run` for each controller,
 /// `Controller::status` for readiness.
 #[must_use]
@@ -98,12 +98,12 @@ impl std::fmt::Debug for Manager {
 impl Manager {
     /// A manager of `fleet`, with no provider, controller or endpoint yet.
     /// Its metrics registry holds the fleet's gauges
-    /// (`kube_fleet_engaged_clusters`, `kube_fleet_cluster_health`), each
+    /// (`kube_multicluster_engaged_clusters`, `kube_multicluster_cluster_health`), each
     /// added controller's queue per cluster (`workqueue_depth` and the other
-    /// workqueue metrics; see `kube_fleet_layers::metrics::WorkqueueMetrics`)
+    /// workqueue metrics; see `kube_multicluster_layers::metrics::WorkqueueMetrics`)
     /// and each engaged cluster's API requests
     /// (`rest_client_requests_total`, `rest_client_request_duration_seconds`;
-    /// see `kube_fleet_layers::metrics::ClientMetrics`).
+    /// see `kube_multicluster_layers::metrics::ClientMetrics`).
     pub fn new(fleet: &Fleet) -> Self {
         let mut registry = Registry::default();
         FleetCollector::register(&mut registry, fleet.clone());
@@ -135,7 +135,7 @@ impl Manager {
     /// manager runs, on every replica: clusters are engaged whether or not
     /// this replica leads (the watches there start with the controllers,
     /// once it leads, or at once for a controller configured as a
-    /// [warm standby](kube_fleet::controller::Config::warm_standby)). With
+    /// [warm standby](kube_multicluster::controller::Config::warm_standby)). With
     /// [sharding](Self::sharding), the fleet engages only the clusters this
     /// replica runs, and the [hubs](crate::Sharding::hub).
     pub fn provider(mut self, provider: impl Stream<Item = ClusterEvent> + Send + 'static) -> Self {
@@ -148,7 +148,7 @@ impl Manager {
     /// stops. The manager sets the controller's graceful shutdown: a
     /// signal given to the controller itself is replaced. A controller
     /// configured with
-    /// [`Config::warm_standby`](kube_fleet::controller::Config::warm_standby)
+    /// [`Config::warm_standby`](kube_multicluster::controller::Config::warm_standby)
     /// has its watches kept synced from the manager's start, while this
     /// replica waits for the Lease, so that it reconciles at once on taking
     /// over ([`Controller::warm_up`]).
@@ -217,18 +217,22 @@ impl Manager {
     ///
     /// With leader election or sharding, replicas share requests and must
     /// share the tokens' key
-    /// ([`Webhooks::token_key_file`](kube_fleet_webhook::Webhooks::token_key_file))
+    /// ([`Webhooks::token_key_file`](kube_multicluster_webhook::Webhooks::token_key_file))
     /// and the certificate
-    /// ([`Certificates::files`](kube_fleet_webhook::Certificates::files)):
+    /// ([`Certificates::files`](kube_multicluster_webhook::Certificates::files)):
     /// without them, [`run`](Self::run) ends at once with
     /// [`Error::Invalid`](crate::Error::Invalid). A replica writes the
     /// registrations only while it leads, and with
-    /// [`unregister_on_shutdown`](kube_fleet_webhook::Webhooks::unregister_on_shutdown)
+    /// [`unregister_on_shutdown`](kube_multicluster_webhook::Webhooks::unregister_on_shutdown)
     /// removes them at a graceful stop before it lets the Lease go. A certificate or key
     /// file that cannot be read, or a webhook the API server would refuse,
     /// ends it with [`Error::Webhooks`](crate::Error::Webhooks) naming it.
     #[cfg(feature = "webhooks")]
-    pub fn webhooks(mut self, webhooks: kube_fleet_webhook::Webhooks, address: SocketAddr) -> Self {
+    pub fn webhooks(
+        mut self,
+        webhooks: kube_multicluster_webhook::Webhooks,
+        address: SocketAddr,
+    ) -> Self {
         self.webhooks = Some(webhooks::Setup {
             webhooks,
             listener: webhooks::Listener::Bind(address),
@@ -241,7 +245,7 @@ impl Manager {
     #[cfg(feature = "webhooks")]
     pub fn webhooks_on(
         mut self,
-        webhooks: kube_fleet_webhook::Webhooks,
+        webhooks: kube_multicluster_webhook::Webhooks,
         listener: std::net::TcpListener,
     ) -> Self {
         self.webhooks = Some(webhooks::Setup {
@@ -300,7 +304,7 @@ impl Manager {
     /// reached through another [`LeaseParams::client`](crate::LeaseParams::client)
     /// lives in that client's cluster: a note says so, since the rules
     /// then belong there. Unless the fleet ignores
-    /// [duplicates](kube_fleet::Duplicates::Ignore), `get` on `namespaces`
+    /// [duplicates](kube_multicluster::Duplicates::Ignore), `get` on `namespaces`
     /// and on `about.k8s.io` `clusterproperties` in every cluster as well
     /// ([`ClusterIdentity::rules`]): the fleet reads each cluster's identity
     /// to find one cluster under two names.
@@ -308,12 +312,12 @@ impl Manager {
     /// ```
     /// use k8s_openapi::api::core::v1::ConfigMap;
     /// use kube::runtime::watcher;
-    /// use kube_fleet::{Action, Controller, Fleet, ObjectRequest, rbac::{Rule, Scope}};
-    /// use kube_fleet_manager::{LeaderElection, LeaseParams, Manager};
+    /// use kube_multicluster::{Action, Controller, Fleet, ObjectRequest, rbac::{Rule, Scope}};
+    /// use kube_multicluster_manager::{LeaderElection, LeaseParams, Manager};
     /// use tower::{BoxError, service_fn};
     ///
     /// // Names that are one cluster are its providers' to keep apart.
-    /// let fleet = Fleet::with_config(kube_fleet::FleetConfig { duplicates: kube_fleet::Duplicates::Ignore, ..kube_fleet::FleetConfig::default() });
+    /// let fleet = Fleet::with_config(kube_multicluster::FleetConfig { duplicates: kube_multicluster::Duplicates::Ignore, ..kube_multicluster::FleetConfig::default() });
     /// let manager = Manager::new(&fleet)
     ///     .leader_election(LeaderElection::new("my-operator").lease(LeaseParams::default().namespace("operators")))
     ///     .controller(
@@ -390,8 +394,8 @@ impl Manager {
     /// operator's identity in its clusters.
     ///
     /// ```
-    /// # use kube_fleet::Fleet;
-    /// # use kube_fleet_manager::Manager;
+    /// # use kube_multicluster::Fleet;
+    /// # use kube_multicluster_manager::Manager;
     /// let yaml = Manager::new(&Fleet::new()).rbac_yaml("my-operator");
     /// assert!(yaml.contains("kind: ClusterRole\nmetadata:\n  name: my-operator-member\n"));
     /// // The fleet reads each cluster's identity.

@@ -22,7 +22,7 @@ use futures::{
     stream::{BoxStream, FuturesUnordered},
 };
 use kube::Client;
-use kube_fleet::{Fleet, provider::ClusterEvent};
+use kube_multicluster::{Fleet, provider::ClusterEvent};
 use prometheus_client::registry::Registry;
 use tokio::{net::TcpListener, sync::watch};
 use tokio_util::sync::CancellationToken;

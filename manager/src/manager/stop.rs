@@ -6,7 +6,7 @@ use std::sync::{
     atomic::{AtomicBool, Ordering},
 };
 
-use kube_fleet::Fleet;
+use kube_multicluster::Fleet;
 use tokio::sync::watch;
 
 use crate::{election::Role, gate::Gate, shard::ShardStatus};

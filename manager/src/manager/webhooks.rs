@@ -5,8 +5,8 @@
 
 use std::net::SocketAddr;
 
-use kube_fleet::Fleet;
-use kube_fleet_webhook::{WebhookServer, WebhookStatus, Webhooks};
+use kube_multicluster::Fleet;
+use kube_multicluster_webhook::{WebhookServer, WebhookStatus, Webhooks};
 use prometheus_client::registry::Registry;
 
 use tokio::sync::watch;

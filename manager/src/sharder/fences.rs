@@ -7,7 +7,7 @@ use std::{
 };
 
 use futures::{FutureExt, StreamExt, future::join_all, stream::FuturesUnordered};
-use kube_fleet::ClusterName;
+use kube_multicluster::ClusterName;
 use tokio::time::Instant;
 
 use crate::{

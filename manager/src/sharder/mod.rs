@@ -22,7 +22,7 @@ use std::{
 use futures::{FutureExt, StreamExt, future::join_all, stream::BoxStream};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client, api::ListParams};
-use kube_fleet::{ClusterName, Fleet, provider::ClusterEvent};
+use kube_multicluster::{ClusterName, Fleet, provider::ClusterEvent};
 use tokio::{sync::watch, task::JoinHandle, time::Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -35,12 +35,12 @@ use crate::{
 };
 use fences::renew_fences;
 
-const SET_LABEL: &str = "kube-fleet.dev/shards";
-const KIND_LABEL: &str = "kube-fleet.dev/lease";
+const SET_LABEL: &str = kube_multicluster::prefixed!("shards");
+const KIND_LABEL: &str = kube_multicluster::prefixed!("lease");
 /// On a shard's Lease: its number.
-const SHARD_ANNOTATION: &str = "kube-fleet.dev/shard";
+const SHARD_ANNOTATION: &str = kube_multicluster::prefixed!("shard");
 /// On a replica's and a shard's Lease: how many shards the replica counts.
-const COUNT_ANNOTATION: &str = "kube-fleet.dev/shard-count";
+const COUNT_ANNOTATION: &str = kube_multicluster::prefixed!("shard-count");
 
 /// Provider events this close together start one round.
 const DEBOUNCE: Duration = Duration::from_millis(100);

@@ -15,7 +15,7 @@ use kube::{
     Api, Client,
     api::{ObjectMeta, PostParams},
 };
-use kube_fleet::{Action, ObjectRequest};
+use kube_multicluster::{Action, ObjectRequest};
 use tokio::time::Instant;
 use tower::{BoxError, Service, service_fn};
 

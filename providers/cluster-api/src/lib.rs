@@ -55,8 +55,8 @@
 //! failing watch is reported and retried, and the clusters stay meanwhile.
 //!
 //! ```no_run
-//! use kube_fleet::Fleet;
-//! use kube_fleet_provider_cluster_api::ClusterApiProvider;
+//! use kube_multicluster::Fleet;
+//! use kube_multicluster_provider_cluster_api::ClusterApiProvider;
 //!
 //! # async fn example() -> Result<(), kube::Error> {
 //! let management = kube::Client::try_default().await?;
@@ -87,7 +87,7 @@ use kube::{
     Api, Client, Resource,
     runtime::{WatchStreamExt, watcher},
 };
-use kube_fleet::provider::{ClusterEvent, Problems, kubeconfig::KubeconfigPolicy};
+use kube_multicluster::provider::{ClusterEvent, Problems, kubeconfig::KubeconfigPolicy};
 use serde::de::DeserializeOwned;
 
 /// The label Cluster API puts on the Secrets it writes for a cluster, whose
@@ -127,7 +127,7 @@ pub trait ClusterObject:
 type Ready<K> = Arc<dyn Fn(&K) -> bool + Send + Sync>;
 
 /// Workload clusters of a Cluster API management cluster: a stream of
-/// [`ClusterEvent`]s for [`Fleet::run`](kube_fleet::Fleet::run). See the
+/// [`ClusterEvent`]s for [`Fleet::run`](kube_multicluster::Fleet::run). See the
 /// [crate docs](crate).
 ///
 /// The stream never ends; failing watches are retried with backoff, and the
@@ -193,7 +193,7 @@ impl<K: ClusterObject> ClusterApiProvider<K> {
     /// says no.
     ///
     /// ```
-    /// use kube_fleet_provider_cluster_api::ClusterApiProvider;
+    /// use kube_multicluster_provider_cluster_api::ClusterApiProvider;
     ///
     /// # fn example(client: kube::Client) {
     /// // Engage once the Cluster's `Available` condition is true.

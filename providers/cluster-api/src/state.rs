@@ -11,7 +11,7 @@ use std::{
 use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::Secret;
 use kube::{ResourceExt, runtime::watcher};
-use kube_fleet::provider::{
+use kube_multicluster::provider::{
     self, ClusterEvent, Engagements, Problems, Seen, SourceChange,
     kubeconfig::{self, KubeconfigPolicy},
 };

@@ -14,11 +14,11 @@ use kube::{
     config::Kubeconfig,
     runtime::watcher,
 };
-use kube_fleet::{
+use kube_multicluster::{
     Action, Cluster, Controller, Fleet, FleetEvent, McRequest, ObjectRequest, provider::Problems,
 };
-use kube_fleet_envtest::{Envtest, TestCluster};
-use kube_fleet_provider_cluster_api::{
+use kube_multicluster_envtest::{Envtest, TestCluster};
+use kube_multicluster_provider_cluster_api::{
     CLUSTER_NAME_LABEL, ClusterApiProvider, ClusterObject, KUBECONFIG_KEY, v1beta1, v1beta2,
 };
 use serde::Serialize;
@@ -447,7 +447,7 @@ async fn a_key_removed_while_its_rotation_is_built_leaves_the_rotation_unengaged
     set_status::<v1beta2::Cluster>(hub, "one", initialized()).await;
     put_secret(hub, "one", Some(&text(one.kubeconfig()))).await;
     let provider = ClusterApiProvider::new(hub.client())
-        .policy(kube_fleet::provider::kubeconfig::KubeconfigPolicy::default().allow_exec());
+        .policy(kube_multicluster::provider::kubeconfig::KubeconfigPolicy::default().allow_exec());
     let mut running = run(provider);
     assert_eq!(running.event().await, "+default/one");
     running.reconciled("default/one", "on-one").await;

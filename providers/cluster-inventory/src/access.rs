@@ -41,7 +41,7 @@ pub const EXEC_EXTENSION: &str = "client.authentication.k8s.io/exec";
 /// adds arguments and environment.
 ///
 /// ```
-/// use kube_fleet_provider_cluster_inventory::AccessConfig;
+/// use kube_multicluster_provider_cluster_inventory::AccessConfig;
 ///
 /// let config = AccessConfig::from_json(r#"{
 ///   "providers": [{

@@ -70,8 +70,8 @@
 //! plugin hangs holds up no other.
 //!
 //! ```no_run
-//! use kube_fleet::Fleet;
-//! use kube_fleet_provider_cluster_inventory::{AccessConfig, ClusterProfileProvider};
+//! use kube_multicluster::Fleet;
+//! use kube_multicluster_provider_cluster_inventory::{AccessConfig, ClusterProfileProvider};
 //!
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! let hub = kube::Client::try_default().await?;
@@ -107,7 +107,7 @@ use kube::{
     Api, Client,
     runtime::{WatchStreamExt, watcher},
 };
-use kube_fleet::provider::{ClusterEvent, Problems, kubeconfig::KubeconfigPolicy};
+use kube_multicluster::provider::{ClusterEvent, Problems, kubeconfig::KubeconfigPolicy};
 use v1alpha1::ClusterProfile;
 
 /// The label of a Secret that holds credentials, whose value names the
@@ -135,7 +135,7 @@ pub(crate) enum Credentials {
 }
 
 /// The clusters of a Cluster Inventory API hub's `ClusterProfile`s: a
-/// stream of [`ClusterEvent`]s for [`Fleet::run`](kube_fleet::Fleet::run).
+/// stream of [`ClusterEvent`]s for [`Fleet::run`](kube_multicluster::Fleet::run).
 /// See the [crate docs](crate).
 ///
 /// The stream never ends; failing watches are retried with backoff, and the
@@ -210,7 +210,7 @@ impl ClusterProfileProvider {
     /// no.
     ///
     /// ```
-    /// use kube_fleet_provider_cluster_inventory::{AccessConfig, ClusterProfileProvider};
+    /// use kube_multicluster_provider_cluster_inventory::{AccessConfig, ClusterProfileProvider};
     ///
     /// # fn example(client: kube::Client, access: AccessConfig) {
     /// // Engage every profile of the cluster manager `ocm`, healthy or not.

@@ -14,11 +14,11 @@ use kube::{
     api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
-use kube_fleet::{
+use kube_multicluster::{
     Action, Cluster, Controller, Fleet, FleetEvent, McRequest, ObjectRequest, provider::Problems,
 };
-use kube_fleet_envtest::{Envtest, TestCluster};
-use kube_fleet_provider_cluster_inventory::{
+use kube_multicluster_envtest::{Envtest, TestCluster};
+use kube_multicluster_provider_cluster_inventory::{
     AccessConfig, CONSUMER_LABEL, ClusterProfileProvider, EXEC_EXTENSION, PROFILE_LABEL,
     SECRET_KEY, v1alpha1::ClusterProfile,
 };

@@ -56,8 +56,8 @@
 //! clusters. Tokens and keys are never logged.
 //!
 //! ```no_run
-//! use kube_fleet::{Fleet, provider::kubeconfig::KubeconfigPolicy};
-//! use kube_fleet_provider_file::FileProvider;
+//! use kube_multicluster::{Fleet, provider::kubeconfig::KubeconfigPolicy};
+//! use kube_multicluster_provider_file::FileProvider;
 //!
 //! # async fn example() {
 //! let provider = FileProvider::new(["/etc/fleet", "/home/me/clusters/*.yaml"])
@@ -84,7 +84,7 @@ use std::{
 };
 
 use futures::{Stream, StreamExt, stream::BoxStream};
-use kube_fleet::provider::{ClusterEvent, Problems, kubeconfig::KubeconfigPolicy};
+use kube_multicluster::provider::{ClusterEvent, Problems, kubeconfig::KubeconfigPolicy};
 
 /// What separates a file's path from a context's name in a cluster's name.
 pub const SEPARATOR: char = '+';
@@ -103,11 +103,11 @@ pub const DEFAULT_NAMES: [&str; 5] = [
 pub const DEFAULT_RESCAN: Duration = Duration::from_secs(60);
 
 /// Clusters from the contexts of kubeconfig files: a stream of
-/// [`ClusterEvent`]s for [`Fleet::run`](kube_fleet::Fleet::run). See the
+/// [`ClusterEvent`]s for [`Fleet::run`](kube_multicluster::Fleet::run). See the
 /// [crate docs](crate) for what it reads and how it names clusters.
 ///
 /// The stream never ends. It does its work as it is polled: nothing runs
-/// before [`Fleet::run`](kube_fleet::Fleet::run) (or another consumer) polls
+/// before [`Fleet::run`](kube_multicluster::Fleet::run) (or another consumer) polls
 /// it, and nothing after it is dropped.
 pub struct FileProvider {
     options: Option<state::Options>,

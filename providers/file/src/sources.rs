@@ -9,7 +9,7 @@ use std::{
 };
 
 use kube::config::Kubeconfig;
-use kube_fleet::provider::kubeconfig::{self, KubeconfigError};
+use kube_multicluster::provider::kubeconfig::{self, KubeconfigError};
 
 /// Whether `source` is a glob pattern rather than a path.
 pub(crate) fn is_glob(source: &Path) -> bool {

@@ -8,7 +8,7 @@ use std::{
 
 use futures::stream::{self, BoxStream, StreamExt};
 use kube::config::Kubeconfig;
-use kube_fleet::{
+use kube_multicluster::{
     ClusterName,
     provider::{
         ClusterEvent, Problems,

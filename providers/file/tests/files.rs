@@ -13,9 +13,9 @@ use kube::{
     config::Kubeconfig,
     runtime::watcher,
 };
-use kube_fleet::{Action, Controller, Fleet, McRequest, ObjectRequest, provider::Problems};
-use kube_fleet_envtest::{Envtest, TestCluster};
-use kube_fleet_provider_file::FileProvider;
+use kube_multicluster::{Action, Controller, Fleet, McRequest, ObjectRequest, provider::Problems};
+use kube_multicluster_envtest::{Envtest, TestCluster};
+use kube_multicluster_provider_file::FileProvider;
 use tokio::sync::mpsc;
 use tower::BoxError;
 
@@ -273,7 +273,7 @@ async fn unsafe_and_broken_contexts_are_refused_with_their_source_and_others_run
 
     // Allowed by the user: the insecure context engages.
     let opted_in = FileProvider::new([&file]).policy(
-        kube_fleet::provider::kubeconfig::KubeconfigPolicy::default()
+        kube_multicluster::provider::kubeconfig::KubeconfigPolicy::default()
             .allow_insecure_skip_tls_verify(),
     );
     let (fleet, mut reconciles) = run(opted_in);

@@ -10,7 +10,7 @@
 //! binding deleted, or its workspace deleted) or is being deleted.
 //!
 //! All the logical clusters of a shard read one [`HostCache`] split by the
-//! `kcp.io/cluster` annotation ([`SplitBy::Annotation`](kube_fleet::cache::SplitBy::Annotation)): each type a
+//! `kcp.io/cluster` annotation ([`SplitBy::Annotation`](kube_multicluster::cache::SplitBy::Annotation)): each type a
 //! controller watches is watched once per shard at `…/clusters/*`, across
 //! every logical cluster, and each object is cached once, in its logical
 //! cluster's part. A thousand workspaces cost one watch per type and shard,
@@ -23,7 +23,7 @@
 //! there: the exported resources, the resources of the permission claims
 //! its binding accepted, and the bindings. The virtual workspace serves
 //! nothing else (no `Namespace` unless claimed, no `kube-system`): give
-//! engaged clusters no [`Duplicates`](kube_fleet::Duplicates) check that
+//! engaged clusters no [`Duplicates`](kube_multicluster::Duplicates) check that
 //! needs them, which views are not given anyway.
 //!
 //! # Problems
@@ -56,8 +56,8 @@
 //!   exported resources.
 //!
 //! ```no_run
-//! use kube_fleet::Fleet;
-//! use kube_fleet_provider_kcp::KcpProvider;
+//! use kube_multicluster::Fleet;
+//! use kube_multicluster_provider_kcp::KcpProvider;
 //!
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! // A kubeconfig of the workspace that holds the APIExport (its endpoint
@@ -87,7 +87,7 @@ use std::{
 
 use futures::{Stream, StreamExt, stream::BoxStream};
 use kube::{Client, Config};
-use kube_fleet::{
+use kube_multicluster::{
     cache::HostCache,
     provider::{ClusterEvent, Problems},
 };
@@ -96,7 +96,7 @@ use state::State;
 
 /// The logical clusters that bind one APIExport, as clusters: a stream of
 /// [`ClusterEvent::EngageView`]s and [`ClusterEvent::Disengage`]s for
-/// [`Fleet::run`](kube_fleet::Fleet::run). See the [crate docs](crate).
+/// [`Fleet::run`](kube_multicluster::Fleet::run). See the [crate docs](crate).
 ///
 /// The stream never ends. Nothing runs before it is polled.
 pub struct KcpProvider {
@@ -130,7 +130,7 @@ impl KcpProvider {
     ///
     /// Fails only if no client can be built from `config`.
     pub fn new(config: Config, slice: impl Into<String>) -> Result<Self, kube::Error> {
-        let workspace = kube_fleet::client::client(config.clone())?;
+        let workspace = kube_multicluster::client::client(config.clone())?;
         Ok(Self {
             config,
             slice: slice.into(),
@@ -153,7 +153,7 @@ impl KcpProvider {
     ///
     /// ```no_run
     /// # fn example(config: kube::Config) -> Result<(), kube::Error> {
-    /// use kube_fleet_provider_kcp::KcpProvider;
+    /// use kube_multicluster_provider_kcp::KcpProvider;
     ///
     /// let provider = KcpProvider::new(config, "widgets.example.io")?.named_by_path();
     /// # let _ = provider;
@@ -171,7 +171,7 @@ impl KcpProvider {
     }
 
     /// The shards it follows, as they change: a handle that outlives the
-    /// provider's move into [`Fleet::run`](kube_fleet::Fleet::run).
+    /// provider's move into [`Fleet::run`](kube_multicluster::Fleet::run).
     pub fn shards(&self) -> Shards {
         Shards {
             caches: self.shards.clone(),

@@ -8,7 +8,7 @@ use kube::{
     Api, Config,
     api::{ApiResource, DynamicObject},
 };
-use kube_fleet::{
+use kube_multicluster::{
     cache::{HostCache, HostView, SplitBy},
     client::ClusterClient,
     provider::Seen,
@@ -42,7 +42,7 @@ impl Shard {
         config.cluster_url = url
             .parse::<Uri>()
             .map_err(|e| format!("the endpoint URL {url:?} is not a URL: {e}"))?;
-        let through = kube_fleet::client::cluster_client(config)
+        let through = kube_multicluster::client::cluster_client(config)
             .map_err(|e| format!("no client of {url}: {e}"))?;
         let all = through
             .clone()

@@ -19,9 +19,11 @@ use kube::{
     },
     runtime::watcher,
 };
-use kube_fleet::{Action, Controller, Fleet, ObjectRequest, ReconcileReason, provider::Problems};
-use kube_fleet_envtest::{KCP_EXAMPLE_EXPORT, Kcp};
-use kube_fleet_provider_kcp::KcpProvider;
+use kube_multicluster::{
+    Action, Controller, Fleet, ObjectRequest, ReconcileReason, provider::Problems,
+};
+use kube_multicluster_envtest::{KCP_EXAMPLE_EXPORT, Kcp};
+use kube_multicluster_provider_kcp::KcpProvider;
 use tower::BoxError;
 
 const PATIENCE: Duration = Duration::from_secs(90);

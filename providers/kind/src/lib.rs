@@ -86,8 +86,8 @@
 //! ```no_run
 //! use std::time::Duration;
 //!
-//! use kube_fleet::Fleet;
-//! use kube_fleet_provider_kind::KindProvider;
+//! use kube_multicluster::Fleet;
+//! use kube_multicluster_provider_kind::KindProvider;
 //!
 //! # async fn example() {
 //! let provider = KindProvider::new()
@@ -121,7 +121,7 @@ use std::{
 };
 
 use futures::{Stream, StreamExt, stream::BoxStream};
-use kube_fleet::provider::{ClusterEvent, Problems, kubeconfig::KubeconfigPolicy};
+use kube_multicluster::provider::{ClusterEvent, Problems, kubeconfig::KubeconfigPolicy};
 
 /// How often `kind` is asked for its clusters unless
 /// [`KindProvider::interval`] says otherwise.
@@ -132,7 +132,7 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(2);
 pub const DEFAULT_REFRESH: Duration = Duration::from_secs(30);
 
 /// The kind clusters on this machine: a stream of [`ClusterEvent`]s for
-/// [`Fleet::run`](kube_fleet::Fleet::run). See the [crate docs](crate) for
+/// [`Fleet::run`](kube_multicluster::Fleet::run). See the [crate docs](crate) for
 /// what it discovers and how it names clusters.
 ///
 /// The stream never ends. It does its work as it is polled, inside the
@@ -142,7 +142,7 @@ pub const DEFAULT_REFRESH: Duration = Duration::from_secs(30);
 /// do not reach a stream that has started.
 ///
 /// ```
-/// use kube_fleet_provider_kind::KindProvider;
+/// use kube_multicluster_provider_kind::KindProvider;
 ///
 /// // No runtime is needed to make one.
 /// let provider = KindProvider::new()

@@ -16,7 +16,7 @@ use futures::{
     future::{AbortHandle, Abortable, Aborted, BoxFuture},
     stream::{BoxStream, FuturesUnordered},
 };
-use kube_fleet::provider::{
+use kube_multicluster::provider::{
     BuildError, ClusterEvent, Problems,
     kubeconfig::{self, KubeconfigPolicy},
 };
@@ -106,7 +106,7 @@ enum Verdict {
     /// New, or changed: engage the cluster through this client.
     Engage {
         fingerprint: u64,
-        client: kube_fleet::client::ClusterClient,
+        client: kube_multicluster::client::ClusterClient,
     },
     /// No kubeconfig to judge (kind failed, or printed no kubeconfig):
     /// perhaps for a moment, so an engaged cluster stays.

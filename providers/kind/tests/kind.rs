@@ -18,12 +18,12 @@ use kube::{
     config::Kubeconfig,
     runtime::watcher,
 };
-use kube_fleet::{
+use kube_multicluster::{
     Action, Controller, Fleet, McRequest, ObjectRequest,
     provider::{Problems, kubeconfig::KubeconfigPolicy},
 };
-use kube_fleet_envtest::{Envtest, TestCluster};
-use kube_fleet_provider_kind::KindProvider;
+use kube_multicluster_envtest::{Envtest, TestCluster};
+use kube_multicluster_provider_kind::KindProvider;
 use tokio::{sync::mpsc, task::JoinHandle};
 use tower::BoxError;
 
@@ -76,8 +76,10 @@ struct FakeKind {
 
 impl FakeKind {
     fn new(test: &str) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("kube-fleet-kind-{}-{test}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!(
+            "kube-multicluster-kind-{}-{test}",
+            std::process::id()
+        ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let kind = Self { dir };
@@ -720,7 +722,7 @@ async fn a_command_that_is_no_longer_awaited_is_killed_with_its_children() {
 
 /// Where the default `kind`, found on `PATH`, is tried: in a run of this
 /// test binary of its own, whose `PATH` starts with the script's directory.
-const ON_PATH: &str = "KUBE_FLEET_KIND_TEST_DIR";
+const ON_PATH: &str = "KUBE_MULTICLUSTER_KIND_TEST_DIR";
 
 #[tokio::test]
 async fn by_default_the_kind_on_path_is_run() {

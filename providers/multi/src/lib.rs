@@ -8,9 +8,9 @@
 //! engaged until it is removed.
 //!
 //! ```no_run
-//! # async fn example(east: kube::Client, lab: kube::Client) -> Result<(), kube_fleet_provider_multi::Error> {
-//! use kube_fleet::{Fleet, provider::ProgrammaticProvider};
-//! use kube_fleet_provider_multi::MultiProvider;
+//! # async fn example(east: kube::Client, lab: kube::Client) -> Result<(), kube_multicluster_provider_multi::Error> {
+//! use kube_multicluster::{Fleet, provider::ProgrammaticProvider};
+//! use kube_multicluster_provider_multi::MultiProvider;
 //!
 //! let fleet = Fleet::new();
 //! let (multi, providers) = MultiProvider::new();
@@ -38,7 +38,7 @@ use std::{
 };
 
 use futures::{Stream, StreamExt, stream::BoxStream};
-use kube_fleet::{ClusterName, provider::ClusterEvent};
+use kube_multicluster::{ClusterName, provider::ClusterEvent};
 use tokio::sync::mpsc;
 use tokio_stream::StreamMap;
 
@@ -49,8 +49,8 @@ pub const SEPARATOR: char = '#';
 /// [`MultiProvider`], if `name` is one.
 ///
 /// ```
-/// assert_eq!(kube_fleet_provider_multi::split("prod#east"), Some(("prod", "east")));
-/// assert_eq!(kube_fleet_provider_multi::split("east"), None);
+/// assert_eq!(kube_multicluster_provider_multi::split("prod#east"), Some(("prod", "east")));
+/// assert_eq!(kube_multicluster_provider_multi::split("east"), None);
 /// ```
 pub fn split(name: &str) -> Option<(&str, &str)> {
     name.split_once(SEPARATOR)
@@ -83,7 +83,7 @@ enum Command {
 type Key = (String, u64);
 
 /// Providers combined into one stream of [`ClusterEvent`]s, for
-/// [`Fleet::run`](kube_fleet::Fleet::run). Providers come and go through
+/// [`Fleet::run`](kube_multicluster::Fleet::run). Providers come and go through
 /// its [`MultiHandle`]; the stream ends when every handle is dropped and
 /// every provider's stream has ended.
 pub struct MultiProvider {
@@ -307,7 +307,7 @@ impl MultiHandle {
 #[cfg(test)]
 mod tests {
     use futures::FutureExt;
-    use kube_fleet::provider::ProgrammaticProvider;
+    use kube_multicluster::provider::ProgrammaticProvider;
 
     use super::*;
 

@@ -9,11 +9,11 @@ use kube::{
     api::{ObjectMeta, PostParams},
     runtime::watcher,
 };
-use kube_fleet::{
+use kube_multicluster::{
     Action, Controller, Fleet, McRequest, ObjectRequest, client, provider::ProgrammaticProvider,
 };
-use kube_fleet_envtest::{Envtest, TestCluster};
-use kube_fleet_provider_multi::MultiProvider;
+use kube_multicluster_envtest::{Envtest, TestCluster};
+use kube_multicluster_provider_multi::MultiProvider;
 use tokio::sync::mpsc;
 use tower::BoxError;
 

@@ -30,8 +30,8 @@
 //! [`NamespaceProvider::problems`] while it lasts.
 //!
 //! ```no_run
-//! use kube_fleet::Fleet;
-//! use kube_fleet_provider_namespace::NamespaceProvider;
+//! use kube_multicluster::Fleet;
+//! use kube_multicluster_provider_namespace::NamespaceProvider;
 //!
 //! # async fn example() -> Result<(), kube::Error> {
 //! let host = kube::Client::try_default().await?;
@@ -58,7 +58,7 @@ use kube::{
     Api, ResourceExt,
     runtime::{WatchStreamExt, watcher},
 };
-use kube_fleet::{
+use kube_multicluster::{
     ClusterName,
     cache::HostCache,
     provider::{ClusterEvent, Problems, Seen, SourceChange},
@@ -66,7 +66,7 @@ use kube_fleet::{
 
 /// The namespaces of one cluster as clusters: a stream of
 /// [`ClusterEvent::EngageView`]s and [`ClusterEvent::Disengage`]s for
-/// [`Fleet::run`](kube_fleet::Fleet::run). See the [crate docs](crate).
+/// [`Fleet::run`](kube_multicluster::Fleet::run). See the [crate docs](crate).
 ///
 /// The stream never ends. Nothing runs before it is polled.
 pub struct NamespaceProvider {
@@ -91,7 +91,7 @@ impl NamespaceProvider {
     /// which is named `host` in logs.
     pub fn new(
         host: impl Into<ClusterName>,
-        client: impl Into<kube_fleet::client::ClusterClient>,
+        client: impl Into<kube_multicluster::client::ClusterClient>,
     ) -> Self {
         Self {
             host: HostCache::new(host, client),
@@ -181,7 +181,7 @@ impl State {
         let event = match event {
             Ok(event) => event,
             Err(error) => {
-                let reason = kube_fleet::client::error_chain(&error);
+                let reason = kube_multicluster::client::error_chain(&error);
                 let problem = format!("the watch of namespaces fails, and is retried: {reason}");
                 return self.problems.report(self.source(), problem);
             }

@@ -9,9 +9,9 @@ use kube::{
     api::{DeleteParams, ObjectMeta, PostParams},
     runtime::watcher,
 };
-use kube_fleet::{Action, Controller, Fleet, McRequest, ObjectRequest};
-use kube_fleet_envtest::Envtest;
-use kube_fleet_provider_namespace::NamespaceProvider;
+use kube_multicluster::{Action, Controller, Fleet, McRequest, ObjectRequest};
+use kube_multicluster_envtest::Envtest;
+use kube_multicluster_provider_namespace::NamespaceProvider;
 use tokio::sync::mpsc;
 use tower::BoxError;
 
@@ -50,7 +50,7 @@ async fn config_map(client: &Client, namespace: &str, name: &str) {
 async fn config_map_watches(client: &Client) -> u64 {
     let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
     let metrics = client.request_text(request).await.expect("GET /metrics");
-    kube_fleet_envtest::watches_served(&metrics, "configmaps")
+    kube_multicluster_envtest::watches_served(&metrics, "configmaps")
 }
 
 fn run(provider: NamespaceProvider) -> (Fleet, mpsc::UnboundedReceiver<McRequest>) {
@@ -216,7 +216,7 @@ async fn many_namespaces_share_one_watch_at_the_api_server() {
 }
 
 /// The same with a thousand namespaces; on demand:
-/// `cargo test -p kube-fleet-provider-namespace -- --ignored`.
+/// `cargo test -p kube-multicluster-provider-namespace -- --ignored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a thousand namespaces: run on demand"]
 async fn a_thousand_namespaces_share_one_watch_at_the_api_server() {

@@ -45,8 +45,8 @@
 //! never logged.
 //!
 //! ```no_run
-//! use kube_fleet::{Fleet, provider::kubeconfig::KubeconfigPolicy};
-//! use kube_fleet_provider_secret::SecretProvider;
+//! use kube_multicluster::{Fleet, provider::kubeconfig::KubeconfigPolicy};
+//! use kube_multicluster_provider_secret::SecretProvider;
 //!
 //! # async fn example() -> Result<(), kube::Error> {
 //! let local = kube::Client::try_default().await?;
@@ -73,7 +73,7 @@ use kube::{
     Api, Client,
     runtime::{WatchStreamExt, watcher},
 };
-use kube_fleet::provider::{ClusterEvent, Problems, kubeconfig::KubeconfigPolicy};
+use kube_multicluster::provider::{ClusterEvent, Problems, kubeconfig::KubeconfigPolicy};
 
 /// The label a Secret carries, with the value `true`, to be read by default.
 pub const DEFAULT_LABEL: &str = "sigs.k8s.io/multicluster-runtime-kubeconfig";
@@ -86,7 +86,7 @@ pub const DEFAULT_KEY: &str = "kubeconfig";
 pub const DEFAULT_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Clusters from kubeconfigs in Secrets: a stream of [`ClusterEvent`]s for
-/// [`Fleet::run`](kube_fleet::Fleet::run). See the [crate docs](crate).
+/// [`Fleet::run`](kube_multicluster::Fleet::run). See the [crate docs](crate).
 ///
 /// The stream never ends; a failing watch of the Secrets is retried with
 /// backoff, and the clusters stay as they are meanwhile. Nothing runs before

@@ -5,7 +5,7 @@ use std::{collections::hash_map::RandomState, hash::BuildHasher};
 use futures::stream::{self, BoxStream, StreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::{ResourceExt, runtime::watcher};
-use kube_fleet::provider::{
+use kube_multicluster::provider::{
     self, ClusterEvent, Engagements, Problems, Seen, SourceChange,
     kubeconfig::{self, KubeconfigPolicy},
 };
@@ -64,7 +64,7 @@ impl State {
         let event = match event {
             Ok(event) => event,
             Err(error) => {
-                let reason = kube_fleet::client::error_chain(&error);
+                let reason = kube_multicluster::client::error_chain(&error);
                 let selector = &self.options.selector;
                 let problem =
                     format!("the watch of Secrets ({selector}) fails, and is retried: {reason}");

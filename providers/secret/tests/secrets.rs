@@ -13,12 +13,12 @@ use kube::{
     config::Kubeconfig,
     runtime::watcher,
 };
-use kube_fleet::{
+use kube_multicluster::{
     Action, Controller, Duplicates, Fleet, FleetEvent, McRequest, ObjectRequest,
     controller::ControllerStatus, provider::Problems,
 };
-use kube_fleet_envtest::{Envtest, TestCluster};
-use kube_fleet_provider_secret::{DEFAULT_LABEL, SecretProvider};
+use kube_multicluster_envtest::{Envtest, TestCluster};
+use kube_multicluster_provider_secret::{DEFAULT_LABEL, SecretProvider};
 use tokio::sync::mpsc;
 use tower::BoxError;
 
@@ -531,7 +531,7 @@ async fn a_credential_plugin_that_fails_for_a_while_is_tried_again() {
     put(hub, secret("east", &[("kubeconfig", &text(&kubeconfig))])).await;
 
     let provider = SecretProvider::new(hub.client(), NAMESPACE)
-        .policy(kube_fleet::provider::kubeconfig::KubeconfigPolicy::default().allow_exec())
+        .policy(kube_multicluster::provider::kubeconfig::KubeconfigPolicy::default().allow_exec())
         .retry(Duration::from_millis(200));
     let mut running = run(provider);
     let problem = running.problem_of("Secret default/east").await;
@@ -568,7 +568,7 @@ async fn a_key_removed_while_its_rotation_is_built_leaves_the_rotation_unengaged
     )
     .await;
     let provider = SecretProvider::new(hub.client(), NAMESPACE)
-        .policy(kube_fleet::provider::kubeconfig::KubeconfigPolicy::default().allow_exec());
+        .policy(kube_multicluster::provider::kubeconfig::KubeconfigPolicy::default().allow_exec());
     let mut running = run(provider);
     running.reconciled("east", "on-east").await;
     let engaged = running.fleet.get("east").unwrap();
@@ -642,7 +642,7 @@ async fn a_credential_plugin_runs_once_per_client_and_its_failures_say_what_happ
     put(hub, secret("garbage", &[("kubeconfig", &text(&garbage))])).await;
 
     let provider = SecretProvider::new(hub.client(), NAMESPACE)
-        .policy(kube_fleet::provider::kubeconfig::KubeconfigPolicy::default().allow_exec());
+        .policy(kube_multicluster::provider::kubeconfig::KubeconfigPolicy::default().allow_exec());
     let mut running = run(provider);
     running.reconciled("east", "on-east").await;
     create(east, "later").await;
@@ -705,8 +705,9 @@ fn a_hung_credential_plugin_holds_up_no_exit_and_is_killed() {
             .await
             .unwrap();
         let hub = kube::Client::try_from(config).unwrap();
-        let provider = SecretProvider::new(hub, NAMESPACE)
-            .policy(kube_fleet::provider::kubeconfig::KubeconfigPolicy::default().allow_exec());
+        let provider = SecretProvider::new(hub, NAMESPACE).policy(
+            kube_multicluster::provider::kubeconfig::KubeconfigPolicy::default().allow_exec(),
+        );
         Fleet::new().run(provider).await
     });
     // Each pid once its file holds it.
@@ -782,7 +783,7 @@ async fn a_plugin_token_about_to_expire_is_renewed_in_the_same_engagement() {
     .await;
 
     let provider = SecretProvider::new(hub.client(), NAMESPACE)
-        .policy(kube_fleet::provider::kubeconfig::KubeconfigPolicy::default().allow_exec());
+        .policy(kube_multicluster::provider::kubeconfig::KubeconfigPolicy::default().allow_exec());
     let mut running = run(provider);
     running.reconciled("east", "on-east").await;
     let engaged = running.fleet.get("east").unwrap();
@@ -868,9 +869,9 @@ async fn two_secrets_for_one_cluster_are_warned_about_by_default_and_engaged_onc
     drop(running);
 
     // Engaged once: one name serves the cluster, the other is held back.
-    let fleet = Fleet::with_config(kube_fleet::FleetConfig {
+    let fleet = Fleet::with_config(kube_multicluster::FleetConfig {
         duplicates: Duplicates::EngageOnce,
-        ..kube_fleet::FleetConfig::default()
+        ..kube_multicluster::FleetConfig::default()
     });
     let mut running = run_in(fleet, SecretProvider::new(hub.client(), NAMESPACE));
     running

@@ -12,7 +12,7 @@ use std::{
 };
 
 use futures::StreamExt;
-use kube_fleet::{Cluster, ClusterName, Fleet, FleetEvent, FleetSubscription};
+use kube_multicluster::{Cluster, ClusterName, Fleet, FleetEvent, FleetSubscription};
 use tokio::{
     sync::{Semaphore, watch},
     task::{AbortHandle, JoinSet},

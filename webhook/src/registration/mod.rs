@@ -20,7 +20,7 @@ use kube::{
     Api, Client,
     api::{DeleteParams, Patch, PatchParams, Preconditions},
 };
-use kube_fleet::{ClusterName, controller::ClusterSelector};
+use kube_multicluster::{ClusterName, controller::ClusterSelector};
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::json;
 
@@ -29,14 +29,14 @@ use crate::{server::path_of, token::Tokens};
 /// The label every registration carries: `app.kubernetes.io/managed-by`.
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// The label naming the server a registration belongs to.
-pub const SERVER_LABEL: &str = "webhooks.kube-fleet.io/server";
+pub const SERVER_LABEL: &str = kube_multicluster::prefixed!("webhook-server");
 /// The annotation naming the server process that last wrote a
 /// registration: a replica removes only what it wrote itself, so that one
 /// that lets a cluster go (its shard moved) does not remove what the new
 /// owner has just written.
-pub(crate) const WRITER_ANNOTATION: &str = "webhooks.kube-fleet.io/written-by";
+pub(crate) const WRITER_ANNOTATION: &str = kube_multicluster::prefixed!("webhook-written-by");
 /// The field manager registrations are applied with.
-const FIELD_MANAGER: &str = "kube-fleet-webhooks";
+const FIELD_MANAGER: &str = kube_multicluster::prefixed!("webhooks");
 
 /// A cluster-scoped object registration reads and writes.
 trait Registered:
@@ -138,7 +138,7 @@ impl Plan {
 
     fn labels(&self) -> std::collections::BTreeMap<String, String> {
         [
-            (MANAGED_BY.to_owned(), "kube-fleet".to_owned()),
+            (MANAGED_BY.to_owned(), kube_multicluster::PREFIX.to_owned()),
             (SERVER_LABEL.to_owned(), self.name.clone()),
         ]
         .into()

@@ -12,7 +12,7 @@ use kube::{
     Api, Client, CustomResource,
     api::{ApiResource, DynamicObject, GroupVersionKind, PostParams},
 };
-use kube_fleet_webhook::{
+use kube_multicluster_webhook::{
     AdmissionRequest, Conversion, ConversionRequest, Verdict, Webhook, Webhooks,
 };
 use schemars::JsonSchema;
@@ -80,21 +80,23 @@ pub const CONVERT: &str = "widgets.example.com";
 
 /// Installs the CRD in `client`'s cluster.
 pub async fn install_crd(client: &Client) {
-    let crds = kube_fleet_envtest::crds_from_yaml(CRD).unwrap();
-    kube_fleet_envtest::install_crds(client, crds)
+    let crds = kube_multicluster_envtest::crds_from_yaml(CRD).unwrap();
+    kube_multicluster_envtest::install_crds(client, crds)
         .await
         .unwrap();
 }
 
 /// A fleet of API servers named `names`, each with the Widget CRD, all
 /// engaged in one `Fleet` under their names.
-pub async fn widget_fleet(names: &[&str]) -> (kube_fleet_envtest::Envtest, kube_fleet::Fleet) {
-    let env = kube_fleet_envtest::Envtest::builder()
+pub async fn widget_fleet(
+    names: &[&str],
+) -> (kube_multicluster_envtest::Envtest, kube_multicluster::Fleet) {
+    let env = kube_multicluster_envtest::Envtest::builder()
         .clusters(names.iter().copied())
         .start()
         .await
         .unwrap();
-    let fleet = kube_fleet::Fleet::new();
+    let fleet = kube_multicluster::Fleet::new();
     for cluster in env.clusters() {
         install_crd(&cluster.client()).await;
         fleet.engage(cluster.name(), cluster.client());
@@ -169,7 +171,7 @@ pub fn widget_webhooks(name: &str, url: &str) -> Webhooks {
         .mutate(Webhook::new(DEFAULT), service_fn(default))
         .convert(Conversion::new(CONVERT), service_fn(convert))
         .external_url(url)
-        .members(kube_fleet::controller::ClusterSelector::All)
+        .members(kube_multicluster::controller::ClusterSelector::All)
 }
 
 /// A loopback listener on a free port, and its URL.

@@ -68,7 +68,7 @@ use split::Split;
 ///
 /// ```no_run
 /// # async fn example(client: kube::Client) {
-/// use kube_fleet::{Fleet, cache::HostCache};
+/// use kube_multicluster::{Fleet, cache::HostCache};
 ///
 /// let host = HostCache::new("host", client);
 /// let fleet = Fleet::new();
@@ -102,7 +102,7 @@ struct HostInner {
 /// of the host's watches belongs to.
 ///
 /// ```
-/// use kube_fleet::cache::SplitBy;
+/// use kube_multicluster::cache::SplitBy;
 ///
 /// // kcp marks each object its wildcard watches return with its logical cluster.
 /// let by = SplitBy::annotation("kcp.io/cluster");
@@ -167,7 +167,7 @@ impl HostCache {
     ///
     /// ```no_run
     /// # async fn example(all: kube::Client, tenant_a: kube::Client) {
-    /// use kube_fleet::{Fleet, cache::{HostCache, SplitBy}};
+    /// use kube_multicluster::{Fleet, cache::{HostCache, SplitBy}};
     ///
     /// let host = HostCache::split_by("shard", all, SplitBy::annotation("kcp.io/cluster"));
     /// Fleet::new().engage_view("tenant-a", host.view_with("2x5qrt7c", tenant_a));

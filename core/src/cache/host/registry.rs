@@ -212,7 +212,7 @@ impl ClusterCache {
     /// the version this cluster's discovery finds.
     ///
     /// ```no_run
-    /// # fn example(cluster: kube_fleet::Cluster) {
+    /// # fn example(cluster: kube_multicluster::Cluster) {
     /// use kube::{api::{ApiResource, DynamicObject, GroupVersionKind}, runtime::watcher};
     ///
     /// let widgets = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"));
@@ -340,14 +340,14 @@ impl ClusterCache {
     /// (`PartialObjectMeta<K>`), not counted here.
     ///
     /// ```no_run
-    /// # fn example(cluster: kube_fleet::Cluster) {
+    /// # fn example(cluster: kube_multicluster::Cluster) {
     /// use k8s_openapi::api::core::v1::ConfigMap;
     /// use kube::runtime::watcher;
     ///
     /// // The only watch of ConfigMaps here: a controller's, with its selector.
     /// let marked = cluster.cache().store::<ConfigMap>();
     /// // With several, each by its configuration.
-    /// let selected = watcher::Config::default().labels("kube-fleet.dev/quickstart=true");
+    /// let selected = watcher::Config::default().labels("kube-multicluster.dev/quickstart=true");
     /// let marked = cluster.cache().find::<ConfigMap>(&selected).map(|watch| watch.store());
     /// # }
     /// ```

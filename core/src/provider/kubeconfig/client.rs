@@ -116,7 +116,7 @@ pub async fn bytes_client(
 /// fine but gives no client now (an allowed credential plugin fails).
 ///
 /// ```
-/// use kube_fleet::provider::{BuildError, kubeconfig::{self, KubeconfigPolicy}};
+/// use kube_multicluster::provider::{BuildError, kubeconfig::{self, KubeconfigPolicy}};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {

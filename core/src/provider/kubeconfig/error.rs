@@ -86,7 +86,7 @@ impl KubeconfigError {
     /// cluster, say).
     ///
     /// ```
-    /// use kube_fleet::provider::kubeconfig;
+    /// use kube_multicluster::provider::kubeconfig;
     ///
     /// let error = kubeconfig::parse("[", "/etc/fleet/east.yaml").unwrap_err();
     /// assert_eq!(error.origin(), "/etc/fleet/east.yaml");

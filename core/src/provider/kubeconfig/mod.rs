@@ -18,7 +18,7 @@
 //! that was refused, never a token, a key or a command's arguments.
 //!
 //! ```
-//! use kube_fleet::provider::kubeconfig::{self, KubeconfigPolicy};
+//! use kube_multicluster::provider::kubeconfig::{self, KubeconfigPolicy};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {

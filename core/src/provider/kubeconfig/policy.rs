@@ -9,7 +9,7 @@ use super::error::KubeconfigError;
 /// method allows one thing.
 ///
 /// ```
-/// use kube_fleet::provider::kubeconfig::KubeconfigPolicy;
+/// use kube_multicluster::provider::kubeconfig::KubeconfigPolicy;
 ///
 /// // Clusters whose kubeconfigs log in through `aws eks get-token`.
 /// let policy = KubeconfigPolicy::default().allow_exec();

@@ -296,7 +296,7 @@ contexts:
 
 #[tokio::test]
 async fn one_build_at_a_time_for_a_source_however_many_tries_wait() {
-    let dir = std::env::temp_dir().join(format!("kube-fleet-turns-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("kube-multicluster-turns-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join("log");
     let plugin = dir.join("plugin");

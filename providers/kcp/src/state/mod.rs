@@ -20,7 +20,7 @@ use kube::{
     api::{DynamicObject, ListParams},
     runtime::{WatchStreamExt, watcher},
 };
-use kube_fleet::{
+use kube_multicluster::{
     ClusterName,
     cache::HostCache,
     client::error_chain,

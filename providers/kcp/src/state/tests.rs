@@ -107,7 +107,7 @@ fn started() -> (Sender, BoxStream<'static, ClusterEvent>, Problems) {
 /// [`started`], the state first changed by `with`.
 fn started_with(with: fn(State) -> State) -> (Sender, BoxStream<'static, ClusterEvent>, Problems) {
     let config = Config::new("https://kcp.invalid/clusters/root".parse().unwrap());
-    let workspace = kube_fleet::client::client(config.clone()).unwrap();
+    let workspace = kube_multicluster::client::client(config.clone()).unwrap();
     let problems = Problems::new();
     let mut state = State::new(
         config,

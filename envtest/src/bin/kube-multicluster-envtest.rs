@@ -1,9 +1,9 @@
 //! Prepares the binaries the envtest harness runs, or runs a fleet by hand.
 //!
 //! ```text
-//! kube-fleet-envtest install      # find or build kube-apiserver and etcd, print their directory
-//! kube-fleet-envtest install kcp  # find or build kcp, print its path
-//! kube-fleet-envtest start 3      # run three clusters until Ctrl-C, printing their kubeconfigs
+//! kube-multicluster-envtest install      # find or build kube-apiserver and etcd, print their directory
+//! kube-multicluster-envtest install kcp  # find or build kcp, print its path
+//! kube-multicluster-envtest start 3      # run three clusters until Ctrl-C, printing their kubeconfigs
 //! ```
 //!
 //! Tests build the binaries on first use anyway; running `install` first
@@ -11,10 +11,10 @@
 
 use std::process::ExitCode;
 
-use kube_fleet_envtest::{Binaries, Envtest, KcpBinary};
+use kube_multicluster_envtest::{Binaries, Envtest, KcpBinary};
 
 const USAGE: &str = "\
-usage: kube-fleet-envtest install [kcp] | start [N]
+usage: kube-multicluster-envtest install [kcp] | start [N]
 
 install      finds kube-apiserver and etcd (in $KUBEBUILDER_ASSETS or the cache), building
              them with go if needed, and prints the directory that holds them
@@ -42,7 +42,7 @@ async fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("kube-fleet-envtest: {e}");
+            eprintln!("kube-multicluster-envtest: {e}");
             ExitCode::FAILURE
         }
     }
