@@ -79,28 +79,18 @@
 //! `ring`); `aws-lc-rs` instead of `ring`; or OpenSSL with
 //! `default-features = false, features = ["openssl-tls"]`, whose clients
 //! speak HTTP/1.1 only.
-
 //!
-//! # One dependency, features for the rest
+//! # Features
 //!
 //! This crate is the runtime (every item at its root and in its modules
-//! comes from `kube-multicluster-core`), and re-exports the other crates of the
-//! project behind a feature each:
+//! comes from `kube-multicluster-core`), and re-exports the other crates of
+//! the project behind a feature each. The list below is the one in this
+//! crate's `Cargo.toml`:
 //!
-//! | feature | module | what it adds |
-//! |---|---|---|
-//! | `layers` | `layers` | tower layers for reconcilers: tracing, metrics, panic catch, retry, the recommended stack |
-//! | `manager` | `manager` | the `Manager`: controllers and providers in one process, health and metrics endpoints, leader election, sharding (implies `layers`) |
-//! | `provider-cluster-api` | `providers::cluster_api` | the workload clusters of a Cluster API management cluster |
-//! | `provider-cluster-inventory` | `providers::cluster_inventory` | the `ClusterProfile`s of a Cluster Inventory API hub |
-//! | `provider-file` | `providers::file` | the contexts of kubeconfig files, watched for changes |
-//! | `provider-kcp` | `providers::kcp` | the kcp logical clusters (workspaces) that bind an APIExport |
-//! | `provider-kind` | `providers::kind` | the kind clusters on this machine |
-//! | `provider-multi` | `providers::multi` | several providers under name prefixes |
-//! | `provider-namespace` | `providers::namespace` | each namespace of one cluster as a cluster |
-//! | `provider-secret` | `providers::secret` | kubeconfigs held in Secrets |
-//! | `providers` | | every provider |
-//! | `envtest` | `envtest` | a local fleet of real API servers, for tests and examples |
+#![doc = document_features::document_features!()]
+//!
+//! A controller that runs under the manager on kind clusters, tested on a
+//! local fleet:
 //!
 //! ```toml
 //! [dependencies]
@@ -109,28 +99,29 @@
 //! [dev-dependencies]
 //! kube-multicluster = { git = "https://github.com/kube-multicluster/kube-multicluster", features = ["envtest"] }
 //! ```
-//!
-//! The TLS features (`rustls-tls` and `ring` by default, `aws-lc-rs`,
-//! `openssl-tls`) pick the clients' backend as described above.
-
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
 #[doc(inline)]
 pub use kube_multicluster_core::*;
 
 #[cfg(feature = "layers")]
+#[cfg_attr(docsrs, doc(cfg(feature = "layers")))]
 #[doc(inline)]
 pub use kube_multicluster_layers as layers;
 
 #[cfg(feature = "manager")]
+#[cfg_attr(docsrs, doc(cfg(feature = "manager")))]
 #[doc(inline)]
 pub use kube_multicluster_manager as manager;
 
 #[cfg(feature = "webhooks")]
+#[cfg_attr(docsrs, doc(cfg(feature = "webhooks")))]
 #[doc(inline)]
 pub use kube_multicluster_webhook as webhook;
 
 #[cfg(feature = "envtest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "envtest")))]
 #[doc(inline)]
 pub use kube_multicluster_envtest as envtest;
 
@@ -139,27 +130,35 @@ pub use kube_multicluster_envtest as envtest;
 /// [`provider::ProgrammaticProvider`]) need none.
 pub mod providers {
     #[cfg(feature = "provider-cluster-api")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "provider-cluster-api")))]
     #[doc(inline)]
     pub use kube_multicluster_provider_cluster_api as cluster_api;
     #[cfg(feature = "provider-cluster-inventory")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "provider-cluster-inventory")))]
     #[doc(inline)]
     pub use kube_multicluster_provider_cluster_inventory as cluster_inventory;
     #[cfg(feature = "provider-file")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "provider-file")))]
     #[doc(inline)]
     pub use kube_multicluster_provider_file as file;
     #[cfg(feature = "provider-kcp")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "provider-kcp")))]
     #[doc(inline)]
     pub use kube_multicluster_provider_kcp as kcp;
     #[cfg(feature = "provider-kind")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "provider-kind")))]
     #[doc(inline)]
     pub use kube_multicluster_provider_kind as kind;
     #[cfg(feature = "provider-multi")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "provider-multi")))]
     #[doc(inline)]
     pub use kube_multicluster_provider_multi as multi;
     #[cfg(feature = "provider-namespace")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "provider-namespace")))]
     #[doc(inline)]
     pub use kube_multicluster_provider_namespace as namespace;
     #[cfg(feature = "provider-secret")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "provider-secret")))]
     #[doc(inline)]
     pub use kube_multicluster_provider_secret as secret;
 }

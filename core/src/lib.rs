@@ -6,6 +6,7 @@
 //! beside the layers, the manager and the providers (each behind a
 //! feature); the examples here are written against it.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
 mod action;

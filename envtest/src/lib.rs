@@ -97,6 +97,7 @@
 //! [`Binaries::cache_dir`]; the first build takes a few minutes and reports
 //! its progress on stderr, later runs start in seconds. See [`Binaries`].
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 // One `unsafe` block, in `process.rs`: arming a parent-death signal in the child.
 #![deny(unsafe_code)]
 

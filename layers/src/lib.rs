@@ -18,6 +18,7 @@
 //!
 //! [`ObjectRequest`]: kube_multicluster::ObjectRequest
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
 /// `get_ref`, `get_mut` and `into_inner` of a service that wraps the one in

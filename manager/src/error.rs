@@ -58,6 +58,7 @@ pub enum Error {
     /// The webhook server could not start: a certificate or key file, a
     /// URL or a webhook it refuses, named in the error.
     #[cfg(feature = "webhooks")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "webhooks")))]
     #[error(transparent)]
     Webhooks(#[from] kube_multicluster_webhook::Error),
 }

@@ -68,6 +68,8 @@
 //! deadline, and a gate around every reconcile holds it to that instant;
 //! see [`LeaderElection`].
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod election;
 mod error;
 mod gate;

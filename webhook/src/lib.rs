@@ -58,6 +58,8 @@
 //! # }
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod admission;
 mod certificates;
 mod conversion;

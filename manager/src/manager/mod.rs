@@ -228,6 +228,7 @@ impl Manager {
     /// file that cannot be read, or a webhook the API server would refuse,
     /// ends it with [`Error::Webhooks`](crate::Error::Webhooks) naming it.
     #[cfg(feature = "webhooks")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "webhooks")))]
     pub fn webhooks(
         mut self,
         webhooks: kube_multicluster_webhook::Webhooks,
@@ -243,6 +244,7 @@ impl Manager {
     /// Serves `webhooks` on a listener bound already (for port 0); see
     /// [`webhooks`](Self::webhooks).
     #[cfg(feature = "webhooks")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "webhooks")))]
     pub fn webhooks_on(
         mut self,
         webhooks: kube_multicluster_webhook::Webhooks,

@@ -68,6 +68,8 @@
 //! # }
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod schema;
 mod state;
 pub mod v1beta1;

@@ -84,6 +84,8 @@
 //! # }
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod access;
 mod schema;
 mod state;

@@ -72,6 +72,8 @@
 //! # }
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod sources;
 mod state;
 

@@ -29,6 +29,8 @@
 //! # }
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 use std::{
     collections::{HashMap, HashSet, VecDeque},
     fmt,

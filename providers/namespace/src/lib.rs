@@ -42,6 +42,8 @@
 //! # }
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 use std::{
     collections::{HashSet, VecDeque},
     fmt,
