@@ -90,14 +90,15 @@
 #![doc = document_features::document_features!()]
 //!
 //! A controller that runs under the manager on kind clusters, tested on a
-//! local fleet:
+//! local fleet, with a clone of the repository beside it (the crates are
+//! not on crates.io yet):
 //!
 //! ```toml
 //! [dependencies]
-//! kube-multicluster = { git = "https://github.com/kube-multicluster/kube-multicluster", features = ["manager", "provider-kind"] }
+//! kube-multicluster = { path = "../kube-multicluster", features = ["manager", "provider-kind"] }
 //!
 //! [dev-dependencies]
-//! kube-multicluster = { git = "https://github.com/kube-multicluster/kube-multicluster", features = ["envtest"] }
+//! kube-multicluster = { path = "../kube-multicluster", features = ["envtest"] }
 //! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]

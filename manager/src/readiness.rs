@@ -134,8 +134,9 @@ impl Readiness {
         if unwell.len() > UNWELL_TOLD {
             let _ = writeln!(
                 lines,
-                "and {} more clusters not healthy (kube_multicluster_cluster_health)",
-                unwell.len() - UNWELL_TOLD
+                "and {} more clusters not healthy ({})",
+                unwell.len() - UNWELL_TOLD,
+                kube_multicluster::metric_name!("cluster_health")
             );
         }
         // Names offered for a cluster engaged under another, and clusters
