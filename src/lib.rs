@@ -158,6 +158,10 @@ pub mod providers {
     #[cfg_attr(docsrs, doc(cfg(feature = "provider-namespace")))]
     #[doc(inline)]
     pub use kube_multicluster_provider_namespace as namespace;
+    #[cfg(feature = "provider-placement")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "provider-placement")))]
+    #[doc(inline)]
+    pub use kube_multicluster_provider_placement as placement;
     #[cfg(feature = "provider-secret")]
     #[cfg_attr(docsrs, doc(cfg(feature = "provider-secret")))]
     #[doc(inline)]
