@@ -338,6 +338,11 @@ impl LeaseLock {
         self.observed = Some(Observed::of(lease, self.observed.as_ref(), now));
     }
 
+    /// The Lease as last read or written, if ever.
+    pub(crate) fn seen(&self) -> Option<&Observed> {
+        self.observed.as_ref()
+    }
+
     /// Whether the Lease, as last seen, is held by another holder whose
     /// time has not run out: no need to ask the API server.
     pub(crate) fn held_by_other(&self, now: Instant) -> bool {

@@ -86,5 +86,5 @@ pub use election::{ElectionStatus, LeaderElection, Role};
 pub use error::Error;
 pub use gate::NotHolder;
 pub use manager::Manager;
-pub use shard::{Ownership, ShardStatus, Sharding};
+pub use shard::{Coverage, Ownership, ShardStatus, Sharding};
 pub use timing::LeaseParams;

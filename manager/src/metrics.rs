@@ -45,7 +45,10 @@ impl Collector for LeaderGauge {
 /// `kube_multicluster_shard_owned{name, cluster, shard}`: 1 per cluster this
 /// replica runs now under the sharding `name` (its shard's Lease held),
 /// `kube_multicluster_shard_replicas{name}`: the live replicas it saw last,
-/// itself included, and with hubs `kube_multicluster_shard_hub_shards{name}`: the
+/// itself included, the set's coverage as it saw it last
+/// (`kube_multicluster_shards_unowned`, `_misplaced`, `_unowned_clusters`,
+/// `_unowned_seconds`, each `{name}`; see [`Coverage`](crate::Coverage)),
+/// and with hubs `kube_multicluster_shard_hub_shards{name}`: the
 /// shards whose hub keys it runs now.
 #[derive(Debug)]
 pub(crate) struct ShardGauge {
@@ -97,6 +100,38 @@ impl Collector for ShardGauge {
             replicas.metric_type(),
         )?;
         replicas.encode(family.encode_family(&[("name", self.name.as_str())])?)?;
+        let coverage = self.status.coverage();
+        let unowned_for = coverage.unowned_for();
+        let counts: [(&str, &str, usize); 3] = [
+            (
+                kube_multicluster::metric_name!("shards_unowned"),
+                "Shards holding an offered cluster whose Lease no live replica holds, as this replica saw the Leases last",
+                coverage.unowned.len(),
+            ),
+            (
+                kube_multicluster::metric_name!("shards_misplaced"),
+                "Shards whose Lease is held by a replica that does not rank first for them, as this replica saw the Leases last",
+                coverage.misplaced.len(),
+            ),
+            (
+                kube_multicluster::metric_name!("shards_unowned_clusters"),
+                "Offered clusters in shards whose Lease no live replica holds, as this replica saw the Leases last",
+                coverage.clusters_unowned,
+            ),
+        ];
+        for (name, help, value) in counts {
+            let gauge = ConstGauge::new(value as i64);
+            let mut family = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
+            gauge.encode(family.encode_family(&[("name", self.name.as_str())])?)?;
+        }
+        let age = ConstGauge::new(unowned_for.as_secs_f64());
+        let mut family = encoder.encode_descriptor(
+            kube_multicluster::metric_name!("shards_unowned_seconds"),
+            "How long the shard unowned the longest had been without a live owner when this replica last listed the Leases; 0 when every shard was owned",
+            None,
+            age.metric_type(),
+        )?;
+        age.encode(family.encode_family(&[("name", self.name.as_str())])?)?;
         if let Some(hubs) = &self.hubs {
             let held = lock(hubs).len();
             let held = ConstGauge::new(held as i64);

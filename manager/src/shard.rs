@@ -4,6 +4,7 @@
 use std::{
     collections::VecDeque,
     sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
 };
 
 use kube_multicluster::{ClusterName, controller::ClusterSelector};
@@ -70,6 +71,14 @@ use crate::{error::Error, timing::LeaseParams};
 /// within the lease duration, two retry periods and the time the new
 /// replica's watches take to sync.
 ///
+/// A replica whose Lease ran out without its leaving, and that then renews
+/// again, ranks for shards only once it has stayed for
+/// [`rejoin_after`](Self::rejoin_after), so a replica that flaps does not
+/// pull its shards back and forth. Every replica measures how the set
+/// covers the shards from the Leases it lists ([`ShardStatus::coverage`],
+/// exported as gauges to alert on; see the operations guide, "Coverage you
+/// can alert on").
+///
 /// The Leases live in the cluster of [`client`](LeaseParams::client) (default:
 /// the local one), in [`namespace`](LeaseParams::namespace) (default: the
 /// client's own). Each replica lists them every retry period and renews its
@@ -92,6 +101,9 @@ pub struct Sharding {
     pub(crate) status: ShardStatus,
     /// The hub clusters: run by every replica, their keys sharded.
     pub(crate) hubs: Option<ClusterSelector>,
+    /// How long a replica back from a lapse waits before it ranks again;
+    /// `None`: twice the lease duration.
+    pub(crate) rejoin_after: Option<Duration>,
 }
 
 impl std::fmt::Debug for Sharding {
@@ -101,6 +113,7 @@ impl std::fmt::Debug for Sharding {
             .field("lease", &self.lease)
             .field("shards", &self.shards)
             .field("hubs", &self.hubs.is_some())
+            .field("rejoin_after", &self.rejoin_wait())
             .finish_non_exhaustive()
     }
 }
@@ -114,7 +127,44 @@ impl Sharding {
             shards: DEFAULT_SHARDS,
             status: ShardStatus::default(),
             hubs: None,
+            rejoin_after: None,
         }
+    }
+
+    /// How long a replica that was counted gone without leaving (its Lease
+    /// ran out) and is back waits before it ranks for shards again
+    /// (default twice the [lease duration](LeaseParams::lease_duration),
+    /// 30 s; set before or after [`lease`](Self::lease)).
+    ///
+    /// Meanwhile the others keep running its shards, and it runs none, so
+    /// a replica whose renews are late, then on time, then late (a
+    /// starved node, a flaky network) moves its shards away once and back
+    /// once it has been on time for this long, not at every lapse: each
+    /// lapse starts the wait over. A replica that stops gracefully deletes
+    /// its Lease and, restarted, ranks at once; so in a rolling restart of
+    /// replicas with stable [identities](LeaseParams::identity) (a
+    /// StatefulSet's pod names) each shard moves at most twice, away from
+    /// its replica and back. A replica's own view waits only after a lapse
+    /// every other replica must have seen (its lease duration and two of
+    /// their rounds), so none waits where the others do not, which would
+    /// leave its shards unrun.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use kube_multicluster_manager::Sharding;
+    ///
+    /// let sharding = Sharding::new("my-operator").rejoin_after(Duration::from_secs(60));
+    /// assert!(sharding.validate().is_ok());
+    /// ```
+    pub fn rejoin_after(mut self, wait: Duration) -> Self {
+        self.rejoin_after = Some(wait);
+        self
+    }
+
+    /// The wait of [`rejoin_after`](Self::rejoin_after), its default resolved.
+    pub(crate) fn rejoin_wait(&self) -> Duration {
+        self.rejoin_after
+            .unwrap_or(self.lease.timings.lease_duration * 2)
     }
 
     /// Where the shards' Leases are kept and how they are held (default
@@ -310,6 +360,61 @@ struct StatusInner {
     replicas: Vec<String>,
     assigned: Vec<ClusterName>,
     history: VecDeque<Ownership>,
+    coverage: Coverage,
+}
+
+/// How the set's replicas cover the shards, as one replica saw the set's
+/// Leases in its last round ([`ShardStatus::coverage`]), and exported as
+/// the gauges `kube_multicluster_shards_unowned`,
+/// `kube_multicluster_shards_misplaced`,
+/// `kube_multicluster_shards_unowned_clusters` and
+/// `kube_multicluster_shards_unowned_seconds`.
+///
+/// Only shards that hold a cluster some provider offers count (with a
+/// [hub](Sharding::hub) offered, every shard). Every replica measures it
+/// from the Leases it lists anyway, so each tells the whole set's
+/// coverage, not only its own; alert on the highest value any replica
+/// reports.
+///
+/// A shard is unowned from when its Lease is released, deleted, or runs
+/// out on this replica's clock, until a replica takes it: briefly at each
+/// hand-over (up to a retry period and a request), and after a replica
+/// dies without leaving, up to two rounds (each a retry period, its
+/// jitter and a request's timeout) once its Lease has run out.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Coverage {
+    /// The shards that hold an offered cluster.
+    pub shards: usize,
+    /// Those whose Lease no live replica holds: nobody runs their
+    /// clusters.
+    pub unowned: Vec<u32>,
+    /// Those whose Lease is held by a replica that does not rank first for
+    /// them among the replicas that rank: moving to another, or stuck.
+    pub misplaced: Vec<u32>,
+    /// The offered clusters in the unowned shards.
+    pub clusters_unowned: usize,
+    /// Since when the shard unowned the longest has been unowned, on this
+    /// replica's clock: since its Lease was released or deleted, or ran
+    /// out as this replica saw it (a dead holder's reconciles there stopped
+    /// earlier, at its renew deadline).
+    pub unowned_since: Option<Instant>,
+    /// When the Leases this was measured from were listed; `None` before
+    /// the first list.
+    pub measured: Option<Instant>,
+}
+
+impl Coverage {
+    /// How long the shard unowned the longest had been unowned when this
+    /// was [measured](Self::measured); zero when every shard was owned. A
+    /// replica that cannot list the Leases reports what it saw last, not a
+    /// gap that grows on its own.
+    pub fn unowned_for(&self) -> Duration {
+        match (self.unowned_since, self.measured) {
+            (Some(since), Some(measured)) => measured.saturating_duration_since(since),
+            _ => Duration::ZERO,
+        }
+    }
 }
 
 const HISTORY: usize = 1024;
@@ -349,6 +454,15 @@ impl ShardStatus {
     /// The last stretches of ownership, oldest first.
     pub fn history(&self) -> Vec<Ownership> {
         self.lock().history.iter().cloned().collect()
+    }
+
+    /// How the set covers the shards, as this replica saw it last.
+    pub fn coverage(&self) -> Coverage {
+        self.lock().coverage.clone()
+    }
+
+    pub(crate) fn set_coverage(&self, coverage: Coverage) {
+        self.lock().coverage = coverage;
     }
 
     pub(crate) fn set_replicas(&self, replicas: Vec<String>) {
@@ -400,6 +514,7 @@ impl ShardStatus {
         let mut inner = self.lock();
         inner.replicas.clear();
         inner.assigned.clear();
+        inner.coverage = Coverage::default();
         for open in inner.history.iter_mut().filter(|o| o.until.is_none()) {
             open.until = Some(until.min(open.deadline));
         }

@@ -2,6 +2,8 @@
 //! a well-formed dashboard whose variables are all defined, and every
 //! metric its queries name is one a running manager exports on `/metrics`
 //! (a sharded one and one under leader election, over a real API server).
+//! So does every expression of the alert rules in
+//! `docs/alerts/kube-multicluster.rules.yaml`, a well-formed rule file.
 
 mod support;
 
@@ -35,6 +37,54 @@ use tokio::sync::oneshot;
 use tower::{BoxError, ServiceBuilder, service_fn};
 
 const DASHBOARD: &str = include_str!("../../docs/dashboards/kube-multicluster.json");
+const RULES: &str = include_str!("../../docs/alerts/kube-multicluster.rules.yaml");
+
+/// The alert rules, by name, with their expressions: each a well-formed
+/// Prometheus rule (a name, an expression, a severity, a summary and a
+/// description; `for` a duration if given).
+fn alert_rules() -> BTreeMap<String, String> {
+    let file: Value = serde_saphyr::from_str(RULES).expect("the rule file is YAML");
+    let groups = file["groups"].as_array().expect("groups");
+    assert!(!groups.is_empty(), "no group");
+    let mut rules = BTreeMap::new();
+    for group in groups {
+        let group_name = group["name"].as_str().expect("a group's name");
+        for rule in group["rules"].as_array().expect("a group's rules") {
+            let alert = rule["alert"].as_str().expect("an alert's name").to_owned();
+            let expr = rule["expr"].as_str().expect("an expr").to_owned();
+            assert!(
+                ["critical", "warning", "info"]
+                    .contains(&rule["labels"]["severity"].as_str().unwrap_or("")),
+                "{group_name}/{alert}: severity"
+            );
+            for field in ["summary", "description"] {
+                assert!(
+                    rule["annotations"][field]
+                        .as_str()
+                        .is_some_and(|t| !t.is_empty()),
+                    "{group_name}/{alert}: {field}"
+                );
+            }
+            if let Some(wait) = rule.get("for") {
+                let wait = wait.as_str().expect("for: a duration");
+                assert!(
+                    wait.len() > 1
+                        && wait.ends_with(['s', 'm', 'h'])
+                        && wait[..wait.len() - 1].chars().all(|c| c.is_ascii_digit()),
+                    "{group_name}/{alert}: for {wait}"
+                );
+            }
+            let open = expr.matches('(').count();
+            assert_eq!(
+                open,
+                expr.matches(')').count(),
+                "{alert}: parentheses of {expr}"
+            );
+            assert!(rules.insert(alert.clone(), expr).is_none(), "{alert} twice");
+        }
+    }
+    rules
+}
 
 /// Grafana's own variables, which a dashboard need not define.
 const BUILTIN: [&str; 3] = ["__rate_interval", "__interval", "__range"];
@@ -316,6 +366,28 @@ async fn the_dashboard_reads_only_metrics_the_manager_exports() {
         missing.is_empty(),
         "the dashboard reads {missing:?}, which no manager exports; exported: {exported:?}"
     );
+    let rules = alert_rules();
+    assert!(rules.len() >= 3, "{rules:?}");
+    for (alert, expr) in &rules {
+        let metrics = metrics_in(expr);
+        assert!(!metrics.is_empty(), "{alert}: {expr} reads no metric");
+        let missing: Vec<_> = metrics.difference(&exported).collect();
+        assert!(
+            missing.is_empty(),
+            "the alert {alert} reads {missing:?}, which no manager exports"
+        );
+    }
+    // Every coverage gauge, once the replica has listed the Leases: the
+    // hub makes every shard offered, and one replica holds them all.
+    for gauge in [
+        "kube_multicluster_shards_unowned",
+        "kube_multicluster_shards_misplaced",
+        "kube_multicluster_shards_unowned_clusters",
+        "kube_multicluster_shards_unowned_seconds",
+    ] {
+        let family = format!("{gauge}{{name=\"dashboard-shards\"}} ");
+        assert!(sharded.contains(&family), "{gauge}: {sharded}");
+    }
     // What a sharded replica says of its clusters.
     assert!(
         sharded.contains(

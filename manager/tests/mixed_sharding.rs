@@ -178,6 +178,10 @@ fn runners(records: &Records, since: Instant) -> BTreeMap<String, BTreeSet<Strin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hub_keys_and_members_are_sharded_and_a_dead_replicas_share_of_both_moves() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_test_writer()
+        .try_init();
     let env = Envtest::start(1).await.expect("envtest");
     let client = env.clusters()[0].client();
     config_maps(client.clone(), "parent", PARENTS).await;

@@ -13,106 +13,53 @@ mod support;
 use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::{
-    api::{coordination::v1::Lease, core::v1::ConfigMap},
-    apimachinery::pkg::apis::meta::v1::MicroTime,
-    jiff::Timestamp,
+    api::coordination::v1::Lease, apimachinery::pkg::apis::meta::v1::MicroTime, jiff::Timestamp,
 };
 use kube::{
     Api, Client,
     api::{ListParams, ObjectMeta, PostParams},
-    runtime::watcher,
-};
-use kube_multicluster::{
-    Controller, Fleet,
-    provider::{ProgrammaticHandle, ProgrammaticProvider},
 };
 use kube_multicluster_envtest::Envtest;
-use kube_multicluster_manager::{Error, LeaseParams, Manager, Ownership, ShardStatus, Sharding};
-use support::{PATIENCE, Records, assert_no_overlap, config_maps};
-use tokio::{sync::oneshot, task::JoinHandle, time::Instant};
+use kube_multicluster_manager::{Ownership, Sharding};
+use support::{
+    LEASE, PATIENCE, RETRY, Records, Replica, assert_no_overlap, config_maps, lease_params,
+};
+use tokio::time::Instant;
 
-const LEASE: Duration = Duration::from_secs(4);
-const RENEW_DEADLINE: Duration = Duration::from_secs(3);
-const RETRY: Duration = Duration::from_secs(1);
 const CLUSTERS: usize = 9;
 
-struct Replica {
-    name: String,
-    status: ShardStatus,
-    /// The clusters its provider offers.
-    clusters: ProgrammaticHandle,
-    stop: Option<oneshot::Sender<()>>,
-    run: JoinHandle<Result<(), Error>>,
+/// Replica `name` of the set `test-shards`, offered the nine clusters.
+fn start(name: &str, client: &Client, records: &Records) -> Replica {
+    let clusters: Vec<String> = (0..CLUSTERS).map(|i| format!("c{i}")).collect();
+    start_in("test-shards", &clusters, name, client, records)
 }
 
-impl Replica {
-    fn start(name: &str, client: &Client, records: &Records) -> Self {
-        let clusters: Vec<String> = (0..CLUSTERS).map(|i| format!("c{i}")).collect();
-        Self::start_in("test-shards", &clusters, name, client, records)
-    }
+/// Replica `name` of the set `set`, offered `clusters`.
+fn start_in(
+    set: &str,
+    clusters: &[impl AsRef<str>],
+    name: &str,
+    client: &Client,
+    records: &Records,
+) -> Replica {
+    start_counting(set, clusters, name, client, records, None)
+}
 
-    /// A replica of the set `set` offered `clusters`.
-    fn start_in(
-        set: &str,
-        clusters: &[impl AsRef<str>],
-        name: &str,
-        client: &Client,
-        records: &Records,
-    ) -> Self {
-        Self::start_counting(set, clusters, name, client, records, None)
-    }
-
-    /// [`start_in`](Self::start_in), counting `shards` shards if given.
-    fn start_counting(
-        set: &str,
-        clusters: &[impl AsRef<str>],
-        name: &str,
-        client: &Client,
-        records: &Records,
-        shards: Option<u32>,
-    ) -> Self {
-        let fleet = Fleet::new();
-        let (provider, handle) = ProgrammaticProvider::new();
-        for cluster in clusters {
-            handle.engage(cluster.as_ref(), client.clone());
-        }
-        let sharding = Sharding::new(set).lease(
-            LeaseParams::default()
-                .namespace("default")
-                .identity(name)
-                .client(client.clone())
-                .lease_duration(LEASE)
-                .renew_deadline(RENEW_DEADLINE)
-                .retry_period(RETRY),
-        );
-        let sharding = match shards {
-            Some(shards) => sharding.shards(shards),
-            None => sharding,
-        };
-        let status = sharding.status();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let manager = Manager::new(&fleet)
-            .provider(provider)
-            .sharding(sharding)
-            .graceful_shutdown_on(async move {
-                let _ = stopped.await;
-            })
-            .controller(
-                Controller::<ConfigMap>::new(
-                    &fleet,
-                    watcher::Config::default().labels("sharded=true"),
-                )
-                .named("echo"),
-                records.reconciler(name, Duration::from_millis(20), Duration::from_millis(300)),
-            );
-        Self {
-            name: name.to_owned(),
-            status,
-            clusters: handle,
-            stop: Some(stop),
-            run: tokio::spawn(manager.run()),
-        }
-    }
+/// [`start_in`], counting `shards` shards if given.
+fn start_counting(
+    set: &str,
+    clusters: &[impl AsRef<str>],
+    name: &str,
+    client: &Client,
+    records: &Records,
+    shards: Option<u32>,
+) -> Replica {
+    let sharding = Sharding::new(set).lease(lease_params(name, client.clone()));
+    let sharding = match shards {
+        Some(shards) => sharding.shards(shards),
+        None => sharding,
+    };
+    Replica::start(sharding, name, clusters, client, "sharded", records)
 }
 
 /// Who owns each cluster, by the replicas' own word.
@@ -196,9 +143,9 @@ async fn three_replicas_split_nine_clusters_and_recover_from_a_dead_one() {
     let client = cluster.client();
     let records = Records::default();
 
-    let a = Replica::start("replica-a", &client, &records);
-    let b = Replica::start("replica-b", &client, &records);
-    let mut c = Replica::start("replica-c", &client, &records);
+    let a = start("replica-a", &client, &records);
+    let b = start("replica-b", &client, &records);
+    let mut c = start("replica-c", &client, &records);
     let (before, _) = settled(&[&a, &b, &c]).await;
     println!("three replicas: {before:?}");
     for replica in [&a, &b, &c] {
@@ -231,8 +178,9 @@ async fn three_replicas_split_nine_clusters_and_recover_from_a_dead_one() {
     // Its future is dropped: it starts no reconcile after, and says it owns
     // nothing, though its Leases stay for the others to see run out.
     c.run.abort();
-    let killed = Instant::now();
+    // Dropped once the abort is taken in: a reconcile may start before.
     let _ = (&mut c.run).await;
+    let killed = Instant::now();
     assert!(c.status.owned().is_empty(), "{:?}", c.status.owned());
     assert!(c.status.history().iter().all(|o| o.until.is_some()));
     let (after, _) = settled(&[&a, &b]).await;
@@ -289,7 +237,7 @@ async fn three_replicas_split_nine_clusters_and_recover_from_a_dead_one() {
 
     // A fourth replica joins: it takes some clusters, and only from others'
     // shares; no cluster moves between the old replicas.
-    let d = Replica::start("replica-d", &client, &records);
+    let d = start("replica-d", &client, &records);
     let (joined, _) = settled(&[&a, &b, &d]).await;
     println!("after replica-d joined: {joined:?}");
     let mut moved = 0;
@@ -305,18 +253,7 @@ async fn three_replicas_split_nine_clusters_and_recover_from_a_dead_one() {
     // Graceful stops release everything.
     let mut histories = vec![("replica-c".to_owned(), c_history)];
     for mut replica in [a, b, d] {
-        let _ = replica.stop.take().expect("runs").send(());
-        let ended = tokio::time::timeout(PATIENCE, &mut replica.run)
-            .await
-            .expect("stops")
-            .expect("its task");
-        assert!(ended.is_ok(), "{}: {ended:?}", replica.name);
-        assert!(
-            replica.status.owned().is_empty(),
-            "{} owns after stopping",
-            replica.name
-        );
-        histories.push((replica.name.clone(), replica.status.history()));
+        histories.push(replica.stop().await);
     }
     assert_no_overlapping_ownership(&histories);
     assert_no_overlap(&records.all());
@@ -459,8 +396,8 @@ async fn leases_of_replicas_and_clusters_that_left_are_deleted_and_a_restarted_r
     .await;
     let planted = Instant::now();
 
-    let mut a = Replica::start_in(SET, &["c0", "c1", "c2"], "replica-a", &client, &records);
-    let mut b = Replica::start_in(SET, &["c0", "c1", "c2"], "replica-b", &client, &records);
+    let mut a = start_in(SET, &["c0", "c1", "c2"], "replica-a", &client, &records);
+    let mut b = start_in(SET, &["c0", "c1", "c2"], "replica-b", &client, &records);
     let (before, _) = settled_on(&[&a, &b], 3).await;
     println!("two replicas: {before:?}");
 
@@ -512,7 +449,7 @@ async fn leases_of_replicas_and_clusters_that_left_are_deleted_and_a_restarted_r
     let _ = (&mut b.run).await;
     let b_history = b.status.history();
     let restarted = Instant::now();
-    let mut b = Replica::start_in(SET, &["c1", "c2"], "replica-b", &client, &records);
+    let mut b = start_in(SET, &["c1", "c2"], "replica-b", &client, &records);
     let (after, _) = settled_on(&[&a, &b], 2).await;
     let new_holder = b_holder(&leases(&client, SET).await).expect("b's Lease");
     println!(
@@ -523,11 +460,7 @@ async fn leases_of_replicas_and_clusters_that_left_are_deleted_and_a_restarted_r
     assert_eq!(after, expected, "the restarted replica runs other clusters");
 
     // A graceful stop deletes the replica's own Lease.
-    let _ = b.stop.take().expect("runs").send(());
-    let ended = tokio::time::timeout(PATIENCE, &mut b.run)
-        .await
-        .expect("stops");
-    assert!(ended.expect("its task").is_ok());
+    b.stop().await;
     let left = leases(&client, SET).await;
     assert_eq!(b_holder(&left), None, "{left:?}");
     assert!(
@@ -554,11 +487,7 @@ async fn leases_of_replicas_and_clusters_that_left_are_deleted_and_a_restarted_r
 
     // A's stop leaves the Leases of the shards of the clusters still
     // offered, released, and nothing else.
-    let _ = a.stop.take().expect("runs").send(());
-    let ended = tokio::time::timeout(PATIENCE, &mut a.run)
-        .await
-        .expect("stops");
-    assert!(ended.expect("its task").is_ok());
+    a.stop().await;
     let left = leases(&client, SET).await;
     let mut fenced: Vec<u32> = left.values().filter_map(shard_of).collect();
     fenced.sort();
@@ -590,12 +519,12 @@ async fn a_replica_runs_nothing_beside_one_counting_other_shards_or_of_an_earlie
     let records = Records::default();
     let clusters = ["c0", "c1", "c2"];
 
-    let a = Replica::start_in(SET, &clusters, "replica-a", &client, &records);
+    let a = start_in(SET, &clusters, "replica-a", &client, &records);
     settled_on(&[&a], 3).await;
 
     // B counts 32 shards where A counts the default 64: a cluster would
     // fall in different shards for each, so neither runs anything.
-    let mut b = Replica::start_counting(SET, &clusters, "replica-b", &client, &records, Some(32));
+    let mut b = start_counting(SET, &clusters, "replica-b", &client, &records, Some(32));
     let deadline = Instant::now() + PATIENCE;
     while !(a.status.owned().is_empty() && a.status.replicas().len() == 2) {
         assert!(
@@ -623,11 +552,7 @@ async fn a_replica_runs_nothing_beside_one_counting_other_shards_or_of_an_earlie
     }
 
     // B leaves: A runs every cluster again.
-    let _ = b.stop.take().expect("runs").send(());
-    let ended = tokio::time::timeout(PATIENCE, &mut b.run)
-        .await
-        .expect("stops");
-    assert!(ended.expect("its task").is_ok());
+    b.stop().await;
     let left = Instant::now();
     let (owners, back) = settled_on(&[&a], 3).await;
     println!(

@@ -40,7 +40,7 @@ use crate::{
     metrics::{LeaderGauge, ShardGauge},
     readiness::{Readiness, Watched},
     shard::{ShardStatus, Sharding},
-    sharder::Sharder,
+    sharder::{Rejoins, Sharder},
     timing::LeaseParams,
 };
 
@@ -311,6 +311,7 @@ async fn coordinate(
         let what = format!("sharding {:?}", sharding.name);
         let (client, namespace, identity) = lease_site(&sharding.lease, what).await?;
         let shards = Shards::default();
+        let rejoin_after = sharding.rejoin_wait();
         let hubs = sharding.hubs.map(|clusters| Hubs {
             clusters,
             shards: HubShards::default(),
@@ -335,6 +336,7 @@ async fn coordinate(
             sharding.lease.timings,
             shards,
             sharding.status,
+            Rejoins::new(sharding.lease.timings, rejoin_after),
             (hubs, taken),
         );
         let offers = futures::stream::select_all(providers.take().unwrap_or_default()).boxed();

@@ -11,7 +11,9 @@
 //! write the same fields. What stands apart does: the fences renewed with
 //! each round (`fences`).
 
+mod coverage;
 mod fences;
+mod rejoins;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -33,7 +35,9 @@ use crate::{
     shard::{ShardStatus, owner, shard_key, shard_of, short_hash},
     timing::Timings,
 };
+use coverage::{Fenced, Gaps};
 use fences::renew_fences;
+pub(crate) use rejoins::Rejoins;
 
 const SET_LABEL: &str = kube_multicluster::prefixed!("shards");
 const KIND_LABEL: &str = kube_multicluster::prefixed!("lease");
@@ -93,8 +97,13 @@ pub(crate) struct Sharder {
     me_until: Option<Instant>,
     /// The replicas' Leases as last listed, by name.
     replicas: HashMap<String, Observed>,
-    /// The live replicas, once a list of the Leases has been read.
+    /// The live replicas that rank for shards, once a list of the Leases
+    /// has been read.
     live: Option<Vec<String>>,
+    /// Replicas back from a lapse, this one too, not ranked yet.
+    rejoins: Rejoins,
+    /// The shards without a live owner, since when.
+    gaps: Gaps,
     /// A live replica that counts another number of shards (or of a
     /// release that fenced each cluster), and its count, as last listed:
     /// while there is one, this replica runs nothing.
@@ -135,6 +144,7 @@ impl Sharder {
         timings: Timings,
         shards: Shards,
         status: ShardStatus,
+        rejoins: Rejoins,
         (hubs, taken): (Option<Hubs>, watch::Sender<u64>),
     ) -> Self {
         let holder = holder_for(&identity);
@@ -165,6 +175,8 @@ impl Sharder {
             me_until: None,
             replicas: HashMap::new(),
             live: None,
+            rejoins,
+            gaps: Gaps::default(),
             disagrees: None,
             listed: false,
             fences: HashMap::new(),
@@ -387,7 +399,10 @@ impl Sharder {
             ),
         );
         match own {
-            Ok(Ok(Holder::Me)) => self.me_until = Some(start + self.timings.renew_deadline),
+            Ok(Ok(Holder::Me)) => {
+                self.me_until = Some(start + self.timings.renew_deadline);
+                self.rejoins.renewed(start);
+            }
             Ok(Ok(Holder::Other(other))) => {
                 tracing::warn!(holder = %self.holder, %other, "this replica's Lease is held by an earlier run of this identity, or by another process given it: waiting for it to run out");
             }
@@ -483,6 +498,13 @@ impl Sharder {
         let mut replicas = HashMap::new();
         let mut strays = HashMap::new();
         let mut earlier = None;
+        // How each offered shard's Lease stands; those this replica runs
+        // are known from its own writes.
+        let mut fenced: HashMap<u32, Fenced> = self
+            .owned
+            .keys()
+            .map(|shard| (*shard, Fenced::By(self.identity.clone())))
+            .collect();
         for lease in leases {
             let name = lease.metadata.name.clone().unwrap_or_default();
             let labels = lease.metadata.labels.as_ref();
@@ -527,7 +549,18 @@ impl Sharder {
             match shard {
                 Some(shard) => {
                     if !self.owned.contains_key(&shard) {
-                        self.fence(shard).saw(lease, now);
+                        let fence = self.fence(shard);
+                        fence.saw(lease, now);
+                        if let Some(seen) = fence.seen()
+                            && let Some(holder) = seen.holder()
+                        {
+                            let stands = if seen.runs_out() > now {
+                                Fenced::By(identity_of(holder).to_owned())
+                            } else {
+                                Fenced::RanOut(seen.runs_out())
+                            };
+                            fenced.insert(shard, stands);
+                        }
                     }
                 }
                 // Any other Lease of the set: an empty shard's, another
@@ -540,6 +573,19 @@ impl Sharder {
         }
         self.replicas = replicas;
         self.strays = strays;
+        let mut listed = HashSet::new();
+        for seen in self.replicas.values() {
+            if let Some(holder) = seen.holder()
+                && holder != self.holder
+            {
+                let identity = identity_of(holder);
+                listed.insert(identity.to_owned());
+                if identity != self.identity {
+                    self.rejoins.saw(identity, seen.runs_out() > now, now);
+                }
+            }
+        }
+        self.rejoins.keep_only(&listed);
         let live: Vec<&Observed> = self
             .replicas
             .values()
@@ -582,9 +628,29 @@ impl Sharder {
         }
         live.sort();
         live.dedup();
-        tracing::debug!(listed = leases.len(), ?live, "replicas");
-        self.status.set_replicas(live.clone());
-        self.live = Some(live);
+        let ranked: Vec<String> = live
+            .iter()
+            .filter(|replica| {
+                if **replica == self.identity {
+                    self.rejoins.i_rank(now)
+                } else {
+                    self.rejoins.ranks(replica, now)
+                }
+            })
+            .cloned()
+            .collect();
+        if ranked.len() < live.len() {
+            let waiting: Vec<&String> = live.iter().filter(|r| !ranked.contains(r)).collect();
+            tracing::debug!(?waiting, "replicas back from a lapse, not ranked yet");
+        }
+        tracing::debug!(listed = leases.len(), ?live, ?ranked, "replicas");
+        self.status.set_replicas(live);
+        let coverage = self.gaps.measure(offered, &fenced, &ranked, now);
+        if !coverage.unowned.is_empty() || !coverage.misplaced.is_empty() {
+            tracing::debug!(unowned = ?coverage.unowned, for_ = ?coverage.unowned_for(), misplaced = ?coverage.misplaced, "shards without a live owner or held by a replica that does not rank first");
+        }
+        self.status.set_coverage(coverage);
+        self.live = Some(ranked);
     }
 
     /// Deletes the Leases of replicas, and those that fence nothing

@@ -1,5 +1,6 @@
 //! Helpers shared by the manager's tests: reconciles recorded with their
-//! start and end, and ConfigMaps to reconcile.
+//! start and end, ConfigMaps to reconcile, and sharded replicas with the
+//! tests' short Lease timings.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -14,13 +15,117 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
     Api, Client,
     api::{ObjectMeta, PostParams},
+    runtime::watcher,
 };
-use kube_multicluster::{Action, ObjectRequest};
-use tokio::time::Instant;
+use kube_multicluster::{
+    Action, Controller, Fleet, ObjectRequest,
+    provider::{ProgrammaticHandle, ProgrammaticProvider},
+};
+use kube_multicluster_manager::{Error, LeaseParams, Manager, Ownership, ShardStatus, Sharding};
+use tokio::{sync::oneshot, task::JoinHandle, time::Instant};
 use tower::{BoxError, Service, service_fn};
 
 /// How long a test waits for something that should happen.
 pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// The tests' Lease timings: a lease of 4 s, a renew deadline of 3 s, a
+/// retry period of 1 s (up to 1.2 s with jitter).
+pub const LEASE: Duration = Duration::from_secs(4);
+/// See [`LEASE`].
+pub const RENEW_DEADLINE: Duration = Duration::from_secs(3);
+/// See [`LEASE`].
+pub const RETRY: Duration = Duration::from_secs(1);
+
+/// The Leases of replica `identity`, in `default` of the cluster `client`
+/// reaches, held at the tests' timings.
+pub fn lease_params(identity: &str, client: Client) -> LeaseParams {
+    LeaseParams::default()
+        .namespace("default")
+        .identity(identity)
+        .client(client)
+        .lease_duration(LEASE)
+        .renew_deadline(RENEW_DEADLINE)
+        .retry_period(RETRY)
+}
+
+/// A sharded replica of a test: its manager runs one controller, `echo`,
+/// of the ConfigMaps labelled `<label>=true`, its reconciles recorded
+/// under the replica's name.
+pub struct Replica {
+    pub name: String,
+    pub status: ShardStatus,
+    /// The clusters its provider offers.
+    pub clusters: ProgrammaticHandle,
+    pub stop: Option<oneshot::Sender<()>>,
+    pub run: JoinHandle<Result<(), Error>>,
+}
+
+impl Replica {
+    /// Starts replica `name`, sharding as `sharding` says, offered
+    /// `clusters`, each reached with `client`.
+    pub fn start(
+        sharding: Sharding,
+        name: &str,
+        clusters: &[impl AsRef<str>],
+        client: &Client,
+        label: &str,
+        records: &Records,
+    ) -> Self {
+        let fleet = Fleet::new();
+        let (provider, handle) = ProgrammaticProvider::new();
+        for cluster in clusters {
+            handle.engage(cluster.as_ref(), client.clone());
+        }
+        let status = sharding.status();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let manager = Manager::new(&fleet)
+            .provider(provider)
+            .sharding(sharding)
+            .graceful_shutdown_on(async move {
+                let _ = stopped.await;
+            })
+            .controller(
+                Controller::<ConfigMap>::new(
+                    &fleet,
+                    watcher::Config::default().labels(&format!("{label}=true")),
+                )
+                .named("echo"),
+                records.reconciler(name, Duration::from_millis(20), Duration::from_millis(300)),
+            );
+        Self {
+            name: name.to_owned(),
+            status,
+            clusters: handle,
+            stop: Some(stop),
+            run: tokio::spawn(manager.run()),
+        }
+    }
+
+    /// Stops it gracefully, and checks that it ended well owning nothing;
+    /// returns its name and its stretches of ownership.
+    pub async fn stop(&mut self) -> (String, Vec<Ownership>) {
+        let _ = self.stop.take().expect("runs").send(());
+        let ended = tokio::time::timeout(PATIENCE, &mut self.run)
+            .await
+            .expect("stops")
+            .expect("its task");
+        assert!(ended.is_ok(), "{}: {ended:?}", self.name);
+        assert!(
+            self.status.owned().is_empty(),
+            "{} owns after stopping",
+            self.name
+        );
+        (self.name.clone(), self.status.history())
+    }
+
+    /// Kills it: its future dropped, its Leases left to run out; returns
+    /// its name and its stretches of ownership.
+    pub async fn kill(&mut self) -> (String, Vec<Ownership>) {
+        self.run.abort();
+        let _ = (&mut self.run).await;
+        (self.name.clone(), self.status.history())
+    }
+}
 
 /// One reconcile: who ran it, in which cluster, from when until when (the
 /// end is set when its future is dropped, finished or stopped).
