@@ -22,6 +22,7 @@ use kube_multicluster::{
     ownership::{PARENT_ANNOTATION, PARENT_UID_LABEL},
     provider::{ProgrammaticHandle, ProgrammaticProvider},
 };
+use serde_json::json;
 use tower::BoxError;
 
 struct Setup {
@@ -138,8 +139,8 @@ async fn a_fanout_job_runs_everywhere_and_reports_running_finished_and_the_faile
         let status = status(&setup.fanouts, "ok").await;
         status
             .clusters
-            .values()
-            .filter(|s| *s == "Complete")
+            .iter()
+            .filter(|entry| entry.value == Some(json!("Complete")))
             .count()
             == 2
     })
@@ -165,7 +166,11 @@ async fn a_fanout_job_runs_everywhere_and_reports_running_finished_and_the_faile
         .unwrap();
     let failed = phase_is(&setup.fanouts, "bad", "Error").await;
     assert_eq!(failed.message, "the Job failed in member-1");
-    assert_eq!(failed.clusters["member-1"], "Failed");
+    let member_1 = failed.clusters.iter().find(|e| e.cluster == "member-1");
+    assert_eq!(
+        member_1.and_then(|e| e.value.clone()),
+        Some(json!("Failed"))
+    );
 }
 
 #[tokio::test]
@@ -186,7 +191,8 @@ async fn a_member_that_joins_later_gets_the_job() {
         status(&setup.fanouts, "late")
             .await
             .clusters
-            .contains_key("member-1")
+            .iter()
+            .any(|entry| entry.cluster == "member-1")
     })
     .await;
 }

@@ -20,6 +20,7 @@ mod error;
 pub mod finalizer;
 mod fleet;
 pub mod fleetwide;
+pub mod gather;
 pub mod health;
 pub mod identity;
 mod names;

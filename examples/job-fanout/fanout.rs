@@ -1,10 +1,11 @@
 //! The job fan-out controller: a `FanoutJob` in the hub describes a Job; the
 //! controller runs that Job in the hub and in every member cluster, and
-//! reports on the `FanoutJob` how they fare.
+//! reports on the `FanoutJob` how they fare: each cluster's Job gathered into
+//! `status.clusters` (`kube_multicluster::gather`), and a phase made from them.
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use futures::StreamExt;
 use k8s_openapi::api::{
@@ -18,15 +19,16 @@ use kube::{
 };
 use kube_multicluster::{
     Action, Cluster, ClusterName, Controller, Fleet, ObjectRequest,
-    apply::apply_status,
     cache::WatchState,
     controller::{ClusterSelector, Watch},
     finalizer::Event,
     fleetwide::for_each_cluster,
+    gather::{ClusterEntry, Gather, Read, entries_schema},
     ownership::{Children, PARENT_UID_LABEL, ParentRef},
 };
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 use tower::{BoxError, service_fn};
 
 /// A Job to run in every cluster of the fleet.
@@ -55,24 +57,25 @@ pub struct FanoutJobStatus {
     pub phase: String,
     /// What the phase means, naming the clusters concerned.
     pub message: String,
-    /// Each cluster's Job: `Running`, `Complete`, `Failed`, or why it is
-    /// not there.
-    pub clusters: BTreeMap<String, String>,
+    /// Each cluster's Job: its `value` is `Complete` or `Failed` once it
+    /// ends, with the cluster's health and whether it is `stale`.
+    #[serde(default)]
+    #[schemars(schema_with = "cluster_entries")]
+    pub clusters: Vec<ClusterEntry>,
+}
+
+fn cluster_entries(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::Schema::try_from(entries_schema()).expect("an object schema")
 }
 
 /// The finalizer that deletes a `FanoutJob`'s Jobs before it goes.
 pub const FINALIZER: &str = "fleet.example.com/jobs";
 /// The field manager of the status.
 const MANAGER: &str = "job-fanout";
-
-/// The local cluster's name in messages.
-fn shown(cluster: &Cluster) -> String {
-    if cluster.name().is_local() {
-        "hub".to_owned()
-    } else {
-        cluster.name().to_string()
-    }
-}
+/// How a Job ended, gathered from each cluster: the type of its `Complete`
+/// or `Failed` condition that holds, nothing while it runs.
+const ENDED: &str =
+    r#".status.conditions[?@.status=="True" && (@.type=="Complete" || @.type=="Failed")].type"#;
 
 /// Runs the controller on `fleet`, whose local cluster is the hub: until
 /// the fleet's controller stops.
@@ -81,6 +84,9 @@ pub async fn run(fleet: Fleet) -> Result<(), BoxError> {
     let jobs = Watch::new(watcher::Config::default().labels(PARENT_UID_LABEL))
         .in_clusters(ClusterSelector::All);
     let children = Children::<Job>::new(&fleet, jobs.clone());
+    let gather = Gather::new(&fleet, children.clone(), Read::field(ENDED)?)
+        .manager(MANAGER)
+        .local_name("hub");
     let controller = Controller::<FanoutJob>::new(&fleet, watcher::Config::default())
         .named("job-fanout")
         .clusters(ClusterSelector::Local)
@@ -88,10 +94,12 @@ pub async fn run(fleet: Fleet) -> Result<(), BoxError> {
         // A member that joins gets every FanoutJob's Job.
         .reconcile_all_on(fleet.engagements().map(|_| ()))
         // Clusters that were down when a FanoutJob went are swept.
-        .reconcile_on(children.sweeps(Duration::from_secs(5)));
+        .reconcile_on(children.sweeps(Duration::from_secs(5)))
+        // A cluster that stops answering, or answers again, shows in the status.
+        .reconcile_all_on(gather.changes(Duration::from_secs(1)));
     let reconcile = move |request: ObjectRequest<FanoutJob>| {
-        let (fleet, children) = (fleet.clone(), children.clone());
-        async move { reconcile(request, fleet, children).await }
+        let (fleet, children, gather) = (fleet.clone(), children.clone(), gather.clone());
+        async move { reconcile(request, fleet, children, gather).await }
     };
     controller.run(service_fn(reconcile)).await?;
     Ok(())
@@ -101,16 +109,18 @@ async fn reconcile(
     request: ObjectRequest<FanoutJob>,
     fleet: Fleet,
     children: Children<Job>,
+    gather: Gather<Job>,
 ) -> Result<Action, BoxError> {
     if request.object.is_none() {
         // Gone: Jobs left in clusters that were down when it went go now.
+        gather.forget(&request.request);
         children.sweep(&request).await?;
         return Ok(Action::await_change());
     }
     request
         .finalize(FINALIZER, |event| async {
             match event {
-                Event::Apply(fanout) => apply(&request, &fanout, &fleet, &children).await,
+                Event::Apply(fanout) => apply(&request, &fanout, &fleet, &children, &gather).await,
                 Event::Cleanup(_) => {
                     let deleted = children.delete(&request, Duration::from_secs(10)).await?;
                     tracing::info!(request = %request, deleted = deleted.deleted.len(), skipped = ?deleted.skipped, "Jobs deleted");
@@ -127,6 +137,7 @@ async fn apply(
     fanout: &Arc<FanoutJob>,
     fleet: &Fleet,
     children: &Children<Job>,
+    gather: &Gather<Job>,
 ) -> Result<Action, BoxError> {
     let parent = ParentRef::of(request.cluster.name(), fanout.as_ref())?;
     let namespace = fanout.namespace().unwrap_or_default();
@@ -135,8 +146,8 @@ async fn apply(
     if let Err(error) = children.sweep(request).await {
         tracing::warn!(%request, %error, "Jobs of an earlier FanoutJob of this name remain");
     }
-    // Clusters whose Jobs are not all known yet (just joined, say) keep
-    // their last state, and get their Job once they are.
+    // Clusters whose Jobs are not all known yet (just joined, say) get
+    // their Job once they are (their entries keep their last value).
     let known: Vec<ClusterName> = children
         .store()
         .clusters()
@@ -145,7 +156,6 @@ async fn apply(
         .map(|(name, _)| name)
         .collect();
     let existing = children.owned(request);
-    let previous = fanout.status.clone().unwrap_or_default();
     let job = job(fanout, &parent);
     // Create the Job where it is missing; a Job's template cannot change.
     let (mut clusters, unknown): (Vec<Cluster>, Vec<Cluster>) = fleet
@@ -171,81 +181,42 @@ async fn apply(
         }
     })
     .await;
+    for (cluster, error) in created.errors() {
+        tracing::warn!(%request, cluster = %cluster, %error, "the Job was not created");
+    }
 
-    // Each cluster's Job, as its cluster's cache has it.
-    let mut status = FanoutJobStatus::default();
-    let (mut failed, mut running) = (Vec::new(), Vec::new());
-    for (name, outcome) in &created.outcomes {
-        let label = if name.is_local() {
-            "hub".to_owned()
-        } else {
-            name.to_string()
-        };
-        let state = match outcome {
-            Err(error) => {
-                running.push(label.clone());
-                format!("not created: {error}")
-            }
-            Ok(cluster) => {
-                let found = existing
-                    .iter()
-                    .find(|child| child.cluster == *cluster.name());
-                match found.map(|child| job_state(&child.object)) {
-                    Some("Failed") => {
-                        failed.push(shown(cluster));
-                        "Failed".to_owned()
-                    }
-                    Some("Complete") => "Complete".to_owned(),
-                    _ => {
-                        running.push(shown(cluster));
-                        "Running".to_owned()
-                    }
-                }
-            }
-        };
-        status.clusters.insert(label, state);
-    }
-    for cluster in &unknown {
-        let label = shown(cluster);
-        let last = previous.clusters.get(&label).cloned();
-        let state = last.unwrap_or_else(|| "Unknown".to_owned());
-        match state.as_str() {
-            "Failed" => failed.push(label.clone()),
-            "Complete" => {}
-            _ => running.push(label.clone()),
-        }
-        status.clusters.insert(label, state);
-    }
-    failed.sort();
-    running.sort();
-    (status.phase, status.message) = if !failed.is_empty() {
-        (
-            "Error".into(),
-            format!("the Job failed in {}", failed.join(", ")),
-        )
+    // Each cluster's Job gathered, and the phase made from them, in one apply.
+    let gathered = gather.write_with(request, phase).await?;
+    let action = if unknown.is_empty() && created.all_ok() {
+        Action::await_change()
+    } else {
+        Action::requeue(Duration::from_secs(5))
+    };
+    Ok(gathered.merged(action))
+}
+
+/// `phase` and `message` from each cluster's entry: `Error` as soon as a
+/// Job failed, `Finished` once every Job completed, `Running` otherwise.
+fn phase(entries: &[ClusterEntry]) -> Value {
+    let clusters = |keep: fn(Option<&str>) -> bool| -> Vec<&str> {
+        let kept = entries
+            .iter()
+            .filter(|entry| keep(entry.value.as_ref().and_then(Value::as_str)));
+        kept.map(|entry| entry.cluster.as_str()).collect()
+    };
+    let failed = clusters(|ended| ended == Some("Failed"));
+    let running = clusters(|ended| !matches!(ended, Some("Failed" | "Complete")));
+    let (phase, message) = if !failed.is_empty() {
+        ("Error", format!("the Job failed in {}", failed.join(", ")))
     } else if running.is_empty() {
         (
-            "Finished".into(),
-            format!(
-                "the Job completed in all {} clusters",
-                status.clusters.len()
-            ),
+            "Finished",
+            format!("the Job completed in all {} clusters", entries.len()),
         )
     } else {
-        (
-            "Running".into(),
-            format!("waiting for {}", running.join(", ")),
-        )
+        ("Running", format!("waiting for {}", running.join(", ")))
     };
-    if fanout.status.as_ref() != Some(&status) {
-        let api = Api::<FanoutJob>::namespaced(request.cluster.client(), &namespace);
-        apply_status(&api, MANAGER, &fanout.name_any(), &status).await?;
-    }
-    if unknown.is_empty() {
-        Ok(Action::await_change())
-    } else {
-        Ok(Action::requeue(Duration::from_secs(5)))
-    }
+    json!({ "phase": phase, "message": message })
 }
 
 /// The Job a `FanoutJob` asks for, marked as its child.
@@ -276,21 +247,6 @@ fn job(fanout: &FanoutJob, parent: &ParentRef) -> Job {
     };
     parent.adopt(&mut job);
     job
-}
-
-/// `Complete`, `Failed`, or `Running`, by the Job's conditions.
-pub fn job_state(job: &Job) -> &'static str {
-    let conditions = job.status.as_ref().and_then(|s| s.conditions.as_ref());
-    let holds = |kind: &str| {
-        conditions.is_some_and(|c| c.iter().any(|c| c.type_ == kind && c.status == "True"))
-    };
-    if holds("Failed") {
-        "Failed"
-    } else if holds("Complete") {
-        "Complete"
-    } else {
-        "Running"
-    }
 }
 
 /// Plays the Job controller, which a bare API server lacks: marks the Job
