@@ -257,6 +257,24 @@ impl Reachability {
         }
     }
 
+    /// Asks the cluster once, now, whether it is ready, and takes in what
+    /// it finds: no answer within `timeout`, or a `5xx`, marks it down (a
+    /// probe then asks until it answers again), as the probe's own asks do.
+    pub(crate) async fn check(self: Arc<Self>, timeout: Duration) {
+        match ask(&self.client, timeout).await {
+            Probed::Answered => {
+                self.heard();
+                self.answered();
+            }
+            Probed::NoAnswer(cause) | Probed::TimedOut(cause) => {
+                if self.went_down(|| cause) {
+                    self.probe(false);
+                }
+            }
+            Probed::Unknown => {}
+        }
+    }
+
     /// Data came on a watch: the cluster answers.
     pub(crate) fn sent_data(&self) {
         self.heard();

@@ -6,6 +6,7 @@ use super::duplicates::Duplicates;
 use crate::{
     cache::InitialLists,
     client::{KeepAlive, RequestBudget},
+    health::Settling,
 };
 
 /// How a [`Fleet`](super::Fleet) treats its clusters, given once to
@@ -14,12 +15,13 @@ use crate::{
 ///
 /// ```
 /// use std::time::Duration;
-/// use kube_multicluster::{Duplicates, Fleet, FleetConfig, client::RequestBudget};
+/// use kube_multicluster::{Duplicates, Fleet, FleetConfig, client::RequestBudget, health::Settling};
 ///
 /// let fleet = Fleet::with_config(FleetConfig {
 ///     initial_lists: 16,
 ///     request_budget: RequestBudget::DEFAULT.writes(100.0, 200),
 ///     set_aside_after: Some(Duration::from_secs(300)),
+///     settling: Settling::new(Duration::from_secs(10), Duration::from_secs(600)),
 ///     duplicates: Duplicates::Ignore,
 ///     ..FleetConfig::default()
 /// });
@@ -68,16 +70,29 @@ pub struct FleetConfig {
     /// controllers stop its watches and forget its keys, so its cache's
     /// memory is freed and its retries stop. The fleet keeps what it was
     /// engaged with and goes on asking it whether it is ready (every few
-    /// seconds); when it answers, the fleet engages it again under its name
-    /// with the same client, within a second, and controllers start over
-    /// there (a full list, every key reconciled). Meanwhile it is in
-    /// [`FleetStatus::set_aside`](super::FleetStatus::set_aside) and, as `Unreachable`,
-    /// in [`FleetStatus::health`](super::FleetStatus::health). Its provider need do
+    /// seconds); once it has answered for its [settling](Self::settling)
+    /// time, the fleet engages it again under its name with the same
+    /// client, and controllers start over there (a full list, every key
+    /// reconciled). Meanwhile it is in
+    /// [`FleetStatus::set_aside`](super::FleetStatus::set_aside) and
+    /// [`FleetStatus::damping`](super::FleetStatus::damping) and, as
+    /// `Unreachable` (or `Settling` while it answers), in
+    /// [`FleetStatus::health`](super::FleetStatus::health). Its provider need do
     /// nothing: an engage of its name replaces it, a disengage forgets it.
     /// A namespace of a host ([`Fleet::engage_view`](super::Fleet::engage_view))
     /// is not set aside: its watches are its host's, shared with the other
     /// namespaces.
     pub set_aside_after: Option<Duration>,
+    /// How long a cluster [set aside](Self::set_aside_after) must answer,
+    /// without a miss, before it is engaged again: the first time 5 s, and
+    /// twice as long each time it flaps (stops answering less than the cap
+    /// after it was engaged again, and is set aside for it), up to 5 min
+    /// (default [`Settling::DEFAULT`]). A cluster that answers and fails by
+    /// turns is so engaged again at most
+    /// [`Settling::most_engagements`] times while it flaps (3 in a minute
+    /// by default) rather than at each answer, each engagement a full list
+    /// of every watch. Used only with `set_aside_after`.
+    pub settling: Settling,
     /// What the fleet does when two names it engages are one cluster
     /// (default [`Duplicates::Warn`]).
     pub duplicates: Duplicates,
@@ -90,6 +105,7 @@ impl Default for FleetConfig {
             request_budget: RequestBudget::DEFAULT,
             keep_alive: Some(KeepAlive::DEFAULT),
             set_aside_after: None,
+            settling: Settling::DEFAULT,
             duplicates: Duplicates::Warn,
         }
     }

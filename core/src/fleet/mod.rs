@@ -153,6 +153,7 @@ impl Fleet {
             state.budget = config.request_budget;
             state.vigil.keep_alive = config.keep_alive;
             state.vigil.set_aside_after = config.set_aside_after;
+            state.vigil.settling = config.settling;
             state.same.policy = config.duplicates;
         }
         fleet
@@ -166,6 +167,7 @@ impl Fleet {
             request_budget: state.budget,
             keep_alive: state.vigil.keep_alive,
             set_aside_after: state.vigil.set_aside_after,
+            settling: state.vigil.settling,
             duplicates: state.same.policy,
         }
     }
@@ -187,6 +189,7 @@ impl Fleet {
             .collect();
         let mut set_aside: Vec<_> = aside.keys().cloned().collect();
         set_aside.sort();
+        let damping = state.vigil.damping();
         let (duplicates, initial_lists) = (state.same.duplicates(), state.lists.clone());
         drop(state);
         // Each cluster's health is read outside the fleet's lock.
@@ -199,6 +202,7 @@ impl Fleet {
         FleetStatus {
             health,
             set_aside,
+            damping,
             duplicates,
             initial_lists,
         }
@@ -313,9 +317,7 @@ impl Fleet {
     /// engaged keeps its engagement until the new one replaces it.
     fn offered(&self, state: &mut State, name: &ClusterName) {
         set_aside::start(state);
-        if let Some(aside) = state.vigil.set_aside.remove(name) {
-            aside.forget();
-        }
+        state.vigil.forget(name);
         duplicates::reoffer(state, name);
     }
 
@@ -339,8 +341,7 @@ impl Fleet {
         let Some(name) = known.or(aside.map(|(name, _)| name.clone())) else {
             return false;
         };
-        if let Some(aside) = state.vigil.set_aside.remove::<ClusterName>(&name) {
-            aside.forget();
+        if state.vigil.forget(&name) {
             tracing::info!(cluster = %name, "cluster set aside disengaged");
         }
         duplicates::forget(&mut state, &name);

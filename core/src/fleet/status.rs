@@ -1,6 +1,10 @@
 //! What the fleet can say of its clusters at one moment.
 
-use crate::{cache::InitialLists, cluster_name::ClusterName, health::ClusterHealth};
+use crate::{
+    cache::InitialLists,
+    cluster_name::ClusterName,
+    health::{ClusterHealth, Damping},
+};
 
 use super::Duplicate;
 
@@ -18,12 +22,17 @@ use super::Duplicate;
 #[non_exhaustive]
 pub struct FleetStatus {
     /// The health of every engaged cluster, and of every cluster
-    /// [set aside](super::FleetConfig::set_aside_after) (`Unreachable`), by
-    /// name, sorted: see [`ClusterHealth`].
+    /// [set aside](super::FleetConfig::set_aside_after) (`Unreachable`, or
+    /// `Settling` once it answers again), by name, sorted: see
+    /// [`ClusterHealth`].
     pub health: Vec<(ClusterName, ClusterHealth)>,
     /// The clusters set aside for want of an answer, sorted: see
     /// [`FleetConfig::set_aside_after`](super::FleetConfig::set_aside_after).
     pub set_aside: Vec<ClusterName>,
+    /// Each cluster set aside, sorted as [`set_aside`](Self::set_aside):
+    /// how many times it has flapped, and how long it must answer before it
+    /// is engaged again (see [`Settling`](crate::health::Settling)).
+    pub damping: Vec<(ClusterName, Damping)>,
     /// Every name offered for a cluster engaged under another: engaged too
     /// ([`Duplicates::Warn`](super::Duplicates::Warn)) or held back
     /// ([`Duplicates::EngageOnce`](super::Duplicates::EngageOnce)).

@@ -17,8 +17,8 @@ use prometheus_client::{
 /// `kube_multicluster_cluster_health{cluster, state}`: one
 /// series per engaged or set-aside cluster, of value 1, whose `state` is
 /// its [`ClusterHealth::state`](kube_multicluster::health::ClusterHealth::state)
-/// (`healthy`, `degraded` or `unreachable`); a cluster's series goes when it
-/// leaves.
+/// (`healthy`, `degraded`, `unreachable` or `settling`); a cluster's series
+/// goes when it leaves.
 #[derive(Debug)]
 pub struct FleetCollector {
     fleet: Fleet,
@@ -56,7 +56,7 @@ impl Collector for FleetCollector {
         }
         let mut family = encoder.encode_descriptor(
             kube_multicluster::metric_name!("cluster_health"),
-            "Each engaged or set-aside cluster's health: 1 under its state (healthy, degraded, unreachable)",
+            "Each engaged or set-aside cluster's health: 1 under its state (healthy, degraded, unreachable, settling)",
             None,
             MetricType::Gauge,
         )?;
