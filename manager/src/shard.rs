@@ -144,10 +144,13 @@ impl Sharding {
     /// its Lease and, restarted, ranks at once; so in a rolling restart of
     /// replicas with stable [identities](LeaseParams::identity) (a
     /// StatefulSet's pod names) each shard moves at most twice, away from
-    /// its replica and back. A replica's own view waits only after a lapse
-    /// every other replica must have seen (its lease duration and two of
-    /// their rounds), so none waits where the others do not, which would
-    /// leave its shards unrun.
+    /// its replica and back. A replica never holds itself back, only the
+    /// others do: its own view of a lapse may differ from theirs (they may
+    /// have missed it, forgotten its Lease, or lapsed too, as when the
+    /// Leases' API server was out of reach of all), and one that held
+    /// itself back while the others ranked it would leave its shards
+    /// unrun. Meanwhile it takes only shards no one holds, and waits for
+    /// the others' until they hand them over.
     ///
     /// ```
     /// use std::time::Duration;

@@ -260,18 +260,22 @@ impl Reachability {
     /// Asks the cluster once, now, whether it is ready, and takes in what
     /// it finds: no answer within `timeout`, or a `5xx`, marks it down (a
     /// probe then asks until it answers again), as the probe's own asks do.
-    pub(crate) async fn check(self: Arc<Self>, timeout: Duration) {
+    /// True if it answered; an ask that learnt nothing (its credentials
+    /// could not be had) is not an answer.
+    pub(crate) async fn check(self: Arc<Self>, timeout: Duration) -> bool {
         match ask(&self.client, timeout).await {
             Probed::Answered => {
                 self.heard();
                 self.answered();
+                true
             }
             Probed::NoAnswer(cause) | Probed::TimedOut(cause) => {
                 if self.went_down(|| cause) {
                     self.probe(false);
                 }
+                false
             }
-            Probed::Unknown => {}
+            Probed::Unknown => false,
         }
     }
 

@@ -13,6 +13,7 @@ use std::{
     time::Duration,
 };
 
+use futures::FutureExt;
 use tokio::{sync::watch, task::JoinHandle, time::Instant};
 
 use super::{FleetEvent, State};
@@ -133,8 +134,10 @@ pub(super) struct SetAside {
     /// Changes each time it answers again: an outage that came and went
     /// between two looks is a miss too.
     recoveries: watch::Receiver<u64>,
+    /// The count of recoveries last looked at.
+    recovered: u64,
     /// The ask under way while it answers.
-    asking: Option<JoinHandle<()>>,
+    asking: Option<JoinHandle<bool>>,
 }
 
 impl SetAside {
@@ -174,10 +177,20 @@ impl SetAside {
     /// answers, it is asked again (`keep_alive` gives the time to answer).
     fn settled(&mut self, name: &ClusterName, now: Instant, keep_alive: Option<KeepAlive>) -> bool {
         // Read before whether it answers: an ask that has ended has told
-        // its answer.
-        let asked = self.asking.as_ref().is_none_or(JoinHandle::is_finished);
-        let missed = self.recoveries.has_changed().unwrap_or(false);
-        self.recoveries.mark_unchanged();
+        // its answer. One that learnt nothing (credentials that could not
+        // be had) is a miss: the settling counts answers only.
+        let (asked, unanswered) = match &mut self.asking {
+            Some(asking) if asking.is_finished() => {
+                let answered = asking.now_or_never().is_some_and(|a| a.unwrap_or(false));
+                self.asking = None;
+                (true, !answered)
+            }
+            Some(_) => (false, false),
+            None => (true, false),
+        };
+        let recovered = *self.recoveries.borrow_and_update();
+        let missed = unanswered || recovered != self.recovered;
+        self.recovered = recovered;
         if !self.reachability.is_answering() {
             if self.answering.take().is_some() {
                 tracing::debug!(cluster = %name, "the cluster set aside does not answer again: its settling starts over when it answers");
@@ -308,7 +321,7 @@ fn set_aside(state: &mut State, name: ClusterName) {
     );
     state.publish(FleetEvent::Disengaged(name.clone()));
     let mut recoveries = reachability.recoveries();
-    recoveries.mark_unchanged();
+    let recovered = *recoveries.borrow_and_update();
     let aside = SetAside {
         client: reachability.client().clone(),
         since,
@@ -317,6 +330,7 @@ fn set_aside(state: &mut State, name: ClusterName) {
         settling,
         answering: None,
         recoveries,
+        recovered,
         asking: None,
         reachability,
     };

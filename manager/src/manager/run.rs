@@ -336,7 +336,7 @@ async fn coordinate(
             sharding.lease.timings,
             shards,
             sharding.status,
-            Rejoins::new(sharding.lease.timings, rejoin_after),
+            Rejoins::new(rejoin_after),
             (hubs, taken),
         );
         let offers = futures::stream::select_all(providers.take().unwrap_or_default()).boxed();

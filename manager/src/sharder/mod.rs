@@ -100,7 +100,7 @@ pub(crate) struct Sharder {
     /// The live replicas that rank for shards, once a list of the Leases
     /// has been read.
     live: Option<Vec<String>>,
-    /// Replicas back from a lapse, this one too, not ranked yet.
+    /// Other replicas back from a lapse, not ranked yet.
     rejoins: Rejoins,
     /// The shards without a live owner, since when.
     gaps: Gaps,
@@ -399,10 +399,7 @@ impl Sharder {
             ),
         );
         match own {
-            Ok(Ok(Holder::Me)) => {
-                self.me_until = Some(start + self.timings.renew_deadline);
-                self.rejoins.renewed(start);
-            }
+            Ok(Ok(Holder::Me)) => self.me_until = Some(start + self.timings.renew_deadline),
             Ok(Ok(Holder::Other(other))) => {
                 tracing::warn!(holder = %self.holder, %other, "this replica's Lease is held by an earlier run of this identity, or by another process given it: waiting for it to run out");
             }
@@ -628,15 +625,10 @@ impl Sharder {
         }
         live.sort();
         live.dedup();
+        // This replica ranks itself whatever the others make of it.
         let ranked: Vec<String> = live
             .iter()
-            .filter(|replica| {
-                if **replica == self.identity {
-                    self.rejoins.i_rank(now)
-                } else {
-                    self.rejoins.ranks(replica, now)
-                }
-            })
+            .filter(|replica| **replica == self.identity || self.rejoins.ranks(replica, now))
             .cloned()
             .collect();
         if ranked.len() < live.len() {

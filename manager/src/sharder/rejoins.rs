@@ -2,6 +2,14 @@
 //! Lease ran out) that comes back is ranked for shards again only once it
 //! has stayed for a while, so that a replica whose renews are late, then on
 //! time, does not pull its shards back and forth.
+//!
+//! Only the others hold a replica back: a replica always ranks itself. Its
+//! own view of a lapse cannot match theirs (they may not have seen it, may
+//! have forgotten its Lease, may have just started, or may have lapsed
+//! too), and where it held itself back while they ranked it, its shards
+//! would go unrun. Ranking itself while they hold it back costs nothing:
+//! it takes only shards no one holds, and waits for theirs until they hand
+//! them over.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -10,51 +18,37 @@ use std::{
 
 use tokio::time::Instant;
 
-use crate::timing::Timings;
-
-/// Which live replicas rank for shards: all but those back from a lapse
-/// for less than [`after`](Self::after).
+/// Which other live replicas rank for shards: all but those back from a
+/// lapse for less than [`after`](Self::after).
 #[derive(Debug)]
 pub(crate) struct Rejoins {
     /// How long a replica back from a lapse waits before it ranks again.
     after: Duration,
-    /// A gap between two of this replica's own renews longer than this was
-    /// surely seen as a lapse by every live replica that lists the Leases
-    /// on time: its Lease's duration, and two of their rounds.
-    surely_seen: Duration,
     /// Other replicas, by identity, seen run out: `None` while they still
     /// are, then since when they are back.
     lapsed: HashMap<String, Option<Instant>>,
-    /// When this replica's own last renew that went through began.
-    renewed: Option<Instant>,
-    /// Since when this replica is back from a lapse every other saw.
-    back: Option<Instant>,
 }
 
 impl Rejoins {
-    /// Rejoins of replicas holding Leases by `timings`, each waiting
-    /// `after` once back.
-    pub(crate) fn new(timings: Timings, after: Duration) -> Self {
-        let round = timings.retry_period.mul_f64(1.2) + timings.request_timeout();
+    /// Rejoins of replicas that each wait `after` once back.
+    pub(crate) fn new(after: Duration) -> Self {
         Self {
             after,
-            surely_seen: timings.lease_duration + round * 2,
             lapsed: HashMap::new(),
-            renewed: None,
-            back: None,
         }
     }
 
     /// Takes in another replica's Lease as listed at `now`: `live` if its
     /// time has not run out.
     pub(super) fn saw(&mut self, identity: &str, live: bool, now: Instant) {
+        let after = self.after;
         match (live, self.lapsed.get_mut(identity)) {
             (false, Some(state)) => *state = None,
             (false, None) => {
                 self.lapsed.insert(identity.to_owned(), None);
             }
             (true, Some(state @ None)) => *state = Some(now),
-            (true, Some(Some(since))) if now >= *since + self.after => {
+            (true, Some(Some(since))) if waited(after, *since, now) => {
                 self.lapsed.remove(identity);
             }
             (true, _) => {}
@@ -72,34 +66,14 @@ impl Rejoins {
         match self.lapsed.get(identity) {
             None => true,
             Some(None) => false,
-            Some(Some(since)) => now >= *since + self.after,
+            Some(Some(since)) => waited(self.after, *since, now),
         }
     }
+}
 
-    /// This replica's own Lease was renewed by a write that began at
-    /// `start`. After a gap every other replica must have seen as a lapse,
-    /// it waits as they make it wait; after a shorter one it ranks at once:
-    /// some may not rank it yet and keep its shards meanwhile, but none is
-    /// left unrun, as it would be if this replica waited where the others
-    /// did not.
-    pub(super) fn renewed(&mut self, start: Instant) {
-        if let Some(before) = self.renewed
-            && start.saturating_duration_since(before) > self.surely_seen
-        {
-            tracing::info!(
-                gap = ?start.saturating_duration_since(before),
-                wait = ?self.after,
-                "this replica's Lease ran out and is renewed again: it ranks for shards once it has stayed"
-            );
-            self.back = Some(start);
-        }
-        self.renewed = Some(start);
-    }
-
-    /// Whether this replica ranks for shards at `now`.
-    pub(super) fn i_rank(&self, now: Instant) -> bool {
-        self.back.is_none_or(|since| now >= since + self.after)
-    }
+/// Whether a replica back `since` has waited `after` at `now`.
+fn waited(after: Duration, since: Instant, now: Instant) -> bool {
+    now.saturating_duration_since(since) >= after
 }
 
 #[cfg(test)]
@@ -109,10 +83,9 @@ mod tests {
     use tokio::time::Instant;
 
     use super::Rejoins;
-    use crate::timing::Timings;
 
     fn rejoins() -> Rejoins {
-        Rejoins::new(Timings::default(), Duration::from_secs(30))
+        Rejoins::new(Duration::from_secs(30))
     }
 
     #[test]
@@ -145,18 +118,11 @@ mod tests {
     }
 
     #[test]
-    fn this_replica_waits_only_after_a_gap_every_other_saw() {
-        let mut r = rejoins();
+    fn a_wait_as_long_as_time_itself_never_overflows() {
+        let mut r = Rejoins::new(Duration::MAX);
         let t = Instant::now();
-        r.renewed(t);
-        // 15 s lease, two rounds of 2.4 s + 5 s: about 29.8 s.
-        r.renewed(t + Duration::from_secs(20));
-        assert!(
-            r.i_rank(t + Duration::from_secs(20)),
-            "a gap some may not have seen"
-        );
-        r.renewed(t + Duration::from_secs(60));
-        assert!(!r.i_rank(t + Duration::from_secs(61)));
-        assert!(r.i_rank(t + Duration::from_secs(90)));
+        r.saw("a", false, t);
+        r.saw("a", true, t);
+        assert!(!r.ranks("a", t + Duration::from_secs(3600)));
     }
 }
