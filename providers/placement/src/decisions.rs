@@ -222,7 +222,10 @@ pub(crate) fn named(object: &DynamicObject) -> (Vec<String>, Vec<String>) {
             Some(serde_json::Value::String(_)) => {
                 malformed.push(format!("status.decisions[{index}].clusterName is empty"));
             }
-            _ => malformed.push(format!(
+            None | Some(serde_json::Value::Null) => {
+                malformed.push(format!("status.decisions[{index}] has no clusterName"));
+            }
+            Some(_) => malformed.push(format!(
                 "status.decisions[{index}].clusterName is not a string"
             )),
         }
@@ -267,6 +270,7 @@ mod tests {
             { "clusterName": "west" },
             "east",
             { "clusterName": "" },
+            { "reason": "" },
         ]}));
         assert_eq!(
             named(&object),
@@ -274,8 +278,9 @@ mod tests {
                 vec!["west".into()],
                 vec![
                     "status.decisions[0].clusterName is not a string".into(),
-                    "status.decisions[2].clusterName is not a string".into(),
+                    "status.decisions[2] has no clusterName".into(),
                     "status.decisions[3].clusterName is empty".into(),
+                    "status.decisions[4] has no clusterName".into(),
                 ]
             )
         );

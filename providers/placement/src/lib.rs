@@ -12,11 +12,16 @@
 //! # What it does
 //!
 //! - It remembers the inner provider's last event for each cluster, and
-//!   engages a cluster when a decision names it and the inner provider
-//!   offers it, whichever comes first.
+//!   engages a cluster once both hold: a decision names it and the inner
+//!   provider offers it, in whichever order they come.
 //! - A cluster no decision names any more (its decision changed, was
-//!   deleted or was given a deletion timestamp) is disengaged; named again,
-//!   it is engaged again with the inner provider's last engagement of it.
+//!   deleted or was given a deletion timestamp) is disengaged after a grace
+//!   of 2 seconds ([`PlacementProvider::grace`]), unless a decision names
+//!   it again meanwhile: Open Cluster Management splits a placement's
+//!   decisions into `PlacementDecision`s of 100 clusters, ordered by name,
+//!   and a cluster moving from one to the next leaves one before the other
+//!   names it. Named again after its grace, it is engaged again with the
+//!   inner provider's last engagement of it.
 //! - The inner provider's engage and disengage of a named cluster pass
 //!   through: an engage replaces the cluster, a disengage removes it, and
 //!   it is not engaged again until the inner provider offers it again.
@@ -36,11 +41,19 @@
 //!   provider offers the cluster, which is then engaged, or when the
 //!   decision stops naming it.
 //! - `PlacementDecision namespace/name`: the decision is malformed
-//!   (`status.decisions` is not a list, a `clusterName` is not a string);
-//!   the clusters it names well still count, and so do other decisions.
+//!   (`status.decisions` is not a list, an entry has no `clusterName`, or
+//!   one that is not a string or is empty); the clusters it names well
+//!   still count, and so do other decisions.
 //! - `PlacementDecisions (cluster.open-cluster-management.io/v1beta1) in
 //!   fleet labelled ...`: the watch of the decisions fails. It is retried
-//!   with backoff, and the clusters engaged stay as they are meanwhile.
+//!   with kube's default backoff (800 ms, doubling up to 30 s), and the
+//!   clusters engaged stay as they are meanwhile. The problem clears, and
+//!   the backoff starts over, only once a list brings something back (an
+//!   object, or the end of the list); a list that keeps failing stays a
+//!   problem and is retried less and less often.
+//!
+//! A decision's problems are filed under its kind and `namespace/name`
+//! alone: two sources that read the same object share them.
 //!
 //! The hub's client needs `get`, `list` and `watch` on the decisions'
 //! resource (`placementdecisions.cluster.open-cluster-management.io`), in
@@ -69,17 +82,24 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod backoff;
 mod decisions;
 mod state;
 
 use std::{
     fmt,
-    pin::Pin,
+    pin::{Pin, pin},
     task::{Context, Poll},
+    time::Duration,
 };
 
 pub use decisions::{Decisions, PLACEMENT_LABEL, placement_decision};
-use futures::{Stream, StreamExt, stream, stream::BoxStream};
+use futures::{
+    Stream, StreamExt,
+    future::{self, Either},
+    stream,
+    stream::BoxStream,
+};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube_multicluster::provider::{ClusterEvent, Problems};
 
@@ -94,6 +114,7 @@ pub struct PlacementProvider {
     hub: kube::Client,
     decisions: Vec<Decisions>,
     inner: Option<BoxStream<'static, ClusterEvent>>,
+    grace: Duration,
     problems: Problems,
     stream: Option<BoxStream<'static, ClusterEvent>>,
 }
@@ -102,13 +123,15 @@ impl fmt::Debug for PlacementProvider {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PlacementProvider")
             .field("decisions", &self.decisions)
+            .field("grace", &self.grace)
             .field("problems", &self.problems)
             .finish_non_exhaustive()
     }
 }
 
 /// What moves the provider on: an event of the inner provider (`None` once
-/// its stream ends), or of the watch of one source of decisions.
+/// its stream ends), of the watch of one source of decisions, or the end
+/// of a grace.
 #[expect(
     clippy::large_enum_variant,
     reason = "one input at a time, moved straight into the state: boxing would only allocate"
@@ -116,11 +139,16 @@ impl fmt::Debug for PlacementProvider {
 enum Input {
     Inner(Option<ClusterEvent>),
     Decisions(usize, DecisionEvent),
+    Deadline,
 }
 
 type DecisionEvent = Result<watcher::Event<kube::api::DynamicObject>, watcher::Error>;
 
 impl PlacementProvider {
+    /// The grace of a cluster no decision names any more, unless
+    /// [`grace`](Self::grace) sets another.
+    pub const DEFAULT_GRACE: Duration = Duration::from_secs(2);
+
     /// Engages the clusters of `inner` that `decisions`, read from the hub
     /// `hub` reaches, name.
     pub fn new<P>(hub: kube::Client, decisions: Decisions, inner: P) -> Self
@@ -131,6 +159,7 @@ impl PlacementProvider {
             hub,
             decisions: vec![decisions],
             inner: Some(inner.boxed()),
+            grace: Self::DEFAULT_GRACE,
             problems: Problems::new(),
             stream: None,
         }
@@ -153,6 +182,30 @@ impl PlacementProvider {
         self
     }
 
+    /// How long a cluster no decision names any more stays engaged before
+    /// it is disengaged: if a decision names it again meanwhile, it stays.
+    /// Open Cluster Management splits a placement's decisions into
+    /// `PlacementDecision`s of 100 clusters, ordered by name, and a cluster
+    /// moving from one to the next leaves the one before the other names
+    /// it; without a grace its caches would be torn down and listed again.
+    /// [`Self::DEFAULT_GRACE`] unless set; [`Duration::ZERO`] disengages at
+    /// once. The inner provider's disengage passes at once whatever it is.
+    ///
+    /// ```no_run
+    /// # fn example(hub: kube::Client, inner: kube_multicluster::provider::ProgrammaticProvider) {
+    /// use std::time::Duration;
+    /// use kube_multicluster_provider_placement::{Decisions, PlacementProvider};
+    ///
+    /// let provider = PlacementProvider::new(hub, Decisions::placement("fleet", "web"), inner)
+    ///     .grace(Duration::from_secs(10));
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
     /// What keeps named clusters from being engaged now, and failing
     /// watches, by source (see the [crate docs](crate#problems)). Shared
     /// with the provider: it stays current while the provider runs.
@@ -171,23 +224,34 @@ impl PlacementProvider {
         let watches =
             stream::select_all(self.decisions.iter().enumerate().map(|(index, decisions)| {
                 watcher(decisions.api(self.hub.clone()), decisions.watcher_config())
-                    .default_backoff()
+                    .backoff(backoff::WatchBackoff::new())
                     .map(move |event| Input::Decisions(index, event))
                     .boxed()
             }));
-        let state = state::State::new(self.decisions.clone(), self.problems.clone());
+        let state = state::State::new(self.decisions.clone(), self.problems.clone(), self.grace);
         let inputs = stream::select(inner, watches);
         stream::unfold((state, inputs), |(mut state, mut inputs)| async move {
             loop {
                 if let Some(event) = state.next_event() {
                     return Some((event, (state, inputs)));
                 }
-                match inputs.next().await? {
+                let input = match state.deadline() {
+                    None => inputs.next().await?,
+                    Some(deadline) => {
+                        let grace = pin!(tokio::time::sleep_until(deadline));
+                        match future::select(inputs.next(), grace).await {
+                            Either::Left((input, _)) => input?,
+                            Either::Right(((), _)) => Input::Deadline,
+                        }
+                    }
+                };
+                match input {
                     Input::Inner(Some(event)) => state.on_inner(event),
                     Input::Inner(None) => tracing::info!(
                         "the inner provider's stream ended; its clusters stay as it last told"
                     ),
                     Input::Decisions(index, event) => state.on_decisions(index, event),
+                    Input::Deadline => state.on_deadline(tokio::time::Instant::now()),
                 }
             }
         })

@@ -1,13 +1,17 @@
 //! What the inner provider offers, what the decisions name, and the events
 //! that keep the fleet at the clusters that are both.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::{
+    collections::{BTreeMap, HashMap, HashSet, VecDeque},
+    time::Duration,
+};
 
 use kube::{api::DynamicObject, runtime::watcher};
 use kube_multicluster::{
     ClusterName,
     provider::{ClusterEvent, Problems, Seen, SourceChange},
 };
+use tokio::time::Instant;
 
 use crate::decisions::{self, Decisions};
 
@@ -44,11 +48,16 @@ pub(crate) struct State {
     named: HashMap<ClusterName, usize>,
     /// The clusters engaged through this provider and not disengaged since.
     engaged: HashSet<ClusterName>,
+    /// How long an engaged cluster no decision names any more stays engaged.
+    grace: Duration,
+    /// The engaged clusters no decision names any more, each with when its
+    /// grace ends.
+    unnamed: HashMap<ClusterName, Instant>,
     ready: VecDeque<ClusterEvent>,
 }
 
 impl State {
-    pub(crate) fn new(sources: Vec<Decisions>, problems: Problems) -> Self {
+    pub(crate) fn new(sources: Vec<Decisions>, problems: Problems, grace: Duration) -> Self {
         Self {
             seen: sources.iter().map(|_| Seen::new()).collect(),
             sources,
@@ -57,6 +66,8 @@ impl State {
             decisions: HashMap::new(),
             named: HashMap::new(),
             engaged: HashSet::new(),
+            grace,
+            unnamed: HashMap::new(),
             ready: VecDeque::new(),
         }
     }
@@ -66,13 +77,32 @@ impl State {
         self.ready.pop_front()
     }
 
+    /// When the next grace ends, if any cluster is in one.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.unnamed.values().min().copied()
+    }
+
+    /// Disengages the clusters whose grace has ended by `now`.
+    pub(crate) fn on_deadline(&mut self, now: Instant) {
+        let ended: Vec<_> = self
+            .unnamed
+            .iter()
+            .filter(|(_, deadline)| **deadline <= now)
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in ended {
+            self.unnamed.remove(&name);
+            self.update(&name);
+        }
+    }
+
     /// The inner provider's `event`: remembered, and handed on if its
-    /// cluster is named.
+    /// cluster is named (or still engaged, in its grace).
     pub(crate) fn on_inner(&mut self, event: ClusterEvent) {
         match &event {
             ClusterEvent::Engage { name, .. } | ClusterEvent::EngageView { name, .. } => {
                 let name = name.clone();
-                if self.is_named(&name) {
+                if self.is_named(&name) || self.unnamed.contains_key(&name) {
                     // Engaged or not, this is the engagement to hold now.
                     self.engaged.insert(name.clone());
                     self.ready.push_back(event.clone());
@@ -85,6 +115,7 @@ impl State {
             }
             ClusterEvent::Disengage { name } => {
                 self.offered.remove(name);
+                self.unnamed.remove(name);
                 self.update(name);
                 for decision in self.naming(name) {
                     let written = &decision.names[name];
@@ -101,8 +132,14 @@ impl State {
         index: usize,
         event: Result<watcher::Event<DynamicObject>, watcher::Error>,
     ) {
-        self.problems
-            .watch(&self.sources[index].watch_source(), event.as_ref().err());
+        let watch = self.sources[index].watch_source();
+        match &event {
+            Err(error) => self.problems.watch(&watch, Some(error)),
+            // Yielded before each list, which may fail yet again: the
+            // watch works once the list brings something.
+            Ok(watcher::Event::Init) => {}
+            Ok(_) => self.problems.watch(&watch, None),
+        }
         let Ok(event) = event else { return };
         for change in self.seen[index].changes(event, decisions::key) {
             match change {
@@ -146,14 +183,15 @@ impl State {
                     Some(count) if *count > 1 => *count -= 1,
                     _ => {
                         self.named.remove(name);
+                        self.unname(name);
                     }
                 }
-                self.update(name);
             }
         }
         for (name, written) in &decision.names {
             if before.as_ref().is_none_or(|b| !b.contains_key(name)) {
                 *self.named.entry(name.clone()).or_default() += 1;
+                self.unnamed.remove(name);
                 self.update(name);
             }
             if !self.offered.contains_key(name) {
@@ -162,6 +200,20 @@ impl State {
             }
         }
         self.decisions.insert(key, decision);
+    }
+
+    /// No decision names `name` any more: it is disengaged once its grace
+    /// ends unless a decision names it again by then. OCM pages its
+    /// decisions, and a cluster that moves from one page to another is
+    /// taken off one decision before the other names it.
+    fn unname(&mut self, name: &ClusterName) {
+        if self.grace.is_zero() || !self.engaged.contains(name) {
+            self.update(name);
+        } else {
+            self.unnamed
+                .entry(name.clone())
+                .or_insert_with(|| Instant::now() + self.grace);
+        }
     }
 
     fn is_named(&self, name: &ClusterName) -> bool {
@@ -176,8 +228,12 @@ impl State {
     }
 
     /// Engages `name` if it is named and offered and not engaged;
-    /// disengages it if it is engaged and no longer both.
+    /// disengages it if it is engaged and no longer both (and not in its
+    /// grace).
     fn update(&mut self, name: &ClusterName) {
+        if self.unnamed.contains_key(name) {
+            return;
+        }
         let wanted = self.is_named(name) && self.offered.contains_key(name);
         let engaged = self.engaged.contains(name);
         if wanted && !engaged {
@@ -230,9 +286,14 @@ mod tests {
         object
     }
 
+    /// A state that disengages at once, its watches listed.
     fn state(sources: Vec<Decisions>) -> (State, Problems) {
+        state_with_grace(sources, Duration::ZERO)
+    }
+
+    fn state_with_grace(sources: Vec<Decisions>, grace: Duration) -> (State, Problems) {
         let problems = Problems::new();
-        let mut state = State::new(sources, problems.clone());
+        let mut state = State::new(sources, problems.clone(), grace);
         for index in 0..state.sources.len() {
             state.on_decisions(index, Ok(watcher::Event::Init));
             state.on_decisions(index, Ok(watcher::Event::InitDone));
@@ -428,7 +489,84 @@ mod tests {
         let source = "PlacementDecisions (cluster.open-cluster-management.io/v1beta1) in fleet \
                       labelled cluster.open-cluster-management.io/placement=web";
         assert_eq!(sources(&problems), [source]);
+        // Init comes before each list, which may fail again: the watch
+        // works only once the list brings something.
         state.on_decisions(0, Ok(watcher::Event::Init));
+        assert_eq!(sources(&problems), [source]);
+        let listed = decision("web-1", &["east"]);
+        state.on_decisions(0, Ok(watcher::Event::InitApply(listed)));
         assert!(problems.current().is_empty());
+        state.on_decisions(0, Ok(watcher::Event::InitDone));
+        assert!(events(&mut state).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_watch_whose_list_keeps_failing_stays_a_problem() {
+        let problems = Problems::new();
+        let mut state = State::new(
+            vec![Decisions::placement("fleet", "web")],
+            problems.clone(),
+            Duration::ZERO,
+        );
+        for _ in 0..3 {
+            state.on_decisions(0, Ok(watcher::Event::Init));
+            state.on_decisions(0, Err(watcher::Error::NoResourceVersion));
+            assert_eq!(problems.current().len(), 1);
+            state.on_decisions(0, Ok(watcher::Event::Init));
+            assert_eq!(problems.current().len(), 1, "not cleared by Init");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cluster_moving_to_another_decision_within_the_grace_stays_engaged() {
+        let grace = Duration::from_secs(2);
+        let (mut state, _) = state_with_grace(vec![Decisions::placement("fleet", "web")], grace);
+        state.on_inner(engage("east"));
+        state.on_inner(engage("west"));
+        apply(&mut state, decision("web-1", &["east", "west"]));
+        assert_eq!(events(&mut state), ["+east", "+west"]);
+
+        // From one page to the next: taken off one, then named by the other.
+        apply(&mut state, decision("web-1", &["east"]));
+        assert!(events(&mut state).is_empty());
+        let deadline = state.deadline().expect("west in its grace");
+        apply(&mut state, decision("web-2", &["west"]));
+        assert_eq!(state.deadline(), None);
+        state.on_deadline(deadline + grace);
+        assert!(events(&mut state).is_empty());
+
+        // Taken off for longer than the grace: disengaged once it ends.
+        apply(&mut state, decision("web-2", &[]));
+        let deadline = state.deadline().expect("west in its grace");
+        assert!(deadline <= Instant::now() + grace);
+        state.on_deadline(deadline - Duration::from_millis(1));
+        assert!(events(&mut state).is_empty());
+        state.on_deadline(deadline);
+        assert_eq!(events(&mut state), ["-west"]);
+        assert_eq!(state.deadline(), None);
+        // Named again: engaged again.
+        apply(&mut state, decision("web-1", &["east", "west"]));
+        assert_eq!(events(&mut state), ["+west"]);
+    }
+
+    #[tokio::test]
+    async fn the_inner_providers_events_pass_at_once_during_the_grace() {
+        let grace = Duration::from_secs(2);
+        let (mut state, _) = state_with_grace(vec![Decisions::placement("fleet", "web")], grace);
+        state.on_inner(engage("east"));
+        state.on_inner(engage("west"));
+        apply(&mut state, decision("web-1", &["east", "west"]));
+        assert_eq!(events(&mut state), ["+east", "+west"]);
+        apply(&mut state, decision("web-1", &[]));
+        assert!(events(&mut state).is_empty());
+        // Still engaged: a new engagement replaces the one the fleet holds.
+        state.on_inner(engage("east"));
+        assert_eq!(events(&mut state), ["+east"]);
+        state.on_inner(disengage("west"));
+        assert_eq!(events(&mut state), ["-west"]);
+        let deadline = state.deadline().expect("east in its grace");
+        state.on_deadline(deadline);
+        assert_eq!(events(&mut state), ["-east"]);
+        assert_eq!(state.deadline(), None);
     }
 }

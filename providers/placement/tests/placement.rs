@@ -245,6 +245,13 @@ async fn only_clusters_placement_decisions_name_are_engaged_and_they_follow_the_
     create(hub, &resource, "web-2", &web).await;
     decide(hub, &resource, "web-2", naming(&["west", "north"])).await;
     assert_eq!(running.event().await, "+north");
+    // A cluster moving from one decision to another stays engaged.
+    decide(hub, &resource, "web-2", naming(&["west"])).await;
+    decide(hub, &resource, "web-1", naming(&["west", "north"])).await;
+    running.quiet().await;
+    assert_eq!(running.clusters(), ["north", "west"]);
+    decide(hub, &resource, "web-2", naming(&["west", "north"])).await;
+    decide(hub, &resource, "web-1", naming(&["west"])).await;
     delete(hub, &resource, "web-1").await;
     running.quiet().await;
     assert_eq!(running.clusters(), ["north", "west"]);
