@@ -1,7 +1,7 @@
 //! `gather` on real API servers: a parent in the hub whose status holds one
 //! entry per member, read from its children there, kept when a member is
 //! cut off, dropped when it leaves, written beside other writers' fields and
-//! at most once per interval.
+//! at most once per interval, and kept through a restart of the controller.
 
 mod support;
 
@@ -99,15 +99,36 @@ async fn setup() -> Setup {
     members.engage("member-1", link.client());
     members.engage("member-2", env.clusters()[2].client());
     members.engage("member-3", env.clusters()[3].client());
+    let (gather, writes, controller) = start_controller(&fleet);
+    Setup {
+        rollouts: Api::namespaced(hub.client(), "default"),
+        env,
+        fleet,
+        members,
+        gather,
+        link,
+        writes,
+        controller,
+    }
+}
 
+/// The parent's controller on `fleet`, gathering into each parent's status:
+/// its gather, a count of its writes, and its task.
+fn start_controller(
+    fleet: &Fleet,
+) -> (
+    Gather<ConfigMap>,
+    Arc<AtomicUsize>,
+    tokio::task::JoinHandle<()>,
+) {
     let watch = Watch::new(watcher::Config::default().labels(PARENT_UID_LABEL))
         .in_clusters(ClusterSelector::Provided);
-    let children = Children::<ConfigMap>::new(&fleet, watch.clone());
-    let gather = Gather::new(&fleet, children, Read::field(".data.value").unwrap())
+    let children = Children::<ConfigMap>::new(fleet, watch.clone());
+    let gather = Gather::new(fleet, children, Read::field(".data.value").unwrap())
         .manager("rollout-status")
         .min_interval(INTERVAL);
     let writes = Arc::new(AtomicUsize::new(0));
-    let controller = Controller::<Rollout>::new(&fleet, watcher::Config::default())
+    let controller = Controller::<Rollout>::new(fleet, watcher::Config::default())
         .clusters(ClusterSelector::Local)
         .owns_across::<ConfigMap>(watch)
         .reconcile_all_on(gather.changes(Duration::from_millis(200)));
@@ -127,16 +148,7 @@ async fn setup() -> Setup {
     let controller = tokio::spawn(async move {
         let _ = controller.run(service_fn(reconcile)).await;
     });
-    Setup {
-        rollouts: Api::namespaced(hub.client(), "default"),
-        env,
-        fleet,
-        members,
-        gather,
-        link,
-        writes,
-        controller,
-    }
+    (gather, writes, controller)
 }
 
 fn member(setup: &Setup, i: usize) -> &TestCluster {
@@ -297,6 +309,112 @@ async fn a_member_cut_off_is_stale_with_its_last_value_and_fresh_again_once_rest
     let fresh = entry(&setup, "r", "member-1").await.unwrap();
     assert_eq!(fresh.value, Some(json!("value-1")));
     assert!(fresh.last_seen.unwrap().0 > stale.last_seen.unwrap().0);
+}
+
+/// Writes `value` into member-2's child of `r`, and waits until it is
+/// gathered: one reconcile more.
+async fn reconcile_again(setup: &Setup, value: &str) {
+    let parent = setup.rollouts.get("r").await.unwrap();
+    set_child(setup, &parent, 2, value).await;
+    eventually("member-2's change gathered", || async {
+        entry(setup, "r", "member-2").await.and_then(|e| e.value) == Some(json!(value))
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_cut_off_members_time_stays_the_same_across_reconciles() {
+    let setup = setup().await;
+    create(&setup, "r", &[1, 2]).await;
+    eventually("member-1's value", || async {
+        entry(&setup, "r", "member-1").await.and_then(|e| e.value) == Some(json!("value-1"))
+    })
+    .await;
+    setup.link.cut_off();
+    eventually("member-1 unreachable", || async {
+        entry(&setup, "r", "member-1")
+            .await
+            .is_some_and(|e| e.stale && e.health == "Unreachable")
+    })
+    .await;
+    let seen = entry(&setup, "r", "member-1").await.unwrap().last_seen;
+    assert!(seen.is_some());
+    for n in 0..4 {
+        reconcile_again(&setup, &format!("again-{n}")).await;
+        tokio::time::sleep(INTERVAL).await;
+        let now = entry(&setup, "r", "member-1").await.unwrap();
+        assert!(now.stale);
+        assert_eq!(now.last_seen, seen, "after {} reconciles", n + 1);
+    }
+}
+
+#[tokio::test]
+async fn entries_survive_a_restart_before_the_members_are_engaged_marked_stale() {
+    let mut setup = setup().await;
+    create(&setup, "r", &[1, 2, 3]).await;
+    eventually("three values", || async {
+        entries(&setup, "r").await.iter().all(|e| e.value.is_some())
+    })
+    .await;
+    setup.link.cut_off();
+    eventually("member-1 unreachable", || async {
+        entry(&setup, "r", "member-1")
+            .await
+            .is_some_and(|e| e.stale && e.health == "Unreachable")
+    })
+    .await;
+    let before = entries(&setup, "r").await;
+    let seen = before[0].last_seen.clone();
+
+    // The controller starts again, on a fleet whose provider has not
+    // engaged the members yet.
+    setup.controller.abort();
+    let hub = member(&setup, 0).client();
+    let fleet = Fleet::new();
+    fleet.engage(ClusterName::local(), hub);
+    let (provider, members) = ProgrammaticProvider::new();
+    tokio::spawn({
+        let fleet = fleet.clone();
+        async move { fleet.run(provider).await }
+    });
+    let (_, _, controller) = start_controller(&fleet);
+    setup.controller = controller;
+    eventually("every entry stale", || async {
+        entries(&setup, "r").await.iter().all(|e| e.stale)
+    })
+    .await;
+    let kept = entries(&setup, "r").await;
+    let values: Vec<_> = kept.iter().map(|e| e.value.clone()).collect();
+    assert_eq!(
+        values,
+        [
+            Some(json!("value-1")),
+            Some(json!("value-2")),
+            Some(json!("value-3"))
+        ],
+        "every value kept"
+    );
+    assert_eq!(kept[0].last_seen, seen, "member-1's time kept");
+    assert_eq!(kept[1].last_seen, before[1].last_seen);
+
+    // Engaged again: member-2 and member-3 fresh, member-1 still cut off,
+    // its time as it was, reconcile after reconcile.
+    members.engage("member-1", setup.link.client());
+    members.engage("member-2", member(&setup, 2).client());
+    members.engage("member-3", member(&setup, 3).client());
+    eventually("member-2 and member-3 fresh", || async {
+        let entries = entries(&setup, "r").await;
+        entries.len() == 3 && !entries[1].stale && !entries[2].stale
+    })
+    .await;
+    for n in 0..4 {
+        reconcile_again(&setup, &format!("again-{n}")).await;
+        tokio::time::sleep(INTERVAL).await;
+        let now = entry(&setup, "r", "member-1").await.unwrap();
+        assert!(now.stale, "{now:?}");
+        assert_eq!(now.value, Some(json!("value-1")));
+        assert_eq!(now.last_seen, seen, "after {} reconciles", n + 1);
+    }
 }
 
 #[tokio::test]

@@ -197,6 +197,9 @@ async fn apply(
 
 /// `phase` and `message` from each cluster's entry: `Error` as soon as a
 /// Job failed, `Finished` once every Job completed, `Running` otherwise.
+/// A stale entry counts with its last value (a Job that ended stays ended);
+/// after a restart, the entries of clusters not engaged yet are kept, so
+/// the phase is never made from only the clusters engaged so far.
 fn phase(entries: &[ClusterEntry]) -> Value {
     let clusters = |keep: fn(Option<&str>) -> bool| -> Vec<&str> {
         let kept = entries
@@ -206,7 +209,9 @@ fn phase(entries: &[ClusterEntry]) -> Value {
     };
     let failed = clusters(|ended| ended == Some("Failed"));
     let running = clusters(|ended| !matches!(ended, Some("Failed" | "Complete")));
-    let (phase, message) = if !failed.is_empty() {
+    let (phase, message) = if entries.is_empty() {
+        ("Running", "no cluster read yet".to_owned())
+    } else if !failed.is_empty() {
         ("Error", format!("the Job failed in {}", failed.join(", ")))
     } else if running.is_empty() {
         (

@@ -33,8 +33,9 @@ pub struct ClusterEntry {
     /// value, or an array of every value when it found several.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<Value>,
-    /// Why nothing was read: no child in the cluster, its children not
-    /// listed yet, the condition or field not there.
+    /// Why nothing was read (no child in the cluster, its children not
+    /// listed yet, the condition or field not there), or why the entry is
+    /// stale though the cluster answers (its children's watch fails).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     /// When the cluster last answered, so how fresh the entry is: the time
@@ -45,8 +46,10 @@ pub struct ClusterEntry {
     /// The cluster's health: `Healthy`, `Degraded`, `Unreachable`,
     /// `Settling` (see [`ClusterHealth`](crate::health::ClusterHealth)).
     pub health: String,
-    /// Whether the cluster does not answer (`Unreachable`, or set aside):
-    /// the entry is its last value, as of [`last_seen`](Self::last_seen).
+    /// Whether the cluster does not answer (`Unreachable`, or set aside),
+    /// its children are not read (their watch has not synced, or fails), or
+    /// it is not engaged yet after a restart: the entry is its last value,
+    /// as of [`last_seen`](Self::last_seen).
     #[serde(default)]
     pub stale: bool,
 }

@@ -25,7 +25,19 @@ pub enum Error {
         /// The parent whose status it was.
         parent: McRequest,
     },
-    /// The apply of the parent's status failed.
+    /// The entries, or the fields given beside them, could not be made
+    /// JSON (a map with keys that are not strings, a `Serialize` that
+    /// fails).
+    #[error("the status of {parent} could not be serialized")]
+    Serialize {
+        /// The parent whose status it was.
+        parent: McRequest,
+        /// What serde_json found.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The apply of the parent's status failed: a `404` when the parent's
+    /// CRD has no status subresource.
     #[error("applying the status of {parent}")]
     Apply {
         /// The parent whose status it was.

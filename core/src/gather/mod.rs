@@ -12,16 +12,30 @@
 //!
 //! - it writes with server-side apply of the status subresource, under a
 //!   field manager of its own, setting only its field (and those given to
-//!   [`write_with`](Gather::write_with)): other writers' status fields stay;
+//!   [`write_with`](Gather::write_with)): other managers' status fields
+//!   stay, but a field this manager applied before and leaves out now is
+//!   removed, so do not give the reconciler's own applies the same
+//!   [`manager`](Gather::manager). The apply is forced: a field given to
+//!   `write_with` (a `phase`, say) is taken from any manager that set it.
+//!   The parent's CRD needs the status subresource (`subresources:
+//!   status`), else every write fails with [`Error::Apply`] (a `404`);
 //! - a cluster that leaves the fleet leaves the status; a cluster cut off
-//!   (still engaged, or [set aside](crate::FleetConfig::set_aside_after))
-//!   keeps its last value, marked `stale`, with the time it last answered;
+//!   (still engaged, or [set aside](crate::FleetConfig::set_aside_after)),
+//!   or whose children's watch is not synced (a `403`, say), keeps its last
+//!   value, marked `stale`, with the time it last answered, which never
+//!   moves forward while it stays stale;
+//! - after a restart, the entries of clusters not engaged yet are kept,
+//!   marked `stale`, for the [`startup_grace`](Gather::startup_grace)
+//!   (60 s by default);
 //! - a parent is written at most once per
 //!   [`min_interval`](Gather::min_interval) (1 s by default): a write that
 //!   would come sooner is put off, and [`Gathered::action`] asks for the
 //!   reconcile again when it may be made;
 //! - nothing is written when nothing but the time of a cluster that
-//!   answers would change.
+//!   answers would change. The fields given to `write_with` are compared
+//!   as the server stores them, without nulls; a field the parent's schema
+//!   prunes (one it does not declare) never compares equal and would be
+//!   written once per interval: do not give such a field.
 //!
 //! Wire [`changes`](Gather::changes) to the controller's
 //! [`reconcile_all_on`](crate::Controller::reconcile_all_on): a cluster's
@@ -89,6 +103,7 @@
 
 mod entry;
 mod error;
+mod grace;
 mod limit;
 mod read;
 
@@ -97,7 +112,7 @@ pub use error::Error;
 pub use read::Read;
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{HashMap, HashSet},
     time::Duration,
 };
 
@@ -110,12 +125,13 @@ use kube::{
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use self::{limit::WriteLimit, read::Found};
+use self::{grace::StartupGrace, limit::WriteLimit, read::Found};
 use crate::{
     action::Action,
     cache::{WatchState, Watchable},
     cluster_name::ClusterName,
     fleet::Fleet,
+    fleetwide::FleetStore,
     health::ClusterHealth,
     object_request::ObjectRequest,
     ownership::Children,
@@ -134,6 +150,14 @@ pub const FIELD: &str = "clusters";
 /// [`min_interval`](Gather::min_interval) says otherwise.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
 
+/// How long after a [`Gather`] is made the entries of clusters not engaged
+/// yet are kept, unless [`startup_grace`](Gather::startup_grace) says
+/// otherwise.
+pub const STARTUP_GRACE: Duration = Duration::from_secs(60);
+
+/// The message of an entry whose cluster's children have not been listed.
+const NOT_LISTED: &str = "its children are not listed yet";
+
 /// A stale entry's time moves only by more than this: it is computed
 /// again at each reconcile from how long the cluster has been down.
 const SEEN_JITTER: Duration = Duration::from_secs(2);
@@ -149,6 +173,7 @@ pub struct Gather<C: Watchable> {
     field: String,
     local_name: String,
     limit: WriteLimit,
+    grace: StartupGrace,
 }
 
 impl<C: Watchable> Clone for Gather<C> {
@@ -161,6 +186,7 @@ impl<C: Watchable> Clone for Gather<C> {
             field: self.field.clone(),
             local_name: self.local_name.clone(),
             limit: self.limit.clone(),
+            grace: self.grace.clone(),
         }
     }
 }
@@ -172,6 +198,7 @@ impl<C: Watchable> std::fmt::Debug for Gather<C> {
             .field("manager", &self.manager)
             .field("field", &self.field)
             .field("min_interval", &self.limit.interval())
+            .field("startup_grace", &self.grace.grace())
             .finish()
     }
 }
@@ -225,6 +252,7 @@ where
             field: FIELD.to_owned(),
             local_name: String::new(),
             limit: WriteLimit::new(MIN_INTERVAL),
+            grace: StartupGrace::new(STARTUP_GRACE),
         }
     }
 
@@ -248,6 +276,20 @@ where
     #[must_use]
     pub fn min_interval(mut self, interval: Duration) -> Self {
         self.limit = WriteLimit::new(interval);
+        self
+    }
+
+    /// Keeps, for `grace` after this `Gather` is made (default
+    /// [`STARTUP_GRACE`], 60 s), the entries a parent's status holds of
+    /// clusters that are not engaged yet, marked `stale` and otherwise as
+    /// they were: after a restart, parents are reconciled before the
+    /// provider engages the clusters again, and an entry dropped then (of a
+    /// cluster cut off, say) would be lost. A cluster read since the start
+    /// that leaves the fleet leaves the status at once; after the grace,
+    /// any cluster not engaged does.
+    #[must_use]
+    pub fn startup_grace(mut self, grace: Duration) -> Self {
+        self.grace = StartupGrace::new(grace);
         self
     }
 
@@ -279,8 +321,10 @@ where
 
     /// Every cluster's entry for the request's object now, sorted by
     /// cluster: read from the children's stores, a cluster that does not
-    /// answer (or whose children are not listed yet) keeping the entry the
-    /// parent's status has.
+    /// answer (or whose children are not listed) keeping the entry the
+    /// parent's status has, marked `stale`. Within the
+    /// [`startup_grace`](Self::startup_grace), the entries of clusters not
+    /// engaged yet are kept too.
     pub fn entries<P: Resource<DynamicType = ()> + Serialize>(
         &self,
         parent: &ObjectRequest<P>,
@@ -290,51 +334,30 @@ where
             .as_deref()
             .map(|object| self.written(object))
             .unwrap_or_default();
-        let status = self.fleet.status();
-        let stores: HashMap<ClusterName, WatchState> =
-            self.children.store().clusters().into_iter().collect();
-        // The clusters read: those engaged that the watch selects, and
-        // those set aside (cut off, not gone) that it would.
-        let health: BTreeMap<ClusterName, ClusterHealth> = status
-            .health
-            .into_iter()
-            .filter(|(name, _)| {
-                stores.contains_key(name)
-                    || (status.set_aside.contains(name) && self.children.store().reads(name))
-            })
-            .collect();
+        let read = clusters_read(&self.fleet, self.children.store());
+        let shown: Vec<String> = read.iter().map(|(name, ..)| self.shown(name)).collect();
+        self.grace.read(shown.iter().map(String::as_str));
         let children = self.children.owned(parent);
         let now = Timestamp::now();
-        let mut entries = Vec::with_capacity(health.len());
-        for (name, health) in health {
-            let shown = self.shown(&name);
-            let last = previous.iter().find(|entry| entry.cluster == shown);
-            // Not answering: unreachable, set aside and settling, or any
-            // state to come but those two.
-            let stale = !matches!(
-                health,
-                ClusterHealth::Healthy | ClusterHealth::Degraded { .. }
-            );
-            let mut entry = ClusterEntry::new(shown, state_of(&health), stale);
-            let child = children.iter().find(|child| child.cluster == name);
-            let listed = stores.get(&name) == Some(&WatchState::Synced);
-            match (child, last) {
-                (Some(child), _) => self.read_into(&mut entry, child.object.as_ref()),
-                (None, _) if listed && !stale => {
-                    entry.message = Some("no child in this cluster".to_owned());
-                }
-                (None, Some(last)) => entry.read_as(last),
-                (None, None) => {
-                    entry.message = Some("its children are not listed yet".to_owned());
-                }
-            }
-            entry.last_seen = if stale {
-                last_answer(&health, last, now).map(Time)
-            } else {
-                Some(Time(now))
-            };
-            entries.push(entry);
-        }
+        let mut entries: Vec<ClusterEntry> = read
+            .iter()
+            .zip(shown)
+            .map(|((name, health, watch), shown)| {
+                let last = previous.iter().find(|entry| entry.cluster == shown);
+                let child = children.iter().find(|child| child.cluster == *name);
+                let child = child.map(|child| child.object.as_ref());
+                self.entry(shown, health, watch.as_ref(), child, last, now)
+            })
+            .collect();
+        let written: HashSet<String> = entries.iter().map(|e| e.cluster.clone()).collect();
+        let kept = previous
+            .into_iter()
+            .filter(|entry| !written.contains(&entry.cluster) && self.grace.keeps(&entry.cluster));
+        entries.extend(kept.map(|mut entry| {
+            entry.stale = true;
+            entry
+        }));
+        entries.sort_by(|a, b| a.cluster.cmp(&b.cluster));
         entries
     }
 
@@ -352,7 +375,9 @@ where
 
     /// [`write`](Self::write), with the status fields `with` makes from the
     /// entries (a phase, a message, conditions: an object) applied beside
-    /// them, by the same apply and the same field manager.
+    /// them, by the same apply and the same field manager. Give only
+    /// fields the parent's schema declares: one it prunes never shows as
+    /// written, and is written again once per interval.
     pub async fn write_with<P, S>(
         &self,
         parent: &ObjectRequest<P>,
@@ -372,17 +397,22 @@ where
             });
         };
         let entries = self.entries(parent);
-        let not_an_object = || Error::NotAnObject {
+        let serialize = |source| Error::Serialize {
             parent: key.clone(),
+            source,
         };
-        let mut status = match serde_json::to_value(with(&entries)) {
-            Ok(Value::Object(fields)) => fields,
-            Ok(Value::Null) => Map::new(),
-            _ => return Err(not_an_object()),
+        let mut status = match serde_json::to_value(with(&entries)).map_err(serialize)? {
+            Value::Object(fields) => fields,
+            Value::Null => Map::new(),
+            _ => {
+                return Err(Error::NotAnObject {
+                    parent: key.clone(),
+                });
+            }
         };
         status.insert(
             self.field.clone(),
-            serde_json::to_value(&entries).map_err(|_| not_an_object())?,
+            serde_json::to_value(&entries).map_err(serialize)?,
         );
         let mut gathered = Gathered {
             entries,
@@ -392,7 +422,7 @@ where
         if self.shows(object, &status, &gathered.entries) {
             return Ok(gathered);
         }
-        if let Err(wait) = self.limit.check(key) {
+        if let Err(wait) = self.limit.reserve(key) {
             gathered.deferred = Some(wait);
             return Ok(gathered);
         }
@@ -405,34 +435,38 @@ where
             "status": status,
         });
         let params = PatchParams::apply(&self.manager).force();
-        api.patch_status(&key.name, &params, &Patch::Apply(&body))
-            .await
-            .map_err(|source| Error::Apply {
+        let patch = Patch::Apply(&body);
+        if let Err(source) = api.patch_status(&key.name, &params, &patch).await {
+            self.limit.release(key);
+            return Err(Error::Apply {
                 parent: key.clone(),
                 source: Box::new(source),
-            })?;
-        self.limit.wrote(key);
+            });
+        }
         gathered.written = true;
         Ok(gathered)
     }
 
     /// A signal for [`Controller::reconcile_all_on`](crate::Controller::reconcile_all_on):
-    /// checks every `every` and yields when a cluster read joins or leaves
-    /// or its health changes state (healthy, degraded, unreachable, ...),
-    /// which no watch event tells.
+    /// checks every `every` and yields when a cluster read joins or leaves,
+    /// its health changes state (healthy, degraded, unreachable, ...), its
+    /// children's watch syncs or stops being synced, or the
+    /// [`startup_grace`](Self::startup_grace) ends: what no watch event
+    /// tells.
     pub fn changes(&self, every: Duration) -> impl Stream<Item = ()> + Send + 'static {
         let (fleet, store) = (self.fleet.clone(), self.children.store().clone());
-        let states = move || -> Vec<(ClusterName, &'static str)> {
-            let status = fleet.status();
-            let read: Vec<ClusterName> = store.clusters().into_iter().map(|(n, _)| n).collect();
-            status
-                .health
-                .into_iter()
-                .filter(|(name, _)| read.contains(name) || status.set_aside.contains(name))
-                .map(|(name, health)| (name, health.state()))
-                .collect()
+        let grace = self.grace.clone();
+        let states = move || {
+            let read = clusters_read(&fleet, &store).into_iter();
+            let read: Vec<(ClusterName, &'static str, bool)> = read
+                .map(|(name, health, watch)| {
+                    let synced = watch.as_ref().is_some_and(WatchState::is_synced);
+                    (name, health.state(), synced)
+                })
+                .collect();
+            (grace.is_over(), read)
         };
-        futures::stream::unfold(None, move |last: Option<Vec<_>>| {
+        futures::stream::unfold(None, move |last: Option<(bool, Vec<_>)>| {
             let states = states.clone();
             async move {
                 let mut last = last;
@@ -447,6 +481,51 @@ where
                 }
             }
         })
+    }
+
+    /// The entry `shown` of a cluster read, of health `health`, whose
+    /// children's watch is in the state `watch` (`None` before it starts),
+    /// where the parent's child is `child`; `last` is its entry as written.
+    fn entry(
+        &self,
+        shown: String,
+        health: &ClusterHealth,
+        watch: Option<&WatchState>,
+        child: Option<&C>,
+        last: Option<&ClusterEntry>,
+        now: Timestamp,
+    ) -> ClusterEntry {
+        // Not answering: unreachable, set aside and settling, or any state
+        // to come but those two.
+        let answers = matches!(
+            health,
+            ClusterHealth::Healthy | ClusterHealth::Degraded { .. }
+        );
+        let listed = watch.is_some_and(WatchState::is_synced);
+        let stale = !answers || !listed;
+        let mut entry = ClusterEntry::new(shown, state_of(health), stale);
+        match (child, last) {
+            (Some(child), _) => self.read_into(&mut entry, child),
+            (None, _) if !stale => entry.message = Some("no child in this cluster".to_owned()),
+            (None, Some(last)) => entry.read_as(last),
+            (None, None) => entry.message = Some(NOT_LISTED.to_owned()),
+        }
+        if answers && !listed {
+            // The cluster answers, its health says nothing wrong: say why
+            // its entry is stale.
+            entry.message = Some(match watch {
+                Some(WatchState::Failing { reason }) => {
+                    format!("its children are not read: {reason}")
+                }
+                _ => NOT_LISTED.to_owned(),
+            });
+        }
+        entry.last_seen = if stale {
+            last_answer(health, last, now).map(Time)
+        } else {
+            Some(Time(now))
+        };
+        entry
     }
 
     /// Reads `child` into `entry`.
@@ -484,9 +563,7 @@ where
             return false;
         };
         let current = json.get("status");
-        let fields_shown = status.iter().all(|(field, value)| {
-            *field == self.field || current.and_then(|c| c.get(field)) == Some(value)
-        });
+        let fields_shown = shows_fields(current, status, &self.field);
         let compared = |entries: &[ClusterEntry]| -> Vec<ClusterEntry> {
             entries.iter().map(ClusterEntry::compared).collect()
         };
@@ -504,6 +581,55 @@ where
     }
 }
 
+/// The clusters `store` reads, engaged or set aside (cut off, not gone),
+/// each with its health and the state of its watch there (`None` while the
+/// store has not started it), sorted by name.
+fn clusters_read<C: Watchable>(
+    fleet: &Fleet,
+    store: &FleetStore<C>,
+) -> Vec<(ClusterName, ClusterHealth, Option<WatchState>)> {
+    let mut watches: HashMap<ClusterName, WatchState> = store.clusters().into_iter().collect();
+    let health = fleet.status().health.into_iter();
+    health
+        .filter_map(|(name, health)| {
+            let watch = watches.remove(&name);
+            (watch.is_some() || store.reads(&name)).then_some((name, health, watch))
+        })
+        .collect()
+}
+
+/// Whether the status `current` shows the fields of `status` but `except`,
+/// compared as the server stores them: without nulls, nor the objects that
+/// held only nulls.
+fn shows_fields(current: Option<&Value>, status: &Map<String, Value>, except: &str) -> bool {
+    status.iter().all(|(field, value)| {
+        field == except
+            || without_nulls(current.and_then(|c| c.get(field))) == without_nulls(Some(value))
+    })
+}
+
+/// `value` without the fields that are null, nor the objects left empty
+/// by taking them out: what the API server stores of a field sent.
+fn without_nulls(value: Option<&Value>) -> Option<Value> {
+    match value? {
+        Value::Null => None,
+        Value::Object(fields) if !fields.is_empty() => {
+            let kept: Map<String, Value> = fields
+                .iter()
+                .filter_map(|(name, value)| Some((name.clone(), without_nulls(Some(value))?)))
+                .collect();
+            (!kept.is_empty()).then_some(Value::Object(kept))
+        }
+        Value::Array(items) => Some(Value::Array(
+            items
+                .iter()
+                .map(|item| without_nulls(Some(item)).unwrap_or(Value::Null))
+                .collect(),
+        )),
+        other => Some(other.clone()),
+    }
+}
+
 /// `Healthy`, `Degraded`, `Unreachable`, `Settling`: the state, as a
 /// status value.
 fn state_of(health: &ClusterHealth) -> String {
@@ -515,9 +641,12 @@ fn state_of(health: &ClusterHealth) -> String {
         .unwrap_or_default()
 }
 
-/// When a cluster that does not answer last did: from how long it has
-/// been down, else as its last entry says. The last entry's time is kept
-/// while the two agree, so that it does not move at every reconcile.
+/// When a cluster whose entry is stale last answered: from how long it has
+/// been down, else as its last entry says. Once stale, the time never
+/// moves forward (a controller started again counts a cluster it has not
+/// heard from as down since its own start), and back only by more than
+/// the jitter of computing it again, so that it does not move at every
+/// reconcile.
 fn last_answer(
     health: &ClusterHealth,
     last: Option<&ClusterEntry>,
@@ -528,11 +657,17 @@ fn last_answer(
         return kept;
     };
     let since = now.checked_sub(*down_for).unwrap_or(now);
-    let agree = |kept: &Timestamp| since.duration_since(*kept).unsigned_abs() <= SEEN_JITTER;
-    Some(
-        kept.filter(|kept| last.is_some_and(|l| l.stale) && agree(kept))
-            .unwrap_or(since),
-    )
+    match kept.filter(|_| last.is_some_and(|l| l.stale)) {
+        Some(kept) => {
+            let earlier_by = kept.duration_since(since);
+            if earlier_by.is_positive() && earlier_by.unsigned_abs() > SEEN_JITTER {
+                Some(since)
+            } else {
+                Some(kept)
+            }
+        }
+        None => Some(since),
+    }
 }
 
 #[cfg(test)]
@@ -576,16 +711,93 @@ mod tests {
         // A moment later, computed again: the same time.
         let later = now.checked_add(Duration::from_millis(1500)).unwrap();
         assert_eq!(last_answer(&down(31), Some(&last), later), Some(first));
-        // It answered in between: the new time.
-        assert_ne!(last_answer(&down(5), Some(&last), later), Some(first));
+        // Computed from a later start (the controller's, when it has not
+        // heard from the cluster since): still the same time.
+        let restarted = now.checked_add(Duration::from_secs(600)).unwrap();
+        assert_eq!(last_answer(&down(5), Some(&last), restarted), Some(first));
+        // An earlier time, by more than the jitter: taken.
+        let earlier = last_answer(&down(60), Some(&last), later).unwrap();
+        assert!(earlier < first, "{earlier} < {first}");
+        // An entry that was fresh: the time computed.
+        let mut fresh = last.clone();
+        fresh.stale = false;
+        let fresh_down = last_answer(&down(5), Some(&fresh), restarted).unwrap();
+        assert!(fresh_down > first);
         // Set aside and answering, not read: the time written before.
         let settling = ClusterHealth::Healthy;
         assert_eq!(last_answer(&settling, Some(&last), later), Some(first));
         // A fresh entry's time is not compared; a stale one's is.
-        let mut fresh = last.clone();
-        fresh.stale = false;
         assert_eq!(fresh.compared().last_seen, None);
         assert_eq!(last.compared().last_seen, Some(Time(first)));
+    }
+
+    #[test]
+    fn a_field_written_as_null_shows_as_the_server_stores_it() {
+        let with = json!({
+            "phase": "Done", "reason": null, "detail": { "note": null },
+            "counts": { "ok": 1, "failed": null }, "clusters": [],
+        });
+        let Value::Object(with) = with else {
+            unreachable!()
+        };
+        // What the server keeps of it: no nulls, no object left empty.
+        let stored = json!({ "phase": "Done", "counts": { "ok": 1 }, "clusters": [] });
+        assert!(shows_fields(Some(&stored), &with, "clusters"));
+        let changed = json!({ "phase": "Running", "counts": { "ok": 1 } });
+        assert!(!shows_fields(Some(&changed), &with, "clusters"));
+        let missing = json!({ "phase": "Done" });
+        assert!(!shows_fields(Some(&missing), &with, "clusters"));
+        assert!(!shows_fields(None, &with, "clusters"));
+        // A field this manager gave before and now gives as null is gone
+        // from the status already once the server stores it.
+        let Value::Object(none) = json!({ "phase": null }) else {
+            unreachable!()
+        };
+        assert!(shows_fields(Some(&json!({})), &none, "clusters"));
+    }
+
+    #[tokio::test]
+    async fn a_cluster_that_answers_but_whose_children_are_not_read_is_stale_and_says_why() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use kube::runtime::watcher;
+
+        let fleet = Fleet::new();
+        let children = Children::<ConfigMap>::new(
+            &fleet,
+            crate::controller::Watch::new(watcher::Config::default()),
+        );
+        let gather = Gather::new(&fleet, children, Read::field(".data.value").unwrap());
+        let mut child = ConfigMap::default();
+        child.metadata.name = Some("c".into());
+        child.data = Some([("value".to_owned(), "1".to_owned())].into());
+        let degraded = ClusterHealth::Degraded {
+            cause: "a watch fails".into(),
+        };
+        let forbidden = WatchState::Failing {
+            reason: "403 forbidden".into(),
+        };
+        let now = Timestamp::now();
+        let entry = gather.entry(
+            "m".into(),
+            &degraded,
+            Some(&forbidden),
+            Some(&child),
+            None,
+            now,
+        );
+        assert!(entry.stale);
+        assert_eq!(entry.value, Some(json!("1")), "the last value held");
+        assert_eq!(
+            entry.message.as_deref(),
+            Some("its children are not read: 403 forbidden")
+        );
+        let listing = gather.entry("m".into(), &ClusterHealth::Healthy, None, None, None, now);
+        assert!(listing.stale);
+        assert_eq!(listing.message.as_deref(), Some(NOT_LISTED));
+        let synced = Some(&WatchState::Synced);
+        let fresh = gather.entry("m".into(), &degraded, synced, Some(&child), None, now);
+        assert!(!fresh.stale);
+        assert_eq!(fresh.last_seen, Some(Time(now)));
     }
 
     #[test]
