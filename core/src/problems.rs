@@ -1,5 +1,6 @@
 use std::{collections::BTreeMap, fmt, sync::Arc};
 
+use kube::runtime::watcher;
 use tokio::sync::watch;
 
 use crate::client::error_chain;
@@ -100,6 +101,10 @@ impl Problems {
     /// Records how a watch of `source` fares: its error, if it fails (the
     /// watch is retried with backoff meanwhile), or nothing once it works.
     ///
+    /// For the events of kube's watcher, prefer [`watched`](Self::watched):
+    /// given `event.as_ref().err()`, this clears the problem at the `Init`
+    /// the watcher yields before each list, even one that fails again.
+    ///
     /// ```
     /// use kube_multicluster::provider::Problems;
     ///
@@ -110,13 +115,47 @@ impl Problems {
     /// problems.watch("Secrets in fleet", None);
     /// assert!(problems.current().is_empty());
     /// ```
-    pub fn watch(&self, source: &str, error: Option<&kube::runtime::watcher::Error>) {
+    pub fn watch(&self, source: &str, error: Option<&watcher::Error>) {
         match error {
             None => self.clear(source),
             Some(error) => self.report(
                 source,
                 format!("the watch fails, and is retried: {}", error_chain(error)),
             ),
+        }
+    }
+
+    /// Records how a watch of `source` fares, from each of its events: a
+    /// failure is reported; an object, a deletion or the end of a list
+    /// clears the problem. An [`Init`](watcher::Event::Init), which the
+    /// watcher yields before each list, leaves it as it is, since the list
+    /// may fail again: a list that keeps failing stays one problem, logged
+    /// once.
+    ///
+    /// ```
+    /// use kube::runtime::watcher::{Error, Event};
+    /// use kube_multicluster::provider::Problems;
+    ///
+    /// let problems = Problems::new();
+    /// let source = "Secrets in fleet";
+    /// problems.watched::<()>(source, &Err(Error::NoResourceVersion));
+    /// problems.watched::<()>(source, &Ok(Event::Init));
+    /// assert!(problems.get(source).unwrap().starts_with("the watch fails, and is retried"));
+    /// problems.watched::<()>(source, &Err(Error::NoResourceVersion));
+    /// problems.watched::<()>(source, &Ok(Event::Init));
+    /// problems.watched::<()>(source, &Ok(Event::InitDone));
+    /// assert!(problems.current().is_empty());
+    /// ```
+    pub fn watched<K>(&self, source: &str, event: &Result<watcher::Event<K>, watcher::Error>) {
+        match event {
+            Err(error) => self.watch(source, Some(error)),
+            Ok(watcher::Event::Init) => {}
+            Ok(
+                watcher::Event::InitApply(_)
+                | watcher::Event::InitDone
+                | watcher::Event::Apply(_)
+                | watcher::Event::Delete(_),
+            ) => self.clear(source),
         }
     }
 
@@ -180,5 +219,26 @@ mod tests {
         problems.report("file b", "bad too");
         problems.retain(|source| source != "file a");
         assert_eq!(problems.current().keys().collect::<Vec<_>>(), ["file b"]);
+    }
+
+    #[test]
+    fn a_watch_whose_list_keeps_failing_stays_one_problem() {
+        let problems = Problems::new();
+        let source = "Secrets in fleet";
+        let failed = || Err(watcher::Error::NoResourceVersion);
+        problems.watched::<()>(source, &Ok(watcher::Event::Init));
+        problems.watched::<()>(source, &failed());
+        let mut changes = problems.set.subscribe();
+        changes.mark_unchanged();
+        for _ in 0..3 {
+            problems.watched::<()>(source, &Ok(watcher::Event::Init));
+            problems.watched::<()>(source, &failed());
+        }
+        // Neither cleared at an `Init` nor reported again after it.
+        assert!(!changes.has_changed().unwrap());
+        assert!(problems.get(source).is_some());
+        problems.watched::<()>(source, &Ok(watcher::Event::Init));
+        problems.watched(source, &Ok(watcher::Event::InitApply(())));
+        assert_eq!(problems.get(source), None);
     }
 }

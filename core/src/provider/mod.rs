@@ -6,7 +6,9 @@
 //! [`ProgrammaticProvider`], driven from code, and [`LocalProvider`], the
 //! process's own cluster. Others live in crates of their own; those that read
 //! kubeconfigs share [`kubeconfig`]'s checks, and those that
-//! build clients from sources they watch share [`Engagements`].
+//! build clients from sources they watch share [`Engagements`]. Those that
+//! watch with kube's watcher retry it with [`backoff`] and report how it fares
+//! with [`Problems::watched`].
 
 mod build_error;
 mod engagements;
@@ -15,6 +17,7 @@ mod local;
 mod programmatic;
 mod request_budget;
 mod seen;
+mod watch_backoff;
 
 pub use crate::fleet::ClusterEvent;
 pub use crate::problems::Problems;
@@ -24,3 +27,4 @@ pub use local::LocalProvider;
 pub use programmatic::{ProgrammaticHandle, ProgrammaticProvider};
 pub use request_budget::with_request_budget;
 pub use seen::{Seen, SourceChange};
+pub use watch_backoff::{WatchBackoff, backoff};

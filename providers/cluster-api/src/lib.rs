@@ -85,11 +85,8 @@ use std::{
 
 use futures::{Stream, StreamExt, stream::BoxStream};
 use k8s_openapi::{NamespaceResourceScope, api::core::v1::Secret};
-use kube::{
-    Api, Client, Resource,
-    runtime::{WatchStreamExt, watcher},
-};
-use kube_multicluster::provider::{ClusterEvent, Problems, kubeconfig::KubeconfigPolicy};
+use kube::{Api, Client, Resource, runtime::watcher};
+use kube_multicluster::provider::{self, ClusterEvent, Problems, kubeconfig::KubeconfigPolicy};
 use serde::de::DeserializeOwned;
 
 /// The label Cluster API puts on the Secrets it writes for a cluster, whose
@@ -249,14 +246,11 @@ impl<K: ClusterObject> Stream for ClusterApiProvider<K> {
                 ),
                 None => (Api::<K>::all(client.clone()), Api::<Secret>::all(client)),
             };
-            let clusters = watcher(clusters, watcher::Config::default())
-                .default_backoff()
-                .boxed();
-            let secrets = watcher(
+            let clusters = provider::backoff(watcher(clusters, watcher::Config::default())).boxed();
+            let secrets = provider::backoff(watcher(
                 secrets,
                 watcher::Config::default().labels(CLUSTER_NAME_LABEL),
-            )
-            .default_backoff()
+            ))
             .boxed();
             state::State::new(this.options.clone(), this.problems.clone()).events(clusters, secrets)
         });

@@ -94,7 +94,7 @@ impl<K: ClusterObject> State<K> {
 
     fn on_cluster(&mut self, event: Result<watcher::Event<K>, watcher::Error>) {
         let source = format!("Clusters ({})", K::api_version(&()));
-        self.problems.watch(&source, event.as_ref().err());
+        self.problems.watched(&source, &event);
         let Ok(event) = event else { return };
         let cluster_key = |c: &K| key(c.namespace(), &c.name_any());
         for change in self.cluster_watch.changes(event, cluster_key) {
@@ -117,7 +117,7 @@ impl<K: ClusterObject> State<K> {
 
     fn on_secret(&mut self, event: Result<watcher::Event<Secret>, watcher::Error>) {
         let source = format!("Secrets labelled {}", crate::CLUSTER_NAME_LABEL);
-        self.problems.watch(&source, event.as_ref().err());
+        self.problems.watched(&source, &event);
         let Ok(event) = event else { return };
         // The cluster's other Secrets (its CA, its service account keys)
         // carry the label too: they are passed over, and kept nowhere.

@@ -105,11 +105,8 @@ pub use access::{
 };
 use futures::{Stream, StreamExt, stream::BoxStream};
 use k8s_openapi::api::core::v1::Secret;
-use kube::{
-    Api, Client,
-    runtime::{WatchStreamExt, watcher},
-};
-use kube_multicluster::provider::{ClusterEvent, Problems, kubeconfig::KubeconfigPolicy};
+use kube::{Api, Client, runtime::watcher};
+use kube_multicluster::provider::{self, ClusterEvent, Problems, kubeconfig::KubeconfigPolicy};
 use v1alpha1::ClusterProfile;
 
 /// The label of a Secret that holds credentials, whose value names the
@@ -270,15 +267,12 @@ impl Stream for ClusterProfileProvider {
                     Api::<Secret>::all(client),
                 ),
             };
-            let profiles = watcher(profiles, watcher::Config::default())
-                .default_backoff()
-                .boxed();
+            let profiles = provider::backoff(watcher(profiles, watcher::Config::default())).boxed();
             let secrets = match &this.options.credentials {
                 Credentials::Access(_) => futures::stream::pending().boxed(),
                 Credentials::Secrets { consumer } => {
                     let labels = format!("{CONSUMER_LABEL}={consumer},{PROFILE_LABEL}");
-                    watcher(secrets, watcher::Config::default().labels(&labels))
-                        .default_backoff()
+                    provider::backoff(watcher(secrets, watcher::Config::default().labels(&labels)))
                         .boxed()
                 }
             };

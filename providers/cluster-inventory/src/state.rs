@@ -93,7 +93,7 @@ impl State {
 
     fn on_profile(&mut self, event: Result<watcher::Event<ClusterProfile>, watcher::Error>) {
         let source = "ClusterProfiles (multicluster.x-k8s.io/v1alpha1)";
-        self.problems.watch(source, event.as_ref().err());
+        self.problems.watched(source, &event);
         let Ok(event) = event else { return };
         for change in self.profile_watch.changes(event, key) {
             let key = match change {
@@ -127,7 +127,7 @@ impl State {
 
     fn on_secret(&mut self, event: Result<watcher::Event<Secret>, watcher::Error>) {
         let source = format!("Secrets labelled {CONSUMER_LABEL}");
-        self.problems.watch(&source, event.as_ref().err());
+        self.problems.watched(&source, &event);
         let Ok(event) = event else { return };
         let listed = self.secret_watch.listed();
         for change in self.secret_watch.changes(event, key) {

@@ -56,14 +56,11 @@ use futures::{
     stream::{self, BoxStream},
 };
 use k8s_openapi::api::core::v1::Namespace;
-use kube::{
-    Api, ResourceExt,
-    runtime::{WatchStreamExt, watcher},
-};
+use kube::{Api, ResourceExt, runtime::watcher};
 use kube_multicluster::{
     ClusterName,
     cache::HostCache,
-    provider::{ClusterEvent, Problems, Seen, SourceChange},
+    provider::{self, ClusterEvent, Problems, Seen, SourceChange},
 };
 
 /// The namespaces of one cluster as clusters: a stream of
@@ -134,7 +131,7 @@ impl Stream for NamespaceProvider {
             if let Some(selector) = &this.selector {
                 config = config.labels(selector);
             }
-            let namespaces = watcher(api, config).default_backoff().boxed();
+            let namespaces = provider::backoff(watcher(api, config)).boxed();
             let state = State {
                 host: this.host.clone(),
                 problems: this.problems.clone(),
@@ -180,15 +177,15 @@ impl State {
     }
 
     fn handle(&mut self, event: Result<watcher::Event<Namespace>, watcher::Error>) {
-        let event = match event {
-            Ok(event) => event,
+        match &event {
             Err(error) => {
-                let reason = kube_multicluster::client::error_chain(&error);
+                let reason = kube_multicluster::client::error_chain(error);
                 let problem = format!("the watch of namespaces fails, and is retried: {reason}");
-                return self.problems.report(self.source(), problem);
+                self.problems.report(self.source(), problem);
             }
-        };
-        self.problems.clear(&self.source());
+            Ok(_) => self.problems.watched(&self.source(), &event),
+        }
+        let Ok(event) = event else { return };
         for change in self.watch.changes(event, ResourceExt::name_any) {
             match change {
                 SourceChange::Applied(namespace) => self.apply(&namespace),

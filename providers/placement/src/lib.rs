@@ -82,7 +82,6 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod backoff;
 mod decisions;
 mod state;
 
@@ -100,8 +99,8 @@ use futures::{
     stream,
     stream::BoxStream,
 };
-use kube::runtime::{WatchStreamExt, watcher};
-use kube_multicluster::provider::{ClusterEvent, Problems};
+use kube::runtime::watcher;
+use kube_multicluster::provider::{self, ClusterEvent, Problems};
 
 /// The clusters of an inner provider that placement decisions in a hub
 /// name: a stream of [`ClusterEvent`]s for
@@ -223,10 +222,12 @@ impl PlacementProvider {
             .map(Input::Inner);
         let watches =
             stream::select_all(self.decisions.iter().enumerate().map(|(index, decisions)| {
-                watcher(decisions.api(self.hub.clone()), decisions.watcher_config())
-                    .backoff(backoff::WatchBackoff::new())
-                    .map(move |event| Input::Decisions(index, event))
-                    .boxed()
+                provider::backoff(watcher(
+                    decisions.api(self.hub.clone()),
+                    decisions.watcher_config(),
+                ))
+                .map(move |event| Input::Decisions(index, event))
+                .boxed()
             }));
         let state = state::State::new(self.decisions.clone(), self.problems.clone(), self.grace);
         let inputs = stream::select(inner, watches);

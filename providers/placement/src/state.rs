@@ -133,13 +133,7 @@ impl State {
         event: Result<watcher::Event<DynamicObject>, watcher::Error>,
     ) {
         let watch = self.sources[index].watch_source();
-        match &event {
-            Err(error) => self.problems.watch(&watch, Some(error)),
-            // Yielded before each list, which may fail yet again: the
-            // watch works once the list brings something.
-            Ok(watcher::Event::Init) => {}
-            Ok(_) => self.problems.watch(&watch, None),
-        }
+        self.problems.watched(&watch, &event);
         let Ok(event) = event else { return };
         for change in self.seen[index].changes(event, decisions::key) {
             match change {

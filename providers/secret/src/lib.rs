@@ -71,11 +71,8 @@ use std::{
 
 use futures::{Stream, StreamExt, stream::BoxStream};
 use k8s_openapi::api::core::v1::Secret;
-use kube::{
-    Api, Client,
-    runtime::{WatchStreamExt, watcher},
-};
-use kube_multicluster::provider::{ClusterEvent, Problems, kubeconfig::KubeconfigPolicy};
+use kube::{Api, Client, runtime::watcher};
+use kube_multicluster::provider::{self, ClusterEvent, Problems, kubeconfig::KubeconfigPolicy};
 
 /// The label a Secret carries, with the value `true`, to be read by default.
 pub const DEFAULT_LABEL: &str = "sigs.k8s.io/multicluster-runtime-kubeconfig";
@@ -179,7 +176,7 @@ impl Stream for SecretProvider {
             let client = this.client.take().expect("a client until first polled");
             let api = Api::<Secret>::namespaced(client, &this.options.namespace);
             let config = watcher::Config::default().labels(&this.options.selector);
-            let secrets = watcher(api, config).default_backoff().boxed();
+            let secrets = provider::backoff(watcher(api, config)).boxed();
             state::State::new(this.options.clone(), this.problems.clone()).events(secrets)
         });
         stream.poll_next_unpin(cx)

@@ -61,17 +61,17 @@ impl State {
     }
 
     fn handle(&mut self, event: Result<watcher::Event<Secret>, watcher::Error>) {
-        let event = match event {
-            Ok(event) => event,
+        match &event {
             Err(error) => {
-                let reason = kube_multicluster::client::error_chain(&error);
+                let reason = kube_multicluster::client::error_chain(error);
                 let selector = &self.options.selector;
                 let problem =
                     format!("the watch of Secrets ({selector}) fails, and is retried: {reason}");
-                return self.problems.report(self.watch_source(), problem);
+                self.problems.report(self.watch_source(), problem);
             }
-        };
-        self.problems.clear(&self.watch_source());
+            Ok(_) => self.problems.watched(&self.watch_source(), &event),
+        }
+        let Ok(event) = event else { return };
         for change in self.watch.changes(event, ResourceExt::name_any) {
             match change {
                 SourceChange::Applied(secret) => self.apply(&secret),

@@ -18,7 +18,7 @@ use futures::{FutureExt, StreamExt, stream::BoxStream};
 use kube::{
     Api, Config, ResourceExt,
     api::{DynamicObject, ListParams},
-    runtime::{WatchStreamExt, watcher},
+    runtime::watcher,
 };
 use kube_multicluster::{
     ClusterName,
@@ -106,9 +106,10 @@ pub(crate) struct State {
     watch_paths: fn(&Shard) -> Events,
 }
 
-/// A watch of `api`, retried with backoff.
+/// A watch of `api`, retried with backoff (which a list that keeps failing
+/// does not reset).
 fn watch(api: Api<DynamicObject>, config: watcher::Config) -> Events {
-    watcher(api, config).default_backoff().boxed()
+    kube_multicluster::provider::backoff(watcher(api, config)).boxed()
 }
 
 /// One input from `asked` if it answers within [`RECHECK`], or none.
