@@ -10,10 +10,17 @@
 //! cargo bench --bench fleet_scale -- --lists 0       # no bound on initial lists
 //! cargo bench --bench fleet_scale -- --idle 120      # idle CPU over 120 s (default 20)
 //! cargo bench --bench fleet_scale -- --keep-alive 0  # never ask a silent cluster (default: after 10 s)
+//! cargo bench --bench fleet_scale -- 2000 --objects 100 --size 2048  # 100 ConfigMaps of 2 KiB each
+//! cargo bench --bench fleet_scale -- 2000 --objects 100 --size 2048 --budget 400  # a cache budget of 400 MiB
 //! ```
 //!
-//! Real API servers (envtest), each with 20 ConfigMaps in its `default`
-//! namespace; every cluster is a name for one of them, taken in turn, with
+//! With a cache budget (`FleetConfig::cache_budget`), the bytes the caches
+//! hold as the budget counts them are sampled every 20 ms; clusters the
+//! budget leaves out wait for room, and the storm is over once no more
+//! cluster is served for ten seconds.
+//!
+//! Real API servers (envtest), each with 20 ConfigMaps (`--objects`) in its
+//! `default` namespace, each value a few bytes (`--size` pads it); every cluster is a name for one of them, taken in turn, with
 //! its own client (`kube_multicluster::client::cluster_client` on the server's kubeconfig, so its
 //! own connection), engaged through a `ProgrammaticProvider`. One typed
 //! controller watches ConfigMaps in `default` in every cluster. One
@@ -67,6 +74,7 @@ async fn too_many(servers: &[Client]) -> Result<f64, BoxError> {
 async fn main() -> Result<(), BoxError> {
     let (mut clusters, mut servers, mut lists) = (10_000usize, 4usize, None);
     let (mut idle_for, mut keep_alive) = (20u64, None);
+    let (mut objects, mut size, mut budget) = (20usize, 0usize, None::<usize>);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -74,6 +82,14 @@ async fn main() -> Result<(), BoxError> {
             "--lists" => lists = args.next().and_then(|n| n.parse().ok()),
             "--idle" => idle_for = args.next().and_then(|n| n.parse().ok()).unwrap_or(idle_for),
             "--keep-alive" => keep_alive = args.next().and_then(|n| n.parse::<u64>().ok()),
+            "--objects" => objects = args.next().and_then(|n| n.parse().ok()).unwrap_or(objects),
+            "--size" => size = args.next().and_then(|n| n.parse().ok()).unwrap_or(size),
+            "--budget" => {
+                budget = args
+                    .next()
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .map(|mib| mib << 20)
+            }
             "--bench" => {}
             other => clusters = other.parse().unwrap_or(clusters),
         }
@@ -95,11 +111,12 @@ async fn main() -> Result<(), BoxError> {
         },
         // Every cluster is a name for one of a few API servers, on purpose.
         duplicates: kube_multicluster::Duplicates::Ignore,
+        cache_budget: budget,
         ..defaults.clone()
     });
     let bound = fleet.status().initial_lists.limit();
     println!(
-        "{clusters} clusters over {servers} API servers, 20 ConfigMaps each; initial lists at once: {}",
+        "{clusters} clusters over {servers} API servers, {objects} ConfigMaps each ({size} bytes of data); initial lists at once: {}",
         if lists == Some(0) {
             "no bound".to_owned()
         } else {
@@ -111,7 +128,7 @@ async fn main() -> Result<(), BoxError> {
     let admins: Vec<Client> = env.clusters().iter().map(|c| c.client()).collect();
     let mut configs: Vec<Config> = Vec::new();
     for (cluster, admin) in env.clusters().iter().zip(&admins) {
-        setup::fill(admin.clone(), 20).await?;
+        setup::fill_sized(admin.clone(), objects, size).await?;
         configs.push(setup::direct_config(cluster).await?);
     }
     let pids = env.pids();
@@ -167,8 +184,22 @@ async fn main() -> Result<(), BoxError> {
     let built = began.elapsed();
     let mut most_waiting = 0;
     let mut last_report = Instant::now();
-    while serving() < clusters {
-        most_waiting = most_waiting.max(fleet.status().initial_lists.waiting());
+    let (mut most_cached, mut served, mut progress) = (0usize, 0usize, Instant::now());
+    loop {
+        let lists = fleet.status().initial_lists;
+        most_waiting = most_waiting.max(lists.waiting());
+        most_cached = most_cached.max(lists.cached_bytes());
+        let now_serving = serving();
+        if now_serving > served {
+            (served, progress) = (now_serving, Instant::now());
+        }
+        // With a budget, over once no more cluster is served for ten
+        // seconds (the first of the storm served).
+        if served == clusters
+            || (budget.is_some() && served > 1 && progress.elapsed() >= Duration::from_secs(10))
+        {
+            break;
+        }
         if last_report.elapsed() >= Duration::from_secs(10) {
             last_report = Instant::now();
             println!(
@@ -181,8 +212,8 @@ async fn main() -> Result<(), BoxError> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let synced = began.elapsed();
-    let expected = clusters * 20;
+    let synced = progress - began;
+    let expected = served * objects;
     while depth.get() > 0 || reconciles.load(std::sync::atomic::Ordering::Relaxed) < expected {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -205,8 +236,18 @@ async fn main() -> Result<(), BoxError> {
     let added = (clusters - 1).max(1) as f64;
     println!("clients built for {} clusters in {built:.1?}", clusters - 1);
     println!(
-        "all {clusters} served {synced:.1?} after the first engage (at most {most_waiting} lists waiting); their {expected} first reconciles done after {drained:.1?}"
+        "{served} of {clusters} served {synced:.1?} after the first engage (at most {most_waiting} lists waiting); their {expected} first reconciles done after {drained:.1?}"
     );
+    if let Some(budget) = budget {
+        let lists = fleet.status().initial_lists;
+        println!(
+            "cache budget {:.0} MiB: cached at most {:.1} MiB, now {:.1} MiB; {} watches waiting for room",
+            mib(budget as f64),
+            mib(most_cached as f64),
+            mib(lists.cached_bytes() as f64),
+            lists.waiting_for_room().len()
+        );
+    }
     println!(
         "memory: one cluster {:.0} MiB; peak in the storm {:.0} MiB; steady {:.0} MiB ({:.1} KiB per cluster); peak / steady {:.2}",
         mib(one),

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use kube_multicluster::{METRIC_PREFIX, PREFIX, envtest, ownership, webhook};
+use kube_multicluster::{METRIC_PREFIX, PREFIX, envtest, gather, ownership, webhook};
 
 #[test]
 fn every_name_written_into_a_cluster_takes_the_one_prefix() {
@@ -15,6 +15,7 @@ fn every_name_written_into_a_cluster_takes_the_one_prefix() {
         ownership::PARENT_UID_LABEL,
         webhook::SERVER_LABEL,
         envtest::FIELD_MANAGER,
+        gather::FIELD_MANAGER,
     ] {
         assert!(name.starts_with(&format!("{PREFIX}/")), "{name}");
     }

@@ -51,6 +51,15 @@ pub(crate) fn engaged(
 /// Creates `objects` ConfigMaps `cm-00000`, `cm-00001`, ... in the default
 /// namespace, each with one data key, 16 at a time.
 pub(crate) async fn fill(client: Client, objects: usize) -> Result<(), BoxError> {
+    fill_sized(client, objects, 0).await
+}
+
+/// [`fill`], each ConfigMap's value padded to `size` bytes (if shorter).
+pub(crate) async fn fill_sized(
+    client: Client,
+    objects: usize,
+    size: usize,
+) -> Result<(), BoxError> {
     let api = Api::<ConfigMap>::default_namespaced(client);
     let created = stream::iter(0..objects)
         .map(|i| {
@@ -61,7 +70,13 @@ pub(crate) async fn fill(client: Client, objects: usize) -> Result<(), BoxError>
                         name: Some(format!("cm-{i:05}")),
                         ..ObjectMeta::default()
                     },
-                    data: Some([("key".to_owned(), format!("value-{i}"))].into()),
+                    data: Some(
+                        [(
+                            "key".to_owned(),
+                            format!("{:-<size$}", format!("value-{i}")),
+                        )]
+                        .into(),
+                    ),
                     ..ConfigMap::default()
                 };
                 api.create(&PostParams::default(), &config_map).await

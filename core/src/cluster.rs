@@ -379,20 +379,18 @@ impl Cluster {
             return ClusterHealth::Unreachable { down_for, cause };
         }
         let cache = &self.inner.cache;
-        let mut failing = cache.failing();
+        let mut failing: Vec<String> = cache.failing().iter().map(ToString::to_string).collect();
         if cache.view_namespace().is_some() {
             // Its cluster-scoped kinds are watched by its host.
-            failing.extend(cache.whole().failing());
+            failing.extend(cache.whole().failing().iter().map(ToString::to_string));
         }
+        failing.extend(cache.waiting_for_room());
         if failing.is_empty() {
             return ClusterHealth::Healthy;
         }
-        let cause = failing
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("; ");
-        ClusterHealth::Degraded { cause }
+        ClusterHealth::Degraded {
+            cause: failing.join("; "),
+        }
     }
 
     /// Whether the cluster answers, as its client's requests find it:

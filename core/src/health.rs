@@ -20,7 +20,9 @@ use std::{fmt, time::Duration};
 /// [`KeepAlive::bound`](crate::client::KeepAlive::bound) of the last thing
 /// heard from it: 16 s by default. One that answers but where a watch fails
 /// (a type it does not serve, a right missing, or a watch whose retry has
-/// not run again yet) is [`Degraded`](Self::Degraded): when a cluster
+/// not run again yet), or whose first list waits for room in the fleet's
+/// [cache budget](crate::FleetConfig::cache_budget), is
+/// [`Degraded`](Self::Degraded): when a cluster
 /// answers again after an outage, its watches retry at once, and it is
 /// `Healthy` again once each of them runs (its retry answered, and
 /// running for a second). A cluster

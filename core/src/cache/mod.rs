@@ -44,6 +44,12 @@
 //! at a time. A cluster whose connection hangs holds its permit until the
 //! client's connect timeout; one that refuses, at once.
 //!
+//! With a [cache budget](crate::FleetConfig::cache_budget), the fleet also
+//! counts the bytes its caches hold: no watch starts its first list while
+//! they hold more than the budget, and a first list that would take them
+//! past it is dropped whole and made again once room frees up (see
+//! [`InitialLists::cached_bytes`] and [`InitialLists::waiting_for_room`]).
+//!
 //! ```no_run
 //! # async fn example(cluster: kube_multicluster::Cluster) {
 //! use futures::StreamExt;
@@ -64,6 +70,7 @@
 //! # }
 //! ```
 
+mod budget;
 pub(crate) mod discovery;
 mod host;
 mod initial_list;
@@ -81,6 +88,7 @@ mod watch;
 
 pub use host::{HostCache, HostView, SplitBy};
 
+pub(crate) use budget::Report as BudgetReport;
 pub use host::ClusterCache;
 pub use permits::InitialLists;
 pub use state::{WatchState, WatchStatus};

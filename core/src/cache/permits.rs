@@ -17,11 +17,16 @@ use std::{
 };
 
 use futures::{FutureExt, Stream, StreamExt, future::BoxFuture, stream::BoxStream};
-use kube::runtime::watcher::{self, Event};
+use kube::{
+    Resource,
+    runtime::watcher::{self, Event},
+};
 use tokio::{
     sync::{OwnedSemaphorePermit, Semaphore},
     time::Sleep,
 };
+
+use super::budget::{Budget, Report};
 
 /// How many watches of a [`Fleet`](crate::Fleet) may be listing at once, and
 /// how many list or wait now; from [`FleetStatus::initial_lists`](crate::FleetStatus::initial_lists).
@@ -56,6 +61,8 @@ struct Inner {
     semaphore: Arc<Semaphore>,
     limit: usize,
     waiting: AtomicUsize,
+    /// The bound on the bytes the caches hold, if any.
+    budget: Option<Arc<Budget>>,
 }
 
 impl fmt::Debug for InitialLists {
@@ -64,6 +71,7 @@ impl fmt::Debug for InitialLists {
             .field("limit", &self.limit())
             .field("in_flight", &self.in_flight())
             .field("waiting", &self.waiting())
+            .field("cache_budget", &self.inner.budget)
             .finish()
     }
 }
@@ -74,12 +82,20 @@ impl InitialLists {
 
     /// At most `limit` lists at once (at least one).
     pub(crate) fn new(limit: usize) -> Self {
+        Self::with_budget(limit, None)
+    }
+
+    /// At most `limit` lists at once, and, given a budget of bytes, no
+    /// first list while the caches hold more, each watch that waits for
+    /// room told to `report`.
+    pub(crate) fn with_budget(limit: usize, budget: Option<(usize, Report)>) -> Self {
         let limit = limit.clamp(1, Semaphore::MAX_PERMITS);
         Self {
             inner: Arc::new(Inner {
                 semaphore: Arc::new(Semaphore::new(limit)),
                 limit,
                 waiting: AtomicUsize::new(0),
+                budget: budget.map(|(bytes, report)| Arc::new(Budget::new(bytes, report))),
             }),
         }
     }
@@ -102,6 +118,50 @@ impl InitialLists {
     /// How many watches wait for a permit to list.
     pub fn waiting(&self) -> usize {
         self.inner.waiting.load(Ordering::Relaxed)
+    }
+
+    /// The budget of bytes the caches may hold before no first list
+    /// starts, if any ([`FleetConfig::cache_budget`](crate::FleetConfig::cache_budget)).
+    pub fn cache_budget(&self) -> Option<usize> {
+        self.inner.budget.as_ref().map(|budget| budget.limit())
+    }
+
+    /// The bytes the caches hold now, as the budget counts them (each
+    /// object by the length of its `Debug` text), with the first lists
+    /// under way; zero without a budget, which counts nothing.
+    pub fn cached_bytes(&self) -> usize {
+        self.inner.budget.as_ref().map_or(0, |budget| budget.used())
+    }
+
+    /// The watches whose first list waits for room in the cache budget,
+    /// by cluster and kind, with the bytes each needs (zero: room for
+    /// any, the caches holding more than the budget).
+    pub fn waiting_for_room(&self) -> Vec<(String, usize)> {
+        self.inner
+            .budget
+            .as_ref()
+            .map(|budget| budget.waiting().into_iter().collect())
+            .unwrap_or_default()
+    }
+
+    /// The events `make` makes for the watch `source` (its cluster, kind
+    /// and selectors), counted against the cache budget if there is one:
+    /// its first list waits for room, and is made anew if it did not fit
+    /// (`queued` is true while it waits). Each list is put under a permit
+    /// by [`bound`](Self::bound), inside `make`.
+    pub(crate) fn counted<K>(
+        &self,
+        source: String,
+        queued: Arc<AtomicBool>,
+        make: impl Fn() -> BoxStream<'static, watcher::Result<Event<K>>> + Send + 'static,
+    ) -> BoxStream<'static, watcher::Result<Event<K>>>
+    where
+        K: Resource + fmt::Debug + Send + 'static,
+    {
+        match &self.inner.budget {
+            Some(budget) => budget.bound(source, queued, make),
+            None => make(),
+        }
     }
 
     /// `events` with each of its lists holding one of these permits;

@@ -3,18 +3,20 @@
 
 use std::sync::{Arc, atomic::AtomicBool};
 
-use futures::{Stream, StreamExt, stream::BoxStream};
+use futures::{Stream, StreamExt};
 use kube::{Api, Resource, runtime::watcher};
 
 use super::ClusterCache;
-use super::{Shape, TypeInfo, Watchable, discovery, initial_list, scoped};
+use super::{Shape, Watchable, discovery, initial_list, scoped};
 use crate::{cluster_name::ClusterName, panic::contain};
 
 impl ClusterCache {
     /// The events of a watch of `K` in `namespace` (all for `None`) with
     /// `config`, listed as this cluster lists, each list under one of the
     /// fleet's permits (`queued` while it waits for one), each object
-    /// shaped.
+    /// shaped, and, for a stand-in resource of any version, of the version
+    /// this cluster's discovery finds. Under a cache budget, its objects
+    /// are counted as shaped, across versions.
     pub(super) fn events<K: Watchable>(
         &self,
         dyntype: &K::DynamicType,
@@ -23,62 +25,75 @@ impl ClusterCache {
         config: &watcher::Config,
         queued: Arc<AtomicBool>,
     ) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static {
-        let (client, config) = (self.client.get(), config.clone());
-        let (lists, cluster) = (self.lists.clone(), self.cluster.clone());
-        let permits = self.permits.clone();
-        let namespace = namespace.map(str::to_owned);
-        let events = move |dyntype: &K::DynamicType| {
-            let (client, dyntype) = (client.clone(), dyntype.clone());
-            let namespace = namespace.clone();
-            let kind = K::kind(&dyntype).into_owned();
-            let events = initial_list::streamed_or_paged(
-                lists.clone(),
-                cluster.clone(),
-                kind,
-                config.clone(),
-                move |config| match &namespace {
-                    Some(namespace) => {
-                        scoped::objects::<K>(client.clone(), &dyntype, namespace, config).boxed()
-                    }
-                    None => {
-                        let api = Api::<K>::all_with(client.clone(), &dyntype);
-                        watcher::watcher(api, config).boxed()
-                    }
-                },
-            );
-            permits.bound(events, queued.clone())
-        };
-        shaped(
-            self.discovering(dyntype, events),
-            shape.clone(),
-            self.cluster.clone(),
-            K::kind(dyntype).into_owned(),
-        )
-    }
-
-    /// The events `events` makes for `dyntype`, or, for a stand-in
-    /// resource of any version, for the version this cluster's discovery
-    /// finds.
-    fn discovering<T>(
-        &self,
-        dyntype: &T::DynamicType,
-        events: impl Fn(&T::DynamicType) -> BoxStream<'static, watcher::Result<watcher::Event<T>>>
-        + Send
-        + 'static,
-    ) -> BoxStream<'static, watcher::Result<watcher::Event<T>>>
-    where
-        T: Resource<DynamicType: TypeInfo> + Send + 'static,
-    {
         use super::Sealed;
-        match dyntype.to_discover() {
-            Some((group, kind, namespaced)) => discovery::discovered(
-                self.client.get(),
-                (group.to_owned(), kind.to_owned(), namespaced),
-                events,
-            ),
-            None => events(dyntype),
-        }
+        let (client, cluster) = (self.client.get(), self.cluster.clone());
+        let source = format!(
+            "cluster {:?}: {}",
+            cluster.as_str(),
+            watched::<K>(dyntype, namespace, config)
+        );
+        let kind = K::kind(dyntype).into_owned();
+        let version = {
+            let (client, config, lists) = (client.clone(), config.clone(), self.lists.clone());
+            let (permits, queued, shape) = (self.permits.clone(), queued.clone(), shape.clone());
+            let namespace = namespace.map(str::to_owned);
+            Arc::new(move |dyntype: &K::DynamicType| {
+                let (client, dyntype) = (client.clone(), dyntype.clone());
+                let namespace = namespace.clone();
+                let events = initial_list::streamed_or_paged(
+                    lists.clone(),
+                    cluster.clone(),
+                    K::kind(&dyntype).into_owned(),
+                    config.clone(),
+                    move |config| match &namespace {
+                        Some(namespace) => {
+                            scoped::objects::<K>(client.clone(), &dyntype, namespace, config)
+                                .boxed()
+                        }
+                        None => {
+                            let api = Api::<K>::all_with(client.clone(), &dyntype);
+                            watcher::watcher(api, config).boxed()
+                        }
+                    },
+                );
+                let events = shaped(events, shape.clone(), cluster.clone(), kind.clone());
+                permits.bound(events.boxed(), queued.clone())
+            })
+        };
+        let discover = dyntype
+            .to_discover()
+            .map(|(group, kind, namespaced)| (group.to_owned(), kind.to_owned(), namespaced));
+        let dyntype = dyntype.clone();
+        self.permits.counted(source, queued, move || {
+            let version = version.clone();
+            match &discover {
+                Some(wanted) => {
+                    discovery::discovered(client.clone(), wanted.clone(), move |d| version(d))
+                }
+                None => version(&dyntype),
+            }
+        })
     }
+}
+
+/// What a watch of `K` reads, for messages: its API version and kind, its
+/// namespace if one, and its selectors if any.
+fn watched<K: Resource>(
+    dyntype: &K::DynamicType,
+    namespace: Option<&str>,
+    config: &watcher::Config,
+) -> String {
+    let mut what = format!("{} {}", K::api_version(dyntype), K::kind(dyntype));
+    if let Some(namespace) = namespace {
+        what.push_str(&format!(" in {namespace}"));
+    }
+    if let Some(labels) = &config.label_selector {
+        what.push_str(&format!(" labelled {labels}"));
+    }
+    if let Some(fields) = &config.field_selector {
+        what.push_str(&format!(" with fields {fields}"));
+    }
+    what
 }
 
 /// `events` with each object shaped as `shape` says: its `managedFields`

@@ -96,6 +96,35 @@ pub struct FleetConfig {
     /// What the fleet does when two names it engages are one cluster
     /// (default [`Duplicates::Warn`]).
     pub duplicates: Duplicates,
+    /// A budget for the bytes the caches of all the fleet's clusters hold
+    /// (default `None`: no budget, and nothing counted): while they hold
+    /// more, no watch starts its first list, so an engage storm, or a
+    /// restart before thousands of clusters, fills the caches only as far
+    /// as the budget, and the clusters beyond it wait, engaged, until room
+    /// frees up (a cluster leaves, objects are deleted). A first list that
+    /// would take the caches past the budget is dropped, all of it, not
+    /// kept half-way, and made again once as much room as it took is
+    /// free (a list that did not fit waits for twice what it had read, and
+    /// any first list for a sixteenth of the budget, 64 KiB at most); one
+    /// larger than the whole budget is never made. Lists after a
+    /// watch's first (once it expired, say) replace what it holds and are
+    /// never dropped, and a synced store may grow past the budget as its
+    /// objects change: the budget bounds what the fleet takes on, not what
+    /// its clusters hold.
+    ///
+    /// Each object counts the length of its `Debug` text as the store keeps
+    /// it (after `managedFields` and any transform are dropped), which for
+    /// the kinds of `k8s-openapi` names every field, set or not, much as the
+    /// object's memory holds them (escaped characters count twice); see
+    /// [`InitialLists::cached_bytes`](crate::cache::InitialLists::cached_bytes).
+    /// A watch that waits for room is told in
+    /// [`Fleet::problems`](super::Fleet::problems) (under `cluster "<name>":
+    /// <apiVersion> <kind>`, with its namespace and selectors if any), in its
+    /// cluster's health (`Degraded`), in
+    /// [`InitialLists::waiting_for_room`](crate::cache::InitialLists::waiting_for_room)
+    /// and in the manager's `kube_multicluster_cache_waiting_watches`. The
+    /// watches of a [`HostCache`](crate::cache::HostCache) are not counted.
+    pub cache_budget: Option<usize>,
 }
 
 impl Default for FleetConfig {
@@ -107,6 +136,7 @@ impl Default for FleetConfig {
             set_aside_after: None,
             settling: Settling::DEFAULT,
             duplicates: Duplicates::Warn,
+            cache_budget: None,
         }
     }
 }

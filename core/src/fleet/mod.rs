@@ -18,7 +18,7 @@ use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 
 use crate::{
-    cache::{HostView, InitialLists},
+    cache::{BudgetReport, HostView, InitialLists},
     cluster::Cluster,
     cluster_name::ClusterName,
     panic::lock,
@@ -149,7 +149,15 @@ impl Fleet {
         let fleet = Self::default();
         {
             let mut state = fleet.state();
-            state.lists = InitialLists::new(config.initial_lists);
+            let problems = state.same.problems.clone();
+            let report = move |source: &str, why: Option<String>| match why {
+                Some(why) => problems.report(source, why),
+                None => problems.clear(source),
+            };
+            let budget = config
+                .cache_budget
+                .map(|bytes| (bytes, Arc::new(report) as BudgetReport));
+            state.lists = InitialLists::with_budget(config.initial_lists, budget);
             state.budget = config.request_budget;
             state.vigil.keep_alive = config.keep_alive;
             state.vigil.set_aside_after = config.set_aside_after;
@@ -169,6 +177,7 @@ impl Fleet {
             set_aside_after: state.vigil.set_aside_after,
             settling: state.vigil.settling,
             duplicates: state.same.policy,
+            cache_budget: state.lists.cache_budget(),
         }
     }
 

@@ -18,7 +18,11 @@ use prometheus_client::{
 /// series per engaged or set-aside cluster, of value 1, whose `state` is
 /// its [`ClusterHealth::state`](kube_multicluster::health::ClusterHealth::state)
 /// (`healthy`, `degraded`, `unreachable` or `settling`); a cluster's series
-/// goes when it leaves.
+/// goes when it leaves. With a
+/// [cache budget](kube_multicluster::FleetConfig::cache_budget), also
+/// `kube_multicluster_cache_budget_bytes`, `kube_multicluster_cache_bytes`
+/// (what the caches hold, as the budget counts it) and
+/// `kube_multicluster_cache_waiting_watches` (first lists waiting for room).
 #[derive(Debug)]
 pub struct FleetCollector {
     fleet: Fleet,
@@ -53,6 +57,34 @@ impl Collector for FleetCollector {
         ] {
             let gauge = ConstGauge::new(count as i64);
             gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+        }
+        let lists = &status.initial_lists;
+        if let Some(budget) = lists.cache_budget() {
+            for (name, help, value) in [
+                (
+                    kube_multicluster::metric_name!("cache_budget_bytes"),
+                    "The budget for the bytes the fleet's caches hold (FleetConfig::cache_budget)",
+                    budget,
+                ),
+                (
+                    kube_multicluster::metric_name!("cache_bytes"),
+                    "The bytes the fleet's caches hold, with the first lists under way, as the cache budget counts them",
+                    lists.cached_bytes(),
+                ),
+                (
+                    kube_multicluster::metric_name!("cache_waiting_watches"),
+                    "Watches whose first list waits for room in the cache budget",
+                    lists.waiting_for_room().len(),
+                ),
+            ] {
+                let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+                gauge.encode(encoder.encode_descriptor(
+                    name,
+                    help,
+                    None,
+                    gauge.metric_type(),
+                )?)?;
+            }
         }
         let mut family = encoder.encode_descriptor(
             kube_multicluster::metric_name!("cluster_health"),

@@ -462,6 +462,24 @@ impl ClusterCache {
             .collect();
         probes.iter().filter_map(|probe| probe.failure()).collect()
     }
+
+    /// The watches of this cluster whose first list waits for room in the
+    /// fleet's cache budget, each as its kind and why.
+    pub(crate) fn waiting_for_room(&self) -> Vec<String> {
+        let prefix = format!("cluster {:?}: ", self.cluster.as_str());
+        self.permits
+            .waiting_for_room()
+            .into_iter()
+            .filter_map(|(source, need)| {
+                let what = source.strip_prefix(&prefix)?;
+                Some(if need == 0 {
+                    format!("{what}: its first list waits for room in the cache budget")
+                } else {
+                    format!("{what}: its first list ({need} bytes and more) waits for room in the cache budget")
+                })
+            })
+            .collect()
+    }
 }
 
 pub(in crate::cache) fn watch_key<T: Resource<DynamicType: TypeInfo> + 'static>(
