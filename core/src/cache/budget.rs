@@ -10,8 +10,10 @@
 //!
 //! A first list waits for room for what it is expected to take: at first
 //! a small floor, and after a list did not fit, twice what it had read
-//! when it was dropped, so that a large list is made again only a few
-//! times before it fits, not at each bit of room freed.
+//! when it was dropped (or halfway from that to the whole budget, if
+//! less), so that a large list is not made again at each bit of room
+//! freed. The room is not reserved: watches that wait are woken together
+//! when room frees, and those that find it list.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -289,11 +291,15 @@ impl<K: Resource + fmt::Debug> Budgeted<K> {
             // made again once twice as much room as it took is free.
             let need = list.bytes + bytes;
             self.budget.give(list.bytes);
+            // Twice what it read, or halfway from that to the whole
+            // budget if less: never the whole budget, which only an empty
+            // fleet has, unless it read more than that.
             let limit = self.budget.limit;
             self.need = if need > limit {
                 need
             } else {
-                self.need.max(need.saturating_mul(2).min(limit))
+                let halfway = need + (limit - need) / 2;
+                self.need.max(need.saturating_mul(2).min(halfway))
             };
             self.list = None;
             self.events = None;

@@ -134,8 +134,8 @@ impl InitialLists {
     }
 
     /// The watches whose first list waits for room in the cache budget,
-    /// by cluster and kind, with the bytes each needs (zero: room for
-    /// any, the caches holding more than the budget).
+    /// each by its cluster, kind and selectors, with the bytes it waits
+    /// for (more than the budget: it is never made).
     pub fn waiting_for_room(&self) -> Vec<(String, usize)> {
         self.inner
             .budget

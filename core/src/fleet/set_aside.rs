@@ -179,12 +179,16 @@ impl SetAside {
         // Read before whether it answers: an ask that has ended has told
         // its answer. One that learnt nothing (credentials that could not
         // be had) is a miss: the settling counts answers only.
+        // A finished ask not read this time (its task's cooperative
+        // budget spent over many clusters) is read at the next look.
         let (asked, unanswered) = match &mut self.asking {
-            Some(asking) if asking.is_finished() => {
-                let answered = asking.now_or_never().is_some_and(|a| a.unwrap_or(false));
-                self.asking = None;
-                (true, !answered)
-            }
+            Some(asking) if asking.is_finished() => match asking.now_or_never() {
+                Some(answered) => {
+                    self.asking = None;
+                    (true, !answered.unwrap_or(false))
+                }
+                None => (false, false),
+            },
             Some(_) => (false, false),
             None => (true, false),
         };
@@ -199,7 +203,11 @@ impl SetAside {
         }
         let answering = match self.answering {
             Some(since) if !missed => since,
-            _ => {
+            Some(_) => {
+                tracing::debug!(cluster = %name, "the cluster set aside missed an ask: its settling starts over");
+                *self.answering.insert(now)
+            }
+            None => {
                 tracing::info!(
                     cluster = %name,
                     settling = ?self.settling,

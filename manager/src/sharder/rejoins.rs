@@ -7,9 +7,10 @@
 //! own view of a lapse cannot match theirs (they may not have seen it, may
 //! have forgotten its Lease, may have just started, or may have lapsed
 //! too), and where it held itself back while they ranked it, its shards
-//! would go unrun. Ranking itself while they hold it back costs nothing:
-//! it takes only shards no one holds, and waits for theirs until they hand
-//! them over.
+//! would go unrun. Ranking itself while they hold it back costs little: it
+//! takes only shards no one holds, and waits for theirs until they hand
+//! them over (after an outage all shared, one may so run more than its
+//! share until the wait ends: one more move per shard, at most).
 
 use std::{
     collections::{HashMap, HashSet},

@@ -472,11 +472,9 @@ impl ClusterCache {
             .into_iter()
             .filter_map(|(source, need)| {
                 let what = source.strip_prefix(&prefix)?;
-                Some(if need == 0 {
-                    format!("{what}: its first list waits for room in the cache budget")
-                } else {
-                    format!("{what}: its first list ({need} bytes and more) waits for room in the cache budget")
-                })
+                Some(format!(
+                    "{what}: its first list (at least {need} bytes) waits for room in the cache budget"
+                ))
             })
             .collect()
     }
